@@ -1,0 +1,148 @@
+"""The live view of the fleet: for each node, when it was last heard, its liveness and the
+latest sample of every GPU and engine. Updated only with reports that are already durable,
+so the view never shows what the store does not hold."""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from dataclasses import dataclass, field
+
+from gpufleet.aggregator.store import Point
+from gpufleet.protos import fleet_pb2, ingest_pb2, telemetry_pb2, vocabulary_pb2
+
+
+@dataclass
+class NodeLive:
+    node: str
+    cluster: str = ""
+    boot_id: str = ""
+    last_seq: int = 0
+    last_report_ns: int = 0  # the report's own timestamp (node clock)
+    last_heard_ns: int = 0  # when the aggregator received it (aggregator clock)
+    interval_s: float = 0.0
+    simulated: bool = False
+    driver_version: str = ""
+    gpu_count: int = 0
+    connected: bool = False
+    gpus: dict[int, telemetry_pb2.GpuSample] = field(default_factory=dict)
+    engines: dict[tuple[str, int], telemetry_pb2.EngineSample] = field(default_factory=dict)
+    events: deque[telemetry_pb2.Event] = field(default_factory=lambda: deque(maxlen=100))
+    stats: telemetry_pb2.CollectorStats = field(default_factory=telemetry_pb2.CollectorStats)
+
+
+class FleetState:
+    def __init__(
+        self,
+        stale_after_intervals: float = 3.0,
+        silent_after_intervals: float = 10.0,
+        default_interval_s: float = 5.0,
+    ) -> None:
+        self.stale_after_intervals = stale_after_intervals
+        self.silent_after_intervals = silent_after_intervals
+        self.default_interval_s = default_interval_s
+        self.nodes: dict[str, NodeLive] = {}
+
+    def _node(self, name: str) -> NodeLive:
+        live = self.nodes.get(name)
+        if live is None:
+            live = self.nodes[name] = NodeLive(name)
+        return live
+
+    # --- updates -------------------------------------------------------------------
+    def on_hello(self, hello: ingest_pb2.Hello) -> None:
+        live = self._node(hello.node)
+        live.cluster = hello.cluster
+        live.interval_s = hello.interval_s
+        live.simulated = hello.simulated
+        live.driver_version = hello.driver_version
+        live.gpu_count = len(hello.gpus)
+        live.connected = True
+        if hello.boot_id != live.boot_id:
+            live.boot_id = hello.boot_id
+            live.last_seq = 0
+            # GPUs may have changed across a collector restart; keep only those still there.
+            live.gpus = {i: s for i, s in live.gpus.items() if i < live.gpu_count}
+
+    def on_disconnect(self, node: str) -> None:
+        if node in self.nodes:
+            self.nodes[node].connected = False
+
+    def on_report(self, report: telemetry_pb2.NodeReport, heard_ns: int) -> None:
+        live = self._node(report.node)
+        live.events.extend(report.events)
+        live.last_heard_ns = max(live.last_heard_ns, heard_ns)
+        if report.time_unix_ns < live.last_report_ns:
+            return  # a replay of an older report: the live values are newer already
+        live.last_report_ns = report.time_unix_ns
+        live.last_seq = report.seq
+        live.cluster = report.cluster
+        live.stats = report.stats
+        for gpu in report.gpus:
+            live.gpus[gpu.index] = gpu
+        for eng in report.engines:
+            live.engines[(eng.engine, eng.port)] = eng
+
+    def restore(self, collector_points: list[Point], gpu_points: list[Point]) -> None:
+        """Seed the view from the store after a restart: every node known, as last seen."""
+        for p in collector_points:
+            live = self._node(p.tags["node"])
+            live.cluster = p.tags.get("cluster", "")
+            live.last_report_ns = live.last_heard_ns = p.time_unix_ns
+            live.last_seq = int(p.fields.get("seq", 0))
+            live.boot_id = str(p.fields.get("boot_id", ""))
+            live.gpu_count = int(p.fields.get("gpu_count", 0))
+        numeric = {f.name for f in telemetry_pb2.GpuSample.DESCRIPTOR.fields} - {
+            "uuid",
+            "model",
+            "pci_bus_id",
+        }
+        for p in gpu_points:
+            node = p.tags["node"]
+            if node not in self.nodes:
+                continue
+            sample = telemetry_pb2.GpuSample(
+                index=int(p.tags["gpu"]), uuid=p.tags.get("uuid", ""), model=p.tags.get("model", "")
+            )
+            for name, value in p.fields.items():
+                if name in numeric and name != "index":
+                    setattr(sample, name, bool(value) if name == "lost" else value)
+            self.nodes[node].gpus[sample.index] = sample
+
+    # --- reading -------------------------------------------------------------------
+    def liveness(self, live: NodeLive, now_ns: int) -> int:
+        if not live.last_heard_ns:
+            return vocabulary_pb2.LIVENESS_SILENT
+        interval = live.interval_s or self.default_interval_s
+        age_s = (now_ns - live.last_heard_ns) / 1e9
+        if age_s >= self.silent_after_intervals * interval:
+            return vocabulary_pb2.LIVENESS_SILENT
+        if age_s >= self.stale_after_intervals * interval:
+            return vocabulary_pb2.LIVENESS_STALE
+        return vocabulary_pb2.LIVENESS_REPORTING
+
+    def summary(self, live: NodeLive, now_ns: int | None = None) -> fleet_pb2.NodeSummary:
+        now_ns = now_ns or time.time_ns()
+        return fleet_pb2.NodeSummary(
+            node=live.node,
+            cluster=live.cluster,
+            liveness=self.liveness(live, now_ns),
+            last_report_unix_ns=live.last_report_ns,
+            seconds_since_report=(now_ns - live.last_heard_ns) / 1e9 if live.last_heard_ns else 0.0,
+            boot_id=live.boot_id,
+            last_seq=live.last_seq,
+            interval_s=live.interval_s,
+            simulated=live.simulated,
+            driver_version=live.driver_version,
+            gpu_count=live.gpu_count or len(live.gpus),
+            gpus=[live.gpus[i] for i in sorted(live.gpus)],
+            connected=live.connected,
+        )
+
+    def detail(self, live: NodeLive) -> fleet_pb2.NodeDetail:
+        return fleet_pb2.NodeDetail(
+            summary=self.summary(live),
+            engines=[live.engines[k] for k in sorted(live.engines)],
+            recent_events=list(live.events),
+            collector_stats=live.stats,
+        )

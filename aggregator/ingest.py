@@ -1,0 +1,309 @@
+"""The Ingest service: one bidirectional stream per collector.
+
+A stream is: credential check (metadata), Hello (protocol version, node identity bound to
+the credential), then reports. Each report is validated, made durable through the group
+-commit writer, and only then acknowledged. A bad report is rejected alone (Reject with a
+gRPC status code and a message); a bad stream (credential, protocol, undecodable bytes)
+is ended with that status. Every refusal is counted by reason and logged with the node.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+
+import grpc
+from google.protobuf.message import DecodeError
+
+import gpufleet
+from gpufleet.aggregator.auth import Authenticator, AuthError, bearer
+from gpufleet.aggregator.fleet_state import FleetState
+from gpufleet.aggregator.metrics import AggregatorMetrics
+from gpufleet.aggregator.schema import report_to_points
+from gpufleet.aggregator.store import StoreError
+from gpufleet.aggregator.validation import Rejection, check_hello, check_report
+from gpufleet.aggregator.writer import GroupCommitWriter
+from gpufleet.protos import ingest_pb2, telemetry_pb2
+
+log = logging.getLogger("gpufleet.aggregator.ingest")
+
+SERVICE = "gpufleet.v1.Ingest"
+HELLO_TIMEOUT_S = 30.0
+MAX_INFLIGHT_PER_STREAM = 512
+
+
+@dataclass
+class Malformed:
+    """Bytes on the stream that do not decode as a CollectorMessage."""
+
+    error: str
+    size: int
+
+
+def decode_collector_message(data: bytes) -> ingest_pb2.CollectorMessage | Malformed:
+    # Decoding here, not in gRPC, lets an undecodable message get a precise status and a
+    # count instead of gRPC's generic INTERNAL.
+    try:
+        return ingest_pb2.CollectorMessage.FromString(data)
+    except DecodeError as exc:
+        return Malformed(str(exc) or "not a valid protobuf message", len(data))
+
+
+@dataclass
+class _End:
+    code: grpc.StatusCode
+    message: str
+
+
+@dataclass
+class _Session:
+    hello: ingest_pb2.Hello
+    peer: str
+    out: asyncio.Queue[ingest_pb2.AggregatorMessage | _End | None]
+    last_message_monotonic: float = field(default_factory=time.monotonic)
+    inflight: asyncio.Semaphore = field(default_factory=lambda: asyncio.Semaphore(MAX_INFLIGHT_PER_STREAM))
+    tasks: set[asyncio.Task[None]] = field(default_factory=set)
+
+
+@dataclass
+class IngestLimits:
+    max_report_bytes: int = 1024 * 1024
+    retention_s: float = 14 * 86400
+    max_clock_skew_s: float = 300.0
+
+
+class IngestService:
+    def __init__(
+        self,
+        auth: Authenticator,
+        writer: GroupCommitWriter,
+        fleet: FleetState,
+        metrics: AggregatorMetrics,
+        limits: IngestLimits,
+    ) -> None:
+        self._auth = auth
+        self._writer = writer
+        self._fleet = fleet
+        self._metrics = metrics
+        self._limits = limits
+        self._streams: dict[str, _Session] = {}
+
+    def handler(self) -> grpc.GenericRpcHandler:
+        method = grpc.stream_stream_rpc_method_handler(
+            self.stream,
+            request_deserializer=decode_collector_message,
+            response_serializer=ingest_pb2.AggregatorMessage.SerializeToString,
+        )
+        return grpc.method_handlers_generic_handler(SERVICE, {"Stream": method})
+
+    def _refuse(self, reason: str, code: grpc.StatusCode, message: str, node: str = "") -> _End:
+        self._metrics.reject(reason, code.name)
+        log.warning(
+            "refused collector stream: %s", message, extra={"node": node, "reason": reason, "code": code.name}
+        )
+        return _End(code, message)
+
+    async def _open(
+        self, requests: AsyncIterator[object], context: grpc.aio.ServicerContext
+    ) -> _Session | _End:
+        """Authenticate and read the Hello; a session, or why the stream ends."""
+        try:
+            token = bearer(context.invocation_metadata())
+        except AuthError as exc:
+            return self._refuse("unauthenticated", grpc.StatusCode.UNAUTHENTICATED, str(exc))
+        try:
+            first = await asyncio.wait_for(anext(requests), HELLO_TIMEOUT_S)
+        except (StopAsyncIteration, TimeoutError):
+            return self._refuse(
+                "no_hello",
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"no hello within {HELLO_TIMEOUT_S:g} s of opening the stream",
+            )
+        if isinstance(first, Malformed):
+            return self._refuse(
+                "malformed",
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"first message ({first.size} bytes) is not a gpufleet.v1.CollectorMessage: {first.error}",
+            )
+        if first.WhichOneof("body") != "hello":
+            return self._refuse(
+                "no_hello",
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"the first message must be a hello, got {first.WhichOneof('body')}",
+            )
+        hello = first.hello
+        try:
+            check_hello(hello)
+        except Rejection as r:
+            return self._refuse(r.reason, r.code, r.message, hello.node)
+        try:
+            self._auth.check_collector(token, hello.node)
+        except AuthError as exc:
+            return self._refuse(
+                "unauthenticated",
+                grpc.StatusCode.UNAUTHENTICATED,
+                f"{exc}; issue one with `gpufleet auth collector-token {hello.node}`",
+                hello.node,
+            )
+        existing = self._streams.get(hello.node)
+        if existing and existing.hello.boot_id != hello.boot_id:
+            interval = existing.hello.interval_s
+            quiet_s = time.monotonic() - existing.last_message_monotonic
+            if quiet_s < 3 * interval + 1:
+                return self._refuse(
+                    "duplicate_node",
+                    grpc.StatusCode.ALREADY_EXISTS,
+                    f"node {hello.node!r} is already streaming from {existing.peer} (collector boot "
+                    f"{existing.hello.boot_id}, last message {quiet_s:.1f} s ago); this second "
+                    f"collector (boot {hello.boot_id}) is refused. Two hosts share this node name "
+                    "or credential.",
+                    hello.node,
+                )
+        if existing:
+            # The same collector reconnecting, or an old stream gone quiet: the new one wins.
+            existing.out.put_nowait(
+                _End(grpc.StatusCode.ABORTED, "superseded by a newer stream for this node")
+            )
+        session = _Session(hello=hello, peer=context.peer(), out=asyncio.Queue())
+        self._streams[hello.node] = session
+        self._fleet.on_hello(hello)
+        return session
+
+    async def stream(
+        self, requests: AsyncIterator[object], context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[ingest_pb2.AggregatorMessage]:
+        opened = await self._open(requests, context)
+        if isinstance(opened, _End):
+            await context.abort(opened.code, opened.message)
+            return
+        session = opened
+        node = session.hello.node
+        self._metrics.streams_open.inc()
+        log.info(
+            "collector connected from %s (boot %s, %d GPUs)",
+            session.peer,
+            session.hello.boot_id,
+            len(session.hello.gpus),
+            extra={"node": node},
+        )
+        reader = asyncio.create_task(self._read(session, requests))
+        try:
+            yield ingest_pb2.AggregatorMessage(
+                welcome=ingest_pb2.Welcome(
+                    protocol_version=session.hello.protocol_version,
+                    aggregator_version=gpufleet.__version__,
+                    max_report_bytes=self._limits.max_report_bytes,
+                )
+            )
+            while True:
+                msg = await session.out.get()
+                if msg is None:
+                    return
+                if isinstance(msg, _End):
+                    await context.abort(msg.code, msg.message)
+                    return
+                yield msg
+        finally:
+            reader.cancel()
+            await asyncio.gather(reader, return_exceptions=True)
+            for task in list(session.tasks):
+                task.cancel()
+            self._metrics.streams_open.dec()
+            if self._streams.get(node) is session:
+                del self._streams[node]
+                self._fleet.on_disconnect(node)
+            log.info("collector stream closed", extra={"node": node})
+
+    async def _read(self, session: _Session, requests: AsyncIterator[object]) -> None:
+        node = session.hello.node
+        try:
+            async for msg in requests:
+                session.last_message_monotonic = time.monotonic()
+                if isinstance(msg, Malformed):
+                    session.out.put_nowait(
+                        self._refuse(
+                            "malformed",
+                            grpc.StatusCode.INVALID_ARGUMENT,
+                            f"node {node!r}: a {msg.size}-byte message is not a gpufleet.v1."
+                            f"CollectorMessage ({msg.error}); stream closed",
+                            node,
+                        )
+                    )
+                    return
+                body = msg.WhichOneof("body")
+                if body == "report":
+                    await self._accept(session, msg.report)
+                elif body == "command_result":
+                    log.info(
+                        "command %s on the node ended %s: %s",
+                        msg.command_result.id,
+                        msg.command_result.outcome,
+                        msg.command_result.detail,
+                        extra={"node": node},
+                    )
+                else:
+                    session.out.put_nowait(
+                        self._refuse(
+                            "protocol",
+                            grpc.StatusCode.INVALID_ARGUMENT,
+                            f"node {node!r}: unexpected {body or 'empty'} message after the hello",
+                            node,
+                        )
+                    )
+                    return
+        except grpc.aio.AioRpcError as exc:
+            # e.g. a message over the transport limit: gRPC ends the stream itself.
+            self._metrics.reject("transport", exc.code().name)
+            log.warning("collector stream broke: %s %s", exc.code().name, exc.details(), extra={"node": node})
+        # Let in-flight writes finish so their acks still go out, then end the stream.
+        await asyncio.gather(*session.tasks, return_exceptions=True)
+        session.out.put_nowait(None)
+
+    async def _accept(self, session: _Session, report: telemetry_pb2.NodeReport) -> None:
+        try:
+            check_report(
+                report,
+                session.hello,
+                self._limits.max_report_bytes,
+                self._limits.retention_s,
+                self._limits.max_clock_skew_s,
+            )
+        except Rejection as r:
+            self._metrics.reject(r.reason, r.code.name)
+            log.warning(
+                "rejected report: %s",
+                r.message,
+                extra={"node": session.hello.node, "seq": report.seq, "reason": r.reason},
+            )
+            session.out.put_nowait(
+                ingest_pb2.AggregatorMessage(
+                    reject=ingest_pb2.Reject(seq=report.seq, code=r.code.value[0], message=r.message)
+                )
+            )
+            return
+        await session.inflight.acquire()
+        task = asyncio.create_task(self._persist(session, report))
+        session.tasks.add(task)
+        task.add_done_callback(session.tasks.discard)
+
+    async def _persist(self, session: _Session, report: telemetry_pb2.NodeReport) -> None:
+        try:
+            await self._writer.write(report_to_points(report))
+        except StoreError as exc:
+            # Not acknowledged: the collector keeps the report and replays it on reconnect.
+            session.out.put_nowait(
+                _End(
+                    grpc.StatusCode.UNAVAILABLE,
+                    f"the store could not make report seq {report.seq} durable ({exc}); reconnect and replay",
+                )
+            )
+            return
+        finally:
+            session.inflight.release()
+        self._fleet.on_report(report, time.time_ns())
+        self._metrics.reports_accepted.inc()
+        self._metrics.gpu_samples.inc(len(report.gpus))
+        session.out.put_nowait(ingest_pb2.AggregatorMessage(ack=ingest_pb2.Ack(seqs=[report.seq])))

@@ -1,0 +1,38 @@
+"""Stores behind one contract (base.Store), chosen by name."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+from gpufleet.aggregator.store.base import HistoryQuery, Point, Series, Store, StoreError
+from gpufleet.aggregator.store.embedded import EmbeddedStore
+
+
+def _embedded(data_dir: Path, retention_s: float, **_: object) -> Store:
+    return EmbeddedStore(data_dir / "store.sqlite3", retention_s)
+
+
+BACKENDS: dict[str, Callable[..., Store]] = {
+    "embedded": _embedded,
+}
+
+
+def open_store(kind: str, data_dir: Path, retention_s: float, **options: object) -> Store:
+    try:
+        factory = BACKENDS[kind]
+    except KeyError:
+        raise StoreError(f"unknown store {kind!r}; choose one of {', '.join(BACKENDS)}") from None
+    return factory(data_dir=data_dir, retention_s=retention_s, **options)
+
+
+__all__ = [
+    "BACKENDS",
+    "EmbeddedStore",
+    "HistoryQuery",
+    "Point",
+    "Series",
+    "Store",
+    "StoreError",
+    "open_store",
+]

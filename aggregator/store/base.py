@@ -1,0 +1,83 @@
+"""The store contract every backend (embedded, InfluxDB) implements.
+
+A point's identity is measurement + tags + timestamp: writing the same identity again
+overwrites the fields it carries (InfluxDB's rule), so replays never double.
+Methods are blocking; the aggregator calls them from worker threads.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+FieldValue = float | int | str | bool
+
+AGGREGATES = ("mean", "max", "min", "p95", "last", "count")
+
+
+@dataclass(frozen=True, slots=True)
+class Point:
+    measurement: str
+    tags: Mapping[str, str]
+    fields: Mapping[str, FieldValue]
+    time_unix_ns: int
+
+
+@dataclass(frozen=True)
+class HistoryQuery:
+    measurement: str
+    field: str
+    start_unix_ns: int
+    end_unix_ns: int
+    step_ns: int
+    aggregate: str = "mean"
+    # tag name -> allowed values; a tag not named here is not filtered.
+    filters: Mapping[str, Sequence[str]] = field(default_factory=dict)
+
+
+@dataclass
+class Series:
+    tags: dict[str, str]
+    times_unix_ns: list[int]
+    values: list[float]
+
+
+class StoreError(RuntimeError):
+    """The store could not do what was asked; the message says what and why."""
+
+
+class Store(abc.ABC):
+    @abc.abstractmethod
+    def write(self, points: Sequence[Point]) -> None:
+        """Make points durable; return only once they are. Raises StoreError."""
+
+    @abc.abstractmethod
+    def query_history(self, query: HistoryQuery) -> list[Series]:
+        """Bucket query.field into step-wide buckets aligned to the epoch, one series per
+        distinct tag set; empty buckets are omitted."""
+
+    @abc.abstractmethod
+    def query_points(
+        self,
+        measurement: str,
+        start_unix_ns: int,
+        end_unix_ns: int,
+        filters: Mapping[str, Sequence[str]] | None = None,
+    ) -> list[Point]:
+        """Raw points in [start, end), oldest first."""
+
+    @abc.abstractmethod
+    def latest(self, measurement: str) -> list[Point]:
+        """The newest point of every series of a measurement."""
+
+    @abc.abstractmethod
+    def apply_retention(self, now_unix_ns: int) -> int:
+        """Delete what is older than the retention; return how many points went."""
+
+    @abc.abstractmethod
+    def close(self) -> None: ...
+
+
+def matches(tags: Mapping[str, str], filters: Mapping[str, Sequence[str]] | None) -> bool:
+    return not filters or all(tags.get(k) in set(v) for k, v in filters.items() if v)

@@ -1,0 +1,262 @@
+"""The embedded store: SQLite in WAL mode, nothing to install or run.
+
+Layout: a `series` table (one row per measurement + tag set) and one table per
+measurement, `m_<measurement>`, keyed by (series_id, ts) WITHOUT ROWID, with a column per
+field (added the first time a field is written). Writes upsert only the fields a point
+carries, so a replayed point overwrites itself and absent fields stay NULL — never 0.
+
+We use the standard library's sqlite3 rather than a time-series engine so a single-box
+install and the demo need no server and no extra native dependency.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import re
+import sqlite3
+import threading
+from collections import defaultdict
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+from gpufleet.aggregator.store.base import (
+    HistoryQuery,
+    Point,
+    Series,
+    Store,
+    StoreError,
+    matches,
+)
+
+log = logging.getLogger("gpufleet.aggregator.store")
+
+_NAME = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
+_SQL_AGG = {"mean": "AVG", "max": "MAX", "min": "MIN", "count": "COUNT"}
+
+
+def _ident(name: str, what: str) -> str:
+    if not _NAME.match(name):
+        raise StoreError(f"{what} name {name!r} is not usable: use [a-z_][a-z0-9_]*")
+    return f'"{name}"'
+
+
+class EmbeddedStore(Store):
+    def __init__(self, path: str | Path, retention_s: float, synchronous: str = "FULL") -> None:
+        self.path = Path(path)
+        self.retention_s = retention_s
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            self._w = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
+            self._w.execute("PRAGMA journal_mode=WAL")
+            # FULL: a commit is on disk (fsync) before write() returns, so an acknowledged
+            # report survives a power cut, not just a process crash.
+            self._w.execute(f"PRAGMA synchronous={synchronous}")
+            self._w.execute(
+                "CREATE TABLE IF NOT EXISTS series (id INTEGER PRIMARY KEY, "
+                "measurement TEXT NOT NULL, tags TEXT NOT NULL, UNIQUE (measurement, tags))"
+            )
+            self._r = sqlite3.connect(self.path, check_same_thread=False)
+        except sqlite3.Error as exc:
+            raise StoreError(f"cannot open the embedded store at {self.path}: {exc}") from exc
+        self._wlock = threading.Lock()
+        self._rlock = threading.Lock()
+        self._cache_lock = threading.Lock()
+        self._series: dict[tuple[str, str], int] = {}
+        self._series_tags: dict[int, tuple[str, dict[str, str]]] = {}
+        for sid, measurement, tags in self._w.execute("SELECT id, measurement, tags FROM series"):
+            self._series[(measurement, tags)] = sid
+            self._series_tags[sid] = (measurement, json.loads(tags))
+        self._columns: dict[str, set[str]] = {}
+        self._load_columns()
+
+    def _load_columns(self) -> None:
+        """Read which measurement tables and field columns exist on disk."""
+        self._columns.clear()
+        for (table,) in self._w.execute(
+            "SELECT name FROM sqlite_master WHERE type='table' AND name LIKE 'm\\_%' ESCAPE '\\'"
+        ).fetchall():
+            cols = {row[1] for row in self._w.execute(f'PRAGMA table_info("{table}")')}
+            self._columns[table[2:]] = cols - {"series_id", "ts"}
+
+    # --- writing -------------------------------------------------------------------
+    def _ensure_columns(self, measurement: str, fields: Sequence[str]) -> None:
+        table = _ident("m_" + measurement, "measurement")
+        cols = self._columns.get(measurement)
+        if cols is None:
+            self._w.execute(
+                f"CREATE TABLE IF NOT EXISTS {table} (series_id INTEGER NOT NULL, "
+                "ts INTEGER NOT NULL, PRIMARY KEY (series_id, ts)) WITHOUT ROWID"
+            )
+            cols = self._columns[measurement] = set()
+        for name in fields:
+            if name not in cols:
+                # No declared type: SQLite keeps each value as given (int stays int).
+                self._w.execute(f"ALTER TABLE {table} ADD COLUMN {_ident(name, 'field')}")
+                cols.add(name)
+
+    def write(self, points: Sequence[Point]) -> None:
+        if not points:
+            return
+        with self._wlock:
+            new_series: list[tuple[str, str]] = []
+            try:
+                self._w.execute("BEGIN IMMEDIATE")
+                groups: dict[tuple[str, tuple[str, ...]], list[tuple]] = defaultdict(list)
+                for p in points:
+                    key = (p.measurement, json.dumps(sorted(p.tags.items()), ensure_ascii=False))
+                    sid = self._series.get(key)
+                    if sid is None:
+                        sid = self._w.execute(
+                            "INSERT INTO series (measurement, tags) VALUES (?, ?)", key
+                        ).lastrowid
+                        self._series[key] = sid
+                        new_series.append(key)
+                    names = tuple(p.fields)
+                    groups[(p.measurement, names)].append((sid, p.time_unix_ns, *p.fields.values()))
+                for (measurement, names), rows in groups.items():
+                    self._ensure_columns(measurement, names)
+                    cols = ", ".join(_ident(n, "field") for n in names)
+                    marks = ", ".join("?" * (len(names) + 2))
+                    update = ", ".join(f"{_ident(n, 'field')}=excluded.{_ident(n, 'field')}" for n in names)
+                    sql = (
+                        f'INSERT INTO "m_{measurement}" (series_id, ts{", " if names else ""}{cols}) '
+                        f"VALUES ({marks}) ON CONFLICT (series_id, ts) DO "
+                        + (f"UPDATE SET {update}" if names else "NOTHING")
+                    )
+                    self._w.executemany(sql, rows)
+                self._w.execute("COMMIT")
+            except (sqlite3.Error, StoreError) as exc:
+                with contextlib.suppress(sqlite3.Error):
+                    self._w.execute("ROLLBACK")
+                for key in new_series:
+                    self._series.pop(key, None)
+                # Columns added inside a rolled-back transaction are gone again.
+                self._load_columns()
+                raise StoreError(f"embedded store write of {len(points)} points failed: {exc}") from exc
+            with self._cache_lock:
+                for key in new_series:
+                    self._series_tags[self._series[key]] = (key[0], dict(json.loads(key[1])))
+
+    # --- reading -------------------------------------------------------------------
+    def _series_ids(
+        self, measurement: str, filters: Mapping[str, Sequence[str]] | None
+    ) -> dict[int, dict[str, str]]:
+        with self._cache_lock:
+            return {
+                sid: tags
+                for sid, (m, tags) in self._series_tags.items()
+                if m == measurement and matches(tags, filters)
+            }
+
+    def query_history(self, query: HistoryQuery) -> list[Series]:
+        if query.step_ns <= 0:
+            raise StoreError(f"step must be positive, got {query.step_ns} ns")
+        table = _ident("m_" + query.measurement, "measurement")
+        col = _ident(query.field, "field")
+        series = self._series_ids(query.measurement, query.filters)
+        if not series or query.field not in self._columns.get(query.measurement, ()):
+            return []
+        where = (
+            f"FROM {table} WHERE series_id IN (SELECT value FROM json_each(?)) "
+            f"AND ts >= ? AND ts < ? AND {col} IS NOT NULL"
+        )
+        args = (json.dumps(list(series)), query.start_unix_ns, query.end_unix_ns)
+        step = int(query.step_ns)
+        if query.aggregate in _SQL_AGG:
+            sql = (
+                f"SELECT series_id, ts / {step}, {_SQL_AGG[query.aggregate]}({col}) {where} "
+                "GROUP BY 1, 2 ORDER BY 1, 2"
+            )
+        elif query.aggregate == "last":
+            # SQLite returns the bare column from the row holding MAX(ts).
+            sql = f"SELECT series_id, ts / {step}, {col}, MAX(ts) {where} GROUP BY 1, 2 ORDER BY 1, 2"
+        elif query.aggregate == "p95":
+            sql = f"SELECT series_id, ts / {step}, {col} {where} ORDER BY 1, 2, 3"
+        else:
+            raise StoreError(f"unknown aggregate {query.aggregate!r}")
+        with self._rlock:
+            rows = self._r.execute(sql, args).fetchall()
+        out: dict[int, Series] = {}
+        if query.aggregate == "p95":
+            buckets: dict[tuple[int, int], list[float]] = defaultdict(list)
+            for sid, bucket, value in rows:
+                buckets[(sid, bucket)].append(value)
+            rows = [(sid, b, _nearest_rank(vals, 0.95)) for (sid, b), vals in buckets.items()]
+        for row in rows:
+            sid, bucket, value = row[0], row[1], row[2]
+            s = out.get(sid)
+            if s is None:
+                s = out[sid] = Series(dict(series[sid]), [], [])
+            s.times_unix_ns.append(bucket * step)
+            s.values.append(float(value))
+        return sorted(out.values(), key=lambda s: sorted(s.tags.items()))
+
+    def _rows_to_points(self, measurement: str, cursor: sqlite3.Cursor) -> list[Point]:
+        names = [d[0] for d in cursor.description]
+        with self._cache_lock:
+            tags_of = {sid: tags for sid, (_, tags) in self._series_tags.items()}
+        points = []
+        for row in cursor.fetchall():
+            fields = {n: v for n, v in zip(names[2:], row[2:], strict=True) if v is not None}
+            points.append(Point(measurement, dict(tags_of[row[0]]), fields, row[1]))
+        return points
+
+    def query_points(
+        self,
+        measurement: str,
+        start_unix_ns: int,
+        end_unix_ns: int,
+        filters: Mapping[str, Sequence[str]] | None = None,
+    ) -> list[Point]:
+        if measurement not in self._columns:
+            return []
+        series = self._series_ids(measurement, filters)
+        table = _ident("m_" + measurement, "measurement")
+        with self._rlock:
+            cursor = self._r.execute(
+                f"SELECT * FROM {table} WHERE series_id IN (SELECT value FROM json_each(?)) "
+                "AND ts >= ? AND ts < ? ORDER BY ts, series_id",
+                (json.dumps(list(series)), start_unix_ns, end_unix_ns),
+            )
+            return self._rows_to_points(measurement, cursor)
+
+    def latest(self, measurement: str) -> list[Point]:
+        if measurement not in self._columns:
+            return []
+        table = _ident("m_" + measurement, "measurement")
+        with self._rlock:
+            cursor = self._r.execute(
+                f"SELECT t.* FROM {table} t JOIN (SELECT series_id, MAX(ts) AS ts FROM {table} "
+                "GROUP BY series_id) l ON t.series_id = l.series_id AND t.ts = l.ts"
+            )
+            return self._rows_to_points(measurement, cursor)
+
+    def apply_retention(self, now_unix_ns: int) -> int:
+        cutoff = now_unix_ns - int(self.retention_s * 1e9)
+        deleted = 0
+        with self._wlock:
+            for measurement in list(self._columns):
+                table = _ident("m_" + measurement, "measurement")
+                # Per series, so the (series_id, ts) key is used instead of a table scan.
+                cur = self._w.execute(
+                    f"DELETE FROM {table} WHERE series_id IN "
+                    "(SELECT id FROM series WHERE measurement = ?) AND ts < ?",
+                    (measurement, cutoff),
+                )
+                deleted += cur.rowcount
+        if deleted:
+            log.info("retention removed %d points older than %.0f s", deleted, self.retention_s)
+        return deleted
+
+    def close(self) -> None:
+        with self._wlock, self._rlock:
+            self._r.close()
+            self._w.close()
+
+
+def _nearest_rank(sorted_values: list[float], q: float) -> float:
+    """The q-quantile by the nearest-rank method (values already sorted)."""
+    rank = max(1, -(-len(sorted_values) * q // 1))  # ceil(n*q), at least 1
+    return sorted_values[int(rank) - 1]

@@ -1,0 +1,126 @@
+"""How the CLI finds and talks to the Fleet API.
+
+Address and token, first found wins:
+  1. flags --fleet ADDR, --token TOKEN (or --token-file FILE)
+  2. environment GPUFLEET_FLEET, GPUFLEET_TOKEN, GPUFLEET_TLS_CA
+  3. the client config file: $GPUFLEET_CLIENT_CONFIG, else ~/.config/gpufleet/client.toml
+     (keys fleet, token, tls_ca). `gpufleet demo` writes this file while it runs, so
+     `gpufleet nodes` in another shell finds the demo without flags.
+  4. fleet 127.0.0.1:7711, no token
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+import grpc
+
+from gpufleet.protos import fleet_pb2_grpc
+
+DEFAULT_FLEET = "127.0.0.1:7711"
+
+
+def client_config_path(env: Mapping[str, str] = os.environ) -> Path:
+    if env.get("GPUFLEET_CLIENT_CONFIG"):
+        return Path(env["GPUFLEET_CLIENT_CONFIG"])
+    base = Path(env.get("XDG_CONFIG_HOME") or Path(env.get("HOME", "~")).expanduser() / ".config")
+    return base / "gpufleet" / "client.toml"
+
+
+@dataclass
+class ClientSettings:
+    fleet: str
+    token: str
+    tls_ca: str
+    source: str  # where the address came from, for error messages
+
+
+class ClientError(Exception):
+    """Something the user must fix; exit_code tells scripts which kind."""
+
+    def __init__(self, message: str, exit_code: int = 1) -> None:
+        super().__init__(message)
+        self.exit_code = exit_code
+
+
+def resolve_client(
+    fleet: str | None,
+    token: str | None,
+    token_file: str | None,
+    env: Mapping[str, str] = os.environ,
+) -> ClientSettings:
+    path = client_config_path(env)
+    file_data: dict[str, object] = {}
+    if path.exists():
+        try:
+            file_data = tomllib.loads(path.read_text())
+        except (OSError, tomllib.TOMLDecodeError) as exc:
+            raise ClientError(f"cannot read client config {path}: {exc}") from exc
+    if token_file:
+        try:
+            token = Path(token_file).read_text().strip()
+        except OSError as exc:
+            raise ClientError(f"cannot read --token-file {token_file}: {exc}") from exc
+    if fleet:
+        address, source = fleet, "--fleet"
+    elif env.get("GPUFLEET_FLEET"):
+        address, source = env["GPUFLEET_FLEET"], "GPUFLEET_FLEET"
+    elif file_data.get("fleet"):
+        address, source = str(file_data["fleet"]), str(path)
+    else:
+        address, source = DEFAULT_FLEET, "the default"
+    return ClientSettings(
+        fleet=address,
+        token=token or env.get("GPUFLEET_TOKEN") or str(file_data.get("token", "")),
+        tls_ca=env.get("GPUFLEET_TLS_CA") or str(file_data.get("tls_ca", "")),
+        source=source,
+    )
+
+
+class FleetClient:
+    """A blocking Fleet API client (the CLI is a short-lived, one-call-at-a-time process)."""
+
+    def __init__(self, settings: ClientSettings, timeout_s: float = 15.0) -> None:
+        self.settings = settings
+        self.timeout_s = timeout_s
+        if settings.tls_ca:
+            creds = grpc.ssl_channel_credentials(Path(settings.tls_ca).read_bytes())
+            self._channel = grpc.secure_channel(settings.fleet, creds)
+        else:
+            self._channel = grpc.insecure_channel(settings.fleet)
+        self._stub = fleet_pb2_grpc.FleetStub(self._channel)
+
+    def call(self, method: str, request: object) -> object:
+        metadata = (("authorization", f"Bearer {self.settings.token}"),) if self.settings.token else ()
+        try:
+            return getattr(self._stub, method)(request, metadata=metadata, timeout=self.timeout_s)
+        except grpc.RpcError as exc:
+            raise self._explain(exc) from None
+
+    def _explain(self, exc: grpc.RpcError) -> ClientError:
+        code, details = exc.code(), exc.details()  # type: ignore[attr-defined]
+        where = f"the Fleet API at {self.settings.fleet} (address from {self.settings.source})"
+        if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
+            return ClientError(
+                f"cannot reach {where}: {details}. Is `gpufleet aggregator run` or "
+                "`gpufleet demo` running? Set the address with --fleet or GPUFLEET_FLEET.",
+                3,
+            )
+        if code == grpc.StatusCode.UNAUTHENTICATED:
+            return ClientError(
+                f"{where} rejected the credential: {details}. Pass a token with "
+                "--token, --token-file or GPUFLEET_TOKEN.",
+                4,
+            )
+        if code == grpc.StatusCode.PERMISSION_DENIED:
+            return ClientError(f"permission denied: {details}", 4)
+        if code == grpc.StatusCode.NOT_FOUND:
+            return ClientError(details, 5)
+        return ClientError(f"{code.name}: {details}", 1)
+
+    def close(self) -> None:
+        self._channel.close()

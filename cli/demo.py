@@ -1,0 +1,267 @@
+"""`gpufleet demo`: an aggregator and N collector processes with simulated GPUs, on
+loopback, with the embedded store; optionally the dashboard. Nothing to install or start.
+
+The demo keeps its data, secrets and logs in --data-dir (default
+~/.local/share/gpufleet/demo) and, while it runs, writes the client config the CLI reads
+by default, so `gpufleet nodes` in another shell finds it. The file is removed on exit.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from gpufleet.aggregator.auth import collector_token, new_secrets_file
+from gpufleet.cli.client import ClientSettings, FleetClient, client_config_path
+from gpufleet.collector.simnvml import GPU_PROFILES
+from gpufleet.protos import fleet_pb2, vocabulary_pb2
+
+DEMO_MODELS = ["H100", "H200", "A100", "B200"]
+
+
+def default_data_dir() -> Path:
+    base = os.environ.get("XDG_DATA_HOME") or str(Path.home() / ".local" / "share")
+    return Path(base) / "gpufleet" / "demo"
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--nodes", type=int, default=4, help="simulated nodes (default 4)")
+    p.add_argument("--gpus-per-node", type=int, default=8, help="GPUs per node (default 8)")
+    p.add_argument(
+        "--gpu-model",
+        default="mixed",
+        help=f"{', '.join(GPU_PROFILES)}, or mixed (default: nodes cycle {', '.join(DEMO_MODELS)})",
+    )
+    p.add_argument("--interval", type=float, default=1.0, help="sampling interval, s (default 1)")
+    p.add_argument(
+        "--duration", type=float, default=0.0, help="stop after this many seconds (default: run until Ctrl-C)"
+    )
+    p.add_argument("--data-dir", default=None, help=f"default {default_data_dir()}")
+    p.add_argument("--no-dashboard", action="store_true", help="do not start the dashboard")
+    p.add_argument("--dashboard-port", type=int, default=8501)
+
+
+@dataclass
+class Child:
+    name: str
+    proc: subprocess.Popen[bytes]
+    log_path: Path
+
+
+@dataclass
+class Demo:
+    data_dir: Path
+    children: list[Child] = field(default_factory=list)
+    client_config: Path | None = None
+
+    def spawn(self, name: str, argv: list[str], env: dict[str, str] | None = None) -> Child:
+        log_path = self.data_dir / "logs" / f"{name}.log"
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        with open(log_path, "ab") as log:
+            proc = subprocess.Popen(
+                argv,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env={**os.environ, **(env or {})},
+                start_new_session=True,
+            )
+        child = Child(name, proc, log_path)
+        self.children.append(child)
+        return child
+
+    def stop(self) -> None:
+        for child in reversed(self.children):
+            if child.proc.poll() is None:
+                child.proc.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + 10
+        for child in self.children:
+            try:
+                child.proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                child.proc.kill()
+                child.proc.wait()
+        if self.client_config and self.client_config.exists():
+            try:
+                if tomllib.loads(self.client_config.read_text()).get("demo_pid") == os.getpid():
+                    self.client_config.unlink()
+            except (OSError, tomllib.TOMLDecodeError):
+                pass
+
+
+def _gpufleet(*args: str) -> list[str]:
+    return [sys.executable, "-m", "gpufleet.cli.main", *args]
+
+
+def _wait_for(what: str, check: object, deadline_s: float, demo: Demo, child: Child) -> object:
+    """Poll check() until it returns a truthy value, the child dies, or the deadline passes."""
+    deadline = time.monotonic() + deadline_s
+    while time.monotonic() < deadline:
+        if child.proc.poll() is not None:
+            raise SystemExit(
+                f"gpufleet demo: {child.name} exited with status "
+                f"{child.proc.returncode} while {what}; see {child.log_path}"
+            )
+        result = check()  # type: ignore[operator]
+        if result:
+            return result
+        time.sleep(0.1)  # polling a child process that has no other way to signal readiness
+    raise SystemExit(f"gpufleet demo: timed out after {deadline_s:.0f}s {what}; see {child.log_path}")
+
+
+def run_demo(args: argparse.Namespace) -> int:
+    if args.nodes < 1 or args.gpus_per_node < 0 or args.interval <= 0:
+        raise SystemExit("gpufleet demo: --nodes must be ≥ 1, --gpus-per-node ≥ 0, --interval > 0")
+    if args.gpu_model != "mixed" and args.gpu_model not in GPU_PROFILES:
+        raise SystemExit(
+            f"gpufleet demo: unknown --gpu-model {args.gpu_model!r}; choose "
+            f"{', '.join(GPU_PROFILES)} or mixed"
+        )
+    data_dir = Path(args.data_dir) if args.data_dir else default_data_dir()
+    data_dir.mkdir(parents=True, exist_ok=True)
+    demo = Demo(data_dir)
+    secrets_path = data_dir / "secrets.toml"
+    tokens_path = data_dir / "demo-tokens.json"
+    if not (secrets_path.exists() and tokens_path.exists()):
+        issued = new_secrets_file(secrets_path, [("demo-operator", "operator"), ("demo-viewer", "viewer")])
+        fd = os.open(tokens_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as fh:
+            json.dump(issued, fh)
+    tokens = json.loads(tokens_path.read_text())
+    secret = tomllib.loads(secrets_path.read_text())["collector_secret"]
+    ready = data_dir / "aggregator.ready.json"
+    ready.unlink(missing_ok=True)
+
+    stop_requested = threading.Event()
+
+    def on_signal(signum: int, frame: object) -> None:
+        stop_requested.set()
+
+    signal.signal(signal.SIGINT, on_signal)
+    signal.signal(signal.SIGTERM, on_signal)
+    try:
+        aggregator = demo.spawn(
+            "aggregator",
+            _gpufleet(
+                "aggregator",
+                "run",
+                "--data-dir",
+                str(data_dir),
+                "--ingest-listen",
+                "127.0.0.1:0",
+                "--fleet-listen",
+                "127.0.0.1:0",
+                "--metrics-listen",
+                "127.0.0.1:0",
+                "--ready-file",
+                str(ready),
+            ),
+        )
+        bound = _wait_for(
+            "starting the aggregator",
+            lambda: ready.exists() and json.loads(ready.read_text()),
+            60,
+            demo,
+            aggregator,
+        )
+        nodes = [f"demo-node-{i + 1:02d}" for i in range(args.nodes)]
+        for i, node in enumerate(nodes):
+            model = DEMO_MODELS[i % len(DEMO_MODELS)] if args.gpu_model == "mixed" else args.gpu_model
+            demo.spawn(
+                node,
+                _gpufleet(
+                    "collector",
+                    "run",
+                    "--simulate",
+                    "--node",
+                    node,
+                    "--cluster",
+                    "demo",
+                    "--sim-gpus",
+                    str(args.gpus_per_node),
+                    "--sim-model",
+                    model,
+                    "--interval-s",
+                    str(args.interval),
+                    "--aggregator",
+                    bound["ingest"],
+                ),
+                env={"GPUFLEET_COLLECTOR_TOKEN": collector_token(secret, node)},
+            )
+        client_cfg = client_config_path()
+        client_cfg.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(client_cfg, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as fh:
+            fh.write(
+                f"# written by `gpufleet demo` (pid {os.getpid()}); removed when it stops\n"
+                f'fleet = "{bound["fleet"]}"\ntoken = "{tokens["demo-operator"]}"\n'
+                f"demo_pid = {os.getpid()}\n"
+            )
+        demo.client_config = client_cfg
+        client = FleetClient(ClientSettings(bound["fleet"], tokens["demo-viewer"], "", "demo"))
+
+        def all_reporting() -> bool:
+            resp = client.call("ListNodes", fleet_pb2.ListNodesRequest())
+            live = [
+                n for n in resp.nodes if n.node in nodes and n.liveness == vocabulary_pb2.LIVENESS_REPORTING
+            ]
+            return len(live) == len(nodes)
+
+        _wait_for(f"waiting for {len(nodes)} nodes to report", all_reporting, 60, demo, aggregator)
+        dashboard_line = "dashboard: off (--no-dashboard)"
+        if not args.no_dashboard:
+            if importlib.util.find_spec("streamlit") and importlib.util.find_spec("gpufleet.dashboard.app"):
+                demo.spawn(
+                    "dashboard",
+                    _gpufleet("dashboard", "--port", str(args.dashboard_port)),
+                    env={"GPUFLEET_FLEET": bound["fleet"], "GPUFLEET_TOKEN": tokens["demo-operator"]},
+                )
+                dashboard_line = f"dashboard: http://127.0.0.1:{args.dashboard_port}"
+            else:
+                dashboard_line = (
+                    "dashboard: not started (install the dashboard extra: pip install 'gpufleet[dashboard]')"
+                )
+        print(
+            f"""gpufleet demo is running: {len(nodes)} nodes x {args.gpus_per_node} simulated GPUs, \
+{args.interval:g}s interval
+  ingest (collectors):  {bound["ingest"]}
+  Fleet API:            {bound["fleet"]}
+  aggregator metrics:   http://{bound["metrics"]}/metrics
+  {dashboard_line}
+  data, secrets, logs:  {data_dir}
+  client config:        {client_cfg} (the CLI finds the demo through it)
+
+Try, in another shell:
+  gpufleet nodes
+  gpufleet node {nodes[0]}
+  gpufleet history util_gpu_pct --node {nodes[0]} --since 10m --step 1m
+Ctrl-C stops the demo.""",
+            flush=True,
+        )
+        deadline = time.monotonic() + args.duration if args.duration else float("inf")
+        # Supervise: wake on Ctrl-C/SIGTERM at once, otherwise check the children twice a second.
+        while not stop_requested.wait(min(0.5, max(0.0, deadline - time.monotonic()))):
+            if time.monotonic() >= deadline:
+                break
+            dead = [c for c in demo.children if c.proc.poll() is not None]
+            for child in dead:
+                print(
+                    f"gpufleet demo: {child.name} exited with status {child.proc.returncode}; "
+                    f"see {child.log_path}",
+                    file=sys.stderr,
+                )
+            if dead:
+                return 1
+        return 0
+    finally:
+        print("stopping the demo ...", flush=True)
+        demo.stop()

@@ -1,0 +1,235 @@
+"""`gpufleet`: one command for every part of the system.
+
+gpufleet demo                      simulated fleet + aggregator (+ dashboard), one command
+gpufleet collector run             the per-node collector
+gpufleet aggregator run            the control-plane aggregator
+gpufleet nodes | node NAME | history METRIC | metrics | whoami   (Fleet API)
+gpufleet auth init | collector-token NODE | add-token NAME
+gpufleet config reference          every setting, its flag, environment variable, default
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import sys
+from pathlib import Path
+
+from gpufleet.cli import settings
+from gpufleet.cli.client import ClientError, FleetClient, resolve_client
+from gpufleet.cli.logsetup import configure as configure_logging
+
+EXIT_CONFIG = 2
+
+
+def _client_flags() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(add_help=False)
+    g = p.add_argument_group("Fleet API connection")
+    g.add_argument("--fleet", help="Fleet API address host:port [env GPUFLEET_FLEET]")
+    g.add_argument("--token", help="bearer token [env GPUFLEET_TOKEN]")
+    g.add_argument("--token-file", help="file holding the bearer token")
+    return p
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from gpufleet.aggregator.config import AggregatorConfig
+    from gpufleet.cli import demo
+    from gpufleet.collector.config import CollectorConfig
+
+    parser = argparse.ArgumentParser(
+        prog="gpufleet", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--log-level", default=os.environ.get("GPUFLEET_LOG_LEVEL", "info"))
+    parser.add_argument(
+        "--config",
+        help=f"TOML settings file [env GPUFLEET_CONFIG; default {settings.DEFAULT_CONFIG_FILE} if present]",
+    )
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    client = _client_flags()
+
+    col = sub.add_parser("collector", help="the per-node collector")
+    col_sub = col.add_subparsers(dest="action", required=True)
+    settings.add_flags(
+        col_sub.add_parser("run", help="sample GPUs and stream to the aggregator"),
+        CollectorConfig,
+        "collector",
+    )
+
+    agg = sub.add_parser("aggregator", help="the control-plane aggregator")
+    agg_sub = agg.add_subparsers(dest="action", required=True)
+    settings.add_flags(
+        agg_sub.add_parser("run", help="serve ingest and the Fleet API"), AggregatorConfig, "aggregator"
+    )
+
+    demo.add_arguments(sub.add_parser("demo", help="run a simulated fleet on this machine"))
+
+    dash = sub.add_parser("dashboard", parents=[client], help="serve the Streamlit dashboard")
+    dash.add_argument("--port", type=int, default=8501)
+    dash.add_argument("--address", default="127.0.0.1")
+
+    p = sub.add_parser("nodes", parents=[client], help="every node with its live state")
+    p.add_argument("--cluster", action="append", help="only this cluster (repeatable)")
+    p.add_argument("--json", action="store_true")
+    p = sub.add_parser("node", parents=[client], help="one node's GPUs, engines and events")
+    p.add_argument("name")
+    p.add_argument("--json", action="store_true")
+    p = sub.add_parser("history", parents=[client], help="a metric over time")
+    p.add_argument("metric", help="e.g. util_gpu_pct (`gpufleet metrics` lists them)")
+    p.add_argument("--node", action="append", help="filter (repeatable)")
+    p.add_argument("--gpu", action="append", type=int, help="GPU index filter (repeatable)")
+    p.add_argument("--cluster", action="append")
+    p.add_argument("--engine", action="append")
+    p.add_argument("--model", action="append")
+    p.add_argument("--since", default="1h", help="start: 10m, 2h, 7d ago, or ISO time (default 1h)")
+    p.add_argument("--until", default="now", help="end (default now)")
+    p.add_argument("--step", help="bucket width, e.g. 1m (default: about 300 buckets)")
+    p.add_argument("--agg", default="mean", choices=["mean", "max", "min", "p95", "last", "count"])
+    out = p.add_mutually_exclusive_group()
+    out.add_argument("--json", action="store_true")
+    out.add_argument("--csv", action="store_true")
+    p = sub.add_parser("metrics", parents=[client], help="the metrics history can query")
+    p.add_argument("--json", action="store_true")
+    sub.add_parser("whoami", parents=[client], help="which token the Fleet API sees")
+
+    auth = sub.add_parser("auth", help="credentials")
+    auth_sub = auth.add_subparsers(dest="action", required=True)
+    p = auth_sub.add_parser("init", help="write a new secrets file with fleet tokens")
+    p.add_argument("--secrets", required=True, help="path of the secrets file to create")
+    p.add_argument("--operator", action="append", default=[], help="name of an operator token")
+    p.add_argument("--viewer", action="append", default=[], help="name of a viewer token")
+    p.add_argument("--force", action="store_true", help="overwrite an existing file")
+    p = auth_sub.add_parser("collector-token", help="print the credential of one node")
+    p.add_argument("node")
+    p.add_argument("--secrets", required=True)
+    p = auth_sub.add_parser("add-token", help="add a fleet token to a secrets file")
+    p.add_argument("name")
+    p.add_argument("--role", required=True, choices=["viewer", "operator"])
+    p.add_argument("--secrets", required=True)
+
+    cfg = sub.add_parser("config", help="configuration")
+    cfg_sub = cfg.add_subparsers(dest="action", required=True)
+    cfg_sub.add_parser("reference", help="print every setting as a Markdown table")
+    return parser
+
+
+def _run_component(args: argparse.Namespace) -> int:
+    from gpufleet.aggregator.config import AggregatorConfig
+    from gpufleet.collector.config import CollectorConfig
+
+    path = settings.config_path(args.config, os.environ)
+    file_data = settings.load_file(path)
+    if args.command == "collector":
+        from gpufleet.collector.main import run_collector
+        from gpufleet.collector.sources.nvml import NvmlUnavailable
+
+        config = settings.resolve(CollectorConfig, "collector", args, os.environ, file_data, str(path))
+        configure_logging(args.log_level, component="collector", node=config.node)
+        try:
+            asyncio.run(run_collector(config))
+        except NvmlUnavailable as exc:
+            print(f"gpufleet collector: {exc}", file=sys.stderr)
+            return EXIT_CONFIG
+        return 0
+    from gpufleet.aggregator.server import run_aggregator
+
+    config = settings.resolve(AggregatorConfig, "aggregator", args, os.environ, file_data, str(path))
+    configure_logging(args.log_level, component="aggregator")
+    try:
+        asyncio.run(run_aggregator(config))
+    except (OSError, ValueError) as exc:
+        print(f"gpufleet aggregator: {exc}", file=sys.stderr)
+        return EXIT_CONFIG
+    return 0
+
+
+def _run_auth(args: argparse.Namespace) -> int:
+    import tomllib
+
+    from gpufleet.aggregator.auth import collector_token, new_secrets_file, token_sha256
+
+    path = Path(args.secrets)
+    if args.action == "init":
+        if path.exists() and not args.force:
+            raise SystemExit(
+                f"gpufleet auth init: {path} exists; pass --force to replace it "
+                "(every collector token changes)"
+            )
+        names = [(n, "operator") for n in args.operator] + [(n, "viewer") for n in args.viewer]
+        issued = new_secrets_file(path, names)
+        print(f"wrote {path} (mode 0600)")
+        for name, token in issued.items():
+            print(f"{name}: {token}")
+        return 0
+    try:
+        data = tomllib.loads(path.read_text())
+    except (OSError, tomllib.TOMLDecodeError) as exc:
+        raise SystemExit(f"gpufleet auth: cannot read {path}: {exc}") from exc
+    if args.action == "collector-token":
+        print(collector_token(data["collector_secret"], args.node))
+        return 0
+    import secrets as pysecrets
+
+    token = f"gf{args.role[0]}1_{pysecrets.token_urlsafe(32)}"
+    with open(path, "a", encoding="utf-8") as fh:
+        fh.write(
+            f'\n[[fleet_tokens]]\nname = "{args.name}"\nrole = "{args.role}"\n'
+            f'sha256 = "{token_sha256(token)}"\n'
+        )
+    print(token)
+    print(
+        f"added {args.role} token {args.name!r} to {path}; restart the aggregator to load it", file=sys.stderr
+    )
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        if args.command in ("collector", "aggregator"):
+            return _run_component(args)
+        if args.command == "demo":
+            from gpufleet.cli.demo import run_demo
+
+            return run_demo(args)
+        if args.command == "auth":
+            return _run_auth(args)
+        if args.command == "config":
+            from gpufleet.aggregator.config import AggregatorConfig
+            from gpufleet.collector.config import CollectorConfig
+
+            print(settings.reference({"collector": CollectorConfig, "aggregator": AggregatorConfig}))
+            return 0
+        if args.command == "dashboard":
+            from gpufleet.cli.dashboard import run_dashboard
+
+            return run_dashboard(args)
+        client = FleetClient(resolve_client(args.fleet, args.token, args.token_file))
+        try:
+            if args.command == "whoami":
+                from gpufleet.protos import fleet_pb2
+
+                me = client.call("WhoAmI", fleet_pb2.WhoAmIRequest())
+                print(f"{me.name} ({me.role}) at {client.settings.fleet}")
+                return 0
+            from gpufleet.cli import sre
+
+            sre.run(client, args)
+        finally:
+            client.close()
+    except settings.ConfigError as exc:
+        print(f"gpufleet: configuration error: {exc}", file=sys.stderr)
+        return EXIT_CONFIG
+    except ClientError as exc:
+        print(f"gpufleet: {exc}", file=sys.stderr)
+        return exc.exit_code
+    except ValueError as exc:  # bad --since/--step and the like
+        print(f"gpufleet: {exc}", file=sys.stderr)
+        return EXIT_CONFIG
+    except BrokenPipeError:  # `gpufleet history ... | head`
+        return 0
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,349 @@
+"""The SRE's read commands: nodes, node, history, metrics. They talk only to the Fleet API.
+
+Every command prints a readable table by default and takes --json (history also --csv)
+for scripts. Absent values print as N/A, never 0.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import sys
+from collections.abc import Iterable
+from typing import Any
+
+from tabulate import tabulate
+
+from gpufleet.cli.client import FleetClient
+from gpufleet.cli.timeparse import iso, parse_duration_ns, parse_time_ns
+from gpufleet.protos import fleet_pb2, telemetry_pb2, vocabulary_pb2
+
+NA = "N/A"
+GIB = 1024**3
+
+
+def liveness_name(value: int) -> str:
+    return vocabulary_pb2.Liveness.Name(value).removeprefix("LIVENESS_").lower()
+
+
+def message_fields(msg: Any) -> dict[str, Any]:
+    """A flat message as a dict of the fields that are present (absent stays absent)."""
+    out: dict[str, Any] = {}
+    for f, v in msg.ListFields():
+        if f.type == f.TYPE_MESSAGE:
+            continue
+        out[f.name] = list(v) if f.is_repeated else v
+    return out
+
+
+def _fmt(value: float | None, spec: str = ".0f") -> str:
+    return NA if value is None else format(value, spec)
+
+
+def _opt(msg: Any, name: str) -> Any:
+    return getattr(msg, name) if msg.HasField(name) else None
+
+
+def _mean(values: Iterable[float | None]) -> float | None:
+    vals = [v for v in values if v is not None]
+    return sum(vals) / len(vals) if vals else None
+
+
+def _sum(values: Iterable[int | None]) -> int | None:
+    vals = [v for v in values if v is not None]
+    return sum(vals) if vals else None
+
+
+def node_row(n: fleet_pb2.NodeSummary) -> dict[str, Any]:
+    gpus = list(n.gpus)
+    return {
+        "node": n.node,
+        "cluster": n.cluster,
+        "liveness": liveness_name(n.liveness),
+        "connected": n.connected,
+        "last_report": iso(n.last_report_unix_ns) if n.last_report_unix_ns else None,
+        "seconds_since_report": round(n.seconds_since_report, 3),
+        "gpu_count": n.gpu_count,
+        "gpus_lost": sum(1 for g in gpus if g.lost),
+        "util_gpu_mean_pct": _mean(_opt(g, "util_gpu_pct") for g in gpus),
+        "hbm_used_bytes": _sum(_opt(g, "hbm_used_bytes") for g in gpus),
+        "hbm_total_bytes": _sum(_opt(g, "hbm_total_bytes") for g in gpus),
+        "temp_gpu_max_c": max((g.temp_gpu_c for g in gpus if g.HasField("temp_gpu_c")), default=None),
+        "power_w": _sum(_opt(g, "power_w") for g in gpus),
+        "simulated": n.simulated,
+        "gpus": [message_fields(g) for g in gpus],
+    }
+
+
+def gib(value: int | None) -> str:
+    return NA if value is None else f"{value / GIB:.1f}"
+
+
+def print_nodes(resp: fleet_pb2.ListNodesResponse, as_json: bool) -> None:
+    rows = [node_row(n) for n in resp.nodes]
+    if as_json:
+        print(json.dumps({"server_time": iso(resp.server_time_unix_ns), "nodes": rows}, indent=2))
+        return
+    if not rows:
+        print("no nodes have reported to this aggregator yet")
+        return
+    table = [
+        [
+            r["node"],
+            r["cluster"],
+            r["liveness"] + ("" if r["connected"] else " (disconnected)"),
+            f"{r['seconds_since_report']:.1f}s ago" if r["last_report"] else "never",
+            f"{r['gpu_count']}" + (f" ({r['gpus_lost']} LOST)" if r["gpus_lost"] else ""),
+            _fmt(r["util_gpu_mean_pct"]),
+            f"{gib(r['hbm_used_bytes'])}/{gib(r['hbm_total_bytes'])}",
+            _fmt(r["temp_gpu_max_c"]),
+            _fmt(r["power_w"]),
+        ]
+        for r in rows
+    ]
+    print(
+        tabulate(
+            table,
+            headers=[
+                "NODE",
+                "CLUSTER",
+                "STATE",
+                "LAST REPORT",
+                "GPUS",
+                "UTIL %",
+                "HBM GiB",
+                "MAX TEMP °C",
+                "POWER W",
+            ],
+        )
+    )
+    states: dict[str, int] = {}
+    for r in rows:
+        states[r["liveness"]] = states.get(r["liveness"], 0) + 1
+    gpus = sum(r["gpu_count"] for r in rows)
+    print(
+        f"\n{len(rows)} nodes ({', '.join(f'{v} {k}' for k, v in sorted(states.items()))}), "
+        f"{gpus} GPUs, fleet mean utilization {_fmt(_mean(r['util_gpu_mean_pct'] for r in rows))} %"
+    )
+
+
+def gpu_row(g: telemetry_pb2.GpuSample) -> list[str]:
+    power = _fmt(_opt(g, "power_w"))
+    if g.HasField("power_limit_w"):
+        power += f"/{g.power_limit_w:.0f}"
+    return [
+        str(g.index),
+        g.model,
+        g.uuid,
+        g.pci_bus_id,
+        "LOST" if g.lost else "ok",
+        _fmt(_opt(g, "util_gpu_pct")),
+        _fmt(_opt(g, "util_mem_pct")),
+        f"{gib(_opt(g, 'hbm_used_bytes'))}/{gib(_opt(g, 'hbm_total_bytes'))}",
+        _fmt(_opt(g, "temp_gpu_c")),
+        power,
+    ]
+
+
+def print_node(detail: fleet_pb2.NodeDetail, as_json: bool) -> None:
+    s = detail.summary
+    row = node_row(s)
+    events = [
+        dict(
+            message_fields(e),
+            kind=vocabulary_pb2.EventKind.Name(e.kind),
+            source=vocabulary_pb2.EventSource.Name(e.source),
+            time=iso(e.time_unix_ns),
+        )
+        for e in detail.recent_events
+    ]
+    if as_json:
+        row.update(
+            boot_id=s.boot_id,
+            last_seq=s.last_seq,
+            interval_s=s.interval_s,
+            driver_version=s.driver_version,
+            engines=[message_fields(e) for e in detail.engines],
+            recent_events=events,
+            collector_stats=message_fields(detail.collector_stats),
+        )
+        print(json.dumps(row, indent=2))
+        return
+    print(
+        f"node {s.node} (cluster {s.cluster}): {row['liveness']}, "
+        f"{'connected' if s.connected else 'not connected'}, last report "
+        f"{row['last_report'] or 'never'} ({s.seconds_since_report:.1f}s ago), seq {s.last_seq}"
+    )
+    print(
+        f"collector boot {s.boot_id or NA}, interval {s.interval_s:g}s, driver "
+        f"{s.driver_version or NA}{', simulated GPUs' if s.simulated else ''}\n"
+    )
+    print(
+        tabulate(
+            [gpu_row(g) for g in s.gpus],
+            headers=[
+                "GPU",
+                "MODEL",
+                "UUID",
+                "PCI",
+                "STATE",
+                "UTIL %",
+                "MEM %",
+                "HBM GiB",
+                "TEMP °C",
+                "POWER W",
+            ],
+        )
+    )
+    if detail.engines:
+        print()
+        print(
+            tabulate(
+                [
+                    [
+                        e.engine,
+                        e.model,
+                        e.port,
+                        ",".join(map(str, e.gpu_indices)),
+                        _fmt(_opt(e, "kv_cache_usage_ratio"), ".2f"),
+                        _fmt(_opt(e, "requests_running")),
+                        _fmt(_opt(e, "requests_waiting")),
+                        "ok" if e.readable else f"unreadable: {e.unreadable_reason}",
+                    ]
+                    for e in detail.engines
+                ],
+                headers=["ENGINE", "MODEL", "PORT", "GPUS", "KV USAGE", "RUNNING", "WAITING", "STATUS"],
+            )
+        )
+    else:
+        print("\nno inference engines reported on this node")
+    st = detail.collector_stats
+    print(
+        f"\ncollector: {st.unacked_reports} unacked, {st.reports_dropped_total} dropped, "
+        f"{st.reports_rejected_total} rejected, {st.reconnects_total} reconnects, "
+        f"{st.sample_errors_total} NVML errors, last sample took {st.sample_duration_s * 1000:.1f} ms"
+    )
+    if events:
+        print("\nrecent events:")
+        for e in events[-10:]:
+            gpu = f"GPU {e['gpu_index']}" if "gpu_index" in e else "node"
+            print(f"  {e['time']}  {e['kind'].removeprefix('EVENT_KIND_')}  {gpu}  {e.get('message', '')}")
+
+
+AGGREGATES = {
+    "mean": fleet_pb2.AGGREGATE_MEAN,
+    "max": fleet_pb2.AGGREGATE_MAX,
+    "min": fleet_pb2.AGGREGATE_MIN,
+    "p95": fleet_pb2.AGGREGATE_P95,
+    "last": fleet_pb2.AGGREGATE_LAST,
+    "count": fleet_pb2.AGGREGATE_COUNT,
+}
+
+
+def history_request(args: Any) -> fleet_pb2.HistoryRequest:
+    start = parse_time_ns(args.since)
+    end = parse_time_ns(args.until)
+    return fleet_pb2.HistoryRequest(
+        metric=args.metric,
+        nodes=args.node or [],
+        gpus=args.gpu or [],
+        clusters=args.cluster or [],
+        engines=args.engine or [],
+        models=args.model or [],
+        start_unix_ns=start,
+        end_unix_ns=end,
+        step_ns=parse_duration_ns(args.step) if args.step else 0,
+        aggregate=AGGREGATES[args.agg],
+    )
+
+
+def _label(tags: dict[str, str], varying: list[str]) -> str:
+    return "/".join(f"gpu{tags[k]}" if k == "gpu" else tags[k] for k in varying) or "value"
+
+
+def print_history(resp: fleet_pb2.HistoryResponse, fmt: str) -> None:
+    agg = fleet_pb2.Aggregate.Name(resp.aggregate).removeprefix("AGGREGATE_").lower()
+    series = [(dict(s.tags), list(zip(s.times_unix_ns, s.values, strict=True))) for s in resp.series]
+    if fmt == "json":
+        print(
+            json.dumps(
+                {
+                    "metric": resp.metric,
+                    "unit": resp.unit,
+                    "aggregate": agg,
+                    "step_s": resp.step_ns / 1e9,
+                    "start": iso(resp.start_unix_ns),
+                    "end": iso(resp.end_unix_ns),
+                    "series": [
+                        {
+                            "tags": tags,
+                            "points": [{"time": iso(t), "time_unix_ns": t, "value": v} for t, v in pts],
+                        }
+                        for tags, pts in series
+                    ],
+                },
+                indent=2,
+            )
+        )
+        return
+    tag_names = sorted({k for tags, _ in series for k in tags})
+    if fmt == "csv":
+        out = io.StringIO()
+        writer = csv.writer(out)
+        writer.writerow(["time", *tag_names, resp.metric])
+        for tags, pts in series:
+            for t, v in pts:
+                writer.writerow([iso(t), *(tags.get(k, "") for k in tag_names), v])
+        sys.stdout.write(out.getvalue())
+        return
+    if not series:
+        print(
+            f"no {resp.metric} data in {iso(resp.start_unix_ns)} .. {iso(resp.end_unix_ns)} for these filters"
+        )
+        return
+    order = ["cluster", "node", "engine", "model", "gpu", "port"]
+    varying = [k for k in order if len({tags.get(k) for tags, _ in series}) > 1]
+    if not varying:
+        varying = ["node", "gpu"] if "gpu" in tag_names else ["node"]
+    varying = [k for k in varying if k in tag_names]
+    header = (
+        f"{resp.metric} ({resp.unit}), {agg} per {resp.step_ns / 1e9:g}s, "
+        f"{iso(resp.start_unix_ns)} .. {iso(resp.end_unix_ns)}, {len(series)} series"
+    )
+    print(header)
+    if len(series) <= 8:
+        times = sorted({t for _, pts in series for t, _ in pts})
+        columns = [dict(pts) for _, pts in series]
+        rows = [[iso(t), *(_fmt(col.get(t), ".2f") for col in columns)] for t in times]
+        print(tabulate(rows, headers=["TIME", *(_label(tags, varying) for tags, _ in series)]))
+    else:
+        rows = [[_label(tags, varying), iso(t), f"{v:.2f}"] for tags, pts in series for t, v in pts]
+        print(tabulate(rows, headers=["SERIES", "TIME", resp.metric]))
+
+
+def print_metrics(resp: fleet_pb2.ListMetricsResponse, as_json: bool) -> None:
+    rows = [message_fields(m) for m in resp.metrics]
+    if as_json:
+        print(json.dumps(rows, indent=2))
+        return
+    print(
+        tabulate(
+            [[m.name, m.measurement, m.unit, m.help] for m in resp.metrics],
+            headers=["METRIC", "MEASUREMENT", "UNIT", "MEANING"],
+        )
+    )
+
+
+def run(client: FleetClient, args: Any) -> None:
+    if args.command == "nodes":
+        print_nodes(
+            client.call("ListNodes", fleet_pb2.ListNodesRequest(clusters=args.cluster or [])), args.json
+        )
+    elif args.command == "node":
+        print_node(client.call("GetNode", fleet_pb2.GetNodeRequest(node=args.name)), args.json)
+    elif args.command == "history":
+        fmt = "json" if args.json else "csv" if args.csv else "table"
+        print_history(client.call("QueryHistory", history_request(args)), fmt)
+    elif args.command == "metrics":
+        print_metrics(client.call("ListMetrics", fleet_pb2.ListMetricsRequest()), args.json)

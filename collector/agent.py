@@ -1,0 +1,278 @@
+"""The collector process: sample on a schedule, stream reports, replay what is unacked.
+
+Two tasks share one ReplayBuffer: the sampler appends a report every interval; the
+streamer keeps one gRPC stream to the aggregator open, sends every held report it has not
+sent on this stream yet (so a reconnect replays everything unacknowledged, in order), and
+forgets reports as acknowledgements or rejections come back.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import random
+import time
+import uuid
+from pathlib import Path
+
+import grpc
+
+import gpufleet
+from gpufleet.collector.commands import run_command
+from gpufleet.collector.config import CollectorConfig
+from gpufleet.collector.replay_buffer import ReplayBuffer
+from gpufleet.collector.sources.nvml import NvmlSource
+from gpufleet.protos import ingest_pb2, ingest_pb2_grpc, telemetry_pb2, vocabulary_pb2
+
+log = logging.getLogger("gpufleet.collector")
+
+PROTOCOL_VERSION = 1
+# Statuses that will not cure themselves by retrying soon: wait the longest backoff.
+_CONFIG_ERRORS = {
+    grpc.StatusCode.UNAUTHENTICATED,
+    grpc.StatusCode.PERMISSION_DENIED,
+    grpc.StatusCode.FAILED_PRECONDITION,
+    grpc.StatusCode.INVALID_ARGUMENT,
+}
+CHANNEL_OPTIONS = [
+    ("grpc.keepalive_time_ms", 20_000),
+    ("grpc.keepalive_timeout_ms", 10_000),
+    ("grpc.keepalive_permit_without_calls", 1),
+    ("grpc.max_receive_message_length", 16 * 1024 * 1024),
+    ("grpc.max_send_message_length", 16 * 1024 * 1024),
+]
+
+
+def open_channel(address: str, tls_ca: str = "") -> grpc.aio.Channel:
+    if tls_ca:
+        creds = grpc.ssl_channel_credentials(Path(tls_ca).read_bytes())
+        return grpc.aio.secure_channel(address, creds, options=CHANNEL_OPTIONS)
+    return grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS)
+
+
+class CollectorAgent:
+    def __init__(self, config: CollectorConfig, source: NvmlSource, simulated: bool) -> None:
+        self.config = config
+        self.source = source
+        self.simulated = simulated
+        self.boot_id = uuid.uuid4().hex
+        self.token = config.resolve_token()
+        self.buffer = ReplayBuffer(config.buffer_reports)
+        self.seq = 0
+        self.reconnects_total = 0
+        self.connected = asyncio.Event()
+        self._lost: set[int] = set()
+        self._sample_duration_s = 0.0
+        self._welcomed = False
+
+    # --- sampling ------------------------------------------------------------------
+    async def sample_once(self) -> telemetry_pb2.NodeReport:
+        started_ns = time.time_ns()
+        t0 = time.perf_counter()
+        gpus = await asyncio.to_thread(self.source.sample)
+        self._sample_duration_s = time.perf_counter() - t0
+        self.seq += 1
+        report = telemetry_pb2.NodeReport(
+            node=self.config.node,
+            cluster=self.config.cluster,
+            boot_id=self.boot_id,
+            seq=self.seq,
+            time_unix_ns=started_ns,
+            gpus=gpus,
+            events=self._lost_events(gpus, started_ns),
+            stats=telemetry_pb2.CollectorStats(
+                reports_dropped_total=self.buffer.dropped_total,
+                reports_rejected_total=self.buffer.rejected_total,
+                unacked_reports=len(self.buffer),
+                reconnects_total=self.reconnects_total,
+                sample_errors_total=self.source.errors_total,
+                sample_duration_s=self._sample_duration_s,
+            ),
+        )
+        self.buffer.add(report)
+        return report
+
+    def _lost_events(self, gpus: list[telemetry_pb2.GpuSample], time_ns: int) -> list[telemetry_pb2.Event]:
+        """A GPU_LOST event when a GPU stops answering, GPU_RECOVERED when it answers again."""
+        events = []
+        for gpu in gpus:
+            was_lost = gpu.index in self._lost
+            if gpu.lost == was_lost:
+                continue
+            kind = vocabulary_pb2.EVENT_KIND_GPU_LOST if gpu.lost else vocabulary_pb2.EVENT_KIND_GPU_RECOVERED
+            (self._lost.add if gpu.lost else self._lost.discard)(gpu.index)
+            events.append(
+                telemetry_pb2.Event(
+                    kind=kind,
+                    source=vocabulary_pb2.EVENT_SOURCE_COLLECTOR,
+                    time_unix_ns=time_ns,
+                    gpu_index=gpu.index,
+                    pci_bus_id=gpu.pci_bus_id,
+                    message="NVML answers GPU_IS_LOST" if gpu.lost else "GPU answers NVML again",
+                )
+            )
+        return events
+
+    async def _sample_loop(self, stop: asyncio.Event) -> None:
+        interval = self.config.interval_s
+        next_tick = time.monotonic()
+        while not stop.is_set():
+            await self.sample_once()
+            next_tick += interval
+            late_s = time.monotonic() - next_tick
+            if late_s > 0:
+                skipped = int(late_s // interval) + 1
+                log.warning(
+                    "sampling took longer than the interval: skipping %d tick(s)",
+                    skipped,
+                    extra={"interval_s": interval, "sample_duration_s": self._sample_duration_s},
+                )
+                next_tick += skipped * interval
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), timeout=max(0.0, next_tick - time.monotonic()))
+
+    # --- streaming -----------------------------------------------------------------
+    def _hello(self) -> ingest_pb2.CollectorMessage:
+        return ingest_pb2.CollectorMessage(
+            hello=ingest_pb2.Hello(
+                protocol_version=PROTOCOL_VERSION,
+                node=self.config.node,
+                cluster=self.config.cluster,
+                boot_id=self.boot_id,
+                collector_version=gpufleet.__version__,
+                interval_s=self.config.interval_s,
+                gpus=self.source.inventory(),
+                driver_version=self.source.driver_version,
+                simulated=self.simulated,
+            )
+        )
+
+    async def _stream_once(self, stop: asyncio.Event) -> None:
+        """One connection: hello, replay, then live reports until something breaks."""
+        async with open_channel(self.config.aggregator, self.config.tls_ca) as channel:
+            stub = ingest_pb2_grpc.IngestStub(channel)
+            call = stub.Stream(metadata=(("authorization", f"Bearer {self.token}"),))
+            await call.write(self._hello())
+            first = await call.read()
+            if first is grpc.aio.EOF or first.WhichOneof("body") != "welcome":
+                raise ConnectionError("aggregator did not answer the hello with a welcome")
+            log.info(
+                "connected to aggregator %s; %d unacknowledged report(s) to replay",
+                self.config.aggregator,
+                len(self.buffer),
+                extra={"aggregator": self.config.aggregator, "boot_id": self.boot_id},
+            )
+            self.connected.set()
+            self._welcomed = True
+            sender = asyncio.create_task(self._send_loop(call))
+            receiver = asyncio.create_task(self._receive_loop(call))
+            stopper = asyncio.create_task(stop.wait())
+            try:
+                done, _ = await asyncio.wait({sender, receiver, stopper}, return_when=asyncio.FIRST_COMPLETED)
+                if stopper in done:
+                    await self._drain_before_exit()
+                    return
+                for task in done:
+                    task.result()  # re-raise the error that ended the stream
+                raise ConnectionError("aggregator closed the stream")
+            finally:
+                self.connected.clear()
+                for task in (sender, receiver, stopper):
+                    task.cancel()
+                await asyncio.gather(sender, receiver, stopper, return_exceptions=True)
+
+    async def _send_loop(self, call: grpc.aio.StreamStreamCall) -> None:
+        last_sent = 0
+        while True:
+            for report in self.buffer.after(last_sent):
+                await call.write(ingest_pb2.CollectorMessage(report=report))
+                last_sent = report.seq
+            await self.buffer.wait_for_new()
+
+    async def _receive_loop(self, call: grpc.aio.StreamStreamCall) -> None:
+        while True:
+            msg = await call.read()
+            if msg is grpc.aio.EOF:
+                return
+            body = msg.WhichOneof("body")
+            if body == "ack":
+                self.buffer.ack(list(msg.ack.seqs))
+            elif body == "reject":
+                if self.buffer.reject(msg.reject.seq):
+                    log.error(
+                        "aggregator rejected report seq %d (%s): %s",
+                        msg.reject.seq,
+                        grpc.StatusCode._value2member_map_.get((msg.reject.code, ""), msg.reject.code),
+                        msg.reject.message,
+                        extra={"seq": msg.reject.seq, "code": msg.reject.code},
+                    )
+            elif body == "command":
+                asyncio.create_task(self._answer_command(call, msg.command))
+
+    async def _answer_command(self, call: grpc.aio.StreamStreamCall, command: ingest_pb2.Command) -> None:
+        result = await run_command(
+            command, self.source.inventory(), self.config.reset_command, self.config.reset_timeout_s
+        )
+        try:
+            await call.write(ingest_pb2.CollectorMessage(command_result=result))
+        except (grpc.aio.AioRpcError, asyncio.InvalidStateError) as exc:
+            log.error("could not report the result of command %s: %s", command.id, exc)
+
+    async def _drain_before_exit(self) -> None:
+        try:
+            await asyncio.wait_for(self.buffer.wait_empty(), self.config.shutdown_grace_s)
+        except TimeoutError:
+            log.warning(
+                "exiting with %d unacknowledged report(s) after waiting %.1f s",
+                len(self.buffer),
+                self.config.shutdown_grace_s,
+            )
+
+    async def _stream_loop(self, stop: asyncio.Event) -> None:
+        backoff_s = 0.5
+        while not stop.is_set():
+            self._welcomed = False
+            try:
+                await self._stream_once(stop)
+                return
+            except grpc.aio.AioRpcError as exc:
+                wait_s = self.config.backoff_max_s if exc.code() in _CONFIG_ERRORS else backoff_s
+                level = logging.ERROR if exc.code() in _CONFIG_ERRORS else logging.WARNING
+                log.log(
+                    level,
+                    "stream to aggregator %s ended: %s: %s; retrying in %.1f s",
+                    self.config.aggregator,
+                    exc.code().name,
+                    exc.details(),
+                    wait_s,
+                    extra={"code": exc.code().name, "unacked": len(self.buffer)},
+                )
+            except (ConnectionError, OSError) as exc:
+                wait_s = backoff_s
+                log.warning("stream to aggregator ended: %s; retrying in %.1f s", exc, wait_s)
+            if self._welcomed:  # the last attempt got through: start the backoff again
+                backoff_s = 0.5
+            self.reconnects_total += 1
+            # Full jitter keeps a fleet of collectors from reconnecting in lock-step.
+            delay = random.uniform(0.5 * wait_s, wait_s)
+            backoff_s = min(self.config.backoff_max_s, backoff_s * 2)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), timeout=delay)
+
+    async def run(self, stop: asyncio.Event) -> None:
+        log.info(
+            "collector started: node %s, %d GPU(s)%s, interval %.3g s, aggregator %s",
+            self.config.node,
+            len(self.source.gpus),
+            " (simulated)" if self.simulated else "",
+            self.config.interval_s,
+            self.config.aggregator,
+            extra={"boot_id": self.boot_id},
+        )
+        sampler = asyncio.create_task(self._sample_loop(stop))
+        try:
+            await self._stream_loop(stop)
+        finally:
+            stop.set()
+            await sampler

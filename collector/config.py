@@ -1,0 +1,73 @@
+"""The collector's settings. Layering (file, environment, flags) is done by the CLI from
+the metadata on each field; here they are typed and checked."""
+
+from __future__ import annotations
+
+import socket
+from dataclasses import dataclass, field
+from typing import Any
+
+from gpufleet.collector.simnvml import GPU_PROFILES
+
+
+def _setting(default: Any, help_text: str, **kw: Any) -> Any:
+    return field(default=default, metadata={"help": help_text, **kw})
+
+
+@dataclass
+class CollectorConfig:
+    aggregator: str = _setting("127.0.0.1:7710", "aggregator ingest address, host:port")
+    node: str = _setting(socket.gethostname(), "this node's name (default: the hostname)")
+    cluster: str = _setting("default", "cluster this node belongs to")
+    token: str = _setting(
+        "",
+        "collector credential bound to this node (prefer token_file or the environment)",
+        secret=True,
+    )
+    token_file: str = _setting("", "file holding the collector credential")
+    interval_s: float = _setting(5.0, "seconds between samples")
+    buffer_reports: int = _setting(
+        3600,
+        "unacknowledged reports kept for replay; the oldest is dropped (and counted) beyond this",
+    )
+    simulate: bool = _setting(False, "use simulated GPUs from the stand-in NVML instead of the driver")
+    sim_gpus: int = _setting(8, "simulated GPU count (with simulate)")
+    sim_model: str = _setting("H100", f"simulated GPU model: {', '.join(GPU_PROFILES)}")
+    tls_ca: str = _setting("", "PEM CA bundle: connect with TLS and verify the aggregator against it")
+    reset_command: str = _setting(
+        "",
+        "command run for a GPU reset sent by the aggregator, e.g. 'nvidia-smi --gpu-reset -i {gpu_index}'; empty refuses resets",
+    )
+    reset_timeout_s: float = _setting(300.0, "seconds before a reset command is killed and reported failed")
+    backoff_max_s: float = _setting(30.0, "longest wait between reconnect attempts")
+    shutdown_grace_s: float = _setting(
+        5.0,
+        "on SIGTERM, seconds to wait for unacknowledged reports to be acknowledged",
+    )
+
+    def __post_init__(self) -> None:
+        if not self.node or len(self.node) > 253 or any(c.isspace() or ord(c) < 32 for c in self.node):
+            raise ValueError(
+                f"node name {self.node!r} is not usable: give 1-253 characters without whitespace"
+            )
+        if not 0.05 <= self.interval_s <= 3600:
+            raise ValueError(f"interval_s={self.interval_s} must be between 0.05 and 3600 seconds")
+        if self.buffer_reports < 1:
+            raise ValueError(f"buffer_reports={self.buffer_reports} must be at least 1")
+        if self.simulate and self.sim_model not in GPU_PROFILES:
+            raise ValueError(
+                f"sim_model={self.sim_model!r} is unknown; choose one of {', '.join(GPU_PROFILES)}"
+            )
+        if not 0 <= self.sim_gpus <= 64:
+            raise ValueError(f"sim_gpus={self.sim_gpus} must be between 0 and 64")
+        if ":" not in self.aggregator:
+            raise ValueError(f"aggregator={self.aggregator!r} must be host:port")
+
+    def resolve_token(self) -> str:
+        if self.token_file:
+            try:
+                with open(self.token_file, encoding="utf-8") as fh:
+                    return fh.read().strip()
+            except OSError as exc:
+                raise ValueError(f"cannot read token_file {self.token_file!r}: {exc}") from exc
+        return self.token

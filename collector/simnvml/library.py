@@ -1,0 +1,208 @@
+"""The stand-in for libnvidia-ml.so.1: an object whose attributes are NVML's C symbols.
+
+pynvml looks every function up by name on `pynvml.nvmlLib` and calls it with ctypes
+arguments (`byref(c_uint())`, string buffers, `c_nvmlDevice_t` handles); each function
+here fills those arguments the way the C library does and returns an NVML return code.
+A symbol that is not defined here raises AttributeError, which pynvml turns into
+NVML_ERROR_FUNCTION_NOT_FOUND — exactly what an old driver does.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import pynvml
+
+from gpufleet.collector.simnvml.machine import SimulatedGpu, SimulatedNode
+
+_ERROR_STRINGS = {
+    pynvml.NVML_SUCCESS: b"Success",
+    pynvml.NVML_ERROR_UNINITIALIZED: b"Uninitialized",
+    pynvml.NVML_ERROR_INVALID_ARGUMENT: b"Invalid Argument",
+    pynvml.NVML_ERROR_NOT_SUPPORTED: b"Not Supported",
+    pynvml.NVML_ERROR_NO_PERMISSION: b"Insufficient Permissions",
+    pynvml.NVML_ERROR_NOT_FOUND: b"Not Found",
+    pynvml.NVML_ERROR_INSUFFICIENT_SIZE: b"Insufficient Size",
+    pynvml.NVML_ERROR_GPU_IS_LOST: b"GPU is lost",
+    pynvml.NVML_ERROR_UNKNOWN: b"Unknown Error",
+}
+
+_install_lock = threading.Lock()
+
+
+def _value(arg: Any) -> Any:
+    """The Python value of a ctypes scalar argument (c_uint(3) -> 3)."""
+    return arg.value if hasattr(arg, "value") else arg
+
+
+def _target(ref: Any) -> Any:
+    """The object behind a byref() argument."""
+    return ref._obj
+
+
+def _symbol(method: Callable[..., int]) -> Callable[..., int]:
+    """Wrap a bound method in a plain function: pynvml sets attributes such as `restype`
+    on the functions it looks up, which bound methods do not allow."""
+
+    def fn(*args: Any) -> int:
+        return method(*args)
+
+    fn.__name__ = method.__name__
+    return fn
+
+
+class SimulatedNvmlLibrary:
+    """Answers pynvml's NVML calls from a SimulatedNode."""
+
+    def __init__(self, node: SimulatedNode) -> None:
+        self.node = node
+        self.calls: dict[str, int] = {}
+        self._initialized = 0
+        self._handles = [pynvml.struct_c_nvmlDevice_t() for _ in node.gpus]
+        self._gpu_by_address = {
+            ctypes.addressof(h): gpu for h, gpu in zip(self._handles, node.gpus, strict=True)
+        }
+        for name in dir(self):
+            if name.startswith("nvml"):
+                setattr(self, name, _symbol(getattr(self, name)))
+
+    # --- helpers -------------------------------------------------------------------
+    def _gpu(self, handle: Any, symbol: str) -> tuple[SimulatedGpu | None, int]:
+        """Resolve a device handle; return (gpu, NVML_SUCCESS) or (None, error code)."""
+        self.calls[symbol] = self.calls.get(symbol, 0) + 1
+        if not self._initialized:
+            return None, pynvml.NVML_ERROR_UNINITIALIZED
+        try:
+            gpu = self._gpu_by_address[ctypes.addressof(handle.contents)]
+        except (KeyError, ValueError, AttributeError):
+            return None, pynvml.NVML_ERROR_INVALID_ARGUMENT
+        if gpu.lost:
+            return None, pynvml.NVML_ERROR_GPU_IS_LOST
+        if symbol in gpu.fail_symbols:
+            return None, gpu.fail_symbols[symbol]
+        self.node.advance()
+        return gpu, pynvml.NVML_SUCCESS
+
+    @staticmethod
+    def _write_string(buffer: Any, size: Any, text: str) -> int:
+        data = text.encode()
+        if len(data) + 1 > _value(size):
+            return pynvml.NVML_ERROR_INSUFFICIENT_SIZE
+        buffer.value = data
+        return pynvml.NVML_SUCCESS
+
+    # --- library -------------------------------------------------------------------
+    def nvmlInitWithFlags(self, flags: Any) -> int:
+        self._initialized += 1
+        return pynvml.NVML_SUCCESS
+
+    def nvmlShutdown(self) -> int:
+        if not self._initialized:
+            return pynvml.NVML_ERROR_UNINITIALIZED
+        self._initialized -= 1
+        return pynvml.NVML_SUCCESS
+
+    def nvmlErrorString(self, code: Any) -> bytes:
+        return _ERROR_STRINGS.get(_value(code), b"Unknown Error")
+
+    def nvmlSystemGetDriverVersion(self, buffer: Any, size: Any) -> int:
+        return self._write_string(buffer, size, self.node.driver_version)
+
+    def nvmlDeviceGetCount_v2(self, count_ref: Any) -> int:
+        if not self._initialized:
+            return pynvml.NVML_ERROR_UNINITIALIZED
+        _target(count_ref).value = len(self.node.gpus)
+        return pynvml.NVML_SUCCESS
+
+    def nvmlDeviceGetHandleByIndex_v2(self, index: Any, handle_ref: Any) -> int:
+        if not self._initialized:
+            return pynvml.NVML_ERROR_UNINITIALIZED
+        i = _value(index)
+        if not 0 <= i < len(self._handles):
+            return pynvml.NVML_ERROR_INVALID_ARGUMENT
+        _target(handle_ref).contents = self._handles[i]
+        return pynvml.NVML_SUCCESS
+
+    # --- identity ------------------------------------------------------------------
+    def nvmlDeviceGetUUID(self, handle: Any, buffer: Any, size: Any) -> int:
+        gpu, rc = self._gpu(handle, "nvmlDeviceGetUUID")
+        return rc if gpu is None else self._write_string(buffer, size, gpu.uuid)
+
+    def nvmlDeviceGetName(self, handle: Any, buffer: Any, size: Any) -> int:
+        gpu, rc = self._gpu(handle, "nvmlDeviceGetName")
+        return rc if gpu is None else self._write_string(buffer, size, gpu.profile.name)
+
+    def nvmlDeviceGetPciInfo_v3(self, handle: Any, info_ref: Any) -> int:
+        gpu, rc = self._gpu(handle, "nvmlDeviceGetPciInfo_v3")
+        if gpu is None:
+            return rc
+        info = _target(info_ref)
+        domain, bus, rest = gpu.pci_bus_id.split(":")
+        info.busId = gpu.pci_bus_id.encode()
+        info.busIdLegacy = gpu.pci_bus_id[4:].encode()
+        info.domain = int(domain, 16)
+        info.bus = int(bus, 16)
+        info.device = int(rest.split(".")[0], 16)
+        info.pciDeviceId = 0x233010DE
+        return pynvml.NVML_SUCCESS
+
+    # --- samples -------------------------------------------------------------------
+    def nvmlDeviceGetUtilizationRates(self, handle: Any, util_ref: Any) -> int:
+        gpu, rc = self._gpu(handle, "nvmlDeviceGetUtilizationRates")
+        if gpu is None:
+            return rc
+        util = _target(util_ref)
+        util.gpu = round(gpu.util_gpu_pct)
+        util.memory = round(gpu.util_mem_pct)
+        return pynvml.NVML_SUCCESS
+
+    def nvmlDeviceGetMemoryInfo(self, handle: Any, mem_ref: Any) -> int:
+        gpu, rc = self._gpu(handle, "nvmlDeviceGetMemoryInfo")
+        if gpu is None:
+            return rc
+        mem = _target(mem_ref)
+        mem.total = gpu.profile.hbm_total_bytes
+        mem.used = gpu.hbm_used_bytes
+        mem.free = gpu.profile.hbm_total_bytes - gpu.hbm_used_bytes
+        return pynvml.NVML_SUCCESS
+
+    def nvmlDeviceGetTemperature(self, handle: Any, sensor: Any, temp_ref: Any) -> int:
+        gpu, rc = self._gpu(handle, "nvmlDeviceGetTemperature")
+        if gpu is None:
+            return rc
+        if _value(sensor) != pynvml.NVML_TEMPERATURE_GPU:
+            return pynvml.NVML_ERROR_INVALID_ARGUMENT
+        _target(temp_ref).value = round(gpu.temp_gpu_c)
+        return pynvml.NVML_SUCCESS
+
+    def nvmlDeviceGetPowerUsage(self, handle: Any, milliwatts_ref: Any) -> int:
+        gpu, rc = self._gpu(handle, "nvmlDeviceGetPowerUsage")
+        if gpu is None:
+            return rc
+        _target(milliwatts_ref).value = round(gpu.power_w * 1000)
+        return pynvml.NVML_SUCCESS
+
+    def nvmlDeviceGetEnforcedPowerLimit(self, handle: Any, milliwatts_ref: Any) -> int:
+        gpu, rc = self._gpu(handle, "nvmlDeviceGetEnforcedPowerLimit")
+        if gpu is None:
+            return rc
+        _target(milliwatts_ref).value = round(gpu.profile.power_limit_w * 1000)
+        return pynvml.NVML_SUCCESS
+
+
+def install(library: SimulatedNvmlLibrary) -> None:
+    """Put the stand-in where pynvml keeps its loaded library. Call before nvmlInit()."""
+    with _install_lock:
+        pynvml.nvmlLib = library
+        # pynvml caches looked-up function pointers by name; drop any from another library.
+        pynvml._nvmlGetFunctionPointer_cache.clear()
+
+
+def uninstall() -> None:
+    """Forget the stand-in, so the next nvmlInit() loads the real library again."""
+    with _install_lock:
+        pynvml.nvmlLib = None
+        pynvml._nvmlGetFunctionPointer_cache.clear()

@@ -1,0 +1,172 @@
+"""Simulated GPUs whose values move like a real node's: jobs start and stop, utilization
+follows the job with per-GPU noise, HBM follows the job's footprint, power follows
+utilization and temperature lags behind power.
+
+Everything is deterministic for a given seed and sequence of query times, so tests can
+reproduce a run. Fault hooks (`SimulatedGpu.lost`, `SimulatedGpu.fail_symbols`) are
+plain attributes that tests, and later the demo's scenario files, set directly.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import random
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field
+
+MIB = 1024 * 1024
+
+
+@dataclass(frozen=True)
+class GpuProfile:
+    """What a GPU model looks like through NVML."""
+
+    name: str
+    hbm_total_bytes: int
+    power_limit_w: float
+    idle_power_w: float
+    # Steady-state GPU temperature at idle and at full power (air/liquid cooled SXM).
+    idle_temp_c: float
+    full_temp_c: float
+
+
+# Names and memory sizes as NVML reports them on real boards.
+GPU_PROFILES: dict[str, GpuProfile] = {
+    "H100": GpuProfile("NVIDIA H100 80GB HBM3", 81559 * MIB, 700.0, 72.0, 31.0, 68.0),
+    "H200": GpuProfile("NVIDIA H200", 143771 * MIB, 700.0, 78.0, 32.0, 70.0),
+    "A100": GpuProfile("NVIDIA A100-SXM4-80GB", 81920 * MIB, 400.0, 55.0, 30.0, 66.0),
+    "B200": GpuProfile("NVIDIA B200", 183359 * MIB, 1000.0, 140.0, 33.0, 72.0),
+    "L40S": GpuProfile("NVIDIA L40S", 46068 * MIB, 350.0, 36.0, 29.0, 74.0),
+}
+
+
+@dataclass
+class _Job:
+    """The work a node is running: all its GPUs share it, as in a real training or
+    tensor-parallel inference job."""
+
+    util_target_pct: float
+    hbm_fraction: float
+    ends_at_s: float
+
+
+@dataclass
+class SimulatedGpu:
+    index: int
+    profile: GpuProfile
+    uuid: str
+    pci_bus_id: str
+    rng: random.Random
+    util_gpu_pct: float = 0.0
+    util_mem_pct: float = 0.0
+    hbm_used_bytes: int = 0
+    temp_gpu_c: float = 30.0
+    power_w: float = 0.0
+    # Fault hooks. lost: every call for this GPU returns NVML_ERROR_GPU_IS_LOST.
+    # fail_symbols: C symbol name -> NVML return code to answer instead of data
+    # (e.g. {"nvmlDeviceGetPowerUsage": NVML_ERROR_NOT_SUPPORTED}).
+    lost: bool = False
+    fail_symbols: dict[str, int] = field(default_factory=dict)
+
+    def step(self, dt_s: float, job: _Job | None) -> None:
+        """Advance this GPU by dt_s seconds towards what the job asks of it."""
+        target = job.util_target_pct if job else 0.0
+        if job:
+            target += self.rng.gauss(0.0, 4.0)
+        # Mean-reverting walk: fast enough to follow a job start within a few seconds.
+        alpha = min(1.0, dt_s / 3.0)
+        self.util_gpu_pct = _clamp(self.util_gpu_pct + alpha * (target - self.util_gpu_pct), 0, 100)
+        self.util_mem_pct = _clamp(self.util_gpu_pct * 0.55 + self.rng.gauss(0, 2), 0, 100)
+        total = self.profile.hbm_total_bytes
+        want_hbm = (job.hbm_fraction if job else 0.0) * total + 512 * MIB
+        self.hbm_used_bytes = int(_clamp(want_hbm + self.rng.gauss(0, 64 * MIB), 0, total))
+        p = self.profile
+        self.power_w = (
+            p.idle_power_w
+            + (p.power_limit_w * 0.95 - p.idle_power_w) * (self.util_gpu_pct / 100.0)
+            + self.rng.gauss(0, 3)
+        )
+        self.power_w = _clamp(self.power_w, p.idle_power_w * 0.8, p.power_limit_w)
+        # Temperature: first-order lag (time constant ~20 s) towards the power's equilibrium.
+        load = (self.power_w - p.idle_power_w) / max(1.0, p.power_limit_w - p.idle_power_w)
+        t_eq = p.idle_temp_c + (p.full_temp_c - p.idle_temp_c) * load
+        self.temp_gpu_c += min(1.0, dt_s / 20.0) * (t_eq - self.temp_gpu_c)
+
+
+class SimulatedNode:
+    """One machine's worth of simulated GPUs, advanced lazily to the time it is asked about."""
+
+    def __init__(
+        self,
+        node_name: str,
+        gpu_count: int = 8,
+        model: str = "H100",
+        seed: int | None = None,
+        clock: callable = time.monotonic,  # type: ignore[valid-type]
+    ) -> None:
+        if model not in GPU_PROFILES:
+            raise ValueError(
+                f"unknown simulated GPU model {model!r}; choose one of {', '.join(GPU_PROFILES)}"
+            )
+        if not 0 <= gpu_count <= 64:
+            raise ValueError(f"simulated GPU count {gpu_count} must be between 0 and 64")
+        self.node_name = node_name
+        self.driver_version = "570.133.20"
+        if seed is None:
+            seed = int.from_bytes(hashlib.sha256(node_name.encode()).digest()[:8], "big")
+        self._rng = random.Random(seed)
+        self._clock = clock
+        self._lock = threading.Lock()
+        profile = GPU_PROFILES[model]
+        self.gpus = [
+            SimulatedGpu(
+                index=i,
+                profile=profile,
+                uuid=f"GPU-{uuid.UUID(int=self._rng.getrandbits(128))}",
+                # SXM boards sit on separate PCIe switches; bus numbers as on an HGX board.
+                pci_bus_id=f"00000000:{(0x18 + 0x11 * i) & 0xFF:02X}:00.0",
+                rng=random.Random(self._rng.getrandbits(64)),
+                temp_gpu_c=profile.idle_temp_c,
+                power_w=profile.idle_power_w,
+            )
+            for i in range(gpu_count)
+        ]
+        self._job: _Job | None = None
+        self._idle_until_s = 0.0
+        self._last_s = self._clock()
+        self._t_s = 0.0  # simulated seconds since start
+
+    def advance(self) -> None:
+        """Bring every GPU up to the current clock (called before each NVML read)."""
+        with self._lock:
+            now = self._clock()
+            dt = now - self._last_s
+            if dt <= 0:
+                return
+            self._last_s = now
+            # Step in slices of at most 1 s so a long gap still evolves smoothly.
+            while dt > 0:
+                step = min(dt, 1.0)
+                dt -= step
+                self._t_s += step
+                self._schedule_jobs()
+                for gpu in self.gpus:
+                    gpu.step(step, self._job)
+
+    def _schedule_jobs(self) -> None:
+        if self._job and self._t_s >= self._job.ends_at_s:
+            self._job = None
+            self._idle_until_s = self._t_s + self._rng.uniform(5, 60)
+        if self._job is None and self._t_s >= self._idle_until_s:
+            kind = self._rng.random()
+            if kind < 0.6:  # training: high, steady
+                util, hbm = self._rng.uniform(85, 99), self._rng.uniform(0.7, 0.95)
+            else:  # inference: moderate, KV cache holds most of HBM
+                util, hbm = self._rng.uniform(25, 70), self._rng.uniform(0.85, 0.92)
+            self._job = _Job(util, hbm, self._t_s + self._rng.uniform(120, 900))
+
+
+def _clamp(value: float, low: float, high: float) -> float:
+    return max(low, min(high, value))

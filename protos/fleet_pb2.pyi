@@ -1,0 +1,186 @@
+from gpufleet.protos import telemetry_pb2 as _telemetry_pb2
+from gpufleet.protos import vocabulary_pb2 as _vocabulary_pb2
+from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class Aggregate(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    AGGREGATE_UNSPECIFIED: _ClassVar[Aggregate]
+    AGGREGATE_MEAN: _ClassVar[Aggregate]
+    AGGREGATE_MAX: _ClassVar[Aggregate]
+    AGGREGATE_MIN: _ClassVar[Aggregate]
+    AGGREGATE_P95: _ClassVar[Aggregate]
+    AGGREGATE_LAST: _ClassVar[Aggregate]
+    AGGREGATE_COUNT: _ClassVar[Aggregate]
+AGGREGATE_UNSPECIFIED: Aggregate
+AGGREGATE_MEAN: Aggregate
+AGGREGATE_MAX: Aggregate
+AGGREGATE_MIN: Aggregate
+AGGREGATE_P95: Aggregate
+AGGREGATE_LAST: Aggregate
+AGGREGATE_COUNT: Aggregate
+
+class WhoAmIRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class WhoAmIResponse(_message.Message):
+    __slots__ = ("name", "role")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    ROLE_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    role: str
+    def __init__(self, name: _Optional[str] = ..., role: _Optional[str] = ...) -> None: ...
+
+class ListNodesRequest(_message.Message):
+    __slots__ = ("clusters", "liveness")
+    CLUSTERS_FIELD_NUMBER: _ClassVar[int]
+    LIVENESS_FIELD_NUMBER: _ClassVar[int]
+    clusters: _containers.RepeatedScalarFieldContainer[str]
+    liveness: _containers.RepeatedScalarFieldContainer[_vocabulary_pb2.Liveness]
+    def __init__(self, clusters: _Optional[_Iterable[str]] = ..., liveness: _Optional[_Iterable[_Union[_vocabulary_pb2.Liveness, str]]] = ...) -> None: ...
+
+class NodeSummary(_message.Message):
+    __slots__ = ("node", "cluster", "liveness", "last_report_unix_ns", "seconds_since_report", "boot_id", "last_seq", "interval_s", "simulated", "driver_version", "gpu_count", "gpus", "connected")
+    NODE_FIELD_NUMBER: _ClassVar[int]
+    CLUSTER_FIELD_NUMBER: _ClassVar[int]
+    LIVENESS_FIELD_NUMBER: _ClassVar[int]
+    LAST_REPORT_UNIX_NS_FIELD_NUMBER: _ClassVar[int]
+    SECONDS_SINCE_REPORT_FIELD_NUMBER: _ClassVar[int]
+    BOOT_ID_FIELD_NUMBER: _ClassVar[int]
+    LAST_SEQ_FIELD_NUMBER: _ClassVar[int]
+    INTERVAL_S_FIELD_NUMBER: _ClassVar[int]
+    SIMULATED_FIELD_NUMBER: _ClassVar[int]
+    DRIVER_VERSION_FIELD_NUMBER: _ClassVar[int]
+    GPU_COUNT_FIELD_NUMBER: _ClassVar[int]
+    GPUS_FIELD_NUMBER: _ClassVar[int]
+    CONNECTED_FIELD_NUMBER: _ClassVar[int]
+    node: str
+    cluster: str
+    liveness: _vocabulary_pb2.Liveness
+    last_report_unix_ns: int
+    seconds_since_report: float
+    boot_id: str
+    last_seq: int
+    interval_s: float
+    simulated: bool
+    driver_version: str
+    gpu_count: int
+    gpus: _containers.RepeatedCompositeFieldContainer[_telemetry_pb2.GpuSample]
+    connected: bool
+    def __init__(self, node: _Optional[str] = ..., cluster: _Optional[str] = ..., liveness: _Optional[_Union[_vocabulary_pb2.Liveness, str]] = ..., last_report_unix_ns: _Optional[int] = ..., seconds_since_report: _Optional[float] = ..., boot_id: _Optional[str] = ..., last_seq: _Optional[int] = ..., interval_s: _Optional[float] = ..., simulated: _Optional[bool] = ..., driver_version: _Optional[str] = ..., gpu_count: _Optional[int] = ..., gpus: _Optional[_Iterable[_Union[_telemetry_pb2.GpuSample, _Mapping]]] = ..., connected: _Optional[bool] = ...) -> None: ...
+
+class ListNodesResponse(_message.Message):
+    __slots__ = ("nodes", "server_time_unix_ns")
+    NODES_FIELD_NUMBER: _ClassVar[int]
+    SERVER_TIME_UNIX_NS_FIELD_NUMBER: _ClassVar[int]
+    nodes: _containers.RepeatedCompositeFieldContainer[NodeSummary]
+    server_time_unix_ns: int
+    def __init__(self, nodes: _Optional[_Iterable[_Union[NodeSummary, _Mapping]]] = ..., server_time_unix_ns: _Optional[int] = ...) -> None: ...
+
+class GetNodeRequest(_message.Message):
+    __slots__ = ("node",)
+    NODE_FIELD_NUMBER: _ClassVar[int]
+    node: str
+    def __init__(self, node: _Optional[str] = ...) -> None: ...
+
+class NodeDetail(_message.Message):
+    __slots__ = ("summary", "engines", "recent_events", "collector_stats")
+    SUMMARY_FIELD_NUMBER: _ClassVar[int]
+    ENGINES_FIELD_NUMBER: _ClassVar[int]
+    RECENT_EVENTS_FIELD_NUMBER: _ClassVar[int]
+    COLLECTOR_STATS_FIELD_NUMBER: _ClassVar[int]
+    summary: NodeSummary
+    engines: _containers.RepeatedCompositeFieldContainer[_telemetry_pb2.EngineSample]
+    recent_events: _containers.RepeatedCompositeFieldContainer[_telemetry_pb2.Event]
+    collector_stats: _telemetry_pb2.CollectorStats
+    def __init__(self, summary: _Optional[_Union[NodeSummary, _Mapping]] = ..., engines: _Optional[_Iterable[_Union[_telemetry_pb2.EngineSample, _Mapping]]] = ..., recent_events: _Optional[_Iterable[_Union[_telemetry_pb2.Event, _Mapping]]] = ..., collector_stats: _Optional[_Union[_telemetry_pb2.CollectorStats, _Mapping]] = ...) -> None: ...
+
+class ListMetricsRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class MetricInfo(_message.Message):
+    __slots__ = ("name", "measurement", "unit", "help")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    MEASUREMENT_FIELD_NUMBER: _ClassVar[int]
+    UNIT_FIELD_NUMBER: _ClassVar[int]
+    HELP_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    measurement: str
+    unit: str
+    help: str
+    def __init__(self, name: _Optional[str] = ..., measurement: _Optional[str] = ..., unit: _Optional[str] = ..., help: _Optional[str] = ...) -> None: ...
+
+class ListMetricsResponse(_message.Message):
+    __slots__ = ("metrics",)
+    METRICS_FIELD_NUMBER: _ClassVar[int]
+    metrics: _containers.RepeatedCompositeFieldContainer[MetricInfo]
+    def __init__(self, metrics: _Optional[_Iterable[_Union[MetricInfo, _Mapping]]] = ...) -> None: ...
+
+class HistoryRequest(_message.Message):
+    __slots__ = ("metric", "nodes", "gpus", "clusters", "engines", "models", "start_unix_ns", "end_unix_ns", "step_ns", "aggregate")
+    METRIC_FIELD_NUMBER: _ClassVar[int]
+    NODES_FIELD_NUMBER: _ClassVar[int]
+    GPUS_FIELD_NUMBER: _ClassVar[int]
+    CLUSTERS_FIELD_NUMBER: _ClassVar[int]
+    ENGINES_FIELD_NUMBER: _ClassVar[int]
+    MODELS_FIELD_NUMBER: _ClassVar[int]
+    START_UNIX_NS_FIELD_NUMBER: _ClassVar[int]
+    END_UNIX_NS_FIELD_NUMBER: _ClassVar[int]
+    STEP_NS_FIELD_NUMBER: _ClassVar[int]
+    AGGREGATE_FIELD_NUMBER: _ClassVar[int]
+    metric: str
+    nodes: _containers.RepeatedScalarFieldContainer[str]
+    gpus: _containers.RepeatedScalarFieldContainer[int]
+    clusters: _containers.RepeatedScalarFieldContainer[str]
+    engines: _containers.RepeatedScalarFieldContainer[str]
+    models: _containers.RepeatedScalarFieldContainer[str]
+    start_unix_ns: int
+    end_unix_ns: int
+    step_ns: int
+    aggregate: Aggregate
+    def __init__(self, metric: _Optional[str] = ..., nodes: _Optional[_Iterable[str]] = ..., gpus: _Optional[_Iterable[int]] = ..., clusters: _Optional[_Iterable[str]] = ..., engines: _Optional[_Iterable[str]] = ..., models: _Optional[_Iterable[str]] = ..., start_unix_ns: _Optional[int] = ..., end_unix_ns: _Optional[int] = ..., step_ns: _Optional[int] = ..., aggregate: _Optional[_Union[Aggregate, str]] = ...) -> None: ...
+
+class Series(_message.Message):
+    __slots__ = ("tags", "times_unix_ns", "values")
+    class TagsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    TAGS_FIELD_NUMBER: _ClassVar[int]
+    TIMES_UNIX_NS_FIELD_NUMBER: _ClassVar[int]
+    VALUES_FIELD_NUMBER: _ClassVar[int]
+    tags: _containers.ScalarMap[str, str]
+    times_unix_ns: _containers.RepeatedScalarFieldContainer[int]
+    values: _containers.RepeatedScalarFieldContainer[float]
+    def __init__(self, tags: _Optional[_Mapping[str, str]] = ..., times_unix_ns: _Optional[_Iterable[int]] = ..., values: _Optional[_Iterable[float]] = ...) -> None: ...
+
+class HistoryResponse(_message.Message):
+    __slots__ = ("metric", "measurement", "unit", "aggregate", "step_ns", "start_unix_ns", "end_unix_ns", "series")
+    METRIC_FIELD_NUMBER: _ClassVar[int]
+    MEASUREMENT_FIELD_NUMBER: _ClassVar[int]
+    UNIT_FIELD_NUMBER: _ClassVar[int]
+    AGGREGATE_FIELD_NUMBER: _ClassVar[int]
+    STEP_NS_FIELD_NUMBER: _ClassVar[int]
+    START_UNIX_NS_FIELD_NUMBER: _ClassVar[int]
+    END_UNIX_NS_FIELD_NUMBER: _ClassVar[int]
+    SERIES_FIELD_NUMBER: _ClassVar[int]
+    metric: str
+    measurement: str
+    unit: str
+    aggregate: Aggregate
+    step_ns: int
+    start_unix_ns: int
+    end_unix_ns: int
+    series: _containers.RepeatedCompositeFieldContainer[Series]
+    def __init__(self, metric: _Optional[str] = ..., measurement: _Optional[str] = ..., unit: _Optional[str] = ..., aggregate: _Optional[_Union[Aggregate, str]] = ..., step_ns: _Optional[int] = ..., start_unix_ns: _Optional[int] = ..., end_unix_ns: _Optional[int] = ..., series: _Optional[_Iterable[_Union[Series, _Mapping]]] = ...) -> None: ...

@@ -1,0 +1,140 @@
+from gpufleet.protos import vocabulary_pb2 as _vocabulary_pb2
+from google.protobuf.internal import containers as _containers
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class GpuSample(_message.Message):
+    __slots__ = ("index", "uuid", "model", "pci_bus_id", "lost", "util_gpu_pct", "util_mem_pct", "hbm_used_bytes", "hbm_total_bytes", "temp_gpu_c", "temp_mem_c", "power_w", "power_limit_w")
+    INDEX_FIELD_NUMBER: _ClassVar[int]
+    UUID_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    PCI_BUS_ID_FIELD_NUMBER: _ClassVar[int]
+    LOST_FIELD_NUMBER: _ClassVar[int]
+    UTIL_GPU_PCT_FIELD_NUMBER: _ClassVar[int]
+    UTIL_MEM_PCT_FIELD_NUMBER: _ClassVar[int]
+    HBM_USED_BYTES_FIELD_NUMBER: _ClassVar[int]
+    HBM_TOTAL_BYTES_FIELD_NUMBER: _ClassVar[int]
+    TEMP_GPU_C_FIELD_NUMBER: _ClassVar[int]
+    TEMP_MEM_C_FIELD_NUMBER: _ClassVar[int]
+    POWER_W_FIELD_NUMBER: _ClassVar[int]
+    POWER_LIMIT_W_FIELD_NUMBER: _ClassVar[int]
+    index: int
+    uuid: str
+    model: str
+    pci_bus_id: str
+    lost: bool
+    util_gpu_pct: float
+    util_mem_pct: float
+    hbm_used_bytes: int
+    hbm_total_bytes: int
+    temp_gpu_c: float
+    temp_mem_c: float
+    power_w: float
+    power_limit_w: float
+    def __init__(self, index: _Optional[int] = ..., uuid: _Optional[str] = ..., model: _Optional[str] = ..., pci_bus_id: _Optional[str] = ..., lost: _Optional[bool] = ..., util_gpu_pct: _Optional[float] = ..., util_mem_pct: _Optional[float] = ..., hbm_used_bytes: _Optional[int] = ..., hbm_total_bytes: _Optional[int] = ..., temp_gpu_c: _Optional[float] = ..., temp_mem_c: _Optional[float] = ..., power_w: _Optional[float] = ..., power_limit_w: _Optional[float] = ...) -> None: ...
+
+class EngineSample(_message.Message):
+    __slots__ = ("engine", "model", "port", "endpoint", "gpu_indices", "readable", "unreadable_reason", "kv_cache_usage_ratio", "requests_running", "requests_waiting", "preemptions_total", "prefix_cache_hit_ratio")
+    ENGINE_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    PORT_FIELD_NUMBER: _ClassVar[int]
+    ENDPOINT_FIELD_NUMBER: _ClassVar[int]
+    GPU_INDICES_FIELD_NUMBER: _ClassVar[int]
+    READABLE_FIELD_NUMBER: _ClassVar[int]
+    UNREADABLE_REASON_FIELD_NUMBER: _ClassVar[int]
+    KV_CACHE_USAGE_RATIO_FIELD_NUMBER: _ClassVar[int]
+    REQUESTS_RUNNING_FIELD_NUMBER: _ClassVar[int]
+    REQUESTS_WAITING_FIELD_NUMBER: _ClassVar[int]
+    PREEMPTIONS_TOTAL_FIELD_NUMBER: _ClassVar[int]
+    PREFIX_CACHE_HIT_RATIO_FIELD_NUMBER: _ClassVar[int]
+    engine: str
+    model: str
+    port: int
+    endpoint: str
+    gpu_indices: _containers.RepeatedScalarFieldContainer[int]
+    readable: bool
+    unreadable_reason: str
+    kv_cache_usage_ratio: float
+    requests_running: float
+    requests_waiting: float
+    preemptions_total: float
+    prefix_cache_hit_ratio: float
+    def __init__(self, engine: _Optional[str] = ..., model: _Optional[str] = ..., port: _Optional[int] = ..., endpoint: _Optional[str] = ..., gpu_indices: _Optional[_Iterable[int]] = ..., readable: _Optional[bool] = ..., unreadable_reason: _Optional[str] = ..., kv_cache_usage_ratio: _Optional[float] = ..., requests_running: _Optional[float] = ..., requests_waiting: _Optional[float] = ..., preemptions_total: _Optional[float] = ..., prefix_cache_hit_ratio: _Optional[float] = ...) -> None: ...
+
+class Event(_message.Message):
+    __slots__ = ("kind", "source", "time_unix_ns", "gpu_index", "pci_bus_id", "xid", "message", "pid", "process_name")
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    SOURCE_FIELD_NUMBER: _ClassVar[int]
+    TIME_UNIX_NS_FIELD_NUMBER: _ClassVar[int]
+    GPU_INDEX_FIELD_NUMBER: _ClassVar[int]
+    PCI_BUS_ID_FIELD_NUMBER: _ClassVar[int]
+    XID_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    PID_FIELD_NUMBER: _ClassVar[int]
+    PROCESS_NAME_FIELD_NUMBER: _ClassVar[int]
+    kind: _vocabulary_pb2.EventKind
+    source: _vocabulary_pb2.EventSource
+    time_unix_ns: int
+    gpu_index: int
+    pci_bus_id: str
+    xid: int
+    message: str
+    pid: int
+    process_name: str
+    def __init__(self, kind: _Optional[_Union[_vocabulary_pb2.EventKind, str]] = ..., source: _Optional[_Union[_vocabulary_pb2.EventSource, str]] = ..., time_unix_ns: _Optional[int] = ..., gpu_index: _Optional[int] = ..., pci_bus_id: _Optional[str] = ..., xid: _Optional[int] = ..., message: _Optional[str] = ..., pid: _Optional[int] = ..., process_name: _Optional[str] = ...) -> None: ...
+
+class CollectorStats(_message.Message):
+    __slots__ = ("reports_dropped_total", "reports_rejected_total", "unacked_reports", "reconnects_total", "sample_errors_total", "sample_duration_s")
+    REPORTS_DROPPED_TOTAL_FIELD_NUMBER: _ClassVar[int]
+    REPORTS_REJECTED_TOTAL_FIELD_NUMBER: _ClassVar[int]
+    UNACKED_REPORTS_FIELD_NUMBER: _ClassVar[int]
+    RECONNECTS_TOTAL_FIELD_NUMBER: _ClassVar[int]
+    SAMPLE_ERRORS_TOTAL_FIELD_NUMBER: _ClassVar[int]
+    SAMPLE_DURATION_S_FIELD_NUMBER: _ClassVar[int]
+    reports_dropped_total: int
+    reports_rejected_total: int
+    unacked_reports: int
+    reconnects_total: int
+    sample_errors_total: int
+    sample_duration_s: float
+    def __init__(self, reports_dropped_total: _Optional[int] = ..., reports_rejected_total: _Optional[int] = ..., unacked_reports: _Optional[int] = ..., reconnects_total: _Optional[int] = ..., sample_errors_total: _Optional[int] = ..., sample_duration_s: _Optional[float] = ...) -> None: ...
+
+class NodeReport(_message.Message):
+    __slots__ = ("node", "cluster", "boot_id", "seq", "time_unix_ns", "gpus", "engines", "events", "stats")
+    NODE_FIELD_NUMBER: _ClassVar[int]
+    CLUSTER_FIELD_NUMBER: _ClassVar[int]
+    BOOT_ID_FIELD_NUMBER: _ClassVar[int]
+    SEQ_FIELD_NUMBER: _ClassVar[int]
+    TIME_UNIX_NS_FIELD_NUMBER: _ClassVar[int]
+    GPUS_FIELD_NUMBER: _ClassVar[int]
+    ENGINES_FIELD_NUMBER: _ClassVar[int]
+    EVENTS_FIELD_NUMBER: _ClassVar[int]
+    STATS_FIELD_NUMBER: _ClassVar[int]
+    node: str
+    cluster: str
+    boot_id: str
+    seq: int
+    time_unix_ns: int
+    gpus: _containers.RepeatedCompositeFieldContainer[GpuSample]
+    engines: _containers.RepeatedCompositeFieldContainer[EngineSample]
+    events: _containers.RepeatedCompositeFieldContainer[Event]
+    stats: CollectorStats
+    def __init__(self, node: _Optional[str] = ..., cluster: _Optional[str] = ..., boot_id: _Optional[str] = ..., seq: _Optional[int] = ..., time_unix_ns: _Optional[int] = ..., gpus: _Optional[_Iterable[_Union[GpuSample, _Mapping]]] = ..., engines: _Optional[_Iterable[_Union[EngineSample, _Mapping]]] = ..., events: _Optional[_Iterable[_Union[Event, _Mapping]]] = ..., stats: _Optional[_Union[CollectorStats, _Mapping]] = ...) -> None: ...
+
+class GpuIdentity(_message.Message):
+    __slots__ = ("index", "uuid", "model", "pci_bus_id", "hbm_total_bytes")
+    INDEX_FIELD_NUMBER: _ClassVar[int]
+    UUID_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    PCI_BUS_ID_FIELD_NUMBER: _ClassVar[int]
+    HBM_TOTAL_BYTES_FIELD_NUMBER: _ClassVar[int]
+    index: int
+    uuid: str
+    model: str
+    pci_bus_id: str
+    hbm_total_bytes: int
+    def __init__(self, index: _Optional[int] = ..., uuid: _Optional[str] = ..., model: _Optional[str] = ..., pci_bus_id: _Optional[str] = ..., hbm_total_bytes: _Optional[int] = ...) -> None: ...
