@@ -93,6 +93,7 @@ class FleetState:
             live.boot_id = str(p.fields.get("boot_id", ""))
             live.gpu_count = int(p.fields.get("gpu_count", 0))
         numeric = {f.name for f in telemetry_pb2.GpuSample.DESCRIPTOR.fields} - {
+            "index",
             "uuid",
             "model",
             "pci_bus_id",
@@ -105,7 +106,7 @@ class FleetState:
                 index=int(p.tags["gpu"]), uuid=p.tags.get("uuid", ""), model=p.tags.get("model", "")
             )
             for name, value in p.fields.items():
-                if name in numeric and name != "index":
+                if name in numeric:
                     setattr(sample, name, bool(value) if name == "lost" else value)
             self.nodes[node].gpus[sample.index] = sample
 

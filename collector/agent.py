@@ -44,6 +44,11 @@ CHANNEL_OPTIONS = [
 ]
 
 
+def status_name(code: int) -> str:
+    """INVALID_ARGUMENT for 3: the name of a gRPC status code number."""
+    return next((c.name for c in grpc.StatusCode if c.value[0] == code), str(code))
+
+
 def open_channel(address: str, tls_ca: str = "") -> grpc.aio.Channel:
     if tls_ca:
         creds = grpc.ssl_channel_credentials(Path(tls_ca).read_bytes())
@@ -65,6 +70,7 @@ class CollectorAgent:
         self._lost: set[int] = set()
         self._sample_duration_s = 0.0
         self._welcomed = False
+        self._command_tasks: set[asyncio.Task[None]] = set()
 
     # --- sampling ------------------------------------------------------------------
     async def sample_once(self) -> telemetry_pb2.NodeReport:
@@ -203,12 +209,14 @@ class CollectorAgent:
                     log.error(
                         "aggregator rejected report seq %d (%s): %s",
                         msg.reject.seq,
-                        grpc.StatusCode._value2member_map_.get((msg.reject.code, ""), msg.reject.code),
+                        status_name(msg.reject.code),
                         msg.reject.message,
                         extra={"seq": msg.reject.seq, "code": msg.reject.code},
                     )
             elif body == "command":
-                asyncio.create_task(self._answer_command(call, msg.command))
+                task = asyncio.create_task(self._answer_command(call, msg.command))
+                self._command_tasks.add(task)
+                task.add_done_callback(self._command_tasks.discard)
 
     async def _answer_command(self, call: grpc.aio.StreamStreamCall, command: ingest_pb2.Command) -> None:
         result = await run_command(

@@ -36,7 +36,8 @@ class CollectorConfig:
     tls_ca: str = _setting("", "PEM CA bundle: connect with TLS and verify the aggregator against it")
     reset_command: str = _setting(
         "",
-        "command run for a GPU reset sent by the aggregator, e.g. 'nvidia-smi --gpu-reset -i {gpu_index}'; empty refuses resets",
+        "command run for a GPU reset the aggregator asks for, e.g. "
+        "'nvidia-smi --gpu-reset -i {gpu_index}'; empty refuses resets",
     )
     reset_timeout_s: float = _setting(300.0, "seconds before a reset command is killed and reported failed")
     backoff_max_s: float = _setting(30.0, "longest wait between reconnect attempts")
