@@ -22,17 +22,17 @@ PROTOS_DIR = Path(__file__).resolve().parent.parent / "protos"
 IMPORT_PREFIX = "gpufleet/v1"
 
 
-def generate(out_dir: Path) -> list[Path]:
+def generate(out_dir: Path, protos_dir: Path = PROTOS_DIR) -> list[Path]:
     """Run protoc (from grpcio-tools) into out_dir; return the generated files."""
     import importlib.resources
 
     from grpc_tools import protoc  # dev dependency, imported only when generating
 
     well_known = importlib.resources.files("grpc_tools") / "_proto"
-    protos = sorted(PROTOS_DIR.glob("*.proto"))
+    protos = sorted(protos_dir.glob("*.proto"))
     args = [
         "protoc",
-        f"-I{IMPORT_PREFIX}={PROTOS_DIR}",
+        f"-I{IMPORT_PREFIX}={protos_dir}",
         f"-I{well_known}",
         f"--python_out={out_dir}",
         f"--pyi_out={out_dir}",
@@ -54,12 +54,15 @@ def generate(out_dir: Path) -> list[Path]:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--check", action="store_true", help="compare instead of writing")
+    parser.add_argument("--protos-dir", type=Path, default=PROTOS_DIR,
+                        help="folder with the .proto files and their generated code")
     args = parser.parse_args()
+    protos_dir: Path = args.protos_dir.resolve()
     with tempfile.TemporaryDirectory() as tmp:
-        generated = generate(Path(tmp))
+        generated = generate(Path(tmp), protos_dir)
         stale: list[str] = []
         for path in generated:
-            target = PROTOS_DIR / path.name
+            target = protos_dir / path.name
             new = path.read_text()
             old = target.read_text() if target.exists() else ""
             if new == old:
@@ -71,7 +74,7 @@ def main() -> int:
                 stale.append("\n".join(list(diff)[:40]))
             else:
                 target.write_text(new)
-                print(f"wrote {target.relative_to(PROTOS_DIR.parent)}")
+                print(f"wrote {target}")
         if args.check and stale:
             print(
                 "protos/ generated code does not match the .proto files; run "

@@ -67,7 +67,7 @@ class EmbeddedStore(Store):
         self._series_tags: dict[int, tuple[str, dict[str, str]]] = {}
         for sid, measurement, tags in self._w.execute("SELECT id, measurement, tags FROM series"):
             self._series[(measurement, tags)] = sid
-            self._series_tags[sid] = (measurement, json.loads(tags))
+            self._series_tags[sid] = (measurement, dict(json.loads(tags)))
         self._columns: dict[str, set[str]] = {}
         self._load_columns()
 

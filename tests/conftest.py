@@ -1,0 +1,240 @@
+"""Shared fixtures: real aggregator and collector processes on loopback, and helpers to
+wait on conditions with deadlines (never on fixed sleeps)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import tomllib
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+import grpc
+import pytest
+
+from gpufleet.aggregator.auth import collector_token, new_secrets_file
+from gpufleet.protos import fleet_pb2_grpc
+
+T = TypeVar("T")
+
+
+def wait_until(check: Callable[[], T], timeout_s: float, what: str, poll_s: float = 0.05) -> T:
+    """Return check()'s first truthy result; fail the test if none comes within timeout_s."""
+    deadline = time.monotonic() + timeout_s
+    last_error: Exception | None = None
+    while time.monotonic() < deadline:
+        try:
+            result = check()
+            if result:
+                return result
+        except Exception as exc:  # the condition may not be checkable yet
+            last_error = exc
+        time.sleep(poll_s)
+    raise AssertionError(f"timed out after {timeout_s}s waiting for {what}; last error: {last_error}")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def gpufleet_argv(*args: str) -> list[str]:
+    return [sys.executable, "-m", "gpufleet.cli.main", *args]
+
+
+@dataclass
+class Proc:
+    name: str
+    popen: subprocess.Popen[bytes]
+    log_path: Path
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+    def alive(self) -> bool:
+        return self.popen.poll() is None
+
+    def stop(self, sig: int = signal.SIGTERM, timeout_s: float = 20) -> int:
+        if self.alive():
+            self.popen.send_signal(sig)
+        try:
+            return self.popen.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            self.popen.kill()
+            return self.popen.wait()
+
+
+@dataclass
+class Secrets:
+    path: Path
+    secret: str
+    tokens: dict[str, str]
+
+    def collector_token(self, node: str) -> str:
+        return collector_token(self.secret, node)
+
+
+@dataclass
+class AggregatorHandle:
+    proc: Proc
+    ingest: str
+    fleet: str
+    metrics: str
+    data_dir: Path
+
+    def fleet_stub(self) -> fleet_pb2_grpc.FleetStub:
+        return fleet_pb2_grpc.FleetStub(grpc.insecure_channel(self.fleet))
+
+    def metric_value(self, name: str, **labels: str) -> float:
+        """Read one sample from the aggregator's own /metrics endpoint over real HTTP."""
+        import urllib.request
+
+        from prometheus_client.parser import text_string_to_metric_families
+
+        text = urllib.request.urlopen(f"http://{self.metrics}/metrics", timeout=5).read().decode()
+        total = 0.0
+        for family in text_string_to_metric_families(text):
+            for sample in family.samples:
+                if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items()):
+                    total += sample.value
+        return total
+
+
+class Cluster:
+    """Starts real gpufleet processes for one test and stops them afterwards."""
+
+    def __init__(self, tmp: Path) -> None:
+        self.tmp = tmp
+        self.procs: list[Proc] = []
+        self.secrets_path = tmp / "secrets.toml"
+        tokens = new_secrets_file(self.secrets_path, [("ops", "operator"), ("viewer", "viewer")])
+        secret = tomllib.loads(self.secrets_path.read_text())["collector_secret"]
+        self.secrets = Secrets(self.secrets_path, secret, tokens)
+
+    def spawn(self, name: str, argv: list[str], env: dict[str, str] | None = None) -> Proc:
+        log_path = self.tmp / f"{name}.log"
+        with open(log_path, "ab") as log:
+            popen = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT,
+                                     env={**os.environ, **(env or {})})
+        proc = Proc(name, popen, log_path)
+        self.procs.append(proc)
+        return proc
+
+    def aggregator(self, name: str = "aggregator", ingest_port: int = 0, fleet_port: int = 0,
+                   data_dir: Path | None = None, *extra: str) -> AggregatorHandle:
+        data_dir = data_dir or self.tmp / "data"
+        ready = self.tmp / f"{name}.ready.json"
+        ready.unlink(missing_ok=True)
+        proc = self.spawn(name, gpufleet_argv(
+            "aggregator", "run", "--data-dir", str(data_dir), "--secrets-file", str(self.secrets_path),
+            "--ingest-listen", f"127.0.0.1:{ingest_port}", "--fleet-listen", f"127.0.0.1:{fleet_port}",
+            "--metrics-listen", "127.0.0.1:0", "--ready-file", str(ready), *extra))
+
+        def is_ready() -> dict[str, Any] | None:
+            assert proc.alive(), f"aggregator exited: {proc.log()}"
+            return json.loads(ready.read_text()) if ready.exists() else None
+
+        bound = wait_until(is_ready, 30, "the aggregator to serve")
+        return AggregatorHandle(proc, bound["ingest"], bound["fleet"], bound["metrics"], data_dir)
+
+    def collector(self, node: str, ingest: str, *extra: str, token: str | None = None) -> Proc:
+        return self.spawn(node, gpufleet_argv(
+            "collector", "run", "--simulate", "--node", node, "--cluster", "test",
+            "--aggregator", ingest, *extra),
+            env={"GPUFLEET_COLLECTOR_TOKEN": token if token is not None else self.secrets.collector_token(node)})
+
+    def stop_all(self) -> None:
+        for proc in reversed(self.procs):
+            proc.stop(signal.SIGTERM, timeout_s=15)
+
+
+@pytest.fixture
+def cluster(tmp_path: Path) -> Iterator[Cluster]:
+    c = Cluster(tmp_path)
+    try:
+        yield c
+    finally:
+        c.stop_all()
+
+
+@pytest.fixture
+def fleet_metadata() -> Callable[[str], tuple[tuple[str, str], ...]]:
+    return lambda token: (("authorization", f"Bearer {token}"),)
+
+
+class RawStream:
+    """A hand-driven collector stream, able to send anything (including raw bytes)."""
+
+    def __init__(self, address: str, token: str | None) -> None:
+        import queue
+        import threading
+
+        from gpufleet.protos import ingest_pb2
+
+        self._outgoing: queue.Queue[object] = queue.Queue()
+        self._incoming: queue.Queue[object] = queue.Queue()
+        self._channel = grpc.insecure_channel(address)
+        method = self._channel.stream_stream(
+            "/gpufleet.v1.Ingest/Stream",
+            request_serializer=lambda m: m if isinstance(m, bytes) else m.SerializeToString(),
+            response_deserializer=ingest_pb2.AggregatorMessage.FromString,
+        )
+        metadata = (("authorization", f"Bearer {token}"),) if token is not None else ()
+        self._responses = method(iter(self._outgoing.get, None), metadata=metadata)
+
+        def pump() -> None:
+            try:
+                for msg in self._responses:
+                    self._incoming.put(msg)
+                self._incoming.put(EOFError("stream closed by the aggregator"))
+            except grpc.RpcError as exc:
+                self._incoming.put(exc)
+
+        threading.Thread(target=pump, daemon=True).start()
+
+    def send(self, msg: object) -> None:
+        self._outgoing.put(msg)
+
+    def recv(self, timeout_s: float = 10) -> Any:
+        """The next message; raises the stream's grpc.RpcError if it ended with one."""
+        item = self._incoming.get(timeout=timeout_s)
+        if isinstance(item, Exception):
+            raise item
+        return item
+
+    def close(self) -> None:
+        self._outgoing.put(None)
+        self._channel.close()
+
+
+def hello(node: str, gpus: int = 8, boot_id: str = "boot-1", protocol_version: int = 1) -> Any:
+    from gpufleet.protos import ingest_pb2, telemetry_pb2
+
+    return ingest_pb2.CollectorMessage(hello=ingest_pb2.Hello(
+        protocol_version=protocol_version, node=node, cluster="test", boot_id=boot_id,
+        collector_version="test", interval_s=1.0,
+        gpus=[telemetry_pb2.GpuIdentity(index=i, uuid=f"GPU-{node}-{i}", model="NVIDIA H100 80GB HBM3")
+              for i in range(gpus)]))
+
+
+def report(node: str, seq: int, boot_id: str = "boot-1", gpus: int = 8, **gpu0: Any) -> Any:
+    """A valid report of `gpus` GPUs; keyword arguments override fields of GPU 0."""
+    from gpufleet.protos import ingest_pb2, telemetry_pb2
+
+    r = telemetry_pb2.NodeReport(node=node, cluster="test", boot_id=boot_id, seq=seq,
+                                 time_unix_ns=time.time_ns())
+    for i in range(gpus):
+        r.gpus.add(index=i, uuid=f"GPU-{node}-{i}", model="NVIDIA H100 80GB HBM3",
+                   util_gpu_pct=50.0, hbm_used_bytes=10 << 30, hbm_total_bytes=80 << 30,
+                   temp_gpu_c=55.0, power_w=400.0)
+    for name, value in gpu0.items():
+        setattr(r.gpus[0], name, value)
+    return ingest_pb2.CollectorMessage(report=r)

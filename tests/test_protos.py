@@ -1,0 +1,33 @@
+"""The generated code in protos/ must be exactly what the .proto files produce."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+SCRIPT = ROOT / "scripts" / "gen_protos.py"
+
+
+def _check(protos_dir: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, str(SCRIPT), "--check", "--protos-dir", str(protos_dir)],
+                          capture_output=True, text=True, timeout=120)
+
+
+def test_committed_generated_code_matches_the_proto_files() -> None:
+    result = _check(ROOT / "protos")
+    assert result.returncode == 0, result.stderr
+
+
+def test_check_fails_when_a_proto_changes_without_regenerating(tmp_path: Path) -> None:
+    copy = tmp_path / "protos"
+    shutil.copytree(ROOT / "protos", copy, ignore=shutil.ignore_patterns("__pycache__"))
+    proto = copy / "telemetry.proto"
+    proto.write_text(proto.read_text().replace(
+        "optional double power_limit_w = 33;",
+        "optional double power_limit_w = 33;\n  optional double fan_speed_pct = 34;"))
+    result = _check(copy)
+    assert result.returncode == 1
+    assert "telemetry_pb2" in result.stderr and "gen_protos.py" in result.stderr
