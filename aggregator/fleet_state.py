@@ -77,6 +77,7 @@ class FleetState:
         live.last_report_ns = report.time_unix_ns
         live.last_seq = report.seq
         live.cluster = report.cluster
+        live.interval_s = report.interval_s or live.interval_s
         live.stats = report.stats
         for gpu in report.gpus:
             live.gpus[gpu.index] = gpu
@@ -92,6 +93,7 @@ class FleetState:
             live.last_seq = int(p.fields.get("seq", 0))
             live.boot_id = str(p.fields.get("boot_id", ""))
             live.gpu_count = int(p.fields.get("gpu_count", 0))
+            live.interval_s = float(p.fields.get("interval_s", 0.0))
         numeric = {f.name for f in telemetry_pb2.GpuSample.DESCRIPTOR.fields} - {
             "index",
             "uuid",

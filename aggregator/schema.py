@@ -48,6 +48,7 @@ METRICS: dict[str, Metric] = {
         Metric("prefix_cache_hit_ratio", "engine", "ratio", "prefix-cache hit ratio", 0, 1),
         Metric("seq", "collector", "", "report sequence number", 1, 2**63),
         Metric("gpu_count", "collector", "GPUs", "GPUs in the report", 0, 64),
+        Metric("interval_s", "collector", "s", "the collector's sampling interval", 0, 3600),
         Metric(
             "reports_dropped_total",
             "collector",
@@ -141,6 +142,7 @@ def report_to_points(report: telemetry_pb2.NodeReport) -> list[Point]:
             {
                 "seq": report.seq,
                 "boot_id": report.boot_id,
+                "interval_s": report.interval_s,
                 "gpu_count": len(report.gpus),
                 "reports_dropped_total": stats.reports_dropped_total,
                 "reports_rejected_total": stats.reports_rejected_total,

@@ -101,6 +101,12 @@ def check_report(
             "boot_id",
             f"{where} carries boot_id {report.boot_id!r}, the stream's is {hello.boot_id!r}",
         )
+    if not (math.isfinite(report.interval_s) and 0 <= report.interval_s <= 3600):
+        raise Rejection(
+            grpc.StatusCode.INVALID_ARGUMENT,
+            "bad_value",
+            f"{where}: interval_s={report.interval_s} must be 0..3600",
+        )
     if report.seq < 1:
         raise Rejection(grpc.StatusCode.INVALID_ARGUMENT, "bad_seq", f"{where}: seq must be ≥ 1")
     now_ns = now_ns or time.time_ns()

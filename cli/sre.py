@@ -28,12 +28,14 @@ def liveness_name(value: int) -> str:
 
 
 def message_fields(msg: Any) -> dict[str, Any]:
-    """A flat message as a dict of the fields that are present (absent stays absent)."""
+    """A flat message as a dict: identity fields always (GPU index 0 is still index 0),
+    optional measurements only when present (absent stays absent, never 0)."""
     out: dict[str, Any] = {}
-    for f, v in msg.ListFields():
-        if f.type == f.TYPE_MESSAGE:
+    for f in msg.DESCRIPTOR.fields:
+        if f.type == f.TYPE_MESSAGE or (f.has_presence and not msg.HasField(f.name)):
             continue
-        out[f.name] = list(v) if f.is_repeated else v
+        value = getattr(msg, f.name)
+        out[f.name] = list(value) if f.is_repeated else value
     return out
 
 

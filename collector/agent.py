@@ -85,6 +85,7 @@ class CollectorAgent:
             boot_id=self.boot_id,
             seq=self.seq,
             time_unix_ns=started_ns,
+            interval_s=self.config.interval_s,
             gpus=gpus,
             events=self._lost_events(gpus, started_ns),
             stats=telemetry_pb2.CollectorStats(

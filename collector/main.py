@@ -33,4 +33,13 @@ async def run_collector(config: CollectorConfig) -> None:
         await agent.run(stop)
     finally:
         source.close()
-        log.info("collector stopped", extra={"unacked": len(agent.buffer)})
+        log.info(
+            "collector stopped after seq %d with %d unacknowledged report(s)",
+            agent.seq,
+            len(agent.buffer),
+            extra={
+                "last_seq": agent.seq,
+                "unacked": len(agent.buffer),
+                "dropped_total": agent.buffer.dropped_total,
+            },
+        )

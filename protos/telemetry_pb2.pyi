@@ -104,12 +104,13 @@ class CollectorStats(_message.Message):
     def __init__(self, reports_dropped_total: _Optional[int] = ..., reports_rejected_total: _Optional[int] = ..., unacked_reports: _Optional[int] = ..., reconnects_total: _Optional[int] = ..., sample_errors_total: _Optional[int] = ..., sample_duration_s: _Optional[float] = ...) -> None: ...
 
 class NodeReport(_message.Message):
-    __slots__ = ("node", "cluster", "boot_id", "seq", "time_unix_ns", "gpus", "engines", "events", "stats")
+    __slots__ = ("node", "cluster", "boot_id", "seq", "time_unix_ns", "interval_s", "gpus", "engines", "events", "stats")
     NODE_FIELD_NUMBER: _ClassVar[int]
     CLUSTER_FIELD_NUMBER: _ClassVar[int]
     BOOT_ID_FIELD_NUMBER: _ClassVar[int]
     SEQ_FIELD_NUMBER: _ClassVar[int]
     TIME_UNIX_NS_FIELD_NUMBER: _ClassVar[int]
+    INTERVAL_S_FIELD_NUMBER: _ClassVar[int]
     GPUS_FIELD_NUMBER: _ClassVar[int]
     ENGINES_FIELD_NUMBER: _ClassVar[int]
     EVENTS_FIELD_NUMBER: _ClassVar[int]
@@ -119,11 +120,12 @@ class NodeReport(_message.Message):
     boot_id: str
     seq: int
     time_unix_ns: int
+    interval_s: float
     gpus: _containers.RepeatedCompositeFieldContainer[GpuSample]
     engines: _containers.RepeatedCompositeFieldContainer[EngineSample]
     events: _containers.RepeatedCompositeFieldContainer[Event]
     stats: CollectorStats
-    def __init__(self, node: _Optional[str] = ..., cluster: _Optional[str] = ..., boot_id: _Optional[str] = ..., seq: _Optional[int] = ..., time_unix_ns: _Optional[int] = ..., gpus: _Optional[_Iterable[_Union[GpuSample, _Mapping]]] = ..., engines: _Optional[_Iterable[_Union[EngineSample, _Mapping]]] = ..., events: _Optional[_Iterable[_Union[Event, _Mapping]]] = ..., stats: _Optional[_Union[CollectorStats, _Mapping]] = ...) -> None: ...
+    def __init__(self, node: _Optional[str] = ..., cluster: _Optional[str] = ..., boot_id: _Optional[str] = ..., seq: _Optional[int] = ..., time_unix_ns: _Optional[int] = ..., interval_s: _Optional[float] = ..., gpus: _Optional[_Iterable[_Union[GpuSample, _Mapping]]] = ..., engines: _Optional[_Iterable[_Union[EngineSample, _Mapping]]] = ..., events: _Optional[_Iterable[_Union[Event, _Mapping]]] = ..., stats: _Optional[_Union[CollectorStats, _Mapping]] = ...) -> None: ...
 
 class GpuIdentity(_message.Message):
     __slots__ = ("index", "uuid", "model", "pci_bus_id", "hbm_total_bytes")

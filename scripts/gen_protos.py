@@ -54,8 +54,12 @@ def generate(out_dir: Path, protos_dir: Path = PROTOS_DIR) -> list[Path]:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--check", action="store_true", help="compare instead of writing")
-    parser.add_argument("--protos-dir", type=Path, default=PROTOS_DIR,
-                        help="folder with the .proto files and their generated code")
+    parser.add_argument(
+        "--protos-dir",
+        type=Path,
+        default=PROTOS_DIR,
+        help="folder with the .proto files and their generated code",
+    )
     args = parser.parse_args()
     protos_dir: Path = args.protos_dir.resolve()
     with tempfile.TemporaryDirectory() as tmp:

@@ -122,21 +122,44 @@ class Cluster:
     def spawn(self, name: str, argv: list[str], env: dict[str, str] | None = None) -> Proc:
         log_path = self.tmp / f"{name}.log"
         with open(log_path, "ab") as log:
-            popen = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT,
-                                     env={**os.environ, **(env or {})})
+            popen = subprocess.Popen(
+                argv, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})}
+            )
         proc = Proc(name, popen, log_path)
         self.procs.append(proc)
         return proc
 
-    def aggregator(self, name: str = "aggregator", ingest_port: int = 0, fleet_port: int = 0,
-                   data_dir: Path | None = None, *extra: str) -> AggregatorHandle:
+    def aggregator(
+        self,
+        name: str = "aggregator",
+        ingest_port: int = 0,
+        fleet_port: int = 0,
+        data_dir: Path | None = None,
+        *extra: str,
+    ) -> AggregatorHandle:
         data_dir = data_dir or self.tmp / "data"
         ready = self.tmp / f"{name}.ready.json"
         ready.unlink(missing_ok=True)
-        proc = self.spawn(name, gpufleet_argv(
-            "aggregator", "run", "--data-dir", str(data_dir), "--secrets-file", str(self.secrets_path),
-            "--ingest-listen", f"127.0.0.1:{ingest_port}", "--fleet-listen", f"127.0.0.1:{fleet_port}",
-            "--metrics-listen", "127.0.0.1:0", "--ready-file", str(ready), *extra))
+        proc = self.spawn(
+            name,
+            gpufleet_argv(
+                "aggregator",
+                "run",
+                "--data-dir",
+                str(data_dir),
+                "--secrets-file",
+                str(self.secrets_path),
+                "--ingest-listen",
+                f"127.0.0.1:{ingest_port}",
+                "--fleet-listen",
+                f"127.0.0.1:{fleet_port}",
+                "--metrics-listen",
+                "127.0.0.1:0",
+                "--ready-file",
+                str(ready),
+                *extra,
+            ),
+        )
 
         def is_ready() -> dict[str, Any] | None:
             assert proc.alive(), f"aggregator exited: {proc.log()}"
@@ -146,10 +169,24 @@ class Cluster:
         return AggregatorHandle(proc, bound["ingest"], bound["fleet"], bound["metrics"], data_dir)
 
     def collector(self, node: str, ingest: str, *extra: str, token: str | None = None) -> Proc:
-        return self.spawn(node, gpufleet_argv(
-            "collector", "run", "--simulate", "--node", node, "--cluster", "test",
-            "--aggregator", ingest, *extra),
-            env={"GPUFLEET_COLLECTOR_TOKEN": token if token is not None else self.secrets.collector_token(node)})
+        return self.spawn(
+            node,
+            gpufleet_argv(
+                "collector",
+                "run",
+                "--simulate",
+                "--node",
+                node,
+                "--cluster",
+                "test",
+                "--aggregator",
+                ingest,
+                *extra,
+            ),
+            env={
+                "GPUFLEET_COLLECTOR_TOKEN": token if token is not None else self.secrets.collector_token(node)
+            },
+        )
 
     def stop_all(self) -> None:
         for proc in reversed(self.procs):
@@ -218,23 +255,40 @@ class RawStream:
 def hello(node: str, gpus: int = 8, boot_id: str = "boot-1", protocol_version: int = 1) -> Any:
     from gpufleet.protos import ingest_pb2, telemetry_pb2
 
-    return ingest_pb2.CollectorMessage(hello=ingest_pb2.Hello(
-        protocol_version=protocol_version, node=node, cluster="test", boot_id=boot_id,
-        collector_version="test", interval_s=1.0,
-        gpus=[telemetry_pb2.GpuIdentity(index=i, uuid=f"GPU-{node}-{i}", model="NVIDIA H100 80GB HBM3")
-              for i in range(gpus)]))
+    return ingest_pb2.CollectorMessage(
+        hello=ingest_pb2.Hello(
+            protocol_version=protocol_version,
+            node=node,
+            cluster="test",
+            boot_id=boot_id,
+            collector_version="test",
+            interval_s=1.0,
+            gpus=[
+                telemetry_pb2.GpuIdentity(index=i, uuid=f"GPU-{node}-{i}", model="NVIDIA H100 80GB HBM3")
+                for i in range(gpus)
+            ],
+        )
+    )
 
 
 def report(node: str, seq: int, boot_id: str = "boot-1", gpus: int = 8, **gpu0: Any) -> Any:
     """A valid report of `gpus` GPUs; keyword arguments override fields of GPU 0."""
     from gpufleet.protos import ingest_pb2, telemetry_pb2
 
-    r = telemetry_pb2.NodeReport(node=node, cluster="test", boot_id=boot_id, seq=seq,
-                                 time_unix_ns=time.time_ns())
+    r = telemetry_pb2.NodeReport(
+        node=node, cluster="test", boot_id=boot_id, seq=seq, time_unix_ns=time.time_ns()
+    )
     for i in range(gpus):
-        r.gpus.add(index=i, uuid=f"GPU-{node}-{i}", model="NVIDIA H100 80GB HBM3",
-                   util_gpu_pct=50.0, hbm_used_bytes=10 << 30, hbm_total_bytes=80 << 30,
-                   temp_gpu_c=55.0, power_w=400.0)
+        r.gpus.add(
+            index=i,
+            uuid=f"GPU-{node}-{i}",
+            model="NVIDIA H100 80GB HBM3",
+            util_gpu_pct=50.0,
+            hbm_used_bytes=10 << 30,
+            hbm_total_bytes=80 << 30,
+            temp_gpu_c=55.0,
+            power_w=400.0,
+        )
     for name, value in gpu0.items():
         setattr(r.gpus[0], name, value)
     return ingest_pb2.CollectorMessage(report=r)

@@ -85,8 +85,11 @@ def test_undecodable_bytes_end_the_stream_with_invalid_argument(
 ) -> None:
     cluster, agg = env
     before = agg.metric_value("gpufleet_ingest_rejections_total", reason="malformed")
-    s = stream_for(cluster, agg, "node-d") if after_hello else RawStream(
-        agg.ingest, cluster.secrets.collector_token("node-d"))
+    s = (
+        stream_for(cluster, agg, "node-d")
+        if after_hello
+        else RawStream(agg.ingest, cluster.secrets.collector_token("node-d"))
+    )
     s.send(b"\xff\xff\xff\xff not protobuf")
     err = stream_error(s)
     assert err.code() == grpc.StatusCode.INVALID_ARGUMENT
@@ -95,27 +98,54 @@ def test_undecodable_bytes_end_the_stream_with_invalid_argument(
 
 
 BAD_REPORTS = [
-    ("nan", {"util_gpu_pct": float("nan")}, grpc.StatusCode.INVALID_ARGUMENT,
-     "util_gpu_pct=nan, which is not a finite number", "bad_value"),
-    ("negative", {"power_w": -4.0}, grpc.StatusCode.INVALID_ARGUMENT,
-     "power_w=-4.0, which is outside 0..5000 W", "bad_value"),
-    ("absurd", {"temp_gpu_c": 900.0}, grpc.StatusCode.INVALID_ARGUMENT,
-     "temp_gpu_c=900.0", "bad_value"),
-    ("hbm_over_total", {"hbm_used_bytes": 90 << 30}, grpc.StatusCode.INVALID_ARGUMENT,
-     "hbm_used_bytes=96636764160 above hbm_total_bytes=85899345920", "bad_value"),
-    ("index_out_of_range", {"index": 8}, grpc.StatusCode.INVALID_ARGUMENT,
-     "GPU index 8; the node declared 8 GPU(s) (indices 0..7)", "gpu_index"),
-    ("duplicate_index", {"index": 1}, grpc.StatusCode.INVALID_ARGUMENT,
-     "GPU index 1 twice", "gpu_index"),
-    ("oversized", {"model": "x" * 9000}, grpc.StatusCode.RESOURCE_EXHAUSTED,
-     "the limit is 8192", "oversized"),
+    (
+        "nan",
+        {"util_gpu_pct": float("nan")},
+        grpc.StatusCode.INVALID_ARGUMENT,
+        "util_gpu_pct=nan, which is not a finite number",
+        "bad_value",
+    ),
+    (
+        "negative",
+        {"power_w": -4.0},
+        grpc.StatusCode.INVALID_ARGUMENT,
+        "power_w=-4.0, which is outside 0..5000 W",
+        "bad_value",
+    ),
+    ("absurd", {"temp_gpu_c": 900.0}, grpc.StatusCode.INVALID_ARGUMENT, "temp_gpu_c=900.0", "bad_value"),
+    (
+        "hbm_over_total",
+        {"hbm_used_bytes": 90 << 30},
+        grpc.StatusCode.INVALID_ARGUMENT,
+        "hbm_used_bytes=96636764160 above hbm_total_bytes=85899345920",
+        "bad_value",
+    ),
+    (
+        "index_out_of_range",
+        {"index": 8},
+        grpc.StatusCode.INVALID_ARGUMENT,
+        "GPU index 8; the node declared 8 GPU(s) (indices 0..7)",
+        "gpu_index",
+    ),
+    ("duplicate_index", {"index": 1}, grpc.StatusCode.INVALID_ARGUMENT, "GPU index 1 twice", "gpu_index"),
+    (
+        "oversized",
+        {"model": "x" * 9000},
+        grpc.StatusCode.RESOURCE_EXHAUSTED,
+        "the limit is 8192",
+        "oversized",
+    ),
 ]
 
 
 @pytest.mark.parametrize("name,override,code,text,reason", BAD_REPORTS, ids=[b[0] for b in BAD_REPORTS])
 def test_bad_report_is_rejected_alone_and_the_stream_goes_on(
-    env: tuple[Cluster, AggregatorHandle], name: str, override: dict[str, object],
-    code: grpc.StatusCode, text: str, reason: str,
+    env: tuple[Cluster, AggregatorHandle],
+    name: str,
+    override: dict[str, object],
+    code: grpc.StatusCode,
+    text: str,
+    reason: str,
 ) -> None:
     cluster, agg = env
     node = f"node-{name}"
@@ -130,8 +160,11 @@ def test_bad_report_is_rejected_alone_and_the_stream_goes_on(
     assert list(s.recv().ack.seqs) == [2], "the next good report on the same stream is accepted"
     s.close()
     assert agg.metric_value("gpufleet_ingest_rejections_total", reason=reason) == before + 1
-    wait_until(lambda: f"node={node}" in agg.proc.log() and f"reason={reason}" in agg.proc.log(),
-               5, "the rejection to be logged with the node")
+    wait_until(
+        lambda: f"node={node}" in agg.proc.log() and f"reason={reason}" in agg.proc.log(),
+        5,
+        "the rejection to be logged with the node",
+    )
 
 
 def test_report_for_another_node_is_permission_denied(env: tuple[Cluster, AggregatorHandle]) -> None:

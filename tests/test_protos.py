@@ -12,8 +12,12 @@ SCRIPT = ROOT / "scripts" / "gen_protos.py"
 
 
 def _check(protos_dir: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, str(SCRIPT), "--check", "--protos-dir", str(protos_dir)],
-                          capture_output=True, text=True, timeout=120)
+    return subprocess.run(
+        [sys.executable, str(SCRIPT), "--check", "--protos-dir", str(protos_dir)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
 
 
 def test_committed_generated_code_matches_the_proto_files() -> None:
@@ -25,9 +29,12 @@ def test_check_fails_when_a_proto_changes_without_regenerating(tmp_path: Path) -
     copy = tmp_path / "protos"
     shutil.copytree(ROOT / "protos", copy, ignore=shutil.ignore_patterns("__pycache__"))
     proto = copy / "telemetry.proto"
-    proto.write_text(proto.read_text().replace(
-        "optional double power_limit_w = 33;",
-        "optional double power_limit_w = 33;\n  optional double fan_speed_pct = 34;"))
+    proto.write_text(
+        proto.read_text().replace(
+            "optional double power_limit_w = 33;",
+            "optional double power_limit_w = 33;\n  optional double fan_speed_pct = 34;",
+        )
+    )
     result = _check(copy)
     assert result.returncode == 1
     assert "telemetry_pb2" in result.stderr and "gen_protos.py" in result.stderr

@@ -46,8 +46,12 @@ def test_replayed_points_overwrite_instead_of_doubling(store: Store) -> None:
 
 
 def test_absent_fields_stay_absent(store: Store) -> None:
-    store.write([gpu_point("n1", 0, T0, util_gpu_pct=50.0, power_w=250.0),
-                 gpu_point("n1", 0, T0 + S, util_gpu_pct=60.0)])
+    store.write(
+        [
+            gpu_point("n1", 0, T0, util_gpu_pct=50.0, power_w=250.0),
+            gpu_point("n1", 0, T0 + S, util_gpu_pct=60.0),
+        ]
+    )
     later = store.query_points("gpu", T0 + S, T0 + 2 * S)[0]
     assert "power_w" not in later.fields
     mean_power = store.query_history(HistoryQuery("gpu", "power_w", T0, T0 + 60 * S, 60 * S))
@@ -58,35 +62,50 @@ def test_absent_fields_stay_absent(store: Store) -> None:
 def test_history_buckets_and_aggregates(store: Store, aggregate: str) -> None:
     # 3 minutes of 1 s samples on two GPUs; values are distinct per second.
     values = {g: [((i * 37 + g * 11) % 100) + 0.5 for i in range(180)] for g in range(2)}
-    store.write([gpu_point("n1", g, T0 + i * S, util_gpu_pct=values[g][i])
-                 for g in range(2) for i in range(180)])
-    series = store.query_history(
-        HistoryQuery("gpu", "util_gpu_pct", T0, T0 + 180 * S, 60 * S, aggregate)
+    store.write(
+        [gpu_point("n1", g, T0 + i * S, util_gpu_pct=values[g][i]) for g in range(2) for i in range(180)]
     )
+    series = store.query_history(HistoryQuery("gpu", "util_gpu_pct", T0, T0 + 180 * S, 60 * S, aggregate))
     assert [s.tags["gpu"] for s in series] == ["0", "1"]
     for s in series:
         assert s.times_unix_ns == [T0, T0 + 60 * S, T0 + 120 * S]
         for b, got in enumerate(s.values):
-            bucket = values[int(s.tags["gpu"])][b * 60:(b + 1) * 60]
+            bucket = values[int(s.tags["gpu"])][b * 60 : (b + 1) * 60]
             want = {
-                "mean": sum(bucket) / 60, "max": max(bucket), "min": min(bucket),
-                "p95": sorted(bucket)[math.ceil(0.95 * 60) - 1], "last": bucket[-1], "count": 60,
+                "mean": sum(bucket) / 60,
+                "max": max(bucket),
+                "min": min(bucket),
+                "p95": sorted(bucket)[math.ceil(0.95 * 60) - 1],
+                "last": bucket[-1],
+                "count": 60,
             }[aggregate]
             assert got == pytest.approx(want)
 
 
 def test_history_filters_and_empty_buckets(store: Store) -> None:
-    store.write([gpu_point(node, g, T0 + i * 30 * S, util_gpu_pct=10.0 * g)
-                 for node in ("n1", "n2") for g in range(4) for i in (0, 1, 4)])
-    series = store.query_history(HistoryQuery(
-        "gpu", "util_gpu_pct", T0, T0 + 300 * S, 60 * S, "mean",
-        {"node": ["n2"], "gpu": ["1", "3"]}))
+    store.write(
+        [
+            gpu_point(node, g, T0 + i * 30 * S, util_gpu_pct=10.0 * g)
+            for node in ("n1", "n2")
+            for g in range(4)
+            for i in (0, 1, 4)
+        ]
+    )
+    series = store.query_history(
+        HistoryQuery(
+            "gpu", "util_gpu_pct", T0, T0 + 300 * S, 60 * S, "mean", {"node": ["n2"], "gpu": ["1", "3"]}
+        )
+    )
     assert [(s.tags["node"], s.tags["gpu"]) for s in series] == [("n2", "1"), ("n2", "3")]
     # Samples at 0 s, 30 s and 120 s: buckets 0 and 2 have data, bucket 1 is omitted.
     assert series[0].times_unix_ns == [T0, T0 + 120 * S]
     assert series[1].values == [30.0, 30.0]
-    assert store.query_history(HistoryQuery("gpu", "util_gpu_pct", T0, T0 + 300 * S, 60 * S,
-                                            "mean", {"node": ["nope"]})) == []
+    assert (
+        store.query_history(
+            HistoryQuery("gpu", "util_gpu_pct", T0, T0 + 300 * S, 60 * S, "mean", {"node": ["nope"]})
+        )
+        == []
+    )
 
 
 def test_latest_point_of_every_series(store: Store) -> None:
@@ -107,7 +126,7 @@ def test_retention_removes_only_old_points(store: Store) -> None:
 
 
 def test_odd_tag_values_round_trip(store: Store) -> None:
-    tags = {"node": "rack 3,node=7 \"α\"", "gpu": "0", "model": "NVIDIA H100 80GB HBM3"}
+    tags = {"node": 'rack 3,node=7 "α"', "gpu": "0", "model": "NVIDIA H100 80GB HBM3"}
     store.write([Point("gpu", tags, {"util_gpu_pct": 1.0}, T0)])
     (got,) = store.query_points("gpu", T0, T0 + 1, {"node": [tags["node"]]})
     assert got.tags == tags

@@ -1,0 +1,122 @@
+"""The live fleet view and the Fleet API, as the CLI and dashboard see them."""
+
+from __future__ import annotations
+
+import signal
+import time
+
+import grpc
+import pytest
+from conftest import Cluster, free_port, wait_until
+
+from gpufleet.aggregator.fleet_state import FleetState
+from gpufleet.protos import fleet_pb2, ingest_pb2, telemetry_pb2, vocabulary_pb2
+
+
+def liveness_of(cluster_agg: object, node: str, token: str) -> str:
+    stub = cluster_agg.fleet_stub()  # type: ignore[attr-defined]
+    nodes = stub.ListNodes(fleet_pb2.ListNodesRequest(), metadata=(("authorization", f"Bearer {token}"),))
+    (summary,) = [n for n in nodes.nodes if n.node == node]
+    return vocabulary_pb2.Liveness.Name(summary.liveness)
+
+
+@pytest.mark.slow
+def test_a_dead_collector_goes_stale_then_silent_and_survives_a_restart(cluster: Cluster) -> None:
+    ingest, fleet = free_port(), free_port()
+    agg = cluster.aggregator("aggregator-1", ingest, fleet)
+    viewer = cluster.secrets.tokens["viewer"]
+    doomed = cluster.collector("doomed", agg.ingest, "--interval-s", "0.2")
+    wait_until(lambda: liveness_of(agg, "doomed", viewer) == "LIVENESS_REPORTING", 20, "reporting")
+    doomed.stop(signal.SIGKILL)
+    wait_until(lambda: liveness_of(agg, "doomed", viewer) == "LIVENESS_STALE", 10, "stale (3 intervals)")
+    wait_until(lambda: liveness_of(agg, "doomed", viewer) == "LIVENESS_SILENT", 10, "silent (10 intervals)")
+    agg.proc.stop(signal.SIGTERM)
+    agg2 = cluster.aggregator("aggregator-2", ingest, fleet, agg.data_dir)
+    # After a restart the node is still known (from the store), with its last GPU values.
+    assert liveness_of(agg2, "doomed", viewer) == "LIVENESS_SILENT"
+    detail = agg2.fleet_stub().GetNode(
+        fleet_pb2.GetNodeRequest(node="doomed"), metadata=(("authorization", f"Bearer {viewer}"),)
+    )
+    assert len(detail.summary.gpus) == 8 and detail.summary.gpus[0].HasField("util_gpu_pct")
+    assert not detail.summary.connected
+
+
+@pytest.mark.slow
+def test_a_full_replay_buffer_drops_the_oldest_and_says_so(cluster: Cluster) -> None:
+    ingest = free_port()
+    # No aggregator yet: the collector buffers 5 reports at most and drops older ones.
+    col = cluster.collector(
+        "buffered",
+        f"127.0.0.1:{ingest}",
+        "--interval-s",
+        "0.1",
+        "--buffer-reports",
+        "5",
+        "--backoff-max-s",
+        "0.5",
+    )
+    wait_until(lambda: col.log().count("replay buffer full") >= 3, 20, "reports to be dropped")
+    agg = cluster.aggregator("aggregator", ingest)
+    viewer = cluster.secrets.tokens["viewer"]
+
+    def stats() -> telemetry_pb2.CollectorStats | None:
+        detail = agg.fleet_stub().GetNode(
+            fleet_pb2.GetNodeRequest(node="buffered"), metadata=(("authorization", f"Bearer {viewer}"),)
+        )
+        return detail.collector_stats if detail.collector_stats.reports_dropped_total else None
+
+    dropped = wait_until(stats, 20, "the drop count to reach the aggregator").reports_dropped_total
+    assert dropped >= 3
+    assert "dropped unacknowledged report seq 1" in col.log()
+
+
+def test_fleet_api_needs_a_known_token(cluster: Cluster) -> None:
+    agg = cluster.aggregator()
+    stub = agg.fleet_stub()
+    with pytest.raises(grpc.RpcError) as none:
+        stub.ListNodes(fleet_pb2.ListNodesRequest())
+    assert none.value.code() == grpc.StatusCode.UNAUTHENTICATED
+    with pytest.raises(grpc.RpcError) as wrong:
+        stub.ListNodes(fleet_pb2.ListNodesRequest(), metadata=(("authorization", "Bearer nope"),))
+    assert wrong.value.code() == grpc.StatusCode.UNAUTHENTICATED
+    with pytest.raises(grpc.RpcError) as collector_token:
+        stub.ListNodes(
+            fleet_pb2.ListNodesRequest(),
+            metadata=(("authorization", f"Bearer {cluster.secrets.collector_token('n1')}"),),
+        )
+    assert collector_token.value.code() == grpc.StatusCode.UNAUTHENTICATED, (
+        "a node's token is not a fleet token"
+    )
+    me = stub.WhoAmI(
+        fleet_pb2.WhoAmIRequest(), metadata=(("authorization", f"Bearer {cluster.secrets.tokens['viewer']}"),)
+    )
+    assert (me.name, me.role) == ("viewer", "viewer")
+    assert agg.metric_value("gpufleet_fleet_requests_total", method="ListNodes", code="UNAUTHENTICATED") == 3
+
+
+def test_liveness_thresholds_scale_with_the_collector_interval() -> None:
+    state = FleetState(stale_after_intervals=3, silent_after_intervals=10)
+    state.on_hello(ingest_pb2.Hello(node="n1", boot_id="b", interval_s=2.0))
+    report = telemetry_pb2.NodeReport(node="n1", boot_id="b", seq=1, time_unix_ns=time.time_ns())
+    heard = 1_000 * 10**9
+    state.on_report(report, heard)
+    live = state.nodes["n1"]
+    s = 10**9
+    assert state.liveness(live, heard + 5 * s) == vocabulary_pb2.LIVENESS_REPORTING
+    assert state.liveness(live, heard + 6 * s) == vocabulary_pb2.LIVENESS_STALE
+    assert state.liveness(live, heard + 19 * s) == vocabulary_pb2.LIVENESS_STALE
+    assert state.liveness(live, heard + 20 * s) == vocabulary_pb2.LIVENESS_SILENT
+
+
+def test_an_older_replayed_report_does_not_overwrite_newer_live_values() -> None:
+    state = FleetState()
+    state.on_hello(
+        ingest_pb2.Hello(node="n1", boot_id="b", interval_s=1.0, gpus=[telemetry_pb2.GpuIdentity(index=0)])
+    )
+    new = telemetry_pb2.NodeReport(node="n1", boot_id="b", seq=5, time_unix_ns=2_000)
+    new.gpus.add(index=0, util_gpu_pct=90.0)
+    old = telemetry_pb2.NodeReport(node="n1", boot_id="b", seq=4, time_unix_ns=1_000)
+    old.gpus.add(index=0, util_gpu_pct=10.0)
+    state.on_report(new, 5)
+    state.on_report(old, 6)
+    assert state.nodes["n1"].gpus[0].util_gpu_pct == 90.0 and state.nodes["n1"].last_seq == 5

@@ -1,0 +1,66 @@
+"""Configuration layering: flag > environment > file > default, with precise errors."""
+
+from __future__ import annotations
+
+import argparse
+
+import pytest
+
+from gpufleet.aggregator.config import AggregatorConfig
+from gpufleet.cli import settings
+from gpufleet.collector.config import CollectorConfig
+
+
+def parse(*argv: str) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    settings.add_flags(parser, CollectorConfig, "collector")
+    return parser.parse_args(list(argv))
+
+
+FILE = {"collector": {"interval_s": 2, "cluster": "from-file", "node": "n-file"}}
+
+
+def test_precedence_flag_over_env_over_file_over_default() -> None:
+    env = {"GPUFLEET_COLLECTOR_INTERVAL_S": "3.5", "GPUFLEET_COLLECTOR_CLUSTER": "from-env"}
+    cfg = settings.resolve(CollectorConfig, "collector", parse("--interval-s", "7"), env, FILE)
+    assert cfg.interval_s == 7.0 and cfg.cluster == "from-env" and cfg.node == "n-file"
+    assert cfg.buffer_reports == 3600, "untouched settings keep their default"
+    cfg = settings.resolve(CollectorConfig, "collector", parse(), {}, FILE)
+    assert cfg.interval_s == 2.0 and cfg.cluster == "from-file"
+
+
+def test_booleans_from_flags_and_environment() -> None:
+    assert settings.resolve(CollectorConfig, "collector", parse("--simulate"), {}, {}).simulate
+    env = {"GPUFLEET_COLLECTOR_SIMULATE": "yes"}
+    assert settings.resolve(CollectorConfig, "collector", parse(), env, {}).simulate
+    assert not settings.resolve(CollectorConfig, "collector", parse("--no-simulate"), env, {}).simulate
+    with pytest.raises(settings.ConfigError, match="GPUFLEET_COLLECTOR_SIMULATE='maybe' is not a boolean"):
+        settings.resolve(CollectorConfig, "collector", parse(), {"GPUFLEET_COLLECTOR_SIMULATE": "maybe"}, {})
+
+
+@pytest.mark.parametrize(
+    "file_data,message",
+    [
+        ({"collector": {"interval_s": "fast"}}, "interval_s='fast' is not a valid float"),
+        ({"collector": {"buffer_reports": 1.5}}, "buffer_reports=1.5 must be a int"),
+        ({"collector": {"intervl_s": 1}}, "unknown setting(s) intervl_s in [collector]"),
+        ({"collector": {"sim_model": "V100", "simulate": True}}, "sim_model='V100' is unknown"),
+        ({"collector": {"aggregator": "no-port"}}, "aggregator='no-port' must be host:port"),
+    ],
+)
+def test_bad_values_name_the_setting_and_the_fix(file_data: dict[str, object], message: str) -> None:
+    with pytest.raises(settings.ConfigError) as info:
+        settings.resolve(CollectorConfig, "collector", parse(), {}, file_data, "/etc/gpufleet/gpufleet.toml")
+    assert message in str(info.value)
+
+
+def test_aggregator_settings_are_checked_together() -> None:
+    with pytest.raises(settings.ConfigError, match="tls_cert and tls_key must be given together"):
+        settings.resolve(AggregatorConfig, "aggregator", None, {"GPUFLEET_AGGREGATOR_TLS_CERT": "c.pem"}, {})
+
+
+def test_reference_lists_every_setting_with_its_environment_variable() -> None:
+    text = settings.reference({"collector": CollectorConfig, "aggregator": AggregatorConfig})
+    for name in ("interval_s", "buffer_reports", "retention_s", "max_report_bytes"):
+        assert f"`{name}`" in text
+    assert "`GPUFLEET_AGGREGATOR_DATA_DIR`" in text
