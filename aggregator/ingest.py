@@ -24,7 +24,7 @@ from gpufleet.aggregator.fleet_state import FleetState
 from gpufleet.aggregator.metrics import AggregatorMetrics
 from gpufleet.aggregator.schema import report_to_points
 from gpufleet.aggregator.store import StoreError
-from gpufleet.aggregator.validation import Rejection, check_hello, check_report
+from gpufleet.aggregator.validation import Rejection, check_hello, check_report, check_values
 from gpufleet.aggregator.writer import GroupCommitWriter
 from gpufleet.protos import ingest_pb2, telemetry_pb2
 
@@ -32,7 +32,6 @@ log = logging.getLogger("gpufleet.aggregator.ingest")
 
 SERVICE = "gpufleet.v1.Ingest"
 HELLO_TIMEOUT_S = 30.0
-MAX_INFLIGHT_PER_STREAM = 512
 
 
 @dataclass
@@ -64,8 +63,9 @@ class _Session:
     peer: str
     out: asyncio.Queue[ingest_pb2.AggregatorMessage | _End | None]
     last_message_monotonic: float = field(default_factory=time.monotonic)
-    inflight: asyncio.Semaphore = field(default_factory=lambda: asyncio.Semaphore(MAX_INFLIGHT_PER_STREAM))
-    tasks: set[asyncio.Task[None]] = field(default_factory=set)
+    inflight: int = 0  # reports submitted to the writer, not yet durable
+    drained: asyncio.Event = field(default_factory=asyncio.Event)  # set when inflight is 0
+    closed: bool = False
 
 
 @dataclass
@@ -209,8 +209,7 @@ class IngestService:
         finally:
             reader.cancel()
             await asyncio.gather(reader, return_exceptions=True)
-            for task in list(session.tasks):
-                task.cancel()
+            session.closed = True
             self._metrics.streams_open.dec()
             if self._streams.get(node) is session:
                 del self._streams[node]
@@ -259,7 +258,9 @@ class IngestService:
             self._metrics.reject("transport", exc.code().name)
             log.warning("collector stream broke: %s %s", exc.code().name, exc.details(), extra={"node": node})
         # Let in-flight writes finish so their acks still go out, then end the stream.
-        await asyncio.gather(*session.tasks, return_exceptions=True)
+        if session.inflight:
+            session.drained.clear()
+            await session.drained.wait()
         session.out.put_nowait(None)
 
     async def _accept(self, session: _Session, report: telemetry_pb2.NodeReport) -> None:
@@ -271,6 +272,8 @@ class IngestService:
                 self._limits.retention_s,
                 self._limits.max_clock_skew_s,
             )
+            points = report_to_points(report)
+            check_values(report, points)
         except Rejection as r:
             self._metrics.reject(r.reason, r.code.name)
             log.warning(
@@ -284,26 +287,27 @@ class IngestService:
                 )
             )
             return
-        await session.inflight.acquire()
-        task = asyncio.create_task(self._persist(session, report))
-        session.tasks.add(task)
-        task.add_done_callback(session.tasks.discard)
+        await self._writer.wait_for_room()
+        session.inflight += 1
+        self._writer.submit(points, lambda error: self._durable(session, report, error))
 
-    async def _persist(self, session: _Session, report: telemetry_pb2.NodeReport) -> None:
-        try:
-            await self._writer.write(report_to_points(report))
-        except StoreError as exc:
+    def _durable(self, session: _Session, report: telemetry_pb2.NodeReport, error: StoreError | None) -> None:
+        """Called by the writer once the report is durable (error None) or could not be made so."""
+        session.inflight -= 1
+        if not session.inflight:
+            session.drained.set()
+        if error is not None:
             # Not acknowledged: the collector keeps the report and replays it on reconnect.
             session.out.put_nowait(
                 _End(
                     grpc.StatusCode.UNAVAILABLE,
-                    f"the store could not make report seq {report.seq} durable ({exc}); reconnect and replay",
+                    f"the store could not make report seq {report.seq} durable ({error}); "
+                    "reconnect and replay",
                 )
             )
             return
-        finally:
-            session.inflight.release()
         self._fleet.on_report(report, time.time_ns())
         self._metrics.reports_accepted.inc()
         self._metrics.gpu_samples.inc(len(report.gpus))
-        session.out.put_nowait(ingest_pb2.AggregatorMessage(ack=ingest_pb2.Ack(seqs=[report.seq])))
+        if not session.closed:
+            session.out.put_nowait(ingest_pb2.AggregatorMessage(ack=ingest_pb2.Ack(seqs=[report.seq])))

@@ -82,6 +82,10 @@ ENGINE_VALUE_FIELDS = [
 ]
 
 
+# name -> (low, high), for the hot path: `low <= v <= high` is also False for NaN.
+BOUNDS: dict[str, tuple[float, float]] = {m.name: (m.low, m.high) for m in METRICS.values()}
+
+
 def check_value(metric: str, value: float) -> str | None:
     """None if value is plausible for metric, else why not."""
     spec = METRICS.get(metric)
@@ -98,14 +102,16 @@ def report_to_points(report: telemetry_pb2.NodeReport) -> list[Point]:
     node, cluster = report.node, report.cluster
     points: list[Point] = []
     for gpu in report.gpus:
+        # HasField over a precomputed name list: about twice as fast as ListFields() here,
+        # and this runs for every GPU of every report.
         fields: dict[str, float | int | str | bool] = {
-            f.name: v for f, v in gpu.ListFields() if f.name not in _GPU_IDENTITY
+            n: getattr(gpu, n) for n in GPU_VALUE_FIELDS if gpu.HasField(n)
         }
         fields["lost"] = gpu.lost
         tags = {"node": node, "gpu": str(gpu.index), "uuid": gpu.uuid, "model": gpu.model, "cluster": cluster}
         points.append(Point("gpu", tags, fields, ts))
     for eng in report.engines:
-        fields = {f.name: v for f, v in eng.ListFields() if f.name not in _ENGINE_IDENTITY}
+        fields = {n: getattr(eng, n) for n in ENGINE_VALUE_FIELDS if eng.HasField(n)}
         fields["readable"] = eng.readable
         if eng.unreadable_reason:
             fields["unreadable_reason"] = eng.unreadable_reason

@@ -10,7 +10,8 @@ import time
 
 import grpc
 
-from gpufleet.aggregator.schema import ENGINE_VALUE_FIELDS, GPU_VALUE_FIELDS, check_value
+from gpufleet.aggregator.schema import BOUNDS, check_value
+from gpufleet.aggregator.store import Point
 from gpufleet.protos import ingest_pb2, telemetry_pb2
 
 SUPPORTED_PROTOCOLS = frozenset({1})
@@ -18,6 +19,7 @@ MAX_GPUS_PER_NODE = 64
 MAX_ENGINES_PER_REPORT = 64
 MAX_EVENTS_PER_REPORT = 1000
 _MAX_NAME = 253
+_VALUE_MEASUREMENTS = ("gpu", "engine")
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 
 
@@ -141,7 +143,6 @@ def check_report(
                 grpc.StatusCode.INVALID_ARGUMENT, "gpu_index", f"{where} has GPU index {gpu.index} twice"
             )
         seen.add(gpu.index)
-        _check_fields(f"{where} GPU {gpu.index}", gpu, GPU_VALUE_FIELDS)
         if (
             gpu.HasField("hbm_used_bytes")
             and gpu.HasField("hbm_total_bytes")
@@ -154,7 +155,6 @@ def check_report(
                 f"hbm_total_bytes={gpu.hbm_total_bytes}",
             )
     for eng in report.engines:
-        _check_fields(f"{where} engine {eng.engine}:{eng.port}", eng, ENGINE_VALUE_FIELDS)
         for i in eng.gpu_indices:
             if i >= gpu_count:
                 raise Rejection(
@@ -171,15 +171,26 @@ def check_report(
             )
 
 
-def _check_fields(where: str, message: object, names: list[str]) -> None:
-    for name in names:
-        if not message.HasField(name):  # type: ignore[attr-defined]
+def check_values(report: telemetry_pb2.NodeReport, points: list[Point]) -> None:
+    """Raise Rejection for the first implausible measurement among a report's points.
+
+    Runs on the converted points, so each field is visited once per report (conversion
+    and validation used to walk the protobuf twice: this is the ingest hot path)."""
+    for p in points:
+        if p.measurement not in _VALUE_MEASUREMENTS:
             continue
-        value = getattr(message, name)
-        problem = check_value(name, value)
-        if problem:
+        for name, value in p.fields.items():
+            bounds = BOUNDS.get(name)
+            if bounds is None or bounds[0] <= value <= bounds[1]:
+                continue
+            what = (
+                f"GPU {p.tags['gpu']}"
+                if p.measurement == "gpu"
+                else (f"engine {p.tags['engine']}:{p.tags['port']}")
+            )
             raise Rejection(
                 grpc.StatusCode.INVALID_ARGUMENT,
                 "bad_value",
-                f"{where} has {name}={value!r}, which {problem}; report rejected",
+                f"node {report.node!r}: report seq {report.seq} {what} has {name}={value!r}, "
+                f"which {check_value(name, value)}; report rejected",
             )

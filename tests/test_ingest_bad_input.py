@@ -49,7 +49,7 @@ def good_seqs(agg: AggregatorHandle) -> int:
 
 
 def test_missing_credential_is_unauthenticated(env: tuple[Cluster, AggregatorHandle]) -> None:
-    cluster, agg = env
+    _, agg = env
     before = agg.metric_value("gpufleet_ingest_rejections_total", reason="unauthenticated")
     s = RawStream(agg.ingest, token=None)
     s.send(hello("node-a"))

@@ -126,7 +126,7 @@ def test_retention_removes_only_old_points(store: Store) -> None:
 
 
 def test_odd_tag_values_round_trip(store: Store) -> None:
-    tags = {"node": 'rack 3,node=7 "α"', "gpu": "0", "model": "NVIDIA H100 80GB HBM3"}
+    tags = {"node": 'rack 3,node=7 "α"', "gpu": "0", "model": "NVIDIA H100 80GB HBM3"}  # noqa: RUF001 (unicode on purpose)
     store.write([Point("gpu", tags, {"util_gpu_pct": 1.0}, T0)])
     (got,) = store.query_points("gpu", T0, T0 + 1, {"node": [tags["node"]]})
     assert got.tags == tags

@@ -63,11 +63,14 @@ class EmbeddedStore(Store):
         self._wlock = threading.Lock()
         self._rlock = threading.Lock()
         self._cache_lock = threading.Lock()
-        self._series: dict[tuple[str, str], int] = {}
+        # (measurement, sorted tag items) -> series id. A tuple key, not the stored JSON, so
+        # the write path never serialises tags for a series it already knows.
+        self._series: dict[tuple[str, tuple[tuple[str, str], ...]], int] = {}
         self._series_tags: dict[int, tuple[str, dict[str, str]]] = {}
         for sid, measurement, tags in self._w.execute("SELECT id, measurement, tags FROM series"):
-            self._series[(measurement, tags)] = sid
-            self._series_tags[sid] = (measurement, dict(json.loads(tags)))
+            items = tuple(tuple(pair) for pair in json.loads(tags))
+            self._series[(measurement, items)] = sid
+            self._series_tags[sid] = (measurement, dict(items))
         self._columns: dict[str, set[str]] = {}
         self._load_columns()
 
@@ -100,16 +103,17 @@ class EmbeddedStore(Store):
         if not points:
             return
         with self._wlock:
-            new_series: list[tuple[str, str]] = []
+            new_series: list[tuple[str, tuple[tuple[str, str], ...]]] = []
             try:
                 self._w.execute("BEGIN IMMEDIATE")
                 groups: dict[tuple[str, tuple[str, ...]], list[tuple]] = defaultdict(list)
                 for p in points:
-                    key = (p.measurement, json.dumps(sorted(p.tags.items()), ensure_ascii=False))
+                    key = (p.measurement, tuple(sorted(p.tags.items())))
                     sid = self._series.get(key)
                     if sid is None:
                         sid = self._w.execute(
-                            "INSERT INTO series (measurement, tags) VALUES (?, ?)", key
+                            "INSERT INTO series (measurement, tags) VALUES (?, ?)",
+                            (p.measurement, json.dumps(key[1], ensure_ascii=False)),
                         ).lastrowid
                         self._series[key] = sid
                         new_series.append(key)
@@ -137,7 +141,7 @@ class EmbeddedStore(Store):
                 raise StoreError(f"embedded store write of {len(points)} points failed: {exc}") from exc
             with self._cache_lock:
                 for key in new_series:
-                    self._series_tags[self._series[key]] = (key[0], dict(json.loads(key[1])))
+                    self._series_tags[self._series[key]] = (key[0], dict(key[1]))
 
     # --- reading -------------------------------------------------------------------
     def _series_ids(
