@@ -22,9 +22,9 @@ import gpufleet
 from gpufleet.aggregator.auth import Authenticator, AuthError, bearer
 from gpufleet.aggregator.fleet_state import FleetState
 from gpufleet.aggregator.metrics import AggregatorMetrics
-from gpufleet.aggregator.schema import report_to_points
+from gpufleet.aggregator.schema import PointConverter
 from gpufleet.aggregator.store import StoreError
-from gpufleet.aggregator.validation import Rejection, check_hello, check_report, check_values
+from gpufleet.aggregator.validation import Rejection, check_hello, check_report, convert
 from gpufleet.aggregator.writer import GroupCommitWriter
 from gpufleet.protos import ingest_pb2, telemetry_pb2
 
@@ -90,6 +90,7 @@ class IngestService:
         self._metrics = metrics
         self._limits = limits
         self._streams: dict[str, _Session] = {}
+        self._converter = PointConverter()
 
     def handler(self) -> grpc.GenericRpcHandler:
         method = grpc.stream_stream_rpc_method_handler(
@@ -272,8 +273,7 @@ class IngestService:
                 self._limits.retention_s,
                 self._limits.max_clock_skew_s,
             )
-            points = report_to_points(report)
-            check_values(report, points)
+            points = convert(self._converter, report)
         except Rejection as r:
             self._metrics.reject(r.reason, r.code.name)
             log.warning(
@@ -287,7 +287,8 @@ class IngestService:
                 )
             )
             return
-        await self._writer.wait_for_room()
+        if not self._writer.has_room:
+            await self._writer.wait_for_room()
         session.inflight += 1
         self._writer.submit(points, lambda error: self._durable(session, report, error))
 

@@ -10,7 +10,7 @@ import time
 
 import grpc
 
-from gpufleet.aggregator.schema import BOUNDS, check_value
+from gpufleet.aggregator.schema import BadValue, PointConverter
 from gpufleet.aggregator.store import Point
 from gpufleet.protos import ingest_pb2, telemetry_pb2
 
@@ -19,7 +19,6 @@ MAX_GPUS_PER_NODE = 64
 MAX_ENGINES_PER_REPORT = 64
 MAX_EVENTS_PER_REPORT = 1000
 _MAX_NAME = 253
-_VALUE_MEASUREMENTS = ("gpu", "engine")
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 
 
@@ -171,26 +170,14 @@ def check_report(
             )
 
 
-def check_values(report: telemetry_pb2.NodeReport, points: list[Point]) -> None:
-    """Raise Rejection for the first implausible measurement among a report's points.
-
-    Runs on the converted points, so each field is visited once per report (conversion
-    and validation used to walk the protobuf twice: this is the ingest hot path)."""
-    for p in points:
-        if p.measurement not in _VALUE_MEASUREMENTS:
-            continue
-        for name, value in p.fields.items():
-            bounds = BOUNDS.get(name)
-            if bounds is None or bounds[0] <= value <= bounds[1]:
-                continue
-            what = (
-                f"GPU {p.tags['gpu']}"
-                if p.measurement == "gpu"
-                else (f"engine {p.tags['engine']}:{p.tags['port']}")
-            )
-            raise Rejection(
-                grpc.StatusCode.INVALID_ARGUMENT,
-                "bad_value",
-                f"node {report.node!r}: report seq {report.seq} {what} has {name}={value!r}, "
-                f"which {check_value(name, value)}; report rejected",
-            )
+def convert(converter: PointConverter, report: telemetry_pb2.NodeReport) -> list[Point]:
+    """The report's points; Rejection if a measurement is implausible (checked as converted,
+    so each field is visited once: this is the ingest hot path)."""
+    try:
+        return converter.convert(report)
+    except BadValue as bad:
+        raise Rejection(
+            grpc.StatusCode.INVALID_ARGUMENT,
+            "bad_value",
+            f"node {report.node!r}: report seq {report.seq} {bad}; report rejected",
+        ) from None

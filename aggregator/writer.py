@@ -50,6 +50,10 @@ class GroupCommitWriter:
     def start(self) -> None:
         self._task = asyncio.create_task(self._run(), name="group-commit-writer")
 
+    @property
+    def has_room(self) -> bool:
+        return self._room.is_set()
+
     async def wait_for_room(self) -> None:
         await self._room.wait()
 

@@ -11,7 +11,7 @@ from conftest import Cluster, free_port, wait_until
 from gpufleet.protos import fleet_pb2
 
 pytest.importorskip("streamlit")
-from streamlit.testing.v1 import AppTest  # noqa: E402
+from streamlit.testing.v1 import AppTest
 
 APP = str(Path(__file__).resolve().parent.parent / "dashboard" / "app.py")
 
@@ -32,11 +32,25 @@ def test_overview_node_and_history_pages(cluster: Cluster, monkeypatch: pytest.M
         cluster.collector(node, agg.ingest, "--interval-s", "0.2", "--sim-gpus", "4")
     viewer = cluster.secrets.tokens["viewer"]
     stub = agg.fleet_stub()
-    wait_until(lambda: len(stub.ListNodes(fleet_pb2.ListNodesRequest(),
-                                          metadata=(("authorization", f"Bearer {viewer}"),)).nodes) == 2
-               and len(stub.QueryHistory(fleet_pb2.HistoryRequest(metric="util_gpu_pct", nodes=["dash-1"]),
-                                         metadata=(("authorization", f"Bearer {viewer}"),)).series) == 4,
-               30, "two nodes with history")
+    wait_until(
+        lambda: (
+            len(
+                stub.ListNodes(
+                    fleet_pb2.ListNodesRequest(), metadata=(("authorization", f"Bearer {viewer}"),)
+                ).nodes
+            )
+            == 2
+            and len(
+                stub.QueryHistory(
+                    fleet_pb2.HistoryRequest(metric="util_gpu_pct", nodes=["dash-1"]),
+                    metadata=(("authorization", f"Bearer {viewer}"),),
+                ).series
+            )
+            == 4
+        ),
+        30,
+        "two nodes with history",
+    )
     at = app(monkeypatch, agg.fleet, viewer).run()
     assert not at.exception, at.exception
     metrics = {m.label: m.value for m in at.metric}

@@ -10,14 +10,16 @@ from __future__ import annotations
 import abc
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 FieldValue = float | int | str | bool
 
 AGGREGATES = ("mean", "max", "min", "p95", "last", "count")
 
 
-@dataclass(frozen=True, slots=True)
-class Point:
+class Point(NamedTuple):
+    # A NamedTuple rather than a frozen dataclass: built 16,000 times a second at fleet
+    # scale, and tuple construction is several times cheaper than a frozen __init__.
     measurement: str
     tags: Mapping[str, str]
     fields: Mapping[str, FieldValue]

@@ -99,6 +99,28 @@ class EmbeddedStore(Store):
                 self._w.execute(f"ALTER TABLE {table} ADD COLUMN {_ident(name, 'field')}")
                 cols.add(name)
 
+    def _series_id(self, p: Point, new_series: list[tuple[str, tuple[tuple[str, str], ...]]]) -> int:
+        """The series id of a point's measurement + tags, creating the series if it is new.
+        Called inside the write transaction; keys it adds are listed in new_series."""
+        # Look up by the tags in the order given first: a writer that always builds its tags
+        # the same way (ours does) never pays for a sort after a series' first point.
+        as_given = (p.measurement, tuple(p.tags.items()))
+        sid = self._series.get(as_given)
+        if sid is not None:
+            return sid
+        key = (p.measurement, tuple(sorted(as_given[1])))
+        sid = self._series.get(key)
+        if sid is None:
+            sid = self._w.execute(
+                "INSERT INTO series (measurement, tags) VALUES (?, ?)",
+                (p.measurement, json.dumps(key[1], ensure_ascii=False)),
+            ).lastrowid
+            self._series[key] = sid
+            new_series.append(key)
+        self._series[as_given] = sid
+        new_series.append(as_given)
+        return sid
+
     def write(self, points: Sequence[Point]) -> None:
         if not points:
             return
@@ -108,17 +130,8 @@ class EmbeddedStore(Store):
                 self._w.execute("BEGIN IMMEDIATE")
                 groups: dict[tuple[str, tuple[str, ...]], list[tuple]] = defaultdict(list)
                 for p in points:
-                    key = (p.measurement, tuple(sorted(p.tags.items())))
-                    sid = self._series.get(key)
-                    if sid is None:
-                        sid = self._w.execute(
-                            "INSERT INTO series (measurement, tags) VALUES (?, ?)",
-                            (p.measurement, json.dumps(key[1], ensure_ascii=False)),
-                        ).lastrowid
-                        self._series[key] = sid
-                        new_series.append(key)
-                    names = tuple(p.fields)
-                    groups[(p.measurement, names)].append((sid, p.time_unix_ns, *p.fields.values()))
+                    sid = self._series_id(p, new_series)
+                    groups[(p.measurement, tuple(p.fields))].append((sid, p.time_unix_ns, *p.fields.values()))
                 for (measurement, names), rows in groups.items():
                     self._ensure_columns(measurement, names)
                     cols = ", ".join(_ident(n, "field") for n in names)

@@ -1,0 +1,11 @@
+#!/usr/bin/env bash
+# One command from a fresh clone to the whole test suite: sets up .venv with the dev and
+# dashboard extras, then lint (ruff) and every test (pytest, which also checks that the
+# generated protobuf code matches protos/*.proto). Extra arguments go to pytest.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+scripts/bootstrap.sh dev,dashboard
+echo "== ruff"
+.venv/bin/ruff check .
+echo "== pytest"
+exec .venv/bin/python -m pytest "$@"
