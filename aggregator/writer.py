@@ -65,20 +65,6 @@ class GroupCommitWriter:
             self._room.clear()
         self._wake.set()
 
-    async def write(self, points: list[Point]) -> None:
-        """Awaitable form of submit(), for callers that write rarely."""
-        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-
-        def done(error: StoreError | None) -> None:
-            if error is None:
-                future.set_result(None)
-            else:
-                future.set_exception(error)
-
-        await self.wait_for_room()
-        self.submit(points, done)
-        await future
-
     def _take_batch(self) -> list[tuple[list[Point], Done]]:
         """The oldest pending reports, up to max_batch_points points (at least one report)."""
         n = cut = 0

@@ -149,6 +149,7 @@ def run_demo(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGINT, on_signal)
     signal.signal(signal.SIGTERM, on_signal)
     try:
+        print(f"starting the aggregator (data in {data_dir}) ...", flush=True)
         aggregator = demo.spawn(
             "aggregator",
             _gpufleet(
@@ -174,6 +175,9 @@ def run_demo(args: argparse.Namespace) -> int:
             aggregator,
         )
         nodes = [f"demo-node-{i + 1:02d}" for i in range(args.nodes)]
+        print(
+            f"starting {len(nodes)} collectors with {args.gpus_per_node} simulated GPUs each ...", flush=True
+        )
         for i, node in enumerate(nodes):
             model = DEMO_MODELS[i % len(DEMO_MODELS)] if args.gpu_model == "mixed" else args.gpu_model
             demo.spawn(
@@ -216,6 +220,7 @@ def run_demo(args: argparse.Namespace) -> int:
             ]
             return len(live) == len(nodes)
 
+        print("waiting for every node to report ...", flush=True)
         _wait_for(f"waiting for {len(nodes)} nodes to report", all_reporting, 60, demo, aggregator)
         dashboard_line = "dashboard: off (--no-dashboard)"
         if not args.no_dashboard:

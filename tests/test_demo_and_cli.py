@@ -87,43 +87,25 @@ def test_node_shows_every_gpu(demo: tuple[dict[str, str], Path]) -> None:
     assert missing.returncode == 5 and "not known to this aggregator" in missing.stderr
 
 
+def history_json(env: dict[str, str], step: str) -> dict[str, object]:
+    r = cli(
+        env, "history", "util_gpu_pct", "--node", "demo-node-01", "--since", "10m", "--step", step, "--json"
+    )
+    assert r.returncode == 0, r.stderr
+    return json.loads(r.stdout)
+
+
 def test_history_returns_a_time_series(demo: tuple[dict[str, str], Path]) -> None:
     env, _ = demo
 
     def series() -> list[dict[str, object]]:
-        r = cli(
-            env,
-            "history",
-            "util_gpu_pct",
-            "--node",
-            "demo-node-01",
-            "--since",
-            "10m",
-            "--step",
-            "1s",
-            "--json",
-        )
-        assert r.returncode == 0, r.stderr
-        got = json.loads(r.stdout)["series"]
+        got = history_json(env, "1s")["series"]
         return got if got and all(len(s["points"]) >= 3 for s in got) else []
 
     got = wait_until(series, 30, "three 1-second buckets of history")
     assert len(got) == 8 and {s["tags"]["node"] for s in got} == {"demo-node-01"}
     assert all(0 <= p["value"] <= 100 for s in got for p in s["points"])
-    minute = json.loads(
-        cli(
-            env,
-            "history",
-            "util_gpu_pct",
-            "--node",
-            "demo-node-01",
-            "--since",
-            "10m",
-            "--step",
-            "1m",
-            "--json",
-        ).stdout
-    )
+    minute = history_json(env, "1m")
     assert minute["step_s"] == 60 and len(minute["series"]) == 8
     rows = list(
         csv.DictReader(
