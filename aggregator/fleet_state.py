@@ -70,10 +70,12 @@ class FleetState:
 
     def on_report(self, report: telemetry_pb2.NodeReport, heard_ns: int) -> None:
         live = self._node(report.node)
-        live.events.extend(report.events)
         live.last_heard_ns = max(live.last_heard_ns, heard_ns)
+        if report.boot_id == live.boot_id and report.seq <= live.last_seq:
+            return  # a replay of a report already applied: its events are already listed
+        live.events.extend(report.events)
         if report.time_unix_ns < live.last_report_ns:
-            return  # a replay of an older report: the live values are newer already
+            return  # older than what the view shows: keep the newer live values
         live.last_report_ns = report.time_unix_ns
         live.last_seq = report.seq
         live.cluster = report.cluster

@@ -120,3 +120,15 @@ def test_an_older_replayed_report_does_not_overwrite_newer_live_values() -> None
     state.on_report(new, 5)
     state.on_report(old, 6)
     assert state.nodes["n1"].gpus[0].util_gpu_pct == 90.0 and state.nodes["n1"].last_seq == 5
+
+
+def test_a_replayed_report_does_not_list_its_events_twice() -> None:
+    state = FleetState()
+    state.on_hello(
+        ingest_pb2.Hello(node="n1", boot_id="b", interval_s=1.0, gpus=[telemetry_pb2.GpuIdentity(index=0)])
+    )
+    report = telemetry_pb2.NodeReport(node="n1", boot_id="b", seq=1, time_unix_ns=1_000)
+    report.events.add(kind=vocabulary_pb2.EVENT_KIND_GPU_LOST, gpu_index=0, time_unix_ns=1_000)
+    state.on_report(report, 5)
+    state.on_report(report, 6)  # the collector replays it after a reconnect
+    assert len(state.nodes["n1"].events) == 1
