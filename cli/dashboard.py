@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -41,4 +40,6 @@ def run_dashboard(args: argparse.Namespace) -> int:
         "--browser.gatherUsageStats",
         "false",
     ]
-    return subprocess.call(argv, env=env)
+    # exec, not a child process: a supervisor's SIGTERM then reaches Streamlit itself
+    # instead of orphaning it.
+    os.execve(sys.executable, argv, env)

@@ -9,6 +9,7 @@ by default, so `gpufleet nodes` in another shell finds it. The file is removed o
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib.util
 import json
 import os
@@ -82,13 +83,17 @@ class Demo:
     def stop(self) -> None:
         for child in reversed(self.children):
             if child.proc.poll() is None:
-                child.proc.send_signal(signal.SIGTERM)
+                # Each child leads its own process group: signal the group, so nothing it
+                # started outlives the demo.
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(child.proc.pid, signal.SIGTERM)
         deadline = time.monotonic() + 10
         for child in self.children:
             try:
                 child.proc.wait(timeout=max(0.1, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
-                child.proc.kill()
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(child.proc.pid, signal.SIGKILL)
                 child.proc.wait()
         if self.client_config and self.client_config.exists():
             try:

@@ -61,32 +61,22 @@ def overview() -> None:
         nodes = nodes[nodes["state"].isin(wanted_states)]
     column = HEAT_METRICS[shown]
     domain = [0, 100] if column.endswith("_pct") else None
-    heat = (
-        alt.Chart(gpus)
-        .mark_rect()
-        .encode(
-            x=alt.X("gpu:O", title="GPU index"),
-            y=alt.Y("node:N", title=None, sort="ascending"),
-            color=alt.Color(
-                f"{column}:Q",
-                title=shown,
-                scale=alt.Scale(scheme="viridis", domain=domain) if domain else alt.Scale(scheme="viridis"),
-            ),
-            tooltip=[
-                "node",
-                "gpu",
-                "model",
-                "uuid",
-                "state",
-                "lost",
-                alt.Tooltip(f"{column}:Q", format=".1f"),
-            ],
-        )
-        .properties(height=max(120, 18 * gpus["node"].nunique()))
+    scale = alt.Scale(scheme="viridis", domain=domain) if domain else alt.Scale(scheme="viridis")
+    n_nodes = max(1, gpus["node"].nunique())
+    row_px = 26 if n_nodes <= 40 else max(3, 1000 // n_nodes)  # readable labels, or fit a big fleet
+    base = alt.Chart(gpus).encode(
+        x=alt.X("gpu:O", title="GPU index"),
+        y=alt.Y("node:N", title=None, sort="ascending", axis=alt.Axis(labels=row_px >= 10)),
+        tooltip=["node", "gpu", "model", "uuid", "state", "lost", alt.Tooltip(f"{column}:Q", format=".1f")],
     )
+    # Grey underneath, value on top: a GPU that did not report the value stays grey.
+    heat = alt.layer(
+        base.mark_rect(color="#d9d9d9"),
+        base.mark_rect().encode(color=alt.Color(f"{column}:Q", title=shown, scale=scale)),
+    ).properties(height=alt.Step(row_px))
     st.altair_chart(heat, use_container_width=True)
     st.caption("Grey cells: the GPU did not report this value (absent, not zero).")
-    st.dataframe(nodes, hide_index=True, use_container_width=True)
+    st.dataframe(nodes.round(1), hide_index=True, use_container_width=True)
 
 
 def node_page() -> None:
