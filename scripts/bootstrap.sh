@@ -27,7 +27,13 @@ stamp=".venv/.gpufleet-installed"
 want="$(sha256sum pyproject.toml | cut -d' ' -f1) $extras"
 if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   echo "bootstrap: installing gpufleet[$extras] into .venv (first time takes a minute or two)"
-  .venv/bin/python -m pip install --quiet --disable-pip-version-check --upgrade pip
-  .venv/bin/python -m pip install --quiet --disable-pip-version-check -e ".[$extras]"
+  log=".venv/bootstrap-pip.log"
+  # pip's output goes to a log, shown only if the install fails.
+  if ! { .venv/bin/python -m pip install --disable-pip-version-check --upgrade pip &&
+         .venv/bin/python -m pip install --disable-pip-version-check -e ".[$extras]"; } >"$log" 2>&1; then
+    tail -n 40 "$log" >&2
+    echo "bootstrap: pip install failed; the full log is $log" >&2
+    exit 1
+  fi
   echo "$want" > "$stamp"
 fi
