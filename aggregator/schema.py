@@ -41,6 +41,29 @@ METRICS: dict[str, Metric] = {
         Metric("power_w", "gpu", "W", "board power draw", 0, 5000),
         Metric("power_limit_w", "gpu", "W", "enforced power limit", 0, 5000),
         Metric("lost", "gpu", "bool", "1 when NVML answered GPU_IS_LOST", 0, 1),
+        Metric("clock_sm_mhz", "gpu", "MHz", "SM clock", 0, 10_000),
+        Metric("clock_mem_mhz", "gpu", "MHz", "memory clock", 0, 50_000),
+        Metric("clock_event_reasons", "gpu", "bitmask", "NVML clock-event (throttle) reasons", 0, 2**63),
+        Metric("throttle_thermal", "gpu", "bool", "thermal slowdown active", 0, 1),
+        Metric("throttle_power", "gpu", "bool", "power cap or power brake active", 0, 1),
+        Metric("ecc_sbe_volatile", "gpu", "errors", "corrected ECC errors since driver load", 0, 2**63),
+        Metric("ecc_dbe_volatile", "gpu", "errors", "uncorrected ECC errors since driver load", 0, 2**63),
+        Metric("ecc_sbe_aggregate", "gpu", "errors", "corrected ECC errors, lifetime", 0, 2**63),
+        Metric("ecc_dbe_aggregate", "gpu", "errors", "uncorrected ECC errors, lifetime", 0, 2**63),
+        Metric("retired_pages_sbe", "gpu", "pages", "pages retired for single-bit errors", 0, 2**32),
+        Metric("retired_pages_dbe", "gpu", "pages", "pages retired for double-bit errors", 0, 2**32),
+        Metric("retired_pages_pending", "gpu", "bool", "a page retirement waits for a reset", 0, 1),
+        Metric("remap_correctable", "gpu", "rows", "rows remapped for correctable errors", 0, 2**32),
+        Metric("remap_uncorrectable", "gpu", "rows", "rows remapped for uncorrectable errors", 0, 2**32),
+        Metric("remap_pending", "gpu", "bool", "a row remap waits for a GPU reset", 0, 1),
+        Metric("remap_failure", "gpu", "bool", "a row remap failed", 0, 1),
+        Metric("pcie_replay_total", "gpu", "count", "PCIe replays (counter)", 0, 2**63),
+        Metric("nvlink_links_active", "gpu", "links", "NVLink links up", 0, 64),
+        Metric("nvlink_links_inactive", "gpu", "links", "NVLink links down", 0, 64),
+        Metric("nvlink_replay_total", "gpu", "count", "NVLink replay errors, all links", 0, 2**63),
+        Metric("nvlink_recovery_total", "gpu", "count", "NVLink recovery errors, all links", 0, 2**63),
+        Metric("nvlink_crc_total", "gpu", "count", "NVLink CRC errors, all links", 0, 2**63),
+        Metric("process_count", "gpu", "processes", "compute processes on the GPU", 0, 100_000),
         Metric("kv_cache_usage_ratio", "engine", "ratio", "KV-cache blocks in use", 0, 1),
         Metric("requests_running", "engine", "requests", "requests being decoded", 0, 1e7),
         Metric("requests_waiting", "engine", "requests", "requests queued", 0, 1e9),
@@ -66,7 +89,7 @@ METRICS: dict[str, Metric] = {
 }
 
 # Fields of the wire messages that are identity, not measurements.
-_GPU_IDENTITY = {"index", "uuid", "model", "pci_bus_id", "lost"}
+_GPU_IDENTITY = {"index", "uuid", "model", "pci_bus_id", "lost", "processes"}
 _ENGINE_IDENTITY = {
     "engine",
     "model",
@@ -210,13 +233,14 @@ def _engine_event_collector_points(
                 "seq": report.seq,
                 "boot_id": report.boot_id,
                 "interval_s": report.interval_s,
-                "gpu_count": len(report.gpus),
                 "reports_dropped_total": stats.reports_dropped_total,
                 "reports_rejected_total": stats.reports_rejected_total,
                 "unacked_reports": stats.unacked_reports,
                 "reconnects_total": stats.reconnects_total,
                 "sample_errors_total": stats.sample_errors_total,
                 "sample_duration_s": stats.sample_duration_s,
+                # An event-only report (XIDs pushed between ticks) says nothing of the GPU count.
+                **({"gpu_count": len(report.gpus)} if report.gpus else {}),
             },
             ts,
         )

@@ -48,6 +48,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--duration", type=float, default=0.0, help="stop after this many seconds (default: run until Ctrl-C)"
     )
     p.add_argument("--data-dir", default=None, help=f"default {default_data_dir()}")
+    p.add_argument(
+        "--scenario", default=None, help="TOML file of GPU faults to inject (e.g. examples/gpu-faults.toml)"
+    )
     p.add_argument("--no-dashboard", action="store_true", help="do not start the dashboard")
     p.add_argument("--dashboard-port", type=int, default=8501)
 
@@ -131,6 +134,13 @@ def run_demo(args: argparse.Namespace) -> int:
             f"gpufleet demo: unknown --gpu-model {args.gpu_model!r}; choose "
             f"{', '.join(GPU_PROFILES)} or mixed"
         )
+    if args.scenario:
+        from gpufleet.collector.simnvml.scenario import ScenarioError, load
+
+        try:
+            load(args.scenario)  # refuse a bad file before anything starts
+        except ScenarioError as exc:
+            raise SystemExit(f"gpufleet demo: {exc}") from None
     data_dir = Path(args.data_dir) if args.data_dir else default_data_dir()
     data_dir.mkdir(parents=True, exist_ok=True)
     demo = Demo(data_dir)
@@ -203,6 +213,7 @@ def run_demo(args: argparse.Namespace) -> int:
                     str(args.interval),
                     "--aggregator",
                     bound["ingest"],
+                    *(["--sim-scenario", str(Path(args.scenario).resolve())] if args.scenario else []),
                 ),
                 env={"GPUFLEET_COLLECTOR_TOKEN": collector_token(secret, node)},
             )

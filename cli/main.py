@@ -55,6 +55,9 @@ def build_parser() -> argparse.ArgumentParser:
         CollectorConfig,
         "collector",
     )
+    probe = col_sub.add_parser("probe", help="one sample of this node's GPUs, printed")
+    settings.add_flags(probe, CollectorConfig, "collector")
+    probe.add_argument("--json", action="store_true")
 
     agg = sub.add_parser("aggregator", help="the control-plane aggregator")
     agg_sub = agg.add_subparsers(dest="action", required=True)
@@ -121,13 +124,18 @@ def _run_component(args: argparse.Namespace) -> int:
     file_data = settings.load_file(path)
     if args.command == "collector":
         from gpufleet.collector.main import run_collector
+        from gpufleet.collector.simnvml.scenario import ScenarioError
         from gpufleet.collector.sources.nvml import NvmlUnavailable
 
         config = settings.resolve(CollectorConfig, "collector", args, os.environ, file_data, str(path))
         configure_logging(args.log_level, component="collector", node=config.node)
         try:
+            if args.action == "probe":
+                from gpufleet.cli.probe import run_probe
+
+                return run_probe(args, config)
             asyncio.run(run_collector(config))
-        except NvmlUnavailable as exc:
+        except (NvmlUnavailable, ScenarioError) as exc:
             print(f"gpufleet collector: {exc}", file=sys.stderr)
             return EXIT_CONFIG
         return 0

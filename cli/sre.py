@@ -130,6 +130,26 @@ def print_nodes(resp: fleet_pb2.ListNodesResponse, as_json: bool) -> None:
     )
 
 
+def gpu_health(g: telemetry_pb2.GpuSample) -> str:
+    """The signals an SRE looks at first, in a few words; 'ok' when none is raised."""
+    if g.lost:
+        return "LOST"
+    notes = []
+    if g.ecc_dbe_volatile:
+        notes.append(f"ecc-dbe={g.ecc_dbe_volatile}")
+    if g.remap_failure:
+        notes.append("remap-FAILED")
+    elif g.remap_pending or g.retired_pages_pending:
+        notes.append("reset-pending")
+    if g.throttle_thermal:
+        notes.append("thermal-slowdown")
+    if g.throttle_power:
+        notes.append("power-slowdown")
+    if g.nvlink_links_inactive:
+        notes.append(f"nvlink-down={g.nvlink_links_inactive}")
+    return " ".join(notes) or "ok"
+
+
 def gpu_row(g: telemetry_pb2.GpuSample) -> list[str]:
     power = _fmt(_opt(g, "power_w"))
     if g.HasField("power_limit_w"):
@@ -139,7 +159,7 @@ def gpu_row(g: telemetry_pb2.GpuSample) -> list[str]:
         g.model,
         g.uuid,
         g.pci_bus_id,
-        "LOST" if g.lost else "ok",
+        gpu_health(g),
         _fmt(_opt(g, "util_gpu_pct")),
         _fmt(_opt(g, "util_mem_pct")),
         f"{gib(_opt(g, 'hbm_used_bytes'))}/{gib(_opt(g, 'hbm_total_bytes'))}",

@@ -71,6 +71,7 @@ class CollectorAgent:
         self._sample_duration_s = 0.0
         self._welcomed = False
         self._command_tasks: set[asyncio.Task[None]] = set()
+        self._sampling_stopped = asyncio.Event()
 
     # --- sampling ------------------------------------------------------------------
     async def sample_once(self) -> telemetry_pb2.NodeReport:
@@ -88,17 +89,36 @@ class CollectorAgent:
             interval_s=self.config.interval_s,
             gpus=gpus,
             events=self._lost_events(gpus, started_ns),
-            stats=telemetry_pb2.CollectorStats(
-                reports_dropped_total=self.buffer.dropped_total,
-                reports_rejected_total=self.buffer.rejected_total,
-                unacked_reports=len(self.buffer),
-                reconnects_total=self.reconnects_total,
-                sample_errors_total=self.source.errors_total,
-                sample_duration_s=self._sample_duration_s,
-            ),
+            stats=self._stats(),
         )
         self.buffer.add(report)
         return report
+
+    def push_events(self, events: list[telemetry_pb2.Event]) -> telemetry_pb2.NodeReport:
+        """Send events now, in a report of their own, rather than at the next sampling tick."""
+        self.seq += 1
+        report = telemetry_pb2.NodeReport(
+            node=self.config.node,
+            cluster=self.config.cluster,
+            boot_id=self.boot_id,
+            seq=self.seq,
+            time_unix_ns=time.time_ns(),
+            interval_s=self.config.interval_s,
+            events=events,
+            stats=self._stats(),
+        )
+        self.buffer.add(report)
+        return report
+
+    def _stats(self) -> telemetry_pb2.CollectorStats:
+        return telemetry_pb2.CollectorStats(
+            reports_dropped_total=self.buffer.dropped_total,
+            reports_rejected_total=self.buffer.rejected_total,
+            unacked_reports=len(self.buffer),
+            reconnects_total=self.reconnects_total,
+            sample_errors_total=self.source.errors_total,
+            sample_duration_s=self._sample_duration_s,
+        )
 
     def _lost_events(self, gpus: list[telemetry_pb2.GpuSample], time_ns: int) -> list[telemetry_pb2.Event]:
         """A GPU_LOST event when a GPU stops answering, GPU_RECOVERED when it answers again."""
@@ -124,6 +144,12 @@ class CollectorAgent:
     async def _sample_loop(self, stop: asyncio.Event) -> None:
         interval = self.config.interval_s
         next_tick = time.monotonic()
+        try:
+            await self._sample_until(stop, interval, next_tick)
+        finally:
+            self._sampling_stopped.set()
+
+    async def _sample_until(self, stop: asyncio.Event, interval: float, next_tick: float) -> None:
         while not stop.is_set():
             await self.sample_once()
             next_tick += interval
@@ -229,8 +255,14 @@ class CollectorAgent:
             log.error("could not report the result of command %s: %s", command.id, exc)
 
     async def _drain_before_exit(self) -> None:
+        async def drained() -> None:
+            # A sample may be in progress when the stop comes: let it land in the buffer
+            # first, or it would be left behind unacknowledged.
+            await self._sampling_stopped.wait()
+            await self.buffer.wait_empty()
+
         try:
-            await asyncio.wait_for(self.buffer.wait_empty(), self.config.shutdown_grace_s)
+            await asyncio.wait_for(drained(), self.config.shutdown_grace_s)
         except TimeoutError:
             log.warning(
                 "exiting with %d unacknowledged report(s) after waiting %.1f s",

@@ -33,6 +33,9 @@ class CollectorConfig:
     simulate: bool = _setting(False, "use simulated GPUs from the stand-in NVML instead of the driver")
     sim_gpus: int = _setting(8, "simulated GPU count (with simulate)")
     sim_model: str = _setting("H100", f"simulated GPU model: {', '.join(GPU_PROFILES)}")
+    sim_scenario: str = _setting(
+        "", "TOML file of faults to inject into the simulated GPUs (see collector/simnvml/scenario.py)"
+    )
     tls_ca: str = _setting("", "PEM CA bundle: connect with TLS and verify the aggregator against it")
     reset_command: str = _setting(
         "",

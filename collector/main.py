@@ -9,29 +9,43 @@ import signal
 from gpufleet.collector.agent import CollectorAgent
 from gpufleet.collector.config import CollectorConfig
 from gpufleet.collector.simnvml import SimulatedNode, SimulatedNvmlLibrary, install
+from gpufleet.collector.simnvml.scenario import ScenarioRunner, load
 from gpufleet.collector.sources.nvml import NvmlSource
+from gpufleet.collector.sources.xid_nvml import NvmlXidWatcher
 
 log = logging.getLogger("gpufleet.collector")
 
 
-def open_source(config: CollectorConfig) -> NvmlSource:
+def open_source(config: CollectorConfig) -> tuple[NvmlSource, ScenarioRunner | None]:
     """NVML through pynvml; with `simulate`, the stand-in library is put beneath pynvml
-    first. Raises NvmlUnavailable (with what to do) when there is no driver."""
+    first (and its fault scenario, if any, is prepared). Raises NvmlUnavailable (with what
+    to do) when there is no driver, ScenarioError for an unusable scenario."""
+    runner = None
     if config.simulate:
-        install(SimulatedNvmlLibrary(SimulatedNode(config.node, config.sim_gpus, config.sim_model)))
-    return NvmlSource()
+        node = SimulatedNode(config.node, config.sim_gpus, config.sim_model)
+        if config.sim_scenario:
+            runner = ScenarioRunner(node, load(config.sim_scenario))
+        install(SimulatedNvmlLibrary(node))
+    return NvmlSource(), runner
 
 
 async def run_collector(config: CollectorConfig) -> None:
-    source = open_source(config)
+    source, scenario = open_source(config)
     agent = CollectorAgent(config, source, simulated=config.simulate)
-    stop = asyncio.Event()
     loop = asyncio.get_running_loop()
+    xids = NvmlXidWatcher(source, lambda event: loop.call_soon_threadsafe(agent.push_events, [event]))
+    xids.start()
+    if scenario:
+        scenario.start()
+    stop = asyncio.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
     try:
         await agent.run(stop)
     finally:
+        if scenario:
+            scenario.stop()
+        xids.stop()
         source.close()
         log.info(
             "collector stopped after seq %d with %d unacknowledged report(s)",

@@ -8,7 +8,7 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class GpuSample(_message.Message):
-    __slots__ = ("index", "uuid", "model", "pci_bus_id", "lost", "util_gpu_pct", "util_mem_pct", "hbm_used_bytes", "hbm_total_bytes", "temp_gpu_c", "temp_mem_c", "power_w", "power_limit_w")
+    __slots__ = ("index", "uuid", "model", "pci_bus_id", "lost", "util_gpu_pct", "util_mem_pct", "hbm_used_bytes", "hbm_total_bytes", "temp_gpu_c", "temp_mem_c", "power_w", "power_limit_w", "clock_sm_mhz", "clock_mem_mhz", "clock_event_reasons", "throttle_thermal", "throttle_power", "ecc_sbe_volatile", "ecc_dbe_volatile", "ecc_sbe_aggregate", "ecc_dbe_aggregate", "retired_pages_sbe", "retired_pages_dbe", "retired_pages_pending", "remap_correctable", "remap_uncorrectable", "remap_pending", "remap_failure", "pcie_replay_total", "nvlink_links_active", "nvlink_links_inactive", "nvlink_replay_total", "nvlink_recovery_total", "nvlink_crc_total", "process_count", "processes")
     INDEX_FIELD_NUMBER: _ClassVar[int]
     UUID_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
@@ -22,6 +22,30 @@ class GpuSample(_message.Message):
     TEMP_MEM_C_FIELD_NUMBER: _ClassVar[int]
     POWER_W_FIELD_NUMBER: _ClassVar[int]
     POWER_LIMIT_W_FIELD_NUMBER: _ClassVar[int]
+    CLOCK_SM_MHZ_FIELD_NUMBER: _ClassVar[int]
+    CLOCK_MEM_MHZ_FIELD_NUMBER: _ClassVar[int]
+    CLOCK_EVENT_REASONS_FIELD_NUMBER: _ClassVar[int]
+    THROTTLE_THERMAL_FIELD_NUMBER: _ClassVar[int]
+    THROTTLE_POWER_FIELD_NUMBER: _ClassVar[int]
+    ECC_SBE_VOLATILE_FIELD_NUMBER: _ClassVar[int]
+    ECC_DBE_VOLATILE_FIELD_NUMBER: _ClassVar[int]
+    ECC_SBE_AGGREGATE_FIELD_NUMBER: _ClassVar[int]
+    ECC_DBE_AGGREGATE_FIELD_NUMBER: _ClassVar[int]
+    RETIRED_PAGES_SBE_FIELD_NUMBER: _ClassVar[int]
+    RETIRED_PAGES_DBE_FIELD_NUMBER: _ClassVar[int]
+    RETIRED_PAGES_PENDING_FIELD_NUMBER: _ClassVar[int]
+    REMAP_CORRECTABLE_FIELD_NUMBER: _ClassVar[int]
+    REMAP_UNCORRECTABLE_FIELD_NUMBER: _ClassVar[int]
+    REMAP_PENDING_FIELD_NUMBER: _ClassVar[int]
+    REMAP_FAILURE_FIELD_NUMBER: _ClassVar[int]
+    PCIE_REPLAY_TOTAL_FIELD_NUMBER: _ClassVar[int]
+    NVLINK_LINKS_ACTIVE_FIELD_NUMBER: _ClassVar[int]
+    NVLINK_LINKS_INACTIVE_FIELD_NUMBER: _ClassVar[int]
+    NVLINK_REPLAY_TOTAL_FIELD_NUMBER: _ClassVar[int]
+    NVLINK_RECOVERY_TOTAL_FIELD_NUMBER: _ClassVar[int]
+    NVLINK_CRC_TOTAL_FIELD_NUMBER: _ClassVar[int]
+    PROCESS_COUNT_FIELD_NUMBER: _ClassVar[int]
+    PROCESSES_FIELD_NUMBER: _ClassVar[int]
     index: int
     uuid: str
     model: str
@@ -35,7 +59,39 @@ class GpuSample(_message.Message):
     temp_mem_c: float
     power_w: float
     power_limit_w: float
-    def __init__(self, index: _Optional[int] = ..., uuid: _Optional[str] = ..., model: _Optional[str] = ..., pci_bus_id: _Optional[str] = ..., lost: _Optional[bool] = ..., util_gpu_pct: _Optional[float] = ..., util_mem_pct: _Optional[float] = ..., hbm_used_bytes: _Optional[int] = ..., hbm_total_bytes: _Optional[int] = ..., temp_gpu_c: _Optional[float] = ..., temp_mem_c: _Optional[float] = ..., power_w: _Optional[float] = ..., power_limit_w: _Optional[float] = ...) -> None: ...
+    clock_sm_mhz: float
+    clock_mem_mhz: float
+    clock_event_reasons: int
+    throttle_thermal: bool
+    throttle_power: bool
+    ecc_sbe_volatile: int
+    ecc_dbe_volatile: int
+    ecc_sbe_aggregate: int
+    ecc_dbe_aggregate: int
+    retired_pages_sbe: int
+    retired_pages_dbe: int
+    retired_pages_pending: bool
+    remap_correctable: int
+    remap_uncorrectable: int
+    remap_pending: bool
+    remap_failure: bool
+    pcie_replay_total: int
+    nvlink_links_active: int
+    nvlink_links_inactive: int
+    nvlink_replay_total: int
+    nvlink_recovery_total: int
+    nvlink_crc_total: int
+    process_count: int
+    processes: _containers.RepeatedCompositeFieldContainer[GpuProcess]
+    def __init__(self, index: _Optional[int] = ..., uuid: _Optional[str] = ..., model: _Optional[str] = ..., pci_bus_id: _Optional[str] = ..., lost: _Optional[bool] = ..., util_gpu_pct: _Optional[float] = ..., util_mem_pct: _Optional[float] = ..., hbm_used_bytes: _Optional[int] = ..., hbm_total_bytes: _Optional[int] = ..., temp_gpu_c: _Optional[float] = ..., temp_mem_c: _Optional[float] = ..., power_w: _Optional[float] = ..., power_limit_w: _Optional[float] = ..., clock_sm_mhz: _Optional[float] = ..., clock_mem_mhz: _Optional[float] = ..., clock_event_reasons: _Optional[int] = ..., throttle_thermal: _Optional[bool] = ..., throttle_power: _Optional[bool] = ..., ecc_sbe_volatile: _Optional[int] = ..., ecc_dbe_volatile: _Optional[int] = ..., ecc_sbe_aggregate: _Optional[int] = ..., ecc_dbe_aggregate: _Optional[int] = ..., retired_pages_sbe: _Optional[int] = ..., retired_pages_dbe: _Optional[int] = ..., retired_pages_pending: _Optional[bool] = ..., remap_correctable: _Optional[int] = ..., remap_uncorrectable: _Optional[int] = ..., remap_pending: _Optional[bool] = ..., remap_failure: _Optional[bool] = ..., pcie_replay_total: _Optional[int] = ..., nvlink_links_active: _Optional[int] = ..., nvlink_links_inactive: _Optional[int] = ..., nvlink_replay_total: _Optional[int] = ..., nvlink_recovery_total: _Optional[int] = ..., nvlink_crc_total: _Optional[int] = ..., process_count: _Optional[int] = ..., processes: _Optional[_Iterable[_Union[GpuProcess, _Mapping]]] = ...) -> None: ...
+
+class GpuProcess(_message.Message):
+    __slots__ = ("pid", "used_memory_bytes")
+    PID_FIELD_NUMBER: _ClassVar[int]
+    USED_MEMORY_BYTES_FIELD_NUMBER: _ClassVar[int]
+    pid: int
+    used_memory_bytes: int
+    def __init__(self, pid: _Optional[int] = ..., used_memory_bytes: _Optional[int] = ...) -> None: ...
 
 class EngineSample(_message.Message):
     __slots__ = ("engine", "model", "port", "endpoint", "gpu_indices", "readable", "unreadable_reason", "kv_cache_usage_ratio", "requests_running", "requests_waiting", "preemptions_total", "prefix_cache_hit_ratio")

@@ -179,3 +179,41 @@ def test_bad_settings_are_named_with_their_source(tmp_path: Path) -> None:
         timeout=60,
     )
     assert r.returncode == 2 and "interval_s=0.0 must be between 0.05 and 3600" in r.stderr
+
+
+def test_collector_probe_prints_one_sample_in_our_schema(tmp_path: Path) -> None:
+    scenario = tmp_path / "s.toml"
+    scenario.write_text(
+        '[[fault]]\nat_s = 0\ngpu = 1\nkind = "not_supported"\nsymbol = "nvmlDeviceGetPowerUsage"\n'
+    )
+    r = subprocess.run(
+        gpufleet_argv(
+            "collector",
+            "probe",
+            "--simulate",
+            "--sim-gpus",
+            "2",
+            "--sim-model",
+            "A100",
+            "--node",
+            "probe-node",
+            "--json",
+        ),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert r.returncode == 0, r.stderr
+    probe = json.loads(r.stdout)
+    assert probe["node"] == "probe-node" and probe["simulated"] is True and probe["nvml_errors"] == 0
+    assert [g["index"] for g in probe["gpus"]] == [0, 1]
+    gpu = probe["gpus"][0]
+    assert gpu["model"] == "NVIDIA A100-SXM4-80GB" and gpu["nvlink_links_active"] == 12
+    assert "retired_pages_pending" not in gpu, "an Ampere GPU remaps rows; retired pages are absent"
+    table = subprocess.run(
+        gpufleet_argv("collector", "probe", "--simulate", "--sim-gpus", "1"),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    ).stdout
+    assert "GPU 0  NVIDIA H100 80GB HBM3" in table and "not reported" in table

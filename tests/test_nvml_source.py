@@ -119,3 +119,154 @@ def test_without_a_driver_nvml_is_unavailable_with_a_way_out() -> None:
         pass
     with pytest.raises(NvmlUnavailable, match="--simulate"):
         NvmlSource()
+
+
+# --- full coverage and faults (collector issue) ------------------------------------------
+
+from gpufleet.collector.simnvml import scenario  # noqa: E402
+from gpufleet.collector.sources.xid_nvml import NvmlXidWatcher  # noqa: E402
+from gpufleet.protos import vocabulary_pb2  # noqa: E402
+
+ALWAYS = {
+    "clock_sm_mhz",
+    "clock_mem_mhz",
+    "clock_event_reasons",
+    "throttle_thermal",
+    "throttle_power",
+    "ecc_sbe_volatile",
+    "ecc_dbe_volatile",
+    "ecc_sbe_aggregate",
+    "ecc_dbe_aggregate",
+    "pcie_replay_total",
+    "process_count",
+}
+REMAP = {"remap_correctable", "remap_uncorrectable", "remap_pending", "remap_failure"}
+RETIRED = {"retired_pages_sbe", "retired_pages_dbe", "retired_pages_pending"}
+NVLINK = {
+    "nvlink_links_active",
+    "nvlink_links_inactive",
+    "nvlink_replay_total",
+    "nvlink_recovery_total",
+    "nvlink_crc_total",
+}
+
+
+@pytest.mark.parametrize(
+    "model,present,absent",
+    [
+        ("H100", ALWAYS | REMAP | NVLINK, RETIRED),
+        ("V100", ALWAYS | RETIRED | NVLINK, REMAP),
+        ("L40S", ALWAYS | REMAP, RETIRED | NVLINK),
+    ],
+)
+def test_every_field_a_gpu_supports_is_read_and_the_rest_is_absent(
+    clock: FakeClock, model: str, present: set[str], absent: set[str]
+) -> None:
+    install(SimulatedNvmlLibrary(SimulatedNode("n", 2, model, seed=3, clock=clock)))
+    try:
+        source = NvmlSource()
+        clock.now += 30
+        sample = source.sample()[0]
+        assert all(sample.HasField(f) for f in present), [f for f in present if not sample.HasField(f)]
+        assert not any(sample.HasField(f) for f in absent)
+        assert source.errors_total == 0
+        if present >= NVLINK:
+            assert sample.nvlink_links_active == GPU_PROFILES[model].nvlink_links
+        assert sample.process_count == len(sample.processes) == 1, "the running job's process"
+    finally:
+        uninstall()
+
+
+def fault(kind: str, **params: object) -> scenario.Fault:
+    return scenario.Fault(at_s=0, gpu=2, kind=kind, **params)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    "injected,check",
+    [
+        (fault("ecc_corrected", count=3), lambda s: s.ecc_sbe_volatile == 3 and s.ecc_sbe_aggregate == 3),
+        (
+            fault("ecc_uncorrected"),
+            lambda s: s.ecc_dbe_volatile == 1 and s.remap_uncorrectable == 1 and s.remap_pending,
+        ),
+        (fault("remap_failure"), lambda s: s.remap_failure and not s.remap_pending),
+        (
+            fault("thermal"),
+            lambda s: s.throttle_thermal and not s.throttle_power and s.clock_event_reasons & 0x60,
+        ),
+        (fault("power"), lambda s: s.throttle_power and s.clock_event_reasons & 0x84 == 0x84),
+        (fault("nvlink_down", link=5), lambda s: (s.nvlink_links_active, s.nvlink_links_inactive) == (17, 1)),
+        (
+            fault("nvlink_errors", link=1, count=7),
+            lambda s: s.nvlink_replay_total == 7 and s.nvlink_crc_total == 7,
+        ),
+        (fault("pcie_replays", count=12), lambda s: s.pcie_replay_total == 12),
+        (
+            fault("not_supported", symbol="nvmlDeviceGetPcieReplayCounter"),
+            lambda s: not s.HasField("pcie_replay_total"),
+        ),
+        (fault("lost"), lambda s: s.lost and not s.HasField("ecc_sbe_volatile")),
+    ],
+    ids=lambda v: v.kind if isinstance(v, scenario.Fault) else "",
+)
+def test_each_injected_fault_shows_in_the_sample(
+    node: SimulatedNode, injected: scenario.Fault, check: object
+) -> None:
+    source = NvmlSource()
+    before = source.sample()[2]
+    scenario.apply(node.gpus[2], injected)
+    after = source.sample()
+    assert check(after[2]), after[2]  # type: ignore[operator]
+    assert not check(before), "the fault was not there before"  # type: ignore[operator]
+    assert not after[1].lost and after[1].ecc_dbe_volatile == 0, "other GPUs are untouched"
+
+
+def test_slow_down_lowers_the_sm_clock(node: SimulatedNode, clock: FakeClock) -> None:
+    source = NvmlSource()
+    clock.now += 30  # under load
+    normal = source.sample()[0].clock_sm_mhz
+    scenario.apply(node.gpus[0], fault("thermal"))
+    assert source.sample()[0].clock_sm_mhz < 0.7 * normal
+
+
+def test_xid_from_the_nvml_event_set_is_delivered_at_once(node: SimulatedNode) -> None:
+    import queue
+    import time as _time
+
+    source = NvmlSource()
+    got: queue.Queue[object] = queue.Queue()
+    watcher = NvmlXidWatcher(source, got.put)
+    assert watcher.start() and watcher.registered == list(range(8))
+    try:
+        t0 = _time.monotonic()
+        node.gpus[6].inject_xid(79)
+        event = got.get(timeout=5)
+        assert _time.monotonic() - t0 < 1.0
+        assert (event.kind, event.source, event.xid, event.gpu_index) == (
+            vocabulary_pb2.EVENT_KIND_XID,
+            vocabulary_pb2.EVENT_SOURCE_NVML,
+            79,
+            6,
+        )
+        assert event.pci_bus_id == node.gpus[6].pci_bus_id
+    finally:
+        watcher.stop()
+    assert not node.gpus[6].xid_listeners, "freeing the event set unregisters it"
+
+
+@pytest.mark.parametrize(
+    "text,message",
+    [
+        ('[[fault]]\nat_s = 1\ngpu = 0\nkind = "meltdown"\n', "kind 'meltdown' is not one of"),
+        ('[[fault]]\nat_s = 1\ngpu = 0\nkind = "xid"\n', "missing xid"),
+        ('[[fault]]\nat_s = 1\ngpu = 0\nkind = "lost"\nxid = 3\n', "unknown key(s) xid"),
+        ('[[fault]]\ngpu = 0\nkind = "lost"\n', "missing at_s"),
+        ("[[fault]\n", "cannot read scenario"),
+    ],
+)
+def test_bad_scenarios_are_refused_with_the_fault_named(tmp_path: object, text: str, message: str) -> None:
+    path = tmp_path / "s.toml"  # type: ignore[operator]
+    path.write_text(text)
+    with pytest.raises(scenario.ScenarioError) as info:
+        scenario.load(path)
+    assert message in str(info.value)

@@ -10,6 +10,7 @@ NVML_ERROR_FUNCTION_NOT_FOUND — exactly what an old driver does.
 from __future__ import annotations
 
 import ctypes
+import queue
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -27,6 +28,7 @@ _ERROR_STRINGS = {
     pynvml.NVML_ERROR_NOT_FOUND: b"Not Found",
     pynvml.NVML_ERROR_INSUFFICIENT_SIZE: b"Insufficient Size",
     pynvml.NVML_ERROR_GPU_IS_LOST: b"GPU is lost",
+    pynvml.NVML_ERROR_TIMEOUT: b"Timeout",
     pynvml.NVML_ERROR_UNKNOWN: b"Unknown Error",
 }
 
@@ -62,6 +64,7 @@ class SimulatedNvmlLibrary:
         self.calls: dict[str, int] = {}
         self._initialized = 0
         self._handles = [pynvml.struct_c_nvmlDevice_t() for _ in node.gpus]
+        self._event_sets: dict[int, _EventSet] = {}
         self._gpu_by_address = {
             ctypes.addressof(h): gpu for h, gpu in zip(self._handles, node.gpus, strict=True)
         }
@@ -191,6 +194,196 @@ class SimulatedNvmlLibrary:
             return rc
         _target(milliwatts_ref).value = round(gpu.profile.power_limit_w * 1000)
         return pynvml.NVML_SUCCESS
+
+    # --- clocks and clock-event reasons ---------------------------------------------
+    def nvmlDeviceGetClockInfo(self, handle: Any, clock_type: Any, mhz_ref: Any) -> int:
+        gpu, rc = self._gpu(handle, "nvmlDeviceGetClockInfo")
+        if gpu is None:
+            return rc
+        kind = _value(clock_type)
+        if kind == pynvml.NVML_CLOCK_SM:
+            _target(mhz_ref).value = round(gpu.sm_clock_mhz())
+        elif kind == pynvml.NVML_CLOCK_MEM:
+            _target(mhz_ref).value = round(gpu.profile.mem_clock_mhz)
+        else:
+            return pynvml.NVML_ERROR_INVALID_ARGUMENT
+        return pynvml.NVML_SUCCESS
+
+    def nvmlDeviceGetCurrentClocksEventReasons(self, handle: Any, reasons_ref: Any) -> int:
+        gpu, rc = self._gpu(handle, "nvmlDeviceGetCurrentClocksEventReasons")
+        if gpu is None:
+            return rc
+        _target(reasons_ref).value = gpu.clock_event_reasons()
+        return pynvml.NVML_SUCCESS
+
+    # --- memory errors ---------------------------------------------------------------
+    def nvmlDeviceGetTotalEccErrors(
+        self, handle: Any, error_type: Any, counter_type: Any, count_ref: Any
+    ) -> int:
+        gpu, rc = self._gpu(handle, "nvmlDeviceGetTotalEccErrors")
+        if gpu is None:
+            return rc
+        uncorrected = _value(error_type) == pynvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED
+        aggregate = _value(counter_type) == pynvml.NVML_AGGREGATE_ECC
+        _target(count_ref).value = {
+            (False, False): gpu.ecc_sbe_volatile,
+            (True, False): gpu.ecc_dbe_volatile,
+            (False, True): gpu.ecc_sbe_aggregate,
+            (True, True): gpu.ecc_dbe_aggregate,
+        }[(uncorrected, aggregate)]
+        return pynvml.NVML_SUCCESS
+
+    def nvmlDeviceGetRetiredPages(self, handle: Any, cause: Any, count_ref: Any, pages: Any) -> int:
+        gpu, rc = self._gpu(handle, "nvmlDeviceGetRetiredPages")
+        if gpu is None:
+            return rc
+        if gpu.profile.row_remapping:
+            return pynvml.NVML_ERROR_NOT_SUPPORTED
+        retired = gpu.retired_pages_dbe if _value(cause) == 1 else gpu.retired_pages_sbe
+        count = _target(count_ref)
+        if pages is None or count.value < len(retired):
+            # The first call passes a zero count and no buffer: say how many, write nothing.
+            count.value = len(retired)
+            return pynvml.NVML_ERROR_INSUFFICIENT_SIZE if retired else pynvml.NVML_SUCCESS
+        for i, address in enumerate(retired):
+            pages[i] = address
+        count.value = len(retired)
+        return pynvml.NVML_SUCCESS
+
+    def nvmlDeviceGetRetiredPagesPendingStatus(self, handle: Any, pending_ref: Any) -> int:
+        gpu, rc = self._gpu(handle, "nvmlDeviceGetRetiredPagesPendingStatus")
+        if gpu is None:
+            return rc
+        if gpu.profile.row_remapping:
+            return pynvml.NVML_ERROR_NOT_SUPPORTED
+        _target(pending_ref).value = int(gpu.retired_pages_pending)
+        return pynvml.NVML_SUCCESS
+
+    def nvmlDeviceGetRemappedRows(self, handle: Any, corr: Any, unc: Any, pending: Any, failure: Any) -> int:
+        gpu, rc = self._gpu(handle, "nvmlDeviceGetRemappedRows")
+        if gpu is None:
+            return rc
+        if not gpu.profile.row_remapping:
+            return pynvml.NVML_ERROR_NOT_SUPPORTED
+        _target(corr).value = gpu.remap_correctable
+        _target(unc).value = gpu.remap_uncorrectable
+        _target(pending).value = int(gpu.remap_pending)
+        _target(failure).value = int(gpu.remap_failure)
+        return pynvml.NVML_SUCCESS
+
+    # --- interconnect ----------------------------------------------------------------
+    def nvmlDeviceGetPcieReplayCounter(self, handle: Any, count_ref: Any) -> int:
+        gpu, rc = self._gpu(handle, "nvmlDeviceGetPcieReplayCounter")
+        if gpu is None:
+            return rc
+        _target(count_ref).value = gpu.pcie_replay_total
+        return pynvml.NVML_SUCCESS
+
+    def _link(self, handle: Any, link: Any, symbol: str) -> tuple[SimulatedGpu | None, int]:
+        gpu, rc = self._gpu(handle, symbol)
+        if gpu is None:
+            return None, rc
+        if not gpu.profile.nvlink_links:
+            return None, pynvml.NVML_ERROR_NOT_SUPPORTED
+        if not 0 <= _value(link) < gpu.profile.nvlink_links:
+            return None, pynvml.NVML_ERROR_INVALID_ARGUMENT
+        return gpu, pynvml.NVML_SUCCESS
+
+    def nvmlDeviceGetNvLinkState(self, handle: Any, link: Any, active_ref: Any) -> int:
+        gpu, rc = self._link(handle, link, "nvmlDeviceGetNvLinkState")
+        if gpu is None:
+            return rc
+        _target(active_ref).value = int(_value(link) not in gpu.nvlink_down)
+        return pynvml.NVML_SUCCESS
+
+    def nvmlDeviceGetNvLinkErrorCounter(self, handle: Any, link: Any, counter: Any, value_ref: Any) -> int:
+        gpu, rc = self._link(handle, link, "nvmlDeviceGetNvLinkErrorCounter")
+        if gpu is None:
+            return rc
+        _target(value_ref).value = gpu.nvlink_errors.get((_value(link), _value(counter)), 0)
+        return pynvml.NVML_SUCCESS
+
+    # --- processes -------------------------------------------------------------------
+    def nvmlDeviceGetComputeRunningProcesses_v3(self, handle: Any, count_ref: Any, infos: Any) -> int:
+        gpu, rc = self._gpu(handle, "nvmlDeviceGetComputeRunningProcesses_v3")
+        if gpu is None:
+            return rc
+        count = _target(count_ref)
+        procs = gpu.processes
+        if not procs:
+            count.value = 0
+            return pynvml.NVML_SUCCESS
+        if infos is None or count.value < len(procs):
+            count.value = len(procs)
+            return pynvml.NVML_ERROR_INSUFFICIENT_SIZE
+        for i, (pid, used) in enumerate(procs):
+            infos[i].pid = pid
+            infos[i].usedGpuMemory = used
+        count.value = len(procs)
+        return pynvml.NVML_SUCCESS
+
+    # --- events ----------------------------------------------------------------------
+    def nvmlEventSetCreate(self, set_ref: Any) -> int:
+        event_set = _EventSet(pynvml.struct_c_nvmlEventSet_t())
+        self._event_sets[ctypes.addressof(event_set.struct)] = event_set
+        _target(set_ref).contents = event_set.struct
+        return pynvml.NVML_SUCCESS
+
+    def _event_set(self, pointer: Any) -> _EventSet | None:
+        try:
+            return self._event_sets.get(ctypes.addressof(pointer.contents))
+        except ValueError:
+            return None
+
+    def nvmlDeviceRegisterEvents(self, handle: Any, types: Any, set_ptr: Any) -> int:
+        gpu, rc = self._gpu(handle, "nvmlDeviceRegisterEvents")
+        if gpu is None:
+            return rc
+        event_set = self._event_set(set_ptr)
+        if event_set is None:
+            return pynvml.NVML_ERROR_INVALID_ARGUMENT
+        if not _value(types) & pynvml.nvmlEventTypeXidCriticalError:
+            return pynvml.NVML_ERROR_NOT_SUPPORTED
+        gpu.xid_listeners.append(event_set.deliver)
+        event_set.gpus.append(gpu)
+        return pynvml.NVML_SUCCESS
+
+    def nvmlEventSetWait_v2(self, set_ptr: Any, data_ref: Any, timeout_ms: Any) -> int:
+        event_set = self._event_set(set_ptr)
+        if event_set is None:
+            return pynvml.NVML_ERROR_INVALID_ARGUMENT
+        try:
+            # Blocks without the GIL, as the C call does, so the sampler keeps running.
+            gpu, xid = event_set.queue.get(timeout=_value(timeout_ms) / 1000)
+        except queue.Empty:
+            return pynvml.NVML_ERROR_TIMEOUT
+        data = _target(data_ref)
+        data.device = ctypes.pointer(self._handles[gpu.index])
+        data.eventType = pynvml.nvmlEventTypeXidCriticalError
+        data.eventData = xid
+        return pynvml.NVML_SUCCESS
+
+    def nvmlEventSetFree(self, set_ptr: Any) -> int:
+        event_set = self._event_set(set_ptr)
+        if event_set is None:
+            return pynvml.NVML_ERROR_INVALID_ARGUMENT
+        for gpu in event_set.gpus:
+            if event_set.deliver in gpu.xid_listeners:
+                gpu.xid_listeners.remove(event_set.deliver)
+        del self._event_sets[ctypes.addressof(event_set.struct)]
+        return pynvml.NVML_SUCCESS
+
+
+class _EventSet:
+    """One nvmlEventSet_t: XIDs delivered to it wait in a queue for nvmlEventSetWait."""
+
+    def __init__(self, struct: Any) -> None:
+        self.struct = struct
+        self.queue: queue.Queue[tuple[SimulatedGpu, int]] = queue.Queue()
+        self.gpus: list[SimulatedGpu] = []
+
+    def deliver(self, gpu: SimulatedGpu, xid: int) -> None:
+        self.queue.put((gpu, xid))
 
 
 def install(library: SimulatedNvmlLibrary) -> None:

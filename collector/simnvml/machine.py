@@ -30,16 +30,29 @@ class GpuProfile:
     # Steady-state GPU temperature at idle and at full power (air/liquid cooled SXM).
     idle_temp_c: float
     full_temp_c: float
+    max_sm_clock_mhz: float = 1980.0
+    mem_clock_mhz: float = 2619.0
+    nvlink_links: int = 18  # 0: no NVLink (NOT_SUPPORTED)
+    row_remapping: bool = True  # Ampere and later remap rows; older GPUs retire pages
 
 
 # Names and memory sizes as NVML reports them on real boards.
 GPU_PROFILES: dict[str, GpuProfile] = {
-    "H100": GpuProfile("NVIDIA H100 80GB HBM3", 81559 * MIB, 700.0, 72.0, 31.0, 68.0),
-    "H200": GpuProfile("NVIDIA H200", 143771 * MIB, 700.0, 78.0, 32.0, 70.0),
-    "A100": GpuProfile("NVIDIA A100-SXM4-80GB", 81920 * MIB, 400.0, 55.0, 30.0, 66.0),
-    "B200": GpuProfile("NVIDIA B200", 183359 * MIB, 1000.0, 140.0, 33.0, 72.0),
-    "L40S": GpuProfile("NVIDIA L40S", 46068 * MIB, 350.0, 36.0, 29.0, 74.0),
+    "H100": GpuProfile("NVIDIA H100 80GB HBM3", 81559 * MIB, 700.0, 72.0, 31.0, 68.0, 1980, 2619, 18),
+    "H200": GpuProfile("NVIDIA H200", 143771 * MIB, 700.0, 78.0, 32.0, 70.0, 1980, 3201, 18),
+    "A100": GpuProfile("NVIDIA A100-SXM4-80GB", 81920 * MIB, 400.0, 55.0, 30.0, 66.0, 1410, 1593, 12),
+    "B200": GpuProfile("NVIDIA B200", 183359 * MIB, 1000.0, 140.0, 33.0, 72.0, 1965, 3996, 18),
+    "L40S": GpuProfile("NVIDIA L40S", 46068 * MIB, 350.0, 36.0, 29.0, 74.0, 2520, 9001, 0),
+    "V100": GpuProfile("Tesla V100-SXM2-32GB", 32768 * MIB, 300.0, 40.0, 30.0, 70.0, 1530, 877, 6, False),
 }
+
+# NVML clock-event reason bits (nvmlClocksEventReason*), as the stand-in sets them.
+REASON_GPU_IDLE = 0x1
+REASON_SW_POWER_CAP = 0x4
+REASON_HW_SLOWDOWN = 0x8
+REASON_SW_THERMAL = 0x20
+REASON_HW_THERMAL = 0x40
+REASON_HW_POWER_BRAKE = 0x80
 
 
 @dataclass
@@ -50,6 +63,7 @@ class _Job:
     util_target_pct: float
     hbm_fraction: float
     ends_at_s: float
+    pid: int = 0
 
 
 @dataclass
@@ -69,6 +83,66 @@ class SimulatedGpu:
     # (e.g. {"nvmlDeviceGetPowerUsage": NVML_ERROR_NOT_SUPPORTED}).
     lost: bool = False
     fail_symbols: dict[str, int] = field(default_factory=dict)
+    # Counters and states that faults move (read through the matching NVML symbols).
+    ecc_sbe_volatile: int = 0
+    ecc_dbe_volatile: int = 0
+    ecc_sbe_aggregate: int = 0
+    ecc_dbe_aggregate: int = 0
+    retired_pages_sbe: list[int] = field(default_factory=list)
+    retired_pages_dbe: list[int] = field(default_factory=list)
+    retired_pages_pending: bool = False
+    remap_correctable: int = 0
+    remap_uncorrectable: int = 0
+    remap_pending: bool = False
+    remap_failure: bool = False
+    pcie_replay_total: int = 0
+    nvlink_down: set[int] = field(default_factory=set)
+    nvlink_errors: dict[tuple[int, int], int] = field(default_factory=dict)  # (link, counter)
+    forced_reasons: int = 0  # clock-event reason bits a fault holds on
+    processes: list[tuple[int, int]] = field(default_factory=list)  # (pid, used bytes)
+    # Where XID events go: callbacks registered by the stand-in library's event sets.
+    xid_listeners: list[object] = field(default_factory=list)
+
+    # --- fault injection ---------------------------------------------------------------
+    def inject_xid(self, xid: int) -> None:
+        """Deliver an XID through every NVML event set registered for this GPU."""
+        for deliver in list(self.xid_listeners):
+            deliver(self, xid)  # type: ignore[operator]
+
+    def inject_ecc(self, uncorrected: bool, count: int = 1) -> None:
+        if uncorrected:
+            self.ecc_dbe_volatile += count
+            self.ecc_dbe_aggregate += count
+            if self.profile.row_remapping:
+                self.remap_uncorrectable += count
+                self.remap_pending = True
+            else:
+                self.retired_pages_dbe.extend(
+                    0x1000 * (len(self.retired_pages_dbe) + i) for i in range(count)
+                )
+                self.retired_pages_pending = True
+        else:
+            self.ecc_sbe_volatile += count
+            self.ecc_sbe_aggregate += count
+
+    def clock_event_reasons(self) -> int:
+        reasons = self.forced_reasons
+        if self.util_gpu_pct < 1:
+            reasons |= REASON_GPU_IDLE
+        return reasons
+
+    def sm_clock_mhz(self) -> float:
+        p = self.profile
+        if self.util_gpu_pct < 1:
+            return 345.0
+        slowed = self.forced_reasons & (
+            REASON_HW_SLOWDOWN
+            | REASON_SW_THERMAL
+            | REASON_HW_THERMAL
+            | REASON_SW_POWER_CAP
+            | REASON_HW_POWER_BRAKE
+        )
+        return p.max_sm_clock_mhz * (0.55 if slowed else 1.0)
 
     def step(self, dt_s: float, job: _Job | None) -> None:
         """Advance this GPU by dt_s seconds towards what the job asks of it."""
@@ -93,6 +167,7 @@ class SimulatedGpu:
         load = (self.power_w - p.idle_power_w) / max(1.0, p.power_limit_w - p.idle_power_w)
         t_eq = p.idle_temp_c + (p.full_temp_c - p.idle_temp_c) * load
         self.temp_gpu_c += min(1.0, dt_s / 20.0) * (t_eq - self.temp_gpu_c)
+        self.processes = [(job.pid, max(0, self.hbm_used_bytes - 512 * MIB))] if job else []
 
 
 class SimulatedNode:
@@ -165,7 +240,9 @@ class SimulatedNode:
                 util, hbm = self._rng.uniform(85, 99), self._rng.uniform(0.7, 0.95)
             else:  # inference: moderate, KV cache holds most of HBM
                 util, hbm = self._rng.uniform(25, 70), self._rng.uniform(0.85, 0.92)
-            self._job = _Job(util, hbm, self._t_s + self._rng.uniform(120, 900))
+            self._job = _Job(
+                util, hbm, self._t_s + self._rng.uniform(120, 900), pid=self._rng.randint(10_000, 4_000_000)
+            )
 
 
 def _clamp(value: float, low: float, high: float) -> float:

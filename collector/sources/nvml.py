@@ -30,6 +30,7 @@ class _Gpu:
     handle: Any
     identity: telemetry_pb2.GpuIdentity
     unsupported: set[str]
+    nvlink_links: int | None = None  # learned on the first sample: links this GPU has
 
 
 def _decode(value: bytes | str) -> str:
@@ -62,13 +63,93 @@ def _read_power_limit(handle: Any, sample: telemetry_pb2.GpuSample) -> None:
     sample.power_limit_w = pynvml.nvmlDeviceGetEnforcedPowerLimit(handle) / 1000.0
 
 
+def _read_clocks(handle: Any, sample: telemetry_pb2.GpuSample) -> None:
+    sample.clock_sm_mhz = float(pynvml.nvmlDeviceGetClockInfo(handle, pynvml.NVML_CLOCK_SM))
+    sample.clock_mem_mhz = float(pynvml.nvmlDeviceGetClockInfo(handle, pynvml.NVML_CLOCK_MEM))
+
+
+_THERMAL = pynvml.nvmlClocksEventReasonSwThermalSlowdown | pynvml.nvmlClocksEventReasonHwThermalSlowdown
+_POWER = pynvml.nvmlClocksEventReasonSwPowerCap | pynvml.nvmlClocksEventReasonHwPowerBrakeSlowdown
+
+
+def _read_clock_events(handle: Any, sample: telemetry_pb2.GpuSample) -> None:
+    # The whole mask is kept; the two booleans name the slowdowns health rules care about.
+    # HW slowdown (0x8) can be heat or a power brake, so it stays in the mask only.
+    reasons = int(pynvml.nvmlDeviceGetCurrentClocksEventReasons(handle))
+    sample.clock_event_reasons = reasons
+    sample.throttle_thermal = bool(reasons & _THERMAL)
+    sample.throttle_power = bool(reasons & _POWER)
+
+
+def _read_ecc(handle: Any, sample: telemetry_pb2.GpuSample) -> None:
+    def count(error_type: int, counter: int) -> int:
+        return int(pynvml.nvmlDeviceGetTotalEccErrors(handle, error_type, counter))
+
+    corrected, uncorrected = (
+        pynvml.NVML_MEMORY_ERROR_TYPE_CORRECTED,
+        pynvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED,
+    )
+    sample.ecc_sbe_volatile = count(corrected, pynvml.NVML_VOLATILE_ECC)
+    sample.ecc_dbe_volatile = count(uncorrected, pynvml.NVML_VOLATILE_ECC)
+    sample.ecc_sbe_aggregate = count(corrected, pynvml.NVML_AGGREGATE_ECC)
+    sample.ecc_dbe_aggregate = count(uncorrected, pynvml.NVML_AGGREGATE_ECC)
+
+
+def _read_retired_pages(handle: Any, sample: telemetry_pb2.GpuSample) -> None:
+    sbe = pynvml.nvmlDeviceGetRetiredPages(
+        handle, pynvml.NVML_PAGE_RETIREMENT_CAUSE_MULTIPLE_SINGLE_BIT_ECC_ERRORS
+    )
+    dbe = pynvml.nvmlDeviceGetRetiredPages(handle, pynvml.NVML_PAGE_RETIREMENT_CAUSE_DOUBLE_BIT_ECC_ERROR)
+    sample.retired_pages_sbe = len(sbe)
+    sample.retired_pages_dbe = len(dbe)
+    sample.retired_pages_pending = bool(pynvml.nvmlDeviceGetRetiredPagesPendingStatus(handle))
+
+
+def _read_remapped_rows(handle: Any, sample: telemetry_pb2.GpuSample) -> None:
+    corrected, uncorrected, pending, failure = pynvml.nvmlDeviceGetRemappedRows(handle)
+    sample.remap_correctable = int(corrected)
+    sample.remap_uncorrectable = int(uncorrected)
+    sample.remap_pending = bool(pending)
+    sample.remap_failure = bool(failure)
+
+
+def _read_pcie(handle: Any, sample: telemetry_pb2.GpuSample) -> None:
+    sample.pcie_replay_total = int(pynvml.nvmlDeviceGetPcieReplayCounter(handle))
+
+
+def _read_processes(handle: Any, sample: telemetry_pb2.GpuSample) -> None:
+    try:
+        procs = pynvml.nvmlDeviceGetComputeRunningProcesses(handle)
+    except pynvml.NVMLLibraryMismatchError as exc:
+        # A driver without the _v3 symbol: pynvml raises a plain Exception, not NVMLError.
+        raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED) from exc
+    sample.process_count = len(procs)
+    for proc in procs:
+        entry = sample.processes.add(pid=int(proc.pid))
+        if proc.usedGpuMemory is not None:
+            entry.used_memory_bytes = int(proc.usedGpuMemory)
+
+
 READERS: list[tuple[str, Callable[[Any, telemetry_pb2.GpuSample], None]]] = [
     ("utilization", _read_utilization),
     ("memory", _read_memory),
     ("temperature", _read_temperature),
     ("power", _read_power),
     ("power_limit", _read_power_limit),
+    ("clocks", _read_clocks),
+    ("clock_events", _read_clock_events),
+    ("ecc", _read_ecc),
+    ("retired_pages", _read_retired_pages),
+    ("remapped_rows", _read_remapped_rows),
+    ("pcie", _read_pcie),
+    ("processes", _read_processes),
 ]
+
+_NVLINK_COUNTERS = {
+    "nvlink_replay_total": (pynvml.NVML_NVLINK_ERROR_DL_REPLAY,),
+    "nvlink_recovery_total": (pynvml.NVML_NVLINK_ERROR_DL_RECOVERY,),
+    "nvlink_crc_total": (pynvml.NVML_NVLINK_ERROR_DL_CRC_FLIT, pynvml.NVML_NVLINK_ERROR_DL_CRC_DATA),
+}
 
 
 class NvmlSource:
@@ -141,15 +222,53 @@ class NvmlSource:
                 # Keep what was read before the loss: those values were real.
                 break
             except pynvml.NVMLError as exc:
-                self.errors_total += 1
-                log.warning(
-                    "GPU %d: reading %s failed: %s",
-                    gpu.index,
-                    group,
-                    exc,
-                    extra={"gpu": gpu.index, "field_group": group, "error": str(exc)},
-                )
+                self._count_error(gpu, group, exc)
+        if not sample.lost and "nvlink" not in gpu.unsupported:
+            try:
+                self._read_nvlink(gpu, sample)
+            except pynvml.NVMLError_NotSupported:
+                gpu.unsupported.add("nvlink")
+            except pynvml.NVMLError_GpuIsLost:
+                sample.lost = True
+            except pynvml.NVMLError as exc:
+                self._count_error(gpu, "nvlink", exc)
         return sample
+
+    def _count_error(self, gpu: _Gpu, group: str, exc: Exception) -> None:
+        self.errors_total += 1
+        log.warning(
+            "GPU %d: reading %s failed: %s",
+            gpu.index,
+            group,
+            exc,
+            extra={"gpu": gpu.index, "field_group": group, "error": str(exc)},
+        )
+
+    @staticmethod
+    def _read_nvlink(gpu: _Gpu, sample: telemetry_pb2.GpuSample) -> None:
+        if gpu.nvlink_links is None:
+            # Links are numbered from 0; the first that NVML refuses is past the last one.
+            links = 0
+            for link in range(pynvml.NVML_NVLINK_MAX_LINKS):
+                try:
+                    pynvml.nvmlDeviceGetNvLinkState(gpu.handle, link)
+                except (pynvml.NVMLError_InvalidArgument, pynvml.NVMLError_NotSupported):
+                    if link == 0:
+                        raise
+                    break
+                links = link + 1
+            gpu.nvlink_links = links
+        active = 0
+        totals = dict.fromkeys(_NVLINK_COUNTERS, 0)
+        for link in range(gpu.nvlink_links):
+            active += pynvml.nvmlDeviceGetNvLinkState(gpu.handle, link) == pynvml.NVML_FEATURE_ENABLED
+            for name, counters in _NVLINK_COUNTERS.items():
+                for counter in counters:
+                    totals[name] += pynvml.nvmlDeviceGetNvLinkErrorCounter(gpu.handle, link, counter)
+        sample.nvlink_links_active = active
+        sample.nvlink_links_inactive = gpu.nvlink_links - active
+        for name, value in totals.items():
+            setattr(sample, name, int(value))
 
     def close(self) -> None:
         try:

@@ -1,0 +1,193 @@
+"""Fault scenarios for simulated GPUs: which fault, on which node and GPU, at what second.
+
+A scenario is a TOML file of [[fault]] tables, read by `gpufleet collector run --simulate
+--sim-scenario FILE` (and `gpufleet demo --scenario FILE`, which hands it to every node):
+
+    [[fault]]
+    at_s = 30          # seconds after the collector starts
+    node = "demo-node-02"   # optional: only this node (a demo shares one file)
+    gpu = 3
+    kind = "xid"       # see KINDS below
+    xid = 79
+
+Kinds and their parameters:
+    xid             xid = N             an XID through the NVML event set
+    ecc_corrected   count = N (1)       corrected (single-bit) ECC errors
+    ecc_uncorrected count = N (1)       uncorrected (double-bit) errors: a row remap (or a
+                                        retired page before Ampere) then waits for a reset
+    remap_failure                       a row could not be remapped
+    lost                                every NVML call for the GPU answers GPU_IS_LOST
+    recover                             the GPU answers again
+    thermal                             thermal slowdown (SW+HW thermal clock-event reasons)
+    power                               power brake / power cap slowdown
+    clear_slowdown                      no forced clock-event reasons any more
+    nvlink_down     link = N            one NVLink link goes down
+    nvlink_errors   link = N, count = N replay and CRC errors on one link
+    pcie_replays    count = N           PCIe replays
+    not_supported   symbol = "nvml..."  that NVML call answers NOT_SUPPORTED from now on
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pynvml
+
+from gpufleet.collector.simnvml.machine import (
+    REASON_HW_POWER_BRAKE,
+    REASON_HW_THERMAL,
+    REASON_SW_POWER_CAP,
+    REASON_SW_THERMAL,
+    SimulatedGpu,
+    SimulatedNode,
+)
+
+log = logging.getLogger("gpufleet.collector.scenario")
+
+KINDS = {
+    "xid": {"xid"},
+    "ecc_corrected": {"count"},
+    "ecc_uncorrected": {"count"},
+    "remap_failure": set(),
+    "lost": set(),
+    "recover": set(),
+    "thermal": set(),
+    "power": set(),
+    "clear_slowdown": set(),
+    "nvlink_down": {"link"},
+    "nvlink_errors": {"link", "count"},
+    "pcie_replays": {"count"},
+    "not_supported": {"symbol"},
+}
+_REQUIRED = {"xid": {"xid"}, "nvlink_down": {"link"}, "nvlink_errors": {"link"}, "not_supported": {"symbol"}}
+
+
+class ScenarioError(ValueError):
+    """A scenario file that cannot be used; the message names the fault and the problem."""
+
+
+@dataclass(frozen=True)
+class Fault:
+    at_s: float
+    gpu: int
+    kind: str
+    node: str = ""
+    xid: int = 0
+    count: int = 1
+    link: int = 0
+    symbol: str = ""
+
+
+def load(path: str | Path) -> list[Fault]:
+    try:
+        data = tomllib.loads(Path(path).read_text())
+    except (OSError, tomllib.TOMLDecodeError) as exc:
+        raise ScenarioError(f"cannot read scenario {path}: {exc}") from exc
+    faults = []
+    for i, raw in enumerate(data.get("fault", [])):
+        where = f"scenario {path}: fault {i + 1}"
+        kind = raw.get("kind")
+        if kind not in KINDS:
+            raise ScenarioError(f"{where}: kind {kind!r} is not one of {', '.join(KINDS)}")
+        allowed = {"at_s", "gpu", "kind", "node"} | KINDS[kind]
+        unknown = set(raw) - allowed
+        if unknown:
+            raise ScenarioError(
+                f"{where} ({kind}): unknown key(s) {', '.join(sorted(unknown))}; "
+                f"allowed: {', '.join(sorted(allowed))}"
+            )
+        missing = _REQUIRED.get(kind, set()) - set(raw)
+        if missing or "at_s" not in raw or "gpu" not in raw:
+            need = sorted(missing | ({"at_s", "gpu"} - set(raw)))
+            raise ScenarioError(f"{where} ({kind}): missing {', '.join(need)}")
+        try:
+            fault = Fault(
+                float(raw["at_s"]),
+                int(raw["gpu"]),
+                kind,
+                str(raw.get("node", "")),
+                int(raw.get("xid", 0)),
+                int(raw.get("count", 1)),
+                int(raw.get("link", 0)),
+                str(raw.get("symbol", "")),
+            )
+        except (TypeError, ValueError) as exc:
+            raise ScenarioError(f"{where} ({kind}): {exc}") from exc
+        if fault.at_s < 0 or fault.gpu < 0 or fault.count < 1:
+            raise ScenarioError(f"{where} ({kind}): at_s and gpu must be ≥ 0, count ≥ 1")
+        faults.append(fault)
+    return sorted(faults, key=lambda f: f.at_s)
+
+
+def apply(gpu: SimulatedGpu, fault: Fault) -> None:
+    kind = fault.kind
+    if kind == "xid":
+        gpu.inject_xid(fault.xid)
+    elif kind in ("ecc_corrected", "ecc_uncorrected"):
+        gpu.inject_ecc(uncorrected=kind == "ecc_uncorrected", count=fault.count)
+    elif kind == "remap_failure":
+        gpu.remap_failure = True
+    elif kind in ("lost", "recover"):
+        gpu.lost = kind == "lost"
+    elif kind == "thermal":
+        gpu.forced_reasons |= REASON_SW_THERMAL | REASON_HW_THERMAL
+    elif kind == "power":
+        gpu.forced_reasons |= REASON_SW_POWER_CAP | REASON_HW_POWER_BRAKE
+    elif kind == "clear_slowdown":
+        gpu.forced_reasons = 0
+    elif kind == "nvlink_down":
+        gpu.nvlink_down.add(fault.link)
+    elif kind == "nvlink_errors":
+        for counter in (pynvml.NVML_NVLINK_ERROR_DL_REPLAY, pynvml.NVML_NVLINK_ERROR_DL_CRC_FLIT):
+            key = (fault.link, counter)
+            gpu.nvlink_errors[key] = gpu.nvlink_errors.get(key, 0) + fault.count
+    elif kind == "pcie_replays":
+        gpu.pcie_replay_total += fault.count
+    elif kind == "not_supported":
+        gpu.fail_symbols[fault.symbol] = pynvml.NVML_ERROR_NOT_SUPPORTED
+
+
+class ScenarioRunner:
+    """Applies a node's faults at their times, on a thread of its own."""
+
+    def __init__(self, node: SimulatedNode, faults: list[Fault]) -> None:
+        self._node = node
+        self._faults = [f for f in faults if not f.node or f.node == node.node_name]
+        for f in self._faults:
+            if f.gpu >= len(node.gpus):
+                raise ScenarioError(
+                    f"fault {f.kind} at {f.at_s:g}s names GPU {f.gpu}; node "
+                    f"{node.node_name} has {len(node.gpus)}"
+                )
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="sim-scenario", daemon=True)
+
+    def start(self) -> None:
+        if self._faults:
+            self._thread.start()
+
+    def _run(self) -> None:
+        started = time.monotonic()
+        for fault in self._faults:
+            if self._stop.wait(max(0.0, started + fault.at_s - time.monotonic())):
+                return
+            log.warning(
+                "scenario: %s on GPU %d",
+                fault.kind,
+                fault.gpu,
+                extra={"gpu": fault.gpu, "fault": fault.kind, **_params(fault)},
+            )
+            apply(self._node.gpus[fault.gpu], fault)
+
+    def stop(self) -> None:
+        self._stop.set()
+
+
+def _params(fault: Fault) -> dict[str, Any]:
+    return {k: getattr(fault, k) for k in KINDS[fault.kind]}
