@@ -50,8 +50,10 @@ class FleetState:
         return live
 
     # --- updates -------------------------------------------------------------------
-    def on_hello(self, hello: ingest_pb2.Hello) -> None:
+    def on_hello(self, hello: ingest_pb2.Hello, heard_ns: int | None = None) -> None:
         live = self._node(hello.node)
+        # A hello is hearing from the node: a collector that just connected is not silent.
+        live.last_heard_ns = max(live.last_heard_ns, heard_ns or time.time_ns())
         live.cluster = hello.cluster
         live.interval_s = hello.interval_s
         live.simulated = hello.simulated

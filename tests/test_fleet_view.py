@@ -27,6 +27,14 @@ def test_a_dead_collector_goes_stale_then_silent_and_survives_a_restart(cluster:
     viewer = cluster.secrets.tokens["viewer"]
     doomed = cluster.collector("doomed", agg.ingest, "--interval-s", "0.2")
     wait_until(lambda: liveness_of(agg, "doomed", viewer) == "LIVENESS_REPORTING", 20, "reporting")
+    # Reports stored, not just a hello: the restart below must find the node in the store.
+    wait_until(
+        lambda: (
+            "connected" in doomed.log() and agg.metric_value("gpufleet_ingest_reports_accepted_total") >= 3
+        ),
+        20,
+        "three reports stored",
+    )
     doomed.stop(signal.SIGKILL)
     wait_until(lambda: liveness_of(agg, "doomed", viewer) == "LIVENESS_STALE", 10, "stale (3 intervals)")
     wait_until(lambda: liveness_of(agg, "doomed", viewer) == "LIVENESS_SILENT", 10, "silent (10 intervals)")
@@ -96,7 +104,7 @@ def test_fleet_api_needs_a_known_token(cluster: Cluster) -> None:
 
 def test_liveness_thresholds_scale_with_the_collector_interval() -> None:
     state = FleetState(stale_after_intervals=3, silent_after_intervals=10)
-    state.on_hello(ingest_pb2.Hello(node="n1", boot_id="b", interval_s=2.0))
+    state.on_hello(ingest_pb2.Hello(node="n1", boot_id="b", interval_s=2.0), heard_ns=1)
     report = telemetry_pb2.NodeReport(node="n1", boot_id="b", seq=1, time_unix_ns=time.time_ns())
     heard = 1_000 * 10**9
     state.on_report(report, heard)
@@ -132,3 +140,9 @@ def test_a_replayed_report_does_not_list_its_events_twice() -> None:
     state.on_report(report, 5)
     state.on_report(report, 6)  # the collector replays it after a reconnect
     assert len(state.nodes["n1"].events) == 1
+
+
+def test_a_collector_that_just_connected_is_not_silent() -> None:
+    state = FleetState()
+    state.on_hello(ingest_pb2.Hello(node="n1", boot_id="b", interval_s=1.0), heard_ns=1_000 * 10**9)
+    assert state.liveness(state.nodes["n1"], 1_000 * 10**9 + 10**8) == vocabulary_pb2.LIVENESS_REPORTING

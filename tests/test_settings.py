@@ -44,7 +44,7 @@ def test_booleans_from_flags_and_environment() -> None:
         ({"collector": {"interval_s": "fast"}}, "interval_s='fast' is not a valid float"),
         ({"collector": {"buffer_reports": 1.5}}, "buffer_reports=1.5 must be a int"),
         ({"collector": {"intervl_s": 1}}, "unknown setting(s) intervl_s in [collector]"),
-        ({"collector": {"sim_model": "V100", "simulate": True}}, "sim_model='V100' is unknown"),
+        ({"collector": {"sim_model": "P100", "simulate": True}}, "sim_model='P100' is unknown"),
         ({"collector": {"aggregator": "no-port"}}, "aggregator='no-port' must be host:port"),
     ],
 )

@@ -61,7 +61,8 @@ def test_collector_and_cli_over_tls(cluster: Cluster, tmp_path: Path) -> None:
 
     def nodes() -> list[dict[str, object]]:
         r = subprocess.run(gpufleet_argv("nodes", "--json"), env=env, capture_output=True, text=True)
-        return json.loads(r.stdout)["nodes"] if r.returncode == 0 else []
+        listed = json.loads(r.stdout)["nodes"] if r.returncode == 0 else []
+        return listed if listed and listed[0]["last_report"] else []
 
     got = wait_until(nodes, 30, "the node to report over TLS")
     assert got[0]["node"] == "tls-node" and got[0]["liveness"] == "reporting"
