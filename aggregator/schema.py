@@ -85,6 +85,20 @@ METRICS: dict[str, Metric] = {
         Metric("reconnects_total", "collector", "count", "collector reconnects", 0, 2**63),
         Metric("sample_errors_total", "collector", "count", "NVML calls that failed", 0, 2**63),
         Metric("sample_duration_s", "collector", "s", "time to sample all GPUs", 0, 3600),
+        Metric(
+            "kmsg_lines_unparsed_total",
+            "collector",
+            "lines",
+            "kernel-log XID lines that did not parse",
+            0,
+            2**63,
+        ),
+        Metric(
+            "xid_unknown_gpu_total", "collector", "count", "XIDs for a bus id that is no known GPU", 0, 2**63
+        ),
+        Metric(
+            "xid_duplicates_total", "collector", "count", "XIDs seen by NVML and kmsg, sent once", 0, 2**63
+        ),
     ]
 }
 
@@ -239,6 +253,9 @@ def _engine_event_collector_points(
                 "reconnects_total": stats.reconnects_total,
                 "sample_errors_total": stats.sample_errors_total,
                 "sample_duration_s": stats.sample_duration_s,
+                "kmsg_lines_unparsed_total": stats.kmsg_lines_unparsed_total,
+                "xid_unknown_gpu_total": stats.xid_unknown_gpu_total,
+                "xid_duplicates_total": stats.xid_duplicates_total,
                 # An event-only report (XIDs pushed between ticks) says nothing of the GPU count.
                 **({"gpu_count": len(report.gpus)} if report.gpus else {}),
             },

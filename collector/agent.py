@@ -23,11 +23,13 @@ from gpufleet.collector.commands import run_command
 from gpufleet.collector.config import CollectorConfig
 from gpufleet.collector.replay_buffer import ReplayBuffer
 from gpufleet.collector.sources.nvml import NvmlSource
+from gpufleet.collector.sources.xid_kmsg import KernelLogXidWatcher
 from gpufleet.protos import ingest_pb2, ingest_pb2_grpc, telemetry_pb2, vocabulary_pb2
 
 log = logging.getLogger("gpufleet.collector")
 
 PROTOCOL_VERSION = 1
+XID_DEDUP_WINDOW_S = 10.0  # NVML and the kernel log reporting one XID within this are one event
 # Statuses that will not cure themselves by retrying soon: wait the longest backoff.
 _CONFIG_ERRORS = {
     grpc.StatusCode.UNAUTHENTICATED,
@@ -72,6 +74,9 @@ class CollectorAgent:
         self._welcomed = False
         self._command_tasks: set[asyncio.Task[None]] = set()
         self._sampling_stopped = asyncio.Event()
+        self.kmsg: KernelLogXidWatcher | None = None  # set when the kernel log is read
+        self._recent_xids: dict[tuple[str, int], tuple[float, int]] = {}
+        self.xid_duplicates_total = 0
 
     # --- sampling ------------------------------------------------------------------
     async def sample_once(self) -> telemetry_pb2.NodeReport:
@@ -94,8 +99,30 @@ class CollectorAgent:
         self.buffer.add(report)
         return report
 
-    def push_events(self, events: list[telemetry_pb2.Event]) -> telemetry_pb2.NodeReport:
+    def _first_sighting(self, event: telemetry_pb2.Event) -> bool:
+        """False for an XID the other source (NVML events / kernel log) reported moments ago.
+        Repeats from the same source are real recurrences and are kept."""
+        if event.kind != vocabulary_pb2.EVENT_KIND_XID:
+            return True
+        now = time.monotonic()
+        if len(self._recent_xids) > 10_000:
+            self._recent_xids = {
+                k: v for k, v in self._recent_xids.items() if now - v[0] < XID_DEDUP_WINDOW_S
+            }
+        where = str(event.gpu_index) if event.HasField("gpu_index") else event.pci_bus_id
+        key = (where, event.xid)
+        seen = self._recent_xids.get(key)
+        if seen and now - seen[0] < XID_DEDUP_WINDOW_S and seen[1] != event.source:
+            self.xid_duplicates_total += 1
+            return False
+        self._recent_xids[key] = (now, event.source)
+        return True
+
+    def push_events(self, events: list[telemetry_pb2.Event]) -> telemetry_pb2.NodeReport | None:
         """Send events now, in a report of their own, rather than at the next sampling tick."""
+        events = [e for e in events if self._first_sighting(e)]
+        if not events:
+            return None
         self.seq += 1
         report = telemetry_pb2.NodeReport(
             node=self.config.node,
@@ -118,6 +145,9 @@ class CollectorAgent:
             reconnects_total=self.reconnects_total,
             sample_errors_total=self.source.errors_total,
             sample_duration_s=self._sample_duration_s,
+            kmsg_lines_unparsed_total=self.kmsg.lines_unparsed_total if self.kmsg else 0,
+            xid_unknown_gpu_total=self.kmsg.xids_unknown_gpu_total if self.kmsg else 0,
+            xid_duplicates_total=self.xid_duplicates_total,
         )
 
     def _lost_events(self, gpus: list[telemetry_pb2.GpuSample], time_ns: int) -> list[telemetry_pb2.Event]:
@@ -289,9 +319,15 @@ class CollectorAgent:
                     wait_s,
                     extra={"code": exc.code().name, "unacked": len(self.buffer)},
                 )
-            except (ConnectionError, OSError) as exc:
+            except (ConnectionError, OSError, asyncio.InvalidStateError) as exc:
+                # InvalidStateError: gRPC's "RPC already finished" when a write races the
+                # aggregator going away.
                 wait_s = backoff_s
                 log.warning("stream to aggregator ended: %s; retrying in %.1f s", exc, wait_s)
+            except Exception:
+                # A collector must outlive any one stream: log the surprise and reconnect.
+                wait_s = backoff_s
+                log.exception("stream to aggregator failed unexpectedly; retrying in %.1f s", wait_s)
             if self._welcomed:  # the last attempt got through: start the backoff again
                 backoff_s = 0.5
             self.reconnects_total += 1

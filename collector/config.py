@@ -36,6 +36,10 @@ class CollectorConfig:
     sim_scenario: str = _setting(
         "", "TOML file of faults to inject into the simulated GPUs (see collector/simnvml/scenario.py)"
     )
+    kmsg_path: str = _setting(
+        "",
+        "kernel log to read XIDs from; empty: /dev/kmsg on a real GPU node, none with simulate",
+    )
     tls_ca: str = _setting("", "PEM CA bundle: connect with TLS and verify the aggregator against it")
     reset_command: str = _setting(
         "",

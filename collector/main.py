@@ -11,6 +11,7 @@ from gpufleet.collector.config import CollectorConfig
 from gpufleet.collector.simnvml import SimulatedNode, SimulatedNvmlLibrary, install
 from gpufleet.collector.simnvml.scenario import ScenarioRunner, load
 from gpufleet.collector.sources.nvml import NvmlSource
+from gpufleet.collector.sources.xid_kmsg import KernelLogXidWatcher
 from gpufleet.collector.sources.xid_nvml import NvmlXidWatcher
 
 log = logging.getLogger("gpufleet.collector")
@@ -33,8 +34,19 @@ async def run_collector(config: CollectorConfig) -> None:
     source, scenario = open_source(config)
     agent = CollectorAgent(config, source, simulated=config.simulate)
     loop = asyncio.get_running_loop()
-    xids = NvmlXidWatcher(source, lambda event: loop.call_soon_threadsafe(agent.push_events, [event]))
+
+    def push(event: object) -> None:  # called from the watcher threads
+        loop.call_soon_threadsafe(agent.push_events, [event])
+
+    xids = NvmlXidWatcher(source, push)
     xids.start()
+    # The host's kernel log says nothing about simulated GPUs: read it only on a real node,
+    # or when a path is given (tests feed a FIFO).
+    kmsg_path = config.kmsg_path or ("" if config.simulate else "/dev/kmsg")
+    if kmsg_path:
+        agent.kmsg = KernelLogXidWatcher(kmsg_path, source, push)
+        if not agent.kmsg.start():
+            agent.kmsg = None
     if scenario:
         scenario.start()
     stop = asyncio.Event()
@@ -46,6 +58,8 @@ async def run_collector(config: CollectorConfig) -> None:
         if scenario:
             scenario.stop()
         xids.stop()
+        if agent.kmsg:
+            agent.kmsg.stop()
         source.close()
         log.info(
             "collector stopped after seq %d with %d unacknowledged report(s)",

@@ -144,20 +144,26 @@ class Event(_message.Message):
     def __init__(self, kind: _Optional[_Union[_vocabulary_pb2.EventKind, str]] = ..., source: _Optional[_Union[_vocabulary_pb2.EventSource, str]] = ..., time_unix_ns: _Optional[int] = ..., gpu_index: _Optional[int] = ..., pci_bus_id: _Optional[str] = ..., xid: _Optional[int] = ..., message: _Optional[str] = ..., pid: _Optional[int] = ..., process_name: _Optional[str] = ...) -> None: ...
 
 class CollectorStats(_message.Message):
-    __slots__ = ("reports_dropped_total", "reports_rejected_total", "unacked_reports", "reconnects_total", "sample_errors_total", "sample_duration_s")
+    __slots__ = ("reports_dropped_total", "reports_rejected_total", "unacked_reports", "reconnects_total", "sample_errors_total", "sample_duration_s", "kmsg_lines_unparsed_total", "xid_unknown_gpu_total", "xid_duplicates_total")
     REPORTS_DROPPED_TOTAL_FIELD_NUMBER: _ClassVar[int]
     REPORTS_REJECTED_TOTAL_FIELD_NUMBER: _ClassVar[int]
     UNACKED_REPORTS_FIELD_NUMBER: _ClassVar[int]
     RECONNECTS_TOTAL_FIELD_NUMBER: _ClassVar[int]
     SAMPLE_ERRORS_TOTAL_FIELD_NUMBER: _ClassVar[int]
     SAMPLE_DURATION_S_FIELD_NUMBER: _ClassVar[int]
+    KMSG_LINES_UNPARSED_TOTAL_FIELD_NUMBER: _ClassVar[int]
+    XID_UNKNOWN_GPU_TOTAL_FIELD_NUMBER: _ClassVar[int]
+    XID_DUPLICATES_TOTAL_FIELD_NUMBER: _ClassVar[int]
     reports_dropped_total: int
     reports_rejected_total: int
     unacked_reports: int
     reconnects_total: int
     sample_errors_total: int
     sample_duration_s: float
-    def __init__(self, reports_dropped_total: _Optional[int] = ..., reports_rejected_total: _Optional[int] = ..., unacked_reports: _Optional[int] = ..., reconnects_total: _Optional[int] = ..., sample_errors_total: _Optional[int] = ..., sample_duration_s: _Optional[float] = ...) -> None: ...
+    kmsg_lines_unparsed_total: int
+    xid_unknown_gpu_total: int
+    xid_duplicates_total: int
+    def __init__(self, reports_dropped_total: _Optional[int] = ..., reports_rejected_total: _Optional[int] = ..., unacked_reports: _Optional[int] = ..., reconnects_total: _Optional[int] = ..., sample_errors_total: _Optional[int] = ..., sample_duration_s: _Optional[float] = ..., kmsg_lines_unparsed_total: _Optional[int] = ..., xid_unknown_gpu_total: _Optional[int] = ..., xid_duplicates_total: _Optional[int] = ...) -> None: ...
 
 class NodeReport(_message.Message):
     __slots__ = ("node", "cluster", "boot_id", "seq", "time_unix_ns", "interval_s", "gpus", "engines", "events", "stats")

@@ -89,3 +89,68 @@ def test_a_bad_scenario_stops_the_collector_with_the_fault_named(cluster: Cluste
     proc = cluster.collector("n1", "127.0.0.1:1", "--sim-gpus", "8", "--sim-scenario", str(path))
     assert proc.popen.wait(timeout=60) == 2
     assert "names GPU 9; node n1 has 8" in proc.log()
+
+
+@pytest.mark.slow
+def test_kernel_log_xids_are_mapped_deduplicated_and_odd_lines_counted(cluster: Cluster) -> None:
+    import os
+
+    from gpufleet.protos import fleet_pb2
+
+    fifo = cluster.tmp / "kmsg"
+    os.mkfifo(fifo)
+    scenario = cluster.tmp / "xid.toml"
+    scenario.write_text('[[fault]]\nat_s = 1\ngpu = 4\nkind = "xid"\nxid = 79\n')
+    agg = cluster.aggregator()
+    collector = cluster.collector(
+        "kmsg-node",
+        agg.ingest,
+        "--interval-s",
+        "0.5",
+        "--kmsg-path",
+        str(fifo),
+        "--sim-scenario",
+        str(scenario),
+    )
+    wait_until(
+        lambda: [p for p in points(agg.data_dir, "event") if p.fields.get("xid") == 79],
+        20,
+        "the NVML XID 79 in the store",
+    )
+    # Simulated GPU 4 sits on bus 5c, GPU 2 on 3a (as on an HGX board).
+    with open(fifo, "w") as kmsg:
+        kmsg.write(
+            "6,1001,123456789,-;NVRM: Xid (PCI:0000:5c:00): 79, pid=1, name=x, GPU has fallen off the bus.\n"
+        )
+        kmsg.write(
+            "[ 4909.9] NVRM: Xid (PCI:0000:3a:00): 13, pid=4242, name=python3, Graphics SM Warp Exception\n"
+        )
+        kmsg.write("NVRM: Xid (PCI:0000:e1:00): 48, An uncorrectable double bit error\n")
+        kmsg.write("NVRM: Xid (PCI:garbage\n")
+        kmsg.write("\x00\xff not a kernel line at all\n")
+
+    def events() -> list:
+        got = [p for p in points(agg.data_dir, "event") if p.tags["kind"] == "xid"]
+        return got if len(got) >= 3 else []
+
+    xids = wait_until(events, 20, "the kernel-log XIDs in the store")
+    by_xid = {p.fields["xid"]: p for p in xids}
+    assert sorted(by_xid) == [13, 48, 79] and len(xids) == 3, "XID 79 seen by NVML and kmsg is stored once"
+    assert by_xid[13].tags["source"] == "kmsg" and by_xid[13].tags["gpu"] == "2"
+    assert by_xid[13].fields["pid"] == 4242 and by_xid[13].fields["process_name"] == "python3"
+    assert by_xid[48].tags["gpu"] == "" and by_xid[48].fields["pci_bus_id"] == "0000:e1:00"
+
+    viewer = cluster.secrets.tokens["viewer"]
+
+    def stats() -> object:
+        detail = agg.fleet_stub().GetNode(
+            fleet_pb2.GetNodeRequest(node="kmsg-node"), metadata=(("authorization", f"Bearer {viewer}"),)
+        )
+        s = detail.collector_stats
+        return (
+            s if s.kmsg_lines_unparsed_total and s.xid_unknown_gpu_total and s.xid_duplicates_total else None
+        )
+
+    s = wait_until(stats, 10, "the collector's own health to count the odd input")
+    assert (s.kmsg_lines_unparsed_total, s.xid_unknown_gpu_total, s.xid_duplicates_total) == (1, 1, 1)
+    assert collector.alive()
