@@ -213,6 +213,8 @@ def run_demo(args: argparse.Namespace) -> int:
                     str(args.interval),
                     "--aggregator",
                     bound["ingest"],
+                    "--metrics-listen",
+                    "127.0.0.1:0",
                     *(["--sim-scenario", str(Path(args.scenario).resolve())] if args.scenario else []),
                 ),
                 env={"GPUFLEET_COLLECTOR_TOKEN": collector_token(secret, node)},

@@ -123,7 +123,7 @@ def _run_component(args: argparse.Namespace) -> int:
     path = settings.config_path(args.config, os.environ)
     file_data = settings.load_file(path)
     if args.command == "collector":
-        from gpufleet.collector.main import run_collector
+        from gpufleet.collector.main import MetricsUnavailable, run_collector
         from gpufleet.collector.simnvml.scenario import ScenarioError
         from gpufleet.collector.sources.nvml import NvmlUnavailable
 
@@ -135,7 +135,7 @@ def _run_component(args: argparse.Namespace) -> int:
 
                 return run_probe(args, config)
             asyncio.run(run_collector(config))
-        except (NvmlUnavailable, ScenarioError) as exc:
+        except (NvmlUnavailable, ScenarioError, MetricsUnavailable) as exc:
             print(f"gpufleet collector: {exc}", file=sys.stderr)
             return EXIT_CONFIG
         return 0

@@ -77,6 +77,7 @@ class CollectorAgent:
         self.kmsg: KernelLogXidWatcher | None = None  # set when the kernel log is read
         self._recent_xids: dict[tuple[str, int], tuple[float, int]] = {}
         self.xid_duplicates_total = 0
+        self.last_sample: telemetry_pb2.NodeReport | None = None  # what /metrics shows
 
     # --- sampling ------------------------------------------------------------------
     async def sample_once(self) -> telemetry_pb2.NodeReport:
@@ -97,6 +98,7 @@ class CollectorAgent:
             stats=self._stats(),
         )
         self.buffer.add(report)
+        self.last_sample = report
         return report
 
     def _first_sighting(self, event: telemetry_pb2.Event) -> bool:

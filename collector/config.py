@@ -40,6 +40,9 @@ class CollectorConfig:
         "",
         "kernel log to read XIDs from; empty: /dev/kmsg on a real GPU node, none with simulate",
     )
+    metrics_listen: str = _setting(
+        "0.0.0.0:9410", "Prometheus /metrics address (host:port; port 0 picks one); empty disables"
+    )
     tls_ca: str = _setting("", "PEM CA bundle: connect with TLS and verify the aggregator against it")
     reset_command: str = _setting(
         "",

@@ -8,6 +8,7 @@ import signal
 
 from gpufleet.collector.agent import CollectorAgent
 from gpufleet.collector.config import CollectorConfig
+from gpufleet.collector.metrics_endpoint import serve
 from gpufleet.collector.simnvml import SimulatedNode, SimulatedNvmlLibrary, install
 from gpufleet.collector.simnvml.scenario import ScenarioRunner, load
 from gpufleet.collector.sources.nvml import NvmlSource
@@ -15,6 +16,10 @@ from gpufleet.collector.sources.xid_kmsg import KernelLogXidWatcher
 from gpufleet.collector.sources.xid_nvml import NvmlXidWatcher
 
 log = logging.getLogger("gpufleet.collector")
+
+
+class MetricsUnavailable(RuntimeError):
+    """The /metrics endpoint cannot be served where configured."""
 
 
 def open_source(config: CollectorConfig) -> tuple[NvmlSource, ScenarioRunner | None]:
@@ -33,6 +38,17 @@ def open_source(config: CollectorConfig) -> tuple[NvmlSource, ScenarioRunner | N
 async def run_collector(config: CollectorConfig) -> None:
     source, scenario = open_source(config)
     agent = CollectorAgent(config, source, simulated=config.simulate)
+    if config.metrics_listen:
+        try:
+            port = serve(config.metrics_listen, lambda: agent.last_sample)
+        except OSError as exc:
+            raise MetricsUnavailable(
+                f"cannot serve /metrics on {config.metrics_listen}: {exc}. Set --metrics-listen "
+                "(GPUFLEET_COLLECTOR_METRICS_LISTEN) to a free address, or to an empty value to disable it."
+            ) from exc
+        log.info(
+            "serving Prometheus metrics on %s:%d/metrics", config.metrics_listen.rpartition(":")[0], port
+        )
     loop = asyncio.get_running_loop()
 
     def push(event: object) -> None:  # called from the watcher threads

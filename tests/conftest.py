@@ -181,6 +181,8 @@ class Cluster:
                 "test",
                 "--aggregator",
                 ingest,
+                "--metrics-listen",
+                "127.0.0.1:0",
                 *extra,
             ),
             env={

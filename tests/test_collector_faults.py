@@ -154,3 +154,68 @@ def test_kernel_log_xids_are_mapped_deduplicated_and_odd_lines_counted(cluster: 
     s = wait_until(stats, 10, "the collector's own health to count the odd input")
     assert (s.kmsg_lines_unparsed_total, s.xid_unknown_gpu_total, s.xid_duplicates_total) == (1, 1, 1)
     assert collector.alive()
+
+
+def test_prometheus_endpoint_lints_clean_and_shows_absent_as_absent(cluster: Cluster) -> None:
+    import shutil
+    import subprocess
+    import urllib.request
+
+    from conftest import free_port
+    from prometheus_client.parser import text_string_to_metric_families
+
+    scenario = cluster.tmp / "m.toml"
+    scenario.write_text(
+        '[[fault]]\nat_s = 0\ngpu = 1\nkind = "not_supported"\nsymbol = "nvmlDeviceGetPowerUsage"\n'
+        '[[fault]]\nat_s = 0\ngpu = 0\nkind = "ecc_uncorrected"\ncount = 2\n'
+    )
+    port = free_port()
+    cluster.collector(
+        "prom-node",
+        "127.0.0.1:1",
+        "--interval-s",
+        "0.2",
+        "--sim-gpus",
+        "2",
+        "--sim-scenario",
+        str(scenario),
+        "--metrics-listen",
+        f"127.0.0.1:{port}",
+    )
+
+    def scrape() -> str:
+        text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+        return text if "gpufleet_gpu_ecc_uncorrected_volatile_total" in text and 'gpu="1"' in text else ""
+
+    text = wait_until(scrape, 30, "the collector's /metrics to show a sample taken after the faults")
+    families = {f.name: f for f in text_string_to_metric_families(text)}
+    util = {s.labels["gpu"]: s.value for s in families["gpufleet_gpu_utilization_ratio"].samples}
+    assert set(util) == {"0", "1"} and all(0 <= v <= 1 for v in util.values())
+    power = {s.labels["gpu"] for s in families["gpufleet_gpu_power_watts"].samples}
+    assert power == {"0"}, "GPU 1 does not report power: no sample, not 0"
+    ecc = families["gpufleet_gpu_ecc_uncorrected_volatile"]
+    assert ecc.type == "counter"
+    assert {s.labels["gpu"]: s.value for s in ecc.samples if s.name.endswith("_total")} == {
+        "0": 2.0,
+        "1": 0.0,
+    }
+    sample = families["gpufleet_gpu_sm_clock_hertz"].samples[0]
+    assert (
+        sample.labels["node"] == "prom-node"
+        and sample.labels["uuid"].startswith("GPU-")
+        and sample.value > 1e8
+    )
+
+    def reconnects() -> float:
+        text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+        (family,) = [
+            f for f in text_string_to_metric_families(text) if f.name == "gpufleet_collector_reconnects"
+        ]
+        return family.samples[0].value
+
+    wait_until(lambda: reconnects() >= 1, 20, "the failed connections (no aggregator) to be counted")
+    promtool = shutil.which("promtool")
+    if promtool is None:
+        pytest.fail("promtool is not installed: scripts/test.sh installs Debian's prometheus package")
+    lint = subprocess.run([promtool, "check", "metrics"], input=text, capture_output=True, text=True)
+    assert lint.returncode == 0, lint.stdout + lint.stderr

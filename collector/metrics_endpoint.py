@@ -1,0 +1,131 @@
+"""The collector's Prometheus text endpoint (/metrics), for teams that already scrape
+Prometheus: every GPU field of the last sample, with node/gpu/uuid/model labels, plus the
+collector's own health.
+
+Names follow Prometheus conventions (base units: ratios not percent, hertz not MHz, watts,
+celsius, bytes; counters end in _total). A field the GPU does not report has no sample —
+absent, never 0. The gpufleet field each comes from is in the HELP text.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+from prometheus_client import CollectorRegistry, start_http_server
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from gpufleet.protos import telemetry_pb2
+
+_LABELS = ["node", "gpu", "uuid", "model"]
+
+
+@dataclass(frozen=True)
+class _Field:
+    field: str  # GpuSample field
+    name: str  # Prometheus name (without gpufleet_gpu_ and, for counters, _total)
+    help: str
+    scale: float = 1.0
+    counter: bool = False
+
+
+GPU_FIELDS = [
+    _Field("util_gpu_pct", "utilization_ratio", "GPU (SM) utilization, 0-1", 0.01),
+    _Field("util_mem_pct", "memory_utilization_ratio", "memory-controller utilization, 0-1", 0.01),
+    _Field("hbm_used_bytes", "hbm_used_bytes", "HBM in use"),
+    _Field("hbm_total_bytes", "hbm_total_bytes", "HBM size"),
+    _Field("temp_gpu_c", "temperature_celsius", "GPU core temperature"),
+    _Field("temp_mem_c", "memory_temperature_celsius", "HBM temperature"),
+    _Field("power_w", "power_watts", "board power draw"),
+    _Field("power_limit_w", "power_limit_watts", "enforced power limit"),
+    _Field("clock_sm_mhz", "sm_clock_hertz", "SM clock", 1e6),
+    _Field("clock_mem_mhz", "memory_clock_hertz", "memory clock", 1e6),
+    _Field("clock_event_reasons", "clock_event_reasons", "NVML clock-event (throttle) reason bitmask"),
+    _Field("throttle_thermal", "thermal_slowdown", "1 while a thermal slowdown is active"),
+    _Field("throttle_power", "power_slowdown", "1 while a power cap or power brake slowdown is active"),
+    _Field(
+        "ecc_sbe_volatile", "ecc_corrected_volatile", "corrected ECC errors since driver load", counter=True
+    ),
+    _Field(
+        "ecc_dbe_volatile",
+        "ecc_uncorrected_volatile",
+        "uncorrected ECC errors since driver load",
+        counter=True,
+    ),
+    _Field("ecc_sbe_aggregate", "ecc_corrected_aggregate", "corrected ECC errors, lifetime", counter=True),
+    _Field(
+        "ecc_dbe_aggregate", "ecc_uncorrected_aggregate", "uncorrected ECC errors, lifetime", counter=True
+    ),
+    _Field("retired_pages_sbe", "retired_pages_single_bit", "pages retired for single-bit errors"),
+    _Field("retired_pages_dbe", "retired_pages_double_bit", "pages retired for double-bit errors"),
+    _Field("retired_pages_pending", "retired_pages_pending", "1 while a page retirement waits for a reset"),
+    _Field("remap_correctable", "remapped_rows_correctable", "rows remapped for correctable errors"),
+    _Field("remap_uncorrectable", "remapped_rows_uncorrectable", "rows remapped for uncorrectable errors"),
+    _Field("remap_pending", "remapped_rows_pending", "1 while a row remap waits for a GPU reset"),
+    _Field("remap_failure", "remapped_rows_failure", "1 if a row remap failed"),
+    _Field("pcie_replay_total", "pcie_replays", "PCIe replays", counter=True),
+    _Field("nvlink_links_active", "nvlink_links_active", "NVLink links up"),
+    _Field("nvlink_links_inactive", "nvlink_links_inactive", "NVLink links down"),
+    _Field("nvlink_replay_total", "nvlink_replay_errors", "NVLink replay errors, all links", counter=True),
+    _Field(
+        "nvlink_recovery_total", "nvlink_recovery_errors", "NVLink recovery errors, all links", counter=True
+    ),
+    _Field("nvlink_crc_total", "nvlink_crc_errors", "NVLink CRC errors, all links", counter=True),
+    _Field("process_count", "compute_processes", "compute processes on the GPU"),
+]
+
+# (CollectorStats field, Prometheus name, help, counter?)
+SELF_FIELDS = [
+    ("reports_dropped_total", "reports_dropped", "reports dropped because the replay buffer was full", True),
+    ("reports_rejected_total", "reports_rejected", "reports the aggregator rejected", True),
+    ("unacked_reports", "unacked_reports", "reports waiting for the aggregator's acknowledgement", False),
+    ("reconnects_total", "reconnects", "reconnects to the aggregator", True),
+    ("sample_errors_total", "nvml_errors", "NVML calls that failed (not counting NOT_SUPPORTED)", True),
+    ("sample_duration_s", "sample_duration_seconds", "time the last sample of all GPUs took", False),
+    ("kmsg_lines_unparsed_total", "kmsg_lines_unparsed", "kernel-log XID lines that did not parse", True),
+    ("xid_unknown_gpu_total", "xid_unknown_gpu", "XIDs for a PCI bus id that is no GPU of this node", True),
+    ("xid_duplicates_total", "xid_duplicates", "XIDs seen by NVML and the kernel log, sent once", True),
+]
+
+
+class GpuMetrics(Collector):
+    """Renders the latest report (from `latest()`) at scrape time."""
+
+    def __init__(self, latest: Callable[[], telemetry_pb2.NodeReport | None]) -> None:
+        self._latest = latest
+
+    def collect(self) -> Iterator[Metric]:
+        report = self._latest()
+        if report is None:
+            return
+        for spec in GPU_FIELDS:
+            family_type = CounterMetricFamily if spec.counter else GaugeMetricFamily
+            family = family_type(
+                f"gpufleet_gpu_{spec.name}", f"{spec.help} (gpufleet field {spec.field})", labels=_LABELS
+            )
+            for gpu in report.gpus:
+                if gpu.HasField(spec.field):
+                    family.add_metric(
+                        [report.node, str(gpu.index), gpu.uuid, gpu.model],
+                        float(getattr(gpu, spec.field)) * spec.scale,
+                    )
+            yield family
+        lost = GaugeMetricFamily("gpufleet_gpu_lost", "1 when NVML answers GPU_IS_LOST", labels=_LABELS)
+        for gpu in report.gpus:
+            lost.add_metric([report.node, str(gpu.index), gpu.uuid, gpu.model], float(gpu.lost))
+        yield lost
+        for field, name, help_text, counter in SELF_FIELDS:
+            family_type = CounterMetricFamily if counter else GaugeMetricFamily
+            family = family_type(f"gpufleet_collector_{name}", help_text, labels=["node"])
+            family.add_metric([report.node], float(getattr(report.stats, field)))
+            yield family
+
+
+def serve(address: str, latest: Callable[[], telemetry_pb2.NodeReport | None]) -> int:
+    """Serve /metrics on address (host:port, port 0 picks one); return the port."""
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(GpuMetrics(latest))
+    host, _, port = address.rpartition(":")
+    server, _thread = start_http_server(int(port), host.strip("[]") or "0.0.0.0", registry=registry)
+    return server.server_port

@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# System packages the test suite uses, from Debian's repositories, installed when missing:
+#   promtool (package prometheus)  lints the collector's /metrics
+#   openssl                        makes the TLS test's throwaway certificate
+set -euo pipefail
+missing=()
+command -v promtool >/dev/null 2>&1 || missing+=(prometheus)
+command -v openssl >/dev/null 2>&1 || missing+=(openssl)
+[ ${#missing[@]} -eq 0 ] && exit 0
+if [ "$(id -u)" -ne 0 ] && ! command -v sudo >/dev/null 2>&1; then
+  echo "install-test-deps: need ${missing[*]} (Debian packages); run as root or install them" >&2
+  exit 1
+fi
+sudo=""
+[ "$(id -u)" -ne 0 ] && sudo="sudo"
+echo "install-test-deps: installing ${missing[*]} with apt-get"
+log=$(mktemp)
+if ! { $sudo apt-get update -qq && DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq \
+      --no-install-recommends "${missing[@]}"; } >"$log" 2>&1; then
+  tail -n 30 "$log" >&2
+  echo "install-test-deps: apt-get failed; the full log is $log" >&2
+  exit 1
+fi
+rm -f "$log"
