@@ -95,6 +95,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true")
     sub.add_parser("whoami", parents=[client], help="which token the Fleet API sees")
 
+    eng = sub.add_parser("engines", help="inference-engine endpoints")
+    eng_sub = eng.add_subparsers(dest="action", required=True)
+    p = eng_sub.add_parser("probe", help="scrape one /metrics endpoint and print what was understood")
+    p.add_argument("url", help="e.g. http://127.0.0.1:8000/metrics")
+    p.add_argument("--timeout", type=float, default=5.0, help="seconds to wait for an answer")
+    p.add_argument("--json", action="store_true")
+
     auth = sub.add_parser("auth", help="credentials")
     auth_sub = auth.add_subparsers(dest="action", required=True)
     p = auth_sub.add_parser("init", help="write a new secrets file with fleet tokens")
@@ -202,6 +209,10 @@ def main(argv: list[str] | None = None) -> int:
             return run_demo(args)
         if args.command == "auth":
             return _run_auth(args)
+        if args.command == "engines":
+            from gpufleet.cli.engines import run_engines_probe
+
+            return run_engines_probe(args)
         if args.command == "config":
             from gpufleet.aggregator.config import AggregatorConfig
             from gpufleet.collector.config import CollectorConfig

@@ -22,6 +22,7 @@ import gpufleet
 from gpufleet.collector.commands import run_command
 from gpufleet.collector.config import CollectorConfig
 from gpufleet.collector.replay_buffer import ReplayBuffer
+from gpufleet.collector.sources.engines.scrape import EngineScraper, parse_endpoints
 from gpufleet.collector.sources.nvml import NvmlSource
 from gpufleet.collector.sources.xid_kmsg import KernelLogXidWatcher
 from gpufleet.protos import ingest_pb2, ingest_pb2_grpc, telemetry_pb2, vocabulary_pb2
@@ -78,12 +79,19 @@ class CollectorAgent:
         self._recent_xids: dict[tuple[str, int], tuple[float, int]] = {}
         self.xid_duplicates_total = 0
         self.last_sample: telemetry_pb2.NodeReport | None = None  # what /metrics shows
+        endpoints = parse_endpoints(config.engines)
+        self.engines = EngineScraper(endpoints, config.engine_timeout_s) if endpoints else None
 
     # --- sampling ------------------------------------------------------------------
     async def sample_once(self) -> telemetry_pb2.NodeReport:
         started_ns = time.time_ns()
         t0 = time.perf_counter()
-        gpus = await asyncio.to_thread(self.source.sample)
+        sampling = asyncio.to_thread(self.source.sample)
+        if self.engines is not None:
+            # Engines are scraped while the GPUs are sampled; each scrape has its own timeout.
+            gpus, engines = await asyncio.gather(sampling, asyncio.to_thread(self.engines.scrape_all))
+        else:
+            gpus, engines = await sampling, []
         self._sample_duration_s = time.perf_counter() - t0
         self.seq += 1
         report = telemetry_pb2.NodeReport(
@@ -94,6 +102,7 @@ class CollectorAgent:
             time_unix_ns=started_ns,
             interval_s=self.config.interval_s,
             gpus=gpus,
+            engines=engines,
             events=self._lost_events(gpus, started_ns),
             stats=self._stats(),
         )

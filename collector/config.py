@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gpufleet.collector.simnvml import GPU_PROFILES
+from gpufleet.collector.sources.engines.scrape import parse_endpoints
 
 
 def _setting(default: Any, help_text: str, **kw: Any) -> Any:
@@ -43,6 +44,12 @@ class CollectorConfig:
     metrics_listen: str = _setting(
         "0.0.0.0:9410", "Prometheus /metrics address (host:port; port 0 picks one); empty disables"
     )
+    engines: str = _setting(
+        "",
+        "inference-engine /metrics endpoints, ';'-separated, each 'URL [gpus=0,1]' "
+        "(vLLM, SGLang, TGI, TensorRT-LLM)",
+    )
+    engine_timeout_s: float = _setting(2.0, "seconds an engine endpoint may take to answer a scrape")
     tls_ca: str = _setting("", "PEM CA bundle: connect with TLS and verify the aggregator against it")
     reset_command: str = _setting(
         "",
@@ -71,6 +78,9 @@ class CollectorConfig:
             )
         if not 0 <= self.sim_gpus <= 64:
             raise ValueError(f"sim_gpus={self.sim_gpus} must be between 0 and 64")
+        if not 0.1 <= self.engine_timeout_s <= 60:
+            raise ValueError(f"engine_timeout_s={self.engine_timeout_s} must be between 0.1 and 60")
+        parse_endpoints(self.engines)  # raises ValueError naming the bad entry
         if ":" not in self.aggregator:
             raise ValueError(f"aggregator={self.aggregator!r} must be host:port")
 

@@ -1,0 +1,65 @@
+"""One shape for every inference engine's metrics: a parser takes the metric families of one
+/metrics scrape and returns the normalised reading (KV-cache usage ratio, requests running
+and waiting, preemptions, prefix-cache hit ratio, model). Adding an engine is one new file
+with a class of this shape and one line in REGISTRY (engines/__init__.py)."""
+
+from __future__ import annotations
+
+import abc
+import math
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from prometheus_client.metrics_core import Metric
+from prometheus_client.samples import Sample
+
+
+@dataclass
+class EngineReading:
+    engine: str
+    model: str = ""
+    kv_cache_usage_ratio: float | None = None
+    requests_running: float | None = None
+    requests_waiting: float | None = None
+    preemptions_total: float | None = None
+    prefix_cache_hit_ratio: float | None = None
+    # Counters the hit ratio is computed from between scrapes (hits, queries), when the engine
+    # exposes counters rather than a ratio.
+    prefix_counters: tuple[float, float] | None = None
+    notes: list[str] = field(default_factory=list)
+
+
+class ParseError(ValueError):
+    """The families do not hold this engine's metrics in a usable form."""
+
+
+class EngineParser(abc.ABC):
+    name = ""
+    prefixes: tuple[str, ...] = ()
+
+    def matches(self, names: set[str]) -> bool:
+        return any(n.startswith(self.prefixes) for n in names)
+
+    @abc.abstractmethod
+    def parse(self, families: dict[str, Metric]) -> EngineReading:
+        """The normalised reading; ParseError if the families do not hold a usable one."""
+
+
+def samples(families: dict[str, Metric], *names: str) -> list[Sample]:
+    """Every sample whose name is one of names (counters' samples keep their _total)."""
+    wanted = set(names)
+    return [s for fam in families.values() for s in fam.samples if s.name in wanted]
+
+
+def finite(values: Iterable[float], what: str) -> list[float]:
+    out = []
+    for v in values:
+        v = float(v)
+        if not math.isfinite(v):
+            raise ParseError(f"{what} is {v}, not a finite number")
+        out.append(v)
+    return out
+
+
+def first_label(found: list[Sample], label: str) -> str:
+    return next((s.labels[label] for s in found if s.labels.get(label)), "")

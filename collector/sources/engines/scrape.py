@@ -1,0 +1,172 @@
+"""Scrape inference-engine /metrics endpoints and normalise them to EngineSample.
+
+An endpoint that is down, slow, answers an HTTP error, garbage, no known engine metrics or
+implausible values is reported as unreadable with the reason — the report still goes out,
+and the collector carries on. Endpoints are scraped concurrently, each with a timeout, so
+one hanging engine never delays sampling by more than that timeout.
+
+Endpoint list (collector setting `engines`): entries separated by ';', each a URL with an
+optional `gpus=0,1` naming the NVML GPU indices the engine runs on:
+    http://127.0.0.1:8000/metrics gpus=0,1,2,3; http://127.0.0.1:30000/metrics gpus=4
+"""
+
+from __future__ import annotations
+
+import math
+import socket
+import urllib.error
+import urllib.parse
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from gpufleet.collector.sources.engines import REGISTRY, EngineReading, ParseError
+from gpufleet.protos import telemetry_pb2
+
+MAX_BODY_BYTES = 16 * 1024 * 1024
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    url: str
+    gpus: tuple[int, ...] = ()
+
+
+def parse_endpoints(text: str) -> list[Endpoint]:
+    """'URL [gpus=0,1]; URL ...' -> endpoints; ValueError naming the bad entry."""
+    endpoints = []
+    for entry in filter(None, (e.strip() for e in text.split(";"))):
+        url, *options = entry.split()
+        parts = urllib.parse.urlparse(url)
+        if parts.scheme not in ("http", "https") or not parts.netloc:
+            raise ValueError(f"engine endpoint {url!r} is not an http(s) URL")
+        gpus: tuple[int, ...] = ()
+        for option in options:
+            key, _, value = option.partition("=")
+            if key != "gpus":
+                raise ValueError(
+                    f"engine endpoint {url!r}: unknown option {option!r}; only gpus=0,1,... is known"
+                )
+            try:
+                gpus = tuple(int(g) for g in value.split(",") if g)
+            except ValueError:
+                raise ValueError(
+                    f"engine endpoint {url!r}: gpus={value!r} is not a list of GPU indices"
+                ) from None
+        endpoints.append(Endpoint(url, gpus))
+    return endpoints
+
+
+class EngineScraper:
+    def __init__(self, endpoints: list[Endpoint], timeout_s: float = 2.0) -> None:
+        self.endpoints = endpoints
+        self.timeout_s = timeout_s
+        self._previous_prefix: dict[str, tuple[float, float]] = {}
+        self._pool = ThreadPoolExecutor(max(1, min(8, len(endpoints))), thread_name_prefix="engine-scrape")
+
+    def scrape_all(self) -> list[telemetry_pb2.EngineSample]:
+        return list(self._pool.map(self.scrape, self.endpoints))
+
+    def scrape(self, endpoint: Endpoint) -> telemetry_pb2.EngineSample:
+        sample = telemetry_pb2.EngineSample(
+            endpoint=endpoint.url,
+            gpu_indices=endpoint.gpus,
+            port=urllib.parse.urlparse(endpoint.url).port or 80,
+        )
+        try:
+            reading = self._read(endpoint.url)
+        except _Unreadable as exc:
+            sample.readable = False
+            sample.unreadable_reason = str(exc)
+            sample.engine = exc.engine or "unknown"
+            sample.model = "unknown"
+            return sample
+        sample.readable = True
+        sample.engine = reading.engine
+        sample.model = reading.model or "unknown"
+        for name in (
+            "kv_cache_usage_ratio",
+            "requests_running",
+            "requests_waiting",
+            "preemptions_total",
+            "prefix_cache_hit_ratio",
+        ):
+            value = getattr(reading, name)
+            if value is not None:
+                setattr(sample, name, value)
+        return sample
+
+    def _read(self, url: str) -> EngineReading:
+        text = _fetch(url, self.timeout_s)
+        try:
+            families = {f.name: f for f in text_string_to_metric_families(text)}
+        except (ValueError, IndexError, TypeError) as exc:
+            raise _Unreadable(f"{url} answered text that is not Prometheus exposition format: {exc}") from exc
+        names = set(families) | {s.name for f in families.values() for s in f.samples}
+        parser = next((p for p in REGISTRY if p.matches(names)), None)
+        if parser is None:
+            known = ", ".join(p for parser in REGISTRY for p in parser.prefixes)
+            raise _Unreadable(f"{url} exposes no metrics of a known engine (names starting {known})")
+        try:
+            reading = parser.parse(families)
+        except ParseError as exc:
+            raise _Unreadable(f"{url} ({parser.name}): {exc}", parser.name) from exc
+        if reading.prefix_counters is not None:
+            reading.prefix_cache_hit_ratio = self._hit_ratio(url, *reading.prefix_counters)
+        _check(reading, url)
+        return reading
+
+    def _hit_ratio(self, url: str, hits: float, queries: float) -> float | None:
+        """Hits over queries since the previous scrape (since start on the first one)."""
+        before = self._previous_prefix.get(url)
+        self._previous_prefix[url] = (hits, queries)
+        if before and queries >= before[1] and hits >= before[0]:
+            d_hits, d_queries = hits - before[0], queries - before[1]
+            return d_hits / d_queries if d_queries > 0 else None
+        return hits / queries if queries > 0 else None  # first scrape, or the engine restarted
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+
+class _Unreadable(Exception):
+    def __init__(self, reason: str, engine: str = "") -> None:
+        super().__init__(reason)
+        self.engine = engine
+
+
+def _fetch(url: str, timeout_s: float) -> str:
+    request = urllib.request.Request(url, headers={"Accept": "text/plain"})
+    try:
+        with urllib.request.urlopen(request, timeout=timeout_s) as response:
+            body = response.read(MAX_BODY_BYTES + 1)
+    except urllib.error.HTTPError as exc:
+        raise _Unreadable(f"{url} answered HTTP {exc.code} {exc.reason}") from exc
+    except TimeoutError as exc:
+        raise _Unreadable(f"{url} did not answer within {timeout_s:g} s") from exc
+    except urllib.error.URLError as exc:
+        if isinstance(exc.reason, TimeoutError | socket.timeout):
+            raise _Unreadable(f"{url} did not answer within {timeout_s:g} s") from exc
+        raise _Unreadable(f"cannot connect to {url}: {exc.reason}") from exc
+    except OSError as exc:
+        raise _Unreadable(f"reading {url} failed: {exc}") from exc
+    if len(body) > MAX_BODY_BYTES:
+        raise _Unreadable(f"{url} answered more than {MAX_BODY_BYTES} bytes")
+    return body.decode("utf-8", errors="replace")
+
+
+def _check(reading: EngineReading, url: str) -> None:
+    """Implausible values make the engine unreadable here, rather than the whole report
+    being rejected at the aggregator."""
+    for name in ("kv_cache_usage_ratio", "prefix_cache_hit_ratio"):
+        value = getattr(reading, name)
+        if value is not None and not (math.isfinite(value) and 0 <= value <= 1):
+            raise _Unreadable(f"{url} ({reading.engine}): {name}={value} is outside 0..1", reading.engine)
+    for name in ("requests_running", "requests_waiting", "preemptions_total"):
+        value = getattr(reading, name)
+        if value is not None and not (math.isfinite(value) and value >= 0):
+            raise _Unreadable(
+                f"{url} ({reading.engine}): {name}={value} is negative or not finite", reading.engine
+            )
