@@ -28,6 +28,8 @@ from gpufleet.collector.simnvml import GPU_PROFILES
 from gpufleet.protos import fleet_pb2, vocabulary_pb2
 
 DEMO_MODELS = ["H100", "H200", "A100", "B200"]
+# Inference replicas on some nodes (KV-cache pressure in the dashboard), training on the rest.
+DEMO_ENGINES = ["vllm", "sglang", "", ""]
 
 
 def default_data_dir() -> Path:
@@ -215,6 +217,7 @@ def run_demo(args: argparse.Namespace) -> int:
                     bound["ingest"],
                     "--metrics-listen",
                     "127.0.0.1:0",
+                    *(["--sim-engine", DEMO_ENGINES[i % 4]] if DEMO_ENGINES[i % 4] else []),
                     *(["--sim-scenario", str(Path(args.scenario).resolve())] if args.scenario else []),
                 ),
                 env={"GPUFLEET_COLLECTOR_TOKEN": collector_token(secret, node)},

@@ -44,6 +44,9 @@ class CollectorConfig:
     metrics_listen: str = _setting(
         "0.0.0.0:9410", "Prometheus /metrics address (host:port; port 0 picks one); empty disables"
     )
+    sim_engine: str = _setting(
+        "", "with simulate: serve and scrape a simulated inference engine (vllm or sglang) on this node"
+    )
     engines: str = _setting(
         "",
         "inference-engine /metrics endpoints, ';'-separated, each 'URL [gpus=0,1]' "
@@ -78,6 +81,8 @@ class CollectorConfig:
             )
         if not 0 <= self.sim_gpus <= 64:
             raise ValueError(f"sim_gpus={self.sim_gpus} must be between 0 and 64")
+        if self.sim_engine and self.sim_engine not in ("vllm", "sglang"):
+            raise ValueError(f"sim_engine={self.sim_engine!r} must be vllm or sglang")
         if not 0.1 <= self.engine_timeout_s <= 60:
             raise ValueError(f"engine_timeout_s={self.engine_timeout_s} must be between 0.1 and 60")
         parse_endpoints(self.engines)  # raises ValueError naming the bad entry

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import signal
 
@@ -10,6 +11,7 @@ from gpufleet.collector.agent import CollectorAgent
 from gpufleet.collector.config import CollectorConfig
 from gpufleet.collector.metrics_endpoint import serve
 from gpufleet.collector.simnvml import SimulatedNode, SimulatedNvmlLibrary, install
+from gpufleet.collector.simnvml.engine_server import SimulatedEngine
 from gpufleet.collector.simnvml.scenario import ScenarioRunner, load
 from gpufleet.collector.sources.nvml import NvmlSource
 from gpufleet.collector.sources.xid_kmsg import KernelLogXidWatcher
@@ -26,17 +28,29 @@ def open_source(config: CollectorConfig) -> tuple[NvmlSource, ScenarioRunner | N
     """NVML through pynvml; with `simulate`, the stand-in library is put beneath pynvml
     first (and its fault scenario, if any, is prepared). Raises NvmlUnavailable (with what
     to do) when there is no driver, ScenarioError for an unusable scenario."""
-    runner = None
+    source, runner, _ = _open(config)
+    return source, runner
+
+
+def _open(config: CollectorConfig) -> tuple[NvmlSource, ScenarioRunner | None, SimulatedNode | None]:
+    runner = node = None
     if config.simulate:
         node = SimulatedNode(config.node, config.sim_gpus, config.sim_model)
         if config.sim_scenario:
             runner = ScenarioRunner(node, load(config.sim_scenario))
         install(SimulatedNvmlLibrary(node))
-    return NvmlSource(), runner
+    return NvmlSource(), runner, node
 
 
 async def run_collector(config: CollectorConfig) -> None:
-    source, scenario = open_source(config)
+    source, scenario, node = _open(config)
+    sim_engine = None
+    if node is not None and config.sim_engine:
+        # The simulated engine is a real HTTP endpoint, scraped like any other.
+        sim_engine = SimulatedEngine(node, config.sim_engine)
+        url = sim_engine.serve()
+        gpus = ",".join(str(g.index) for g in node.gpus)
+        config = dataclasses.replace(config, engines=f"{url} gpus={gpus}; {config.engines}".strip("; "))
     agent = CollectorAgent(config, source, simulated=config.simulate)
     if config.metrics_listen:
         try:
@@ -76,6 +90,8 @@ async def run_collector(config: CollectorConfig) -> None:
         xids.stop()
         if agent.kmsg:
             agent.kmsg.stop()
+        if sim_engine:
+            sim_engine.stop()
         source.close()
         log.info(
             "collector stopped after seq %d with %d unacknowledged report(s)",

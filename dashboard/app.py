@@ -13,7 +13,7 @@ import streamlit as st
 from gpufleet.cli.client import ClientError, FleetClient, resolve_client
 from gpufleet.cli.sre import AGGREGATES
 from gpufleet.cli.timeparse import parse_duration_ns, parse_time_ns
-from gpufleet.dashboard.data import HEAT_METRICS, gpus_frame, history_frame, nodes_frame
+from gpufleet.dashboard.data import HEAT_METRICS, engines_frame, gpus_frame, history_frame, nodes_frame
 from gpufleet.protos import fleet_pb2
 
 REFRESH_S = 5
@@ -108,6 +108,9 @@ def node_page() -> None:
     )
     if not detail.engines:
         st.caption("No inference engines reported on this node.")
+    else:
+        st.subheader("Inference engines")
+        st.dataframe(engines_frame(detail.engines), hide_index=True, use_container_width=True)
     metric = st.selectbox("metric", ["util_gpu_pct", "hbm_used_bytes", "temp_gpu_c", "power_w"])
     hist = call(
         "QueryHistory",

@@ -83,3 +83,28 @@ def history_frame(resp: fleet_pb2.HistoryResponse) -> pd.DataFrame:
         for t, v in zip(s.times_unix_ns, s.values, strict=True):
             rows.append({"time": pd.Timestamp(iso(t)), "series": label, resp.metric: v, **tags})
     return pd.DataFrame(rows)
+
+
+def engines_frame(engines: list) -> pd.DataFrame:
+    """One row per engine replica; unreadable ones show why, and absent values stay empty."""
+
+    def value(engine: object, name: str) -> float | None:
+        return getattr(engine, name) if engine.HasField(name) else None  # type: ignore[attr-defined]
+
+    return pd.DataFrame(
+        [
+            {
+                "engine": e.engine,
+                "model": e.model,
+                "port": e.port,
+                "GPUs": ",".join(str(i) for i in e.gpu_indices),
+                "KV-cache usage": value(e, "kv_cache_usage_ratio"),
+                "running": value(e, "requests_running"),
+                "waiting": value(e, "requests_waiting"),
+                "preemptions": value(e, "preemptions_total"),
+                "prefix-cache hit ratio": value(e, "prefix_cache_hit_ratio"),
+                "status": "ok" if e.readable else f"unreadable: {e.unreadable_reason}",
+            }
+            for e in engines
+        ]
+    )

@@ -28,8 +28,8 @@ def app(monkeypatch: pytest.MonkeyPatch, fleet: str, token: str) -> AppTest:
 
 def test_overview_node_and_history_pages(cluster: Cluster, monkeypatch: pytest.MonkeyPatch) -> None:
     agg = cluster.aggregator()
-    for node in ("dash-1", "dash-2"):
-        cluster.collector(node, agg.ingest, "--interval-s", "0.2", "--sim-gpus", "4")
+    cluster.collector("dash-1", agg.ingest, "--interval-s", "0.2", "--sim-gpus", "4", "--sim-engine", "vllm")
+    cluster.collector("dash-2", agg.ingest, "--interval-s", "0.2", "--sim-gpus", "4")
     viewer = cluster.secrets.tokens["viewer"]
     stub = agg.fleet_stub()
     wait_until(
@@ -63,6 +63,10 @@ def test_overview_node_and_history_pages(cluster: Cluster, monkeypatch: pytest.M
     assert not at.exception, at.exception
     gpus = at.dataframe[1].value
     assert list(gpus["gpu"]) == [0, 1, 2, 3] and gpus["uuid"].str.startswith("GPU-").all()
+    engines = at.dataframe[2].value
+    assert list(engines["engine"]) == ["vllm"] and list(engines["status"]) == ["ok"]
+    assert 0 <= engines["KV-cache usage"][0] <= 1 and engines["GPUs"][0] == "0,1,2,3"
+    at.selectbox[0].set_value("dash-2").run()
     assert any("No inference engines" in c.value for c in at.caption)
 
     at.sidebar.radio[0].set_value("History explorer").run()

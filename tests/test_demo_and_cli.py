@@ -82,7 +82,10 @@ def test_node_shows_every_gpu(demo: tuple[dict[str, str], Path]) -> None:
     assert [g["index"] for g in detail["gpus"]] == list(range(8))
     assert all(g["model"] == "NVIDIA H200" for g in detail["gpus"])
     text = cli(env, "node", "demo-node-02").stdout
-    assert "GPU-" in text and "no inference engines reported on this node" in text
+    assert "GPU-" in text and "sglang" in text and "Qwen/Qwen2.5-72B-Instruct" in text
+    assert [e["engine"] for e in detail["engines"]] == ["sglang"] and detail["engines"][0]["readable"]
+    training = cli(env, "node", "demo-node-03").stdout
+    assert "no inference engines reported on this node" in training
     missing = cli(env, "node", "no-such-node")
     assert missing.returncode == 5 and "not known to this aggregator" in missing.stderr
 

@@ -232,3 +232,26 @@ def test_engines_reach_the_store_and_the_cli(server: str, cluster: object) -> No
         ).stdout
     )
     assert history["series"] and history["series"][0]["tags"]["model"] == "meta-llama/Llama-3.1-8B-Instruct"
+
+
+def test_simulated_engine_is_scraped_over_http_and_follows_load(cluster: object) -> None:
+    import time
+
+    from conftest import wait_until
+
+    from gpufleet.aggregator.store import EmbeddedStore
+
+    agg = cluster.aggregator()  # type: ignore[attr-defined]
+    cluster.collector("sim-infer", agg.ingest, "--interval-s", "0.3", "--sim-engine", "sglang")  # type: ignore[attr-defined]
+
+    def points() -> list:
+        store = EmbeddedStore(agg.data_dir / "store.sqlite3", retention_s=86400)
+        try:
+            return store.query_points("engine", 0, time.time_ns() + 10**12)
+        finally:
+            store.close()
+
+    got = wait_until(lambda: len(points()) >= 3 and points(), 30, "simulated engine samples")
+    assert {p.tags["engine"] for p in got} == {"sglang"}
+    assert all(p.fields["readable"] == 1 and 0 <= p.fields["kv_cache_usage_ratio"] <= 1 for p in got)
+    assert got[-1].fields["gpu_indices"] == "0,1,2,3,4,5,6,7"
