@@ -22,6 +22,7 @@ import gpufleet
 from gpufleet.collector.commands import run_command
 from gpufleet.collector.config import CollectorConfig
 from gpufleet.collector.replay_buffer import ReplayBuffer
+from gpufleet.collector.sources.engines.discovery import EngineDiscovery
 from gpufleet.collector.sources.engines.scrape import EngineScraper, parse_endpoints
 from gpufleet.collector.sources.nvml import NvmlSource
 from gpufleet.collector.sources.xid_kmsg import KernelLogXidWatcher
@@ -80,7 +81,13 @@ class CollectorAgent:
         self.xid_duplicates_total = 0
         self.last_sample: telemetry_pb2.NodeReport | None = None  # what /metrics shows
         endpoints = parse_endpoints(config.engines)
-        self.engines = EngineScraper(endpoints, config.engine_timeout_s) if endpoints else None
+        # Simulated GPUs report made-up PIDs: discovery only looks at a real node's processes.
+        self.discovery = (
+            EngineDiscovery(config.engine_timeout_s) if config.engine_discovery and not simulated else None
+        )
+        self.engines = (
+            EngineScraper(endpoints, config.engine_timeout_s) if endpoints or self.discovery else None
+        )
 
     # --- sampling ------------------------------------------------------------------
     async def sample_once(self) -> telemetry_pb2.NodeReport:
@@ -89,7 +96,12 @@ class CollectorAgent:
         sampling = asyncio.to_thread(self.source.sample)
         if self.engines is not None:
             # Engines are scraped while the GPUs are sampled; each scrape has its own timeout.
-            gpus, engines = await asyncio.gather(sampling, asyncio.to_thread(self.engines.scrape_all))
+            found = (
+                self.discovery.endpoints(list(self.last_sample.gpus))
+                if (self.discovery and self.last_sample)
+                else []
+            )
+            gpus, engines = await asyncio.gather(sampling, asyncio.to_thread(self.engines.scrape_all, found))
         else:
             gpus, engines = await sampling, []
         self._sample_duration_s = time.perf_counter() - t0

@@ -52,6 +52,10 @@ class CollectorConfig:
         "inference-engine /metrics endpoints, ';'-separated, each 'URL [gpus=0,1]' "
         "(vLLM, SGLang, TGI, TensorRT-LLM)",
     )
+    engine_discovery: bool = _setting(
+        True,
+        "find engines from the GPUs' NVML process ids (needs the host PID namespace); off with simulate",
+    )
     engine_timeout_s: float = _setting(2.0, "seconds an engine endpoint may take to answer a scrape")
     tls_ca: str = _setting("", "PEM CA bundle: connect with TLS and verify the aggregator against it")
     reset_command: str = _setting(

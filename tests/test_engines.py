@@ -255,3 +255,64 @@ def test_simulated_engine_is_scraped_over_http_and_follows_load(cluster: object)
     assert {p.tags["engine"] for p in got} == {"sglang"}
     assert all(p.fields["readable"] == 1 and 0 <= p.fields["kv_cache_usage_ratio"] <= 1 for p in got)
     assert got[-1].fields["gpu_indices"] == "0,1,2,3,4,5,6,7"
+
+
+ENGINE_SERVER = r"""
+import http.server, json, subprocess, sys, threading
+body = open(sys.argv[1], "rb").read()
+class H(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        self.send_response(200); self.send_header("Content-Length", str(len(body))); self.end_headers()
+        self.wfile.write(body)
+    def log_message(self, *a): pass
+srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), H)
+# Two GPU workers, as vLLM's VLLM::Worker_TP0/1: children of the API server.
+workers = [subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"]) for _ in range(2)]
+print(json.dumps({"port": srv.server_port, "workers": [w.pid for w in workers]}), flush=True)
+threading.Thread(target=srv.serve_forever, daemon=True).start()
+sys.stdin.read()
+for w in workers: w.kill()
+"""
+
+
+def test_engines_are_discovered_from_the_gpus_process_ids(tmp_path: object) -> None:
+    import json
+    import subprocess
+    import sys
+
+    from gpufleet.collector.sources.engines.discovery import EngineDiscovery
+    from gpufleet.protos import telemetry_pb2
+
+    def start(text: str) -> tuple[subprocess.Popen[str], dict[str, object]]:
+        page = tmp_path / f"page{len(text)}.txt"  # type: ignore[operator]
+        page.write_text(text)
+        proc = subprocess.Popen(
+            [sys.executable, "-c", ENGINE_SERVER, str(page)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        return proc, json.loads(proc.stdout.readline())  # type: ignore[union-attr]
+
+    engine, info = start(fx.VLLM_NEW)
+    other, other_info = start(fx.NOT_AN_ENGINE)  # listens, but is no engine
+    try:
+        w0, w1 = info["workers"]  # type: ignore[misc]
+        gpus = [
+            telemetry_pb2.GpuSample(index=0, processes=[telemetry_pb2.GpuProcess(pid=w0)]),
+            telemetry_pb2.GpuSample(index=1, processes=[telemetry_pb2.GpuProcess(pid=w1)]),
+            telemetry_pb2.GpuSample(
+                index=2, processes=[telemetry_pb2.GpuProcess(pid=other_info["workers"][0])]
+            ),  # type: ignore[index]
+            telemetry_pb2.GpuSample(index=3, processes=[telemetry_pb2.GpuProcess(pid=999_999_999)]),
+        ]  # gone
+        discovery = EngineDiscovery(timeout_s=1.0)
+        (found,) = discovery.endpoints(gpus)
+        assert found.url == f"http://127.0.0.1:{info['port']}/metrics" and found.gpus == (0, 1)
+        assert discovery.endpoints(gpus) == [found], "cached while the GPU processes are the same"
+        scraped = EngineScraper([], timeout_s=1.0).scrape_all([found])
+        assert scraped[0].engine == "vllm" and list(scraped[0].gpu_indices) == [0, 1]
+    finally:
+        for proc in (engine, other):
+            proc.stdin.close()  # type: ignore[union-attr]
+            proc.wait(timeout=10)

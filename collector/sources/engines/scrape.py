@@ -64,10 +64,14 @@ class EngineScraper:
         self.endpoints = endpoints
         self.timeout_s = timeout_s
         self._previous_prefix: dict[str, tuple[float, float]] = {}
-        self._pool = ThreadPoolExecutor(max(1, min(8, len(endpoints))), thread_name_prefix="engine-scrape")
+        self._pool = ThreadPoolExecutor(8, thread_name_prefix="engine-scrape")
 
-    def scrape_all(self) -> list[telemetry_pb2.EngineSample]:
-        return list(self._pool.map(self.scrape, self.endpoints))
+    def scrape_all(self, extra: list[Endpoint] = ()) -> list[telemetry_pb2.EngineSample]:
+        """Scrape the configured endpoints plus `extra` (discovered) ones; a URL configured
+        by hand wins over the same URL discovered."""
+        configured = {e.url for e in self.endpoints}
+        endpoints = self.endpoints + [e for e in extra if e.url not in configured]
+        return list(self._pool.map(self.scrape, endpoints))
 
     def scrape(self, endpoint: Endpoint) -> telemetry_pb2.EngineSample:
         sample = telemetry_pb2.EngineSample(
@@ -77,7 +81,7 @@ class EngineScraper:
         )
         try:
             reading = self._read(endpoint.url)
-        except _Unreadable as exc:
+        except Unreadable as exc:
             sample.readable = False
             sample.unreadable_reason = str(exc)
             sample.engine = exc.engine or "unknown"
@@ -99,20 +103,20 @@ class EngineScraper:
         return sample
 
     def _read(self, url: str) -> EngineReading:
-        text = _fetch(url, self.timeout_s)
+        text = fetch(url, self.timeout_s)
         try:
             families = {f.name: f for f in text_string_to_metric_families(text)}
         except (ValueError, IndexError, TypeError) as exc:
-            raise _Unreadable(f"{url} answered text that is not Prometheus exposition format: {exc}") from exc
+            raise Unreadable(f"{url} answered text that is not Prometheus exposition format: {exc}") from exc
         names = set(families) | {s.name for f in families.values() for s in f.samples}
         parser = next((p for p in REGISTRY if p.matches(names)), None)
         if parser is None:
             known = ", ".join(p for parser in REGISTRY for p in parser.prefixes)
-            raise _Unreadable(f"{url} exposes no metrics of a known engine (names starting {known})")
+            raise Unreadable(f"{url} exposes no metrics of a known engine (names starting {known})")
         try:
             reading = parser.parse(families)
         except ParseError as exc:
-            raise _Unreadable(f"{url} ({parser.name}): {exc}", parser.name) from exc
+            raise Unreadable(f"{url} ({parser.name}): {exc}", parser.name) from exc
         if reading.prefix_counters is not None:
             reading.prefix_cache_hit_ratio = self._hit_ratio(url, *reading.prefix_counters)
         _check(reading, url)
@@ -131,29 +135,31 @@ class EngineScraper:
         self._pool.shutdown(wait=False, cancel_futures=True)
 
 
-class _Unreadable(Exception):
+class Unreadable(Exception):
+    """An endpoint could not be read as an engine's metrics; the message says why."""
+
     def __init__(self, reason: str, engine: str = "") -> None:
         super().__init__(reason)
         self.engine = engine
 
 
-def _fetch(url: str, timeout_s: float) -> str:
+def fetch(url: str, timeout_s: float) -> str:
     request = urllib.request.Request(url, headers={"Accept": "text/plain"})
     try:
         with urllib.request.urlopen(request, timeout=timeout_s) as response:
             body = response.read(MAX_BODY_BYTES + 1)
     except urllib.error.HTTPError as exc:
-        raise _Unreadable(f"{url} answered HTTP {exc.code} {exc.reason}") from exc
+        raise Unreadable(f"{url} answered HTTP {exc.code} {exc.reason}") from exc
     except TimeoutError as exc:
-        raise _Unreadable(f"{url} did not answer within {timeout_s:g} s") from exc
+        raise Unreadable(f"{url} did not answer within {timeout_s:g} s") from exc
     except urllib.error.URLError as exc:
         if isinstance(exc.reason, TimeoutError | socket.timeout):
-            raise _Unreadable(f"{url} did not answer within {timeout_s:g} s") from exc
-        raise _Unreadable(f"cannot connect to {url}: {exc.reason}") from exc
+            raise Unreadable(f"{url} did not answer within {timeout_s:g} s") from exc
+        raise Unreadable(f"cannot connect to {url}: {exc.reason}") from exc
     except OSError as exc:
-        raise _Unreadable(f"reading {url} failed: {exc}") from exc
+        raise Unreadable(f"reading {url} failed: {exc}") from exc
     if len(body) > MAX_BODY_BYTES:
-        raise _Unreadable(f"{url} answered more than {MAX_BODY_BYTES} bytes")
+        raise Unreadable(f"{url} answered more than {MAX_BODY_BYTES} bytes")
     return body.decode("utf-8", errors="replace")
 
 
@@ -163,10 +169,10 @@ def _check(reading: EngineReading, url: str) -> None:
     for name in ("kv_cache_usage_ratio", "prefix_cache_hit_ratio"):
         value = getattr(reading, name)
         if value is not None and not (math.isfinite(value) and 0 <= value <= 1):
-            raise _Unreadable(f"{url} ({reading.engine}): {name}={value} is outside 0..1", reading.engine)
+            raise Unreadable(f"{url} ({reading.engine}): {name}={value} is outside 0..1", reading.engine)
     for name in ("requests_running", "requests_waiting", "preemptions_total"):
         value = getattr(reading, name)
         if value is not None and not (math.isfinite(value) and value >= 0):
-            raise _Unreadable(
+            raise Unreadable(
                 f"{url} ({reading.engine}): {name}={value} is negative or not finite", reading.engine
             )
