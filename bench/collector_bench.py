@@ -37,6 +37,16 @@ from gpufleet.protos import telemetry_pb2
 HERE = Path(__file__).resolve().parent
 
 
+# The fields gpufleet reads in one call per GPU (HBM temperature, NVLink error totals).
+FIELD_IDS = [
+    pynvml.NVML_FI_DEV_MEMORY_TEMP,
+    pynvml.NVML_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL,
+    pynvml.NVML_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL,
+    pynvml.NVML_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL,
+    pynvml.NVML_FI_DEV_NVLINK_CRC_DATA_ERROR_COUNT_TOTAL,
+]
+
+
 def bare_pynvml_sample(handles: list[object]) -> None:
     """The NVML calls gpufleet makes per sample, with nothing of ours around them."""
     for h in handles:
@@ -59,11 +69,11 @@ def bare_pynvml_sample(handles: list[object]) -> None:
         ):
             with contextlib.suppress(pynvml.NVMLError):
                 fn(h, *args)
+        with contextlib.suppress(pynvml.NVMLError):
+            pynvml.nvmlDeviceGetFieldValues(h, FIELD_IDS)
         for link in range(pynvml.NVML_NVLINK_MAX_LINKS):
             try:
                 pynvml.nvmlDeviceGetNvLinkState(h, link)
-                for counter in (0, 1, 2, 3):
-                    pynvml.nvmlDeviceGetNvLinkErrorCounter(h, link, counter)
             except pynvml.NVMLError:
                 break
 

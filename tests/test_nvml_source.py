@@ -154,9 +154,9 @@ NVLINK = {
 @pytest.mark.parametrize(
     "model,present,absent",
     [
-        ("H100", ALWAYS | REMAP | NVLINK, RETIRED),
-        ("V100", ALWAYS | RETIRED | NVLINK, REMAP),
-        ("L40S", ALWAYS | REMAP, RETIRED | NVLINK),
+        ("H100", ALWAYS | REMAP | NVLINK | {"temp_mem_c"}, RETIRED),
+        ("V100", ALWAYS | RETIRED | NVLINK | {"temp_mem_c"}, REMAP),
+        ("L40S", ALWAYS | REMAP, RETIRED | NVLINK | {"temp_mem_c"}),
     ],
 )
 def test_every_field_a_gpu_supports_is_read_and_the_rest_is_absent(
@@ -270,3 +270,18 @@ def test_bad_scenarios_are_refused_with_the_fault_named(tmp_path: object, text: 
     with pytest.raises(scenario.ScenarioError) as info:
         scenario.load(path)
     assert message in str(info.value)
+
+
+def test_nvlink_totals_fall_back_to_per_link_counters_without_field_values(node: SimulatedNode) -> None:
+    scenario.apply(node.gpus[2], fault("nvlink_errors", link=4, count=5))
+    fast = NvmlSource().sample()[2]
+    calls_fast = pynvml.nvmlLib.calls.get("nvmlDeviceGetNvLinkErrorCounter", 0)
+    assert calls_fast == 0, "the totals came from one field-values call"
+    for gpu in node.gpus:
+        gpu.fail_symbols["nvmlDeviceGetFieldValues"] = pynvml.NVML_ERROR_NOT_SUPPORTED
+    slow = NvmlSource().sample()[2]
+    assert pynvml.nvmlLib.calls["nvmlDeviceGetNvLinkErrorCounter"] > 0
+    for name in ("nvlink_replay_total", "nvlink_crc_total", "nvlink_recovery_total"):
+        assert getattr(fast, name) == getattr(slow, name), name
+    assert (fast.nvlink_replay_total, fast.nvlink_crc_total) == (5, 5)
+    assert fast.HasField("temp_mem_c") and not slow.HasField("temp_mem_c")

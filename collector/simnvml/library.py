@@ -12,6 +12,7 @@ from __future__ import annotations
 import ctypes
 import queue
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -302,6 +303,44 @@ class SimulatedNvmlLibrary:
             return rc
         _target(value_ref).value = gpu.nvlink_errors.get((_value(link), _value(counter)), 0)
         return pynvml.NVML_SUCCESS
+
+    def nvmlDeviceGetFieldValues(self, handle: Any, count: Any, values_ref: Any) -> int:
+        gpu, rc = self._gpu(handle, "nvmlDeviceGetFieldValues")
+        if gpu is None:
+            return rc
+        values = _target(values_ref)
+        for i in range(_value(count)):
+            entry = values[i]
+            entry.timestamp = time.time_ns() // 1000
+            result = self._field_value(gpu, entry.fieldId)
+            if result is None:
+                entry.nvmlReturn = pynvml.NVML_ERROR_NOT_SUPPORTED
+                continue
+            entry.nvmlReturn = pynvml.NVML_SUCCESS
+            if isinstance(result, float):
+                entry.valueType = pynvml.NVML_VALUE_TYPE_DOUBLE
+                entry.value.dVal = result
+            else:
+                entry.valueType = pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG
+                entry.value.ullVal = result
+        return pynvml.NVML_SUCCESS
+
+    @staticmethod
+    def _field_value(gpu: SimulatedGpu, field_id: int) -> int | float | None:
+        """A field's value, or None for NOT_SUPPORTED (answered per field, as NVML does)."""
+        if field_id == pynvml.NVML_FI_DEV_MEMORY_TEMP:
+            return round(gpu.temp_gpu_c + 6) if gpu.profile.hbm else None
+        counters = {
+            pynvml.NVML_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL: pynvml.NVML_NVLINK_ERROR_DL_CRC_FLIT,
+            pynvml.NVML_FI_DEV_NVLINK_CRC_DATA_ERROR_COUNT_TOTAL: pynvml.NVML_NVLINK_ERROR_DL_CRC_DATA,
+            pynvml.NVML_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL: pynvml.NVML_NVLINK_ERROR_DL_REPLAY,
+            pynvml.NVML_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL: pynvml.NVML_NVLINK_ERROR_DL_RECOVERY,
+        }
+        if field_id in counters:
+            if not gpu.profile.nvlink_links:
+                return None
+            return sum(v for (_, c), v in gpu.nvlink_errors.items() if c == counters[field_id])
+        return None
 
     # --- processes -------------------------------------------------------------------
     def nvmlDeviceGetComputeRunningProcesses_v3(self, handle: Any, count_ref: Any, infos: Any) -> int:

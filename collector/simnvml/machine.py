@@ -34,6 +34,7 @@ class GpuProfile:
     mem_clock_mhz: float = 2619.0
     nvlink_links: int = 18  # 0: no NVLink (NOT_SUPPORTED)
     row_remapping: bool = True  # Ampere and later remap rows; older GPUs retire pages
+    hbm: bool = True  # HBM reports its own temperature; GDDR boards do not
 
 
 # Names and memory sizes as NVML reports them on real boards.
@@ -42,7 +43,7 @@ GPU_PROFILES: dict[str, GpuProfile] = {
     "H200": GpuProfile("NVIDIA H200", 143771 * MIB, 700.0, 78.0, 32.0, 70.0, 1980, 3201, 18),
     "A100": GpuProfile("NVIDIA A100-SXM4-80GB", 81920 * MIB, 400.0, 55.0, 30.0, 66.0, 1410, 1593, 12),
     "B200": GpuProfile("NVIDIA B200", 183359 * MIB, 1000.0, 140.0, 33.0, 72.0, 1965, 3996, 18),
-    "L40S": GpuProfile("NVIDIA L40S", 46068 * MIB, 350.0, 36.0, 29.0, 74.0, 2520, 9001, 0),
+    "L40S": GpuProfile("NVIDIA L40S", 46068 * MIB, 350.0, 36.0, 29.0, 74.0, 2520, 9001, 0, hbm=False),
     "V100": GpuProfile("Tesla V100-SXM2-32GB", 32768 * MIB, 300.0, 40.0, 30.0, 70.0, 1530, 877, 6, False),
 }
 

@@ -145,6 +145,36 @@ READERS: list[tuple[str, Callable[[Any, telemetry_pb2.GpuSample], None]]] = [
     ("processes", _read_processes),
 ]
 
+# Read together in one nvmlDeviceGetFieldValues call per GPU (each value has its own return
+# code): HBM temperature and the NVLink error totals over all links, which otherwise take
+# four calls per link.
+_FIELD_VALUES = {
+    pynvml.NVML_FI_DEV_MEMORY_TEMP: "temp_mem_c",
+    pynvml.NVML_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL: "nvlink_replay_total",
+    pynvml.NVML_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL: "nvlink_recovery_total",
+    pynvml.NVML_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL: "nvlink_crc_flit",
+    pynvml.NVML_FI_DEV_NVLINK_CRC_DATA_ERROR_COUNT_TOTAL: "nvlink_crc_data",
+}
+_VALUE_MEMBER = {
+    pynvml.NVML_VALUE_TYPE_DOUBLE: "dVal",
+    pynvml.NVML_VALUE_TYPE_UNSIGNED_INT: "uiVal",
+    pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG: "ulVal",
+    pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG: "ullVal",
+    pynvml.NVML_VALUE_TYPE_SIGNED_LONG_LONG: "sllVal",
+    pynvml.NVML_VALUE_TYPE_SIGNED_INT: "siVal",
+}
+
+
+def _read_field_values(handle: Any) -> dict[str, float]:
+    """The fields NVML answered (a field it does not support is simply not in the result)."""
+    out: dict[str, float] = {}
+    for value in pynvml.nvmlDeviceGetFieldValues(handle, list(_FIELD_VALUES)):
+        member = _VALUE_MEMBER.get(value.valueType)
+        if value.nvmlReturn == pynvml.NVML_SUCCESS and member and value.fieldId in _FIELD_VALUES:
+            out[_FIELD_VALUES[value.fieldId]] = getattr(value.value, member)
+    return out
+
+
 _NVLINK_COUNTERS = {
     "nvlink_replay_total": (pynvml.NVML_NVLINK_ERROR_DL_REPLAY,),
     "nvlink_recovery_total": (pynvml.NVML_NVLINK_ERROR_DL_RECOVERY,),
@@ -223,9 +253,21 @@ class NvmlSource:
                 break
             except pynvml.NVMLError as exc:
                 self._count_error(gpu, group, exc)
+        fields: dict[str, float] = {}
+        if not sample.lost and "field_values" not in gpu.unsupported:
+            try:
+                fields = _read_field_values(gpu.handle)
+            except (pynvml.NVMLError_NotSupported, pynvml.NVMLError_FunctionNotFound):
+                gpu.unsupported.add("field_values")
+            except pynvml.NVMLError_GpuIsLost:
+                sample.lost = True
+            except pynvml.NVMLError as exc:
+                self._count_error(gpu, "field_values", exc)
+        if "temp_mem_c" in fields:
+            sample.temp_mem_c = float(fields["temp_mem_c"])
         if not sample.lost and "nvlink" not in gpu.unsupported:
             try:
-                self._read_nvlink(gpu, sample)
+                self._read_nvlink(gpu, sample, fields)
             except pynvml.NVMLError_NotSupported:
                 gpu.unsupported.add("nvlink")
             except pynvml.NVMLError_GpuIsLost:
@@ -245,7 +287,7 @@ class NvmlSource:
         )
 
     @staticmethod
-    def _read_nvlink(gpu: _Gpu, sample: telemetry_pb2.GpuSample) -> None:
+    def _read_nvlink(gpu: _Gpu, sample: telemetry_pb2.GpuSample, fields: dict[str, float]) -> None:
         if gpu.nvlink_links is None:
             # Links are numbered from 0; the first that NVML refuses is past the last one.
             links = 0
@@ -259,12 +301,22 @@ class NvmlSource:
                 links = link + 1
             gpu.nvlink_links = links
         active = 0
-        totals = dict.fromkeys(_NVLINK_COUNTERS, 0)
+        from_fields = {"nvlink_replay_total", "nvlink_recovery_total", "nvlink_crc_flit", "nvlink_crc_data"}
+        if from_fields <= set(fields):
+            # The totals came in the field-values call: only the link states are asked per link.
+            totals = {
+                "nvlink_replay_total": fields["nvlink_replay_total"],
+                "nvlink_recovery_total": fields["nvlink_recovery_total"],
+                "nvlink_crc_total": fields["nvlink_crc_flit"] + fields["nvlink_crc_data"],
+            }
+        else:
+            totals = dict.fromkeys(_NVLINK_COUNTERS, 0)
         for link in range(gpu.nvlink_links):
             active += pynvml.nvmlDeviceGetNvLinkState(gpu.handle, link) == pynvml.NVML_FEATURE_ENABLED
-            for name, counters in _NVLINK_COUNTERS.items():
-                for counter in counters:
-                    totals[name] += pynvml.nvmlDeviceGetNvLinkErrorCounter(gpu.handle, link, counter)
+            if not from_fields <= set(fields):
+                for name, counters in _NVLINK_COUNTERS.items():
+                    for counter in counters:
+                        totals[name] += pynvml.nvmlDeviceGetNvLinkErrorCounter(gpu.handle, link, counter)
         sample.nvlink_links_active = active
         sample.nvlink_links_inactive = gpu.nvlink_links - active
         for name, value in totals.items():
