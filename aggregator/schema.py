@@ -99,6 +99,7 @@ METRICS: dict[str, Metric] = {
         Metric(
             "xid_duplicates_total", "collector", "count", "XIDs seen by NVML and kmsg, sent once", 0, 2**63
         ),
+        Metric("engine_scrapes_failed_total", "collector", "count", "unreadable engine scrapes", 0, 2**63),
     ]
 }
 
@@ -256,6 +257,7 @@ def _engine_event_collector_points(
                 "kmsg_lines_unparsed_total": stats.kmsg_lines_unparsed_total,
                 "xid_unknown_gpu_total": stats.xid_unknown_gpu_total,
                 "xid_duplicates_total": stats.xid_duplicates_total,
+                "engine_scrapes_failed_total": stats.engine_scrapes_failed_total,
                 # An event-only report (XIDs pushed between ticks) says nothing of the GPU count.
                 **({"gpu_count": len(report.gpus)} if report.gpus else {}),
             },

@@ -171,6 +171,7 @@ class CollectorAgent:
             kmsg_lines_unparsed_total=self.kmsg.lines_unparsed_total if self.kmsg else 0,
             xid_unknown_gpu_total=self.kmsg.xids_unknown_gpu_total if self.kmsg else 0,
             xid_duplicates_total=self.xid_duplicates_total,
+            engine_scrapes_failed_total=self.engines.failed_total if self.engines else 0,
         )
 
     def _lost_events(self, gpus: list[telemetry_pb2.GpuSample], time_ns: int) -> list[telemetry_pb2.Event]:

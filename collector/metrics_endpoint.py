@@ -86,6 +86,12 @@ SELF_FIELDS = [
     ("kmsg_lines_unparsed_total", "kmsg_lines_unparsed", "kernel-log XID lines that did not parse", True),
     ("xid_unknown_gpu_total", "xid_unknown_gpu", "XIDs for a PCI bus id that is no GPU of this node", True),
     ("xid_duplicates_total", "xid_duplicates", "XIDs seen by NVML and the kernel log, sent once", True),
+    (
+        "engine_scrapes_failed_total",
+        "engine_scrapes_failed",
+        "engine /metrics scrapes that were unreadable",
+        True,
+    ),
 ]
 
 

@@ -144,7 +144,7 @@ class Event(_message.Message):
     def __init__(self, kind: _Optional[_Union[_vocabulary_pb2.EventKind, str]] = ..., source: _Optional[_Union[_vocabulary_pb2.EventSource, str]] = ..., time_unix_ns: _Optional[int] = ..., gpu_index: _Optional[int] = ..., pci_bus_id: _Optional[str] = ..., xid: _Optional[int] = ..., message: _Optional[str] = ..., pid: _Optional[int] = ..., process_name: _Optional[str] = ...) -> None: ...
 
 class CollectorStats(_message.Message):
-    __slots__ = ("reports_dropped_total", "reports_rejected_total", "unacked_reports", "reconnects_total", "sample_errors_total", "sample_duration_s", "kmsg_lines_unparsed_total", "xid_unknown_gpu_total", "xid_duplicates_total")
+    __slots__ = ("reports_dropped_total", "reports_rejected_total", "unacked_reports", "reconnects_total", "sample_errors_total", "sample_duration_s", "kmsg_lines_unparsed_total", "xid_unknown_gpu_total", "xid_duplicates_total", "engine_scrapes_failed_total")
     REPORTS_DROPPED_TOTAL_FIELD_NUMBER: _ClassVar[int]
     REPORTS_REJECTED_TOTAL_FIELD_NUMBER: _ClassVar[int]
     UNACKED_REPORTS_FIELD_NUMBER: _ClassVar[int]
@@ -154,6 +154,7 @@ class CollectorStats(_message.Message):
     KMSG_LINES_UNPARSED_TOTAL_FIELD_NUMBER: _ClassVar[int]
     XID_UNKNOWN_GPU_TOTAL_FIELD_NUMBER: _ClassVar[int]
     XID_DUPLICATES_TOTAL_FIELD_NUMBER: _ClassVar[int]
+    ENGINE_SCRAPES_FAILED_TOTAL_FIELD_NUMBER: _ClassVar[int]
     reports_dropped_total: int
     reports_rejected_total: int
     unacked_reports: int
@@ -163,7 +164,8 @@ class CollectorStats(_message.Message):
     kmsg_lines_unparsed_total: int
     xid_unknown_gpu_total: int
     xid_duplicates_total: int
-    def __init__(self, reports_dropped_total: _Optional[int] = ..., reports_rejected_total: _Optional[int] = ..., unacked_reports: _Optional[int] = ..., reconnects_total: _Optional[int] = ..., sample_errors_total: _Optional[int] = ..., sample_duration_s: _Optional[float] = ..., kmsg_lines_unparsed_total: _Optional[int] = ..., xid_unknown_gpu_total: _Optional[int] = ..., xid_duplicates_total: _Optional[int] = ...) -> None: ...
+    engine_scrapes_failed_total: int
+    def __init__(self, reports_dropped_total: _Optional[int] = ..., reports_rejected_total: _Optional[int] = ..., unacked_reports: _Optional[int] = ..., reconnects_total: _Optional[int] = ..., sample_errors_total: _Optional[int] = ..., sample_duration_s: _Optional[float] = ..., kmsg_lines_unparsed_total: _Optional[int] = ..., xid_unknown_gpu_total: _Optional[int] = ..., xid_duplicates_total: _Optional[int] = ..., engine_scrapes_failed_total: _Optional[int] = ...) -> None: ...
 
 class NodeReport(_message.Message):
     __slots__ = ("node", "cluster", "boot_id", "seq", "time_unix_ns", "interval_s", "gpus", "engines", "events", "stats")

@@ -38,6 +38,28 @@ gpu = 0
 kind = "xid"
 xid = 13
 node = "some-other-node"
+
+[[fault]]
+at_s = 1.5
+gpu = 3
+kind = "power"
+
+[[fault]]
+at_s = 1.5
+gpu = 5
+kind = "nvlink_down"
+link = 2
+
+[[fault]]
+at_s = 1.5
+gpu = 6
+kind = "pcie_replays"
+count = 9
+
+[[fault]]
+at_s = 1.5
+gpu = 2
+kind = "remap_failure"
 """
 
 
@@ -77,6 +99,9 @@ def test_injected_faults_reach_the_store_and_xids_do_not_wait_for_the_tick(clust
     gpus = wait_until(faulted_sample, 15, "a sample taken after the ECC fault")
     assert gpus["2"].fields["remap_pending"] == 1 and gpus["2"].fields["remap_uncorrectable"] == 1
     assert gpus["1"].fields["throttle_thermal"] == 1 and gpus["1"].fields["throttle_power"] == 0
+    assert gpus["3"].fields["throttle_power"] == 1 and gpus["3"].fields["throttle_thermal"] == 0
+    assert (gpus["5"].fields["nvlink_links_active"], gpus["5"].fields["nvlink_links_inactive"]) == (17, 1)
+    assert gpus["6"].fields["pcie_replay_total"] == 9 and gpus["2"].fields["remap_failure"] == 1
     assert gpus["7"].fields["lost"] == 1 and "util_gpu_pct" not in gpus["7"].fields
     assert gpus["0"].fields["ecc_dbe_volatile"] == 0 and gpus["0"].fields["lost"] == 0
     lost = [p for p in points(agg.data_dir, "event") if p.tags["kind"] == "gpu_lost"]

@@ -12,7 +12,12 @@ import pytest
 
 from gpufleet.collector.sources.engines.scrape import Endpoint, EngineScraper, parse_endpoints
 
+WRONG_TYPE = fx.VLLM_NEW.replace(
+    "# TYPE vllm:kv_cache_usage_perc gauge", "# TYPE vllm:kv_cache_usage_perc histogram"
+)
+
 PAGES = {
+    "/wrong-type": WRONG_TYPE,
     "/vllm": fx.VLLM_NEW,
     "/vllm-old": fx.VLLM_OLD,
     "/sglang": fx.SGLANG,
@@ -316,3 +321,17 @@ def test_engines_are_discovered_from_the_gpus_process_ids(tmp_path: object) -> N
         for proc in (engine, other):
             proc.stdin.close()  # type: ignore[union-attr]
             proc.wait(timeout=10)
+
+
+def test_a_metric_of_the_wrong_type_is_absent_not_misread(server: str) -> None:
+    # KV usage declared as a histogram: its samples are not a usage ratio, so it is left out
+    # (absent, not 0) while the rest of the engine's metrics are read.
+    s = scrape(server + "/wrong-type")
+    assert s.readable and not s.HasField("kv_cache_usage_ratio") and s.requests_running == 21
+
+
+def test_unreadable_scrapes_are_counted_for_the_collectors_health(server: str) -> None:
+    scraper = EngineScraper([Endpoint(server + "/garbage"), Endpoint(server + "/vllm")], timeout_s=1.0)
+    scraper.scrape_all()
+    scraper.scrape_all()
+    assert scraper.failed_total == 2

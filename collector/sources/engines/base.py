@@ -41,14 +41,29 @@ class EngineParser(abc.ABC):
         return any(n.startswith(self.prefixes) for n in names)
 
     @abc.abstractmethod
-    def parse(self, families: dict[str, Metric]) -> EngineReading:
+    def parse(self, families: list[Metric]) -> EngineReading:
         """The normalised reading; ParseError if the families do not hold a usable one."""
 
 
-def samples(families: dict[str, Metric], *names: str) -> list[Sample]:
-    """Every sample whose name is one of names (counters' samples keep their _total)."""
+GAUGE = ("gauge", "unknown")
+COUNTER = ("counter", "unknown")
+
+
+def samples(families: list[Metric], *names: str, types: tuple[str, ...] = GAUGE) -> list[Sample]:
+    """Every sample whose name is one of names (counters' samples keep their _total), from
+    families of the expected type only: a usage ratio declared as a histogram or counter is
+    not read as one (it is left absent). prometheus_client's parser hands back the samples
+    of a name declared with another TYPE as untyped families of their own; those are skipped
+    too."""
     wanted = set(names)
-    return [s for fam in families.values() for s in fam.samples if s.name in wanted]
+    declared = {f.name for f in families if f.type != "unknown"}
+    return [
+        s
+        for fam in families
+        if fam.type in types and not (fam.type == "unknown" and fam.name in declared)
+        for s in fam.samples
+        if s.name in wanted
+    ]
 
 
 def finite(values: Iterable[float], what: str) -> list[float]:

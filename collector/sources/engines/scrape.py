@@ -64,6 +64,7 @@ class EngineScraper:
         self.endpoints = endpoints
         self.timeout_s = timeout_s
         self._previous_prefix: dict[str, tuple[float, float]] = {}
+        self.failed_total = 0  # unreadable scrapes, for the collector's own health
         self._pool = ThreadPoolExecutor(8, thread_name_prefix="engine-scrape")
 
     def scrape_all(self, extra: list[Endpoint] = ()) -> list[telemetry_pb2.EngineSample]:
@@ -82,6 +83,7 @@ class EngineScraper:
         try:
             reading = self._read(endpoint.url)
         except Unreadable as exc:
+            self.failed_total += 1
             sample.readable = False
             sample.unreadable_reason = str(exc)
             sample.engine = exc.engine or "unknown"
@@ -105,10 +107,10 @@ class EngineScraper:
     def _read(self, url: str) -> EngineReading:
         text = fetch(url, self.timeout_s)
         try:
-            families = {f.name: f for f in text_string_to_metric_families(text)}
+            families = list(text_string_to_metric_families(text))
         except (ValueError, IndexError, TypeError) as exc:
             raise Unreadable(f"{url} answered text that is not Prometheus exposition format: {exc}") from exc
-        names = set(families) | {s.name for f in families.values() for s in f.samples}
+        names = {f.name for f in families} | {s.name for f in families for s in f.samples}
         parser = next((p for p in REGISTRY if p.matches(names)), None)
         if parser is None:
             known = ", ".join(p for parser in REGISTRY for p in parser.prefixes)

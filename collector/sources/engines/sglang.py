@@ -25,7 +25,7 @@ class SglangParser(EngineParser):
     name = "sglang"
     prefixes = ("sglang:",)
 
-    def parse(self, families: dict[str, Metric]) -> EngineReading:
+    def parse(self, families: list[Metric]) -> EngineReading:
         usage = samples(families, "sglang:token_usage")
         running = _rank0(samples(families, "sglang:num_running_reqs"))
         waiting = _rank0(samples(families, "sglang:num_queue_reqs"))

@@ -13,7 +13,7 @@ class TgiParser(EngineParser):
     name = "tgi"
     prefixes = ("tgi_",)
 
-    def parse(self, families: dict[str, Metric]) -> EngineReading:
+    def parse(self, families: list[Metric]) -> EngineReading:
         size = samples(families, "tgi_batch_current_size")
         queue = samples(families, "tgi_queue_size")
         if not (size or queue):

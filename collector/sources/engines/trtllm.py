@@ -20,7 +20,7 @@ class TrtllmParser(EngineParser):
     name = "trtllm"
     prefixes = ("nv_trt_llm_",)
 
-    def parse(self, families: dict[str, Metric]) -> EngineReading:
+    def parse(self, families: list[Metric]) -> EngineReading:
         blocks = {
             s.labels.get("kv_cache_block_type"): s
             for s in samples(families, "nv_trt_llm_kv_cache_block_metrics")

@@ -9,6 +9,7 @@ from __future__ import annotations
 from prometheus_client.metrics_core import Metric
 
 from gpufleet.collector.sources.engines.base import (
+    COUNTER,
     EngineParser,
     EngineReading,
     ParseError,
@@ -18,11 +19,20 @@ from gpufleet.collector.sources.engines.base import (
 )
 
 
+def _sum(
+    families: list[Metric], name: str, old_name: str = "", types: tuple[str, ...] = COUNTER
+) -> float | None:
+    found = samples(families, name, types=types) or (
+        samples(families, old_name, types=types) if old_name else []
+    )
+    return sum(finite((s.value for s in found), name)) if found else None
+
+
 class VllmParser(EngineParser):
     name = "vllm"
     prefixes = ("vllm:",)
 
-    def parse(self, families: dict[str, Metric]) -> EngineReading:
+    def parse(self, families: list[Metric]) -> EngineReading:
         kv = samples(families, "vllm:kv_cache_usage_perc") or samples(families, "vllm:gpu_cache_usage_perc")
         running = samples(families, "vllm:num_requests_running")
         waiting = samples(families, "vllm:num_requests_waiting")
@@ -37,18 +47,9 @@ class VllmParser(EngineParser):
             reading.requests_running = sum(finite((s.value for s in running), "vllm:num_requests_running"))
         if waiting:
             reading.requests_waiting = sum(finite((s.value for s in waiting), "vllm:num_requests_waiting"))
-        preempt = samples(families, "vllm:num_preemptions_total")
-        if preempt:
-            reading.preemptions_total = sum(finite((s.value for s in preempt), "vllm:num_preemptions_total"))
-        hits = samples(families, "vllm:prefix_cache_hits_total") or samples(
-            families, "vllm:gpu_prefix_cache_hits_total"
-        )
-        queries = samples(families, "vllm:prefix_cache_queries_total") or samples(
-            families, "vllm:gpu_prefix_cache_queries_total"
-        )
-        if hits and queries:
-            reading.prefix_counters = (
-                sum(finite((s.value for s in hits), "prefix hits")),
-                sum(finite((s.value for s in queries), "prefix queries")),
-            )
+        reading.preemptions_total = _sum(families, "vllm:num_preemptions_total")
+        hits = _sum(families, "vllm:prefix_cache_hits_total", "vllm:gpu_prefix_cache_hits_total")
+        queries = _sum(families, "vllm:prefix_cache_queries_total", "vllm:gpu_prefix_cache_queries_total")
+        if hits is not None and queries is not None:
+            reading.prefix_counters = (hits, queries)
         return reading
