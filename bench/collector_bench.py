@@ -29,6 +29,7 @@ from pathlib import Path
 
 import psutil
 import pynvml
+from ingest_bench import wait_for_file  # bench/ is on sys.path when a bench script runs
 
 from gpufleet.collector.simnvml import SimulatedNode, SimulatedNvmlLibrary, install
 from gpufleet.collector.sources.nvml import NvmlSource
@@ -113,10 +114,7 @@ def process_run(args: argparse.Namespace) -> dict[str, float]:
     ready = tmp / "ready.json"
     server = subprocess.Popen([sys.executable, str(HERE / "bare_server.py"), "--ready-file", str(ready)])
     try:
-        deadline = time.monotonic() + 30
-        while not ready.exists() and time.monotonic() < deadline:
-            time.sleep(0.05)
-        address = json.loads(ready.read_text())["ingest"]
+        address = wait_for_file(ready, server, 30)["ingest"]
         argv = [
             sys.executable,
             "-m",

@@ -105,21 +105,26 @@ class CollectorAgent:
         else:
             gpus, engines = await sampling, []
         self._sample_duration_s = time.perf_counter() - t0
+        report = self._new_report(
+            started_ns, gpus=gpus, engines=engines, events=self._lost_events(gpus, started_ns)
+        )
+        self.last_sample = report
+        return report
+
+    def _new_report(self, time_ns: int, **parts: object) -> telemetry_pb2.NodeReport:
+        """The next report of this boot (seq + 1), with parts, held for sending until acked."""
         self.seq += 1
         report = telemetry_pb2.NodeReport(
             node=self.config.node,
             cluster=self.config.cluster,
             boot_id=self.boot_id,
             seq=self.seq,
-            time_unix_ns=started_ns,
+            time_unix_ns=time_ns,
             interval_s=self.config.interval_s,
-            gpus=gpus,
-            engines=engines,
-            events=self._lost_events(gpus, started_ns),
             stats=self._stats(),
+            **parts,
         )
         self.buffer.add(report)
-        self.last_sample = report
         return report
 
     def _first_sighting(self, event: telemetry_pb2.Event) -> bool:
@@ -146,19 +151,7 @@ class CollectorAgent:
         events = [e for e in events if self._first_sighting(e)]
         if not events:
             return None
-        self.seq += 1
-        report = telemetry_pb2.NodeReport(
-            node=self.config.node,
-            cluster=self.config.cluster,
-            boot_id=self.boot_id,
-            seq=self.seq,
-            time_unix_ns=time.time_ns(),
-            interval_s=self.config.interval_s,
-            events=events,
-            stats=self._stats(),
-        )
-        self.buffer.add(report)
-        return report
+        return self._new_report(time.time_ns(), events=events)
 
     def _stats(self) -> telemetry_pb2.CollectorStats:
         return telemetry_pb2.CollectorStats(
