@@ -25,7 +25,13 @@ class AggregatorConfig:
         "",
         "TOML with the collector secret and fleet tokens (default: DATA_DIR/secrets.toml)",
     )
-    store: str = _setting("embedded", "history store backend: embedded")
+    store: str = _setting("embedded", "history store backend: embedded or influxdb")
+    influx_url: str = _setting("http://127.0.0.1:8086", "InfluxDB URL (with store = influxdb)")
+    influx_database: str = _setting("gpufleet", "InfluxDB 1.x database, or the 2.x/3.x bucket mapped to it")
+    influx_retention_policy: str = _setting("", "InfluxDB retention policy to write to (empty: the default)")
+    influx_token: str = _setting("", "InfluxDB 2.x/3.x token (sent as 'Authorization: Token ...')")
+    influx_username: str = _setting("", "InfluxDB 1.x user")
+    influx_password: str = _setting("", "InfluxDB 1.x password (prefer the environment variable)")
     retention_s: float = _setting(14 * 86400.0, "how long raw history is kept, in seconds")
     tls_cert: str = _setting("", "PEM certificate: serve both gRPC ports with TLS")
     tls_key: str = _setting("", "PEM private key for tls_cert")

@@ -229,8 +229,9 @@ def _engine_event_collector_points(
             "cluster": cluster,
             "kind": vocabulary_pb2.EventKind.Name(ev.kind).removeprefix("EVENT_KIND_").lower(),
             "source": vocabulary_pb2.EventSource.Name(ev.source).removeprefix("EVENT_SOURCE_").lower(),
-            "gpu": str(ev.gpu_index) if ev.HasField("gpu_index") else "",
         }
+        if ev.HasField("gpu_index"):  # an XID for an unknown bus id has no GPU (and no empty tag)
+            tags["gpu"] = str(ev.gpu_index)
         fields = {
             "xid": ev.xid,
             "message": ev.message,

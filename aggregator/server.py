@@ -72,7 +72,12 @@ class Aggregator:
         config.data_path.mkdir(parents=True, exist_ok=True)
         self.metrics = AggregatorMetrics()
         self.auth = Authenticator.from_file(config.secrets_path)
-        self.store: Store = open_store(config.store, config.data_path, config.retention_s)
+        self.store: Store = open_store(
+            config.store,
+            config.data_path,
+            config.retention_s,
+            **{k: getattr(config, k) for k in vars(config) if k.startswith("influx_")},
+        )
         self.fleet = FleetState(config.stale_after_intervals, config.silent_after_intervals)
         self.fleet.restore(self.store.latest("collector"), self.store.latest("gpu"))
         self.writer = GroupCommitWriter(self.store, self.metrics)

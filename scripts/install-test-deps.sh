@@ -2,10 +2,12 @@
 # System packages the test suite uses, from Debian's repositories, installed when missing:
 #   promtool (package prometheus)  lints the collector's /metrics
 #   openssl                        makes the TLS test's throwaway certificate
+#   influxd (package influxdb)     the InfluxDB store's tests run against a real server
 set -euo pipefail
 missing=()
 command -v promtool >/dev/null 2>&1 || missing+=(prometheus)
 command -v openssl >/dev/null 2>&1 || missing+=(openssl)
+command -v influxd >/dev/null 2>&1 || missing+=(influxdb)
 [ ${#missing[@]} -eq 0 ] && exit 0
 if [ "$(id -u)" -ne 0 ] && ! command -v sudo >/dev/null 2>&1; then
   echo "install-test-deps: need ${missing[*]} (Debian packages); run as root or install them" >&2

@@ -294,3 +294,47 @@ def report(node: str, seq: int, boot_id: str = "boot-1", gpus: int = 8, **gpu0: 
     for name, value in gpu0.items():
         setattr(r.gpus[0], name, value)
     return ingest_pb2.CollectorMessage(report=r)
+
+
+@pytest.fixture(scope="session")
+def influxd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A real influxd (Debian's influxdb package) on free loopback ports, for the session."""
+    import shutil
+    import urllib.request
+
+    exe = shutil.which("influxd")
+    if exe is None:
+        pytest.fail("influxd is not installed: scripts/install-test-deps.sh installs Debian's influxdb")
+    home = tmp_path_factory.mktemp("influxd")
+    http_port, rpc_port = free_port(), free_port()
+    config = home / "influxdb.conf"
+    config.write_text(f"""reporting-disabled = true
+bind-address = "127.0.0.1:{rpc_port}"
+[meta]
+  dir = "{home}/meta"
+[data]
+  dir = "{home}/data"
+  wal-dir = "{home}/wal"
+  query-log-enabled = false
+[http]
+  bind-address = "127.0.0.1:{http_port}"
+  log-enabled = false
+""")
+    log = open(home / "influxd.log", "wb")  # noqa: SIM115 (closed below)
+    proc = subprocess.Popen([exe, "-config", str(config)], stdout=log, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{http_port}"
+
+    def ping() -> bool:
+        assert proc.poll() is None, (home / "influxd.log").read_text()[-2000:]
+        return urllib.request.urlopen(f"{url}/ping", timeout=2).status == 204
+
+    try:
+        wait_until(ping, 60, "influxd to answer /ping")
+        yield url
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+        log.close()

@@ -4,7 +4,8 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterator
+import uuid
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -19,12 +20,18 @@ def _embedded(tmp: Path) -> Store:
     return EmbeddedStore(tmp / "store.sqlite3", retention_s=86400)
 
 
-BACKENDS: dict[str, Callable[[Path], Store]] = {"embedded": _embedded}
+def _influx(tmp: Path, url: str) -> Store:
+    from gpufleet.aggregator.store.influx import InfluxStore
+
+    return InfluxStore(url, f"contract_{uuid.uuid4().hex[:12]}")  # a database of its own per test
 
 
-@pytest.fixture(params=list(BACKENDS))
+@pytest.fixture(params=["embedded", "influxdb"])
 def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Store]:
-    s = BACKENDS[request.param](tmp_path)
+    if request.param == "embedded":
+        s = _embedded(tmp_path)
+    else:
+        s = _influx(tmp_path, request.getfixturevalue("influxd"))
     yield s
     s.close()
 
@@ -120,6 +127,8 @@ def test_latest_point_of_every_series(store: Store) -> None:
 def test_retention_removes_only_old_points(store: Store) -> None:
     store.write([gpu_point("n1", 0, T0 + h * 3600 * S, util_gpu_pct=1.0) for h in range(30)])
     removed = store.apply_retention(now_unix_ns=T0 + 29 * 3600 * S)  # keeps 24 h
+    if removed is None:
+        pytest.skip("this store enforces retention itself (InfluxDB retention policies)")
     assert removed == 5
     left = store.query_points("gpu", 0, T0 + 31 * 3600 * S)
     assert [p.time_unix_ns for p in left] == [T0 + h * 3600 * S for h in range(5, 30)]

@@ -13,8 +13,25 @@ def _embedded(data_dir: Path, retention_s: float, **_: object) -> Store:
     return EmbeddedStore(data_dir / "store.sqlite3", retention_s)
 
 
+def _influxdb(
+    influx_url: str,
+    influx_database: str,
+    influx_retention_policy: str = "",
+    influx_token: str = "",
+    influx_username: str = "",
+    influx_password: str = "",
+    **_: object,
+) -> Store:
+    from gpufleet.aggregator.store.influx import InfluxStore
+
+    return InfluxStore(
+        influx_url, influx_database, influx_retention_policy, influx_token, influx_username, influx_password
+    )
+
+
 BACKENDS: dict[str, Callable[..., Store]] = {
     "embedded": _embedded,
+    "influxdb": _influxdb,
 }
 
 

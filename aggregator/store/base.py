@@ -74,8 +74,9 @@ class Store(abc.ABC):
         """The newest point of every series of a measurement."""
 
     @abc.abstractmethod
-    def apply_retention(self, now_unix_ns: int) -> int:
-        """Delete what is older than the retention; return how many points went."""
+    def apply_retention(self, now_unix_ns: int) -> int | None:
+        """Delete what is older than the retention; return how many points went, or None
+        for a store that enforces retention itself (InfluxDB retention policies)."""
 
     @abc.abstractmethod
     def close(self) -> None: ...

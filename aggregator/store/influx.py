@@ -1,0 +1,243 @@
+"""The InfluxDB store: line protocol to /write, InfluxQL on /query — the v1 endpoints that
+InfluxDB 1.x serves natively and 2.x and 3.x serve as their v1-compatibility API (with a
+token). Buckets/databases and retention policies are the operator's; gpufleet creates the
+database only on 1.x when it may.
+
+We use http.client with one kept-alive connection per thread rather than influxdb-client:
+that client targets the 2.x API (it cannot write to 1.6), and batching whole group commits
+into one request is all the speed the aggregator needs.
+
+Errors are told apart (the storage issue builds the spool on top of this):
+- a partial write (e.g. a field type conflict): InfluxDB keeps the rest of the batch; the
+  dropped points are counted and logged, and the write counts as done;
+- 401/403: the credentials are wrong — StoreError saying so;
+- 429/503 and connection failures: StoreError marked retryable, with Retry-After if given.
+"""
+
+from __future__ import annotations
+
+import base64
+import http.client
+import json
+import logging
+import re
+import threading
+import urllib.parse
+from collections.abc import Mapping, Sequence
+
+from gpufleet.aggregator.store.base import HistoryQuery, Point, Series, Store, StoreError
+from gpufleet.aggregator.store.lineproto import influxql_identifier, influxql_string, line
+
+log = logging.getLogger("gpufleet.aggregator.influx")
+
+_AGG = {
+    "mean": "MEAN({f})",
+    "max": "MAX({f})",
+    "min": "MIN({f})",
+    "p95": "PERCENTILE({f}, 95)",
+    "last": "LAST({f})",
+    "count": "COUNT({f})",
+}
+_DROPPED = re.compile(r"dropped=(\d+)")
+
+
+class InfluxError(StoreError):
+    def __init__(self, message: str, retryable: bool = False, retry_after_s: float | None = None) -> None:
+        super().__init__(message)
+        self.retryable = retryable
+        self.retry_after_s = retry_after_s
+
+
+class InfluxStore(Store):
+    def __init__(
+        self,
+        url: str,
+        database: str,
+        retention_policy: str = "",
+        token: str = "",
+        username: str = "",
+        password: str = "",
+        timeout_s: float = 30.0,
+        create_database: bool = True,
+    ) -> None:
+        parts = urllib.parse.urlparse(url)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise StoreError(f"influx_url {url!r} is not an http(s) URL")
+        self.url = url
+        self.database = database
+        self.retention_policy = retention_policy
+        self._parts = parts
+        self._timeout_s = timeout_s
+        self._headers = {}
+        if token:
+            self._headers["Authorization"] = f"Token {token}"
+        elif username:
+            raw = base64.b64encode(f"{username}:{password}".encode()).decode()
+            self._headers["Authorization"] = f"Basic {raw}"
+        self._local = threading.local()
+        self.points_dropped_total = 0
+        if create_database:
+            try:
+                self._query(f"CREATE DATABASE {influxql_identifier(database)}", method="POST")
+            except InfluxError as exc:
+                # 2.x/3.x have buckets instead, and a non-admin user may not create: carry on.
+                log.info("not creating database %s: %s", database, exc)
+
+    # --- HTTP ------------------------------------------------------------------------
+    def _connection(self) -> http.client.HTTPConnection:
+        conn = getattr(self._local, "conn", None)
+        if conn is None:
+            cls = http.client.HTTPSConnection if self._parts.scheme == "https" else http.client.HTTPConnection
+            conn = cls(self._parts.hostname, self._parts.port, timeout=self._timeout_s)
+            self._local.conn = conn
+        return conn
+
+    def _request(self, method: str, path: str, params: dict[str, str], body: bytes | None = None) -> bytes:
+        target = f"{self._parts.path.rstrip('/')}{path}?{urllib.parse.urlencode(params)}"
+        headers = dict(self._headers)
+        if body is not None:
+            headers["Content-Type"] = "text/plain; charset=utf-8"
+        for attempt in (1, 2):  # a kept-alive connection the server closed: reconnect once
+            conn = self._connection()
+            try:
+                conn.request(method, target, body=body, headers=headers)
+                response = conn.getresponse()
+                data = response.read()
+                break
+            except (ConnectionError, http.client.HTTPException, OSError) as exc:
+                conn.close()
+                self._local.conn = None
+                if attempt == 2:
+                    raise InfluxError(f"cannot reach InfluxDB at {self.url}: {exc}", retryable=True) from exc
+        status = response.status
+        if status in (200, 204):
+            return data
+        text = data.decode(errors="replace")[:500]
+        if status in (401, 403):
+            raise InfluxError(
+                f"InfluxDB at {self.url} refused the credentials (HTTP {status}): {text}. "
+                "Check influx_token or influx_username/influx_password."
+            )
+        if status in (429, 503):
+            retry_after = response.getheader("Retry-After")
+            raise InfluxError(
+                f"InfluxDB at {self.url} is overloaded or unavailable (HTTP {status}): {text}",
+                retryable=True,
+                retry_after_s=float(retry_after) if retry_after else None,
+            )
+        if status == 400 and "partial write" in text:
+            raise _PartialWrite(text)
+        raise InfluxError(f"InfluxDB at {self.url} answered HTTP {status}: {text}", retryable=status >= 500)
+
+    def _query(self, statement: str, method: str = "GET") -> list[dict]:
+        params = {"q": statement, "db": self.database, "epoch": "ns"}
+        if self.retention_policy:
+            params["rp"] = self.retention_policy
+        body = json.loads(self._request(method, "/query", params) or b"{}")
+        results = body.get("results", [])
+        for result in results:
+            if "error" in result:
+                raise InfluxError(f"InfluxDB could not run {statement[:200]!r}: {result['error']}")
+        return results
+
+    # --- writing ---------------------------------------------------------------------
+    def write(self, points: Sequence[Point]) -> None:
+        if not points:
+            return
+        body = "\n".join(line(p) for p in points).encode()
+        params = {"db": self.database, "precision": "ns"}
+        if self.retention_policy:
+            params["rp"] = self.retention_policy
+        try:
+            self._request("POST", "/write", params, body)
+        except _PartialWrite as partial:
+            # InfluxDB wrote the rest of the batch; only the conflicting points are gone.
+            match = _DROPPED.search(str(partial))
+            dropped = int(match.group(1)) if match else 1
+            self.points_dropped_total += dropped
+            log.error(
+                "InfluxDB dropped %d of %d points: %s",
+                dropped,
+                len(points),
+                partial,
+                extra={"dropped": dropped},
+            )
+
+    # --- reading ---------------------------------------------------------------------
+    def _from(self, measurement: str) -> str:
+        m = influxql_identifier(measurement)
+        return f"{influxql_identifier(self.retention_policy)}.{m}" if self.retention_policy else m
+
+    @staticmethod
+    def _where(start: int, end: int, filters: Mapping[str, Sequence[str]] | None) -> str:
+        clauses = [f"time >= {int(start)}", f"time < {int(end)}"]
+        for tag, values in (filters or {}).items():
+            if values:
+                ors = " OR ".join(f"{influxql_identifier(tag)} = {influxql_string(v)}" for v in values)
+                clauses.append(f"({ors})")
+        return " AND ".join(clauses)
+
+    def query_history(self, query: HistoryQuery) -> list[Series]:
+        if query.step_ns <= 0:
+            raise StoreError(f"step must be positive, got {query.step_ns} ns")
+        if query.aggregate not in _AGG:
+            raise StoreError(f"unknown aggregate {query.aggregate!r}")
+        select = _AGG[query.aggregate].format(f=influxql_identifier(query.field))
+        statement = (
+            f"SELECT {select} FROM {self._from(query.measurement)} "
+            f"WHERE {self._where(query.start_unix_ns, query.end_unix_ns, query.filters)} "
+            f"GROUP BY time({int(query.step_ns)}ns), * fill(none)"
+        )
+        out = []
+        for result in self._query(statement):
+            for s in result.get("series", []):
+                rows = [(t, v) for t, v in s["values"] if v is not None]
+                if rows:
+                    out.append(
+                        Series(
+                            dict(s.get("tags", {})), [int(t) for t, _ in rows], [float(v) for _, v in rows]
+                        )
+                    )
+        return sorted(out, key=lambda s: sorted(s.tags.items()))
+
+    def _points(self, measurement: str, statement: str) -> list[Point]:
+        points = []
+        for result in self._query(statement):
+            for s in result.get("series", []):
+                tags = dict(s.get("tags", {}))
+                columns = s["columns"]
+                for row in s["values"]:
+                    fields = {c: v for c, v in zip(columns[1:], row[1:], strict=True) if v is not None}
+                    points.append(Point(measurement, tags, fields, int(row[0])))
+        return points
+
+    def query_points(
+        self,
+        measurement: str,
+        start_unix_ns: int,
+        end_unix_ns: int,
+        filters: Mapping[str, Sequence[str]] | None = None,
+    ) -> list[Point]:
+        statement = (
+            f"SELECT * FROM {self._from(measurement)} "
+            f"WHERE {self._where(start_unix_ns, end_unix_ns, filters)} GROUP BY *"
+        )
+        return sorted(self._points(measurement, statement), key=lambda p: p.time_unix_ns)
+
+    def latest(self, measurement: str) -> list[Point]:
+        statement = f"SELECT * FROM {self._from(measurement)} GROUP BY * ORDER BY time DESC LIMIT 1"
+        return self._points(measurement, statement)
+
+    def apply_retention(self, now_unix_ns: int) -> int | None:
+        """InfluxDB keeps its own retention (retention policies, bucket retention): nothing to
+        delete here; the storage issue's downsampling sets those policies."""
+        return None
+
+    def close(self) -> None:
+        conn = getattr(self._local, "conn", None)
+        if conn is not None:
+            conn.close()
+
+
+class _PartialWrite(InfluxError):
+    pass
