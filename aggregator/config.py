@@ -32,6 +32,10 @@ class AggregatorConfig:
     influx_token: str = _setting("", "InfluxDB 2.x/3.x token (sent as 'Authorization: Token ...')")
     influx_username: str = _setting("", "InfluxDB 1.x user")
     influx_password: str = _setting("", "InfluxDB 1.x password (prefer the environment variable)")
+    spool_max_bytes: int = _setting(
+        1 << 30, "on-disk spool for batches the store cannot take; at this size acknowledgements stop"
+    )
+    spool_warn_ratio: float = _setting(0.8, "the spool reports itself near its limit past this fraction")
     retention_s: float = _setting(14 * 86400.0, "how long raw history is kept, in seconds")
     tls_cert: str = _setting("", "PEM certificate: serve both gRPC ports with TLS")
     tls_key: str = _setting("", "PEM private key for tls_cert")
@@ -63,6 +67,10 @@ class AggregatorConfig:
             raise ValueError("tls_cert and tls_key must be given together")
         if self.retention_s < 3600:
             raise ValueError(f"retention_s={self.retention_s:g} must be at least 3600 (one hour)")
+        if self.spool_max_bytes < 1 << 20:
+            raise ValueError(f"spool_max_bytes={self.spool_max_bytes} must be at least 1 MiB")
+        if not 0 < self.spool_warn_ratio < 1:
+            raise ValueError(f"spool_warn_ratio={self.spool_warn_ratio} must be between 0 and 1")
         if self.max_report_bytes < 1024:
             raise ValueError(f"max_report_bytes={self.max_report_bytes} must be at least 1024")
         if not 1 <= self.stale_after_intervals < self.silent_after_intervals:

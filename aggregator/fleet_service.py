@@ -72,12 +72,18 @@ def _rpc(role: str) -> Callable[[Callable[..., Awaitable[Any]]], Callable[..., A
 
 class FleetService(fleet_pb2_grpc.FleetServicer):
     def __init__(
-        self, auth: Authenticator, fleet: FleetState, store: Store, metrics: AggregatorMetrics
+        self,
+        auth: Authenticator,
+        fleet: FleetState,
+        store: Store,
+        metrics: AggregatorMetrics,
+        status: Callable[[], fleet_pb2.AggregatorStatus] | None = None,
     ) -> None:
         self._auth = auth
         self._fleet = fleet
         self._store = store
         self._metrics = metrics
+        self._status = status or fleet_pb2.AggregatorStatus
 
     def _authorize(self, context: grpc.aio.ServicerContext, role: str) -> Principal:
         try:
@@ -120,6 +126,10 @@ class FleetService(fleet_pb2_grpc.FleetServicer):
                 f"({len(self._fleet.nodes)} nodes are); `gpufleet nodes` lists them",
             )
         return self._fleet.detail(live)
+
+    @_rpc("viewer")
+    async def GetStatus(self, request: fleet_pb2.StatusRequest, principal: Principal) -> Any:
+        return self._status()
 
     @_rpc("viewer")
     async def ListMetrics(self, request: fleet_pb2.ListMetricsRequest, principal: Principal) -> Any:

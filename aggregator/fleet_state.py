@@ -89,8 +89,14 @@ class FleetState:
             live.engines[(eng.engine, eng.port)] = eng
 
     def restore(self, collector_points: list[Point], gpu_points: list[Point]) -> None:
-        """Seed the view from the store after a restart: every node known, as last seen."""
+        """Seed the view from the store after a restart: every node known, as last seen. A node
+        already heard from since the start (the restore can come late, when the store was down
+        at start-up) keeps its live values."""
+        restored: set[str] = set()
         for p in collector_points:
+            if p.tags["node"] in self.nodes and self.nodes[p.tags["node"]].last_heard_ns:
+                continue
+            restored.add(p.tags["node"])
             live = self._node(p.tags["node"])
             live.cluster = p.tags.get("cluster", "")
             live.last_report_ns = live.last_heard_ns = p.time_unix_ns
@@ -106,7 +112,7 @@ class FleetState:
         }
         for p in gpu_points:
             node = p.tags["node"]
-            if node not in self.nodes:
+            if node not in restored:
                 continue
             sample = telemetry_pb2.GpuSample(
                 index=int(p.tags["gpu"]), uuid=p.tags.get("uuid", ""), model=p.tags.get("model", "")

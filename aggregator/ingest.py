@@ -92,6 +92,10 @@ class IngestService:
         self._streams: dict[str, _Session] = {}
         self._converter = PointConverter()
 
+    @property
+    def streams_open(self) -> int:
+        return len(self._streams)
+
     def handler(self) -> grpc.GenericRpcHandler:
         method = grpc.stream_stream_rpc_method_handler(
             self.stream,

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from gpufleet.aggregator.spool import Spool
+
 
 class AggregatorMetrics:
     def __init__(self) -> None:
@@ -40,6 +42,34 @@ class AggregatorMetrics:
             ["method", "code"],
             registry=r,
         )
+
+    def watch_spool(self, spool: Spool, store: object) -> None:
+        """Gauges read from the spool (and the store's own drop count) at scrape time."""
+        r = self.registry
+        for name, help_text, attr in (
+            ("gpufleet_spool_bytes", "bytes held in the on-disk spool", "bytes"),
+            ("gpufleet_spool_batches", "batches waiting in the spool for the store", "batches"),
+            ("gpufleet_spool_oldest_age_seconds", "age of the oldest spooled batch", "oldest_age_s"),
+            (
+                "gpufleet_spool_drain_points_per_second",
+                "points drained to the store, last minute",
+                "drain_points_per_s",
+            ),
+            (
+                "gpufleet_spool_near_limit",
+                "1 when the spool is past its warning fraction: alert",
+                "near_limit",
+            ),
+            ("gpufleet_spool_refused_batches", "batches refused because the spool was full", "refused_total"),
+        ):
+            Gauge(name, help_text, registry=r).set_function(
+                lambda attr=attr: float(getattr(spool.status(), attr))
+            )
+        Gauge(
+            "gpufleet_store_points_dropped",
+            "points the store rejected (e.g. field type conflict)",
+            registry=r,
+        ).set_function(lambda: float(getattr(store, "points_dropped_total", 0)))
 
     def reject(self, reason: str, code: str) -> None:
         self.rejections.labels(reason=reason, code=code).inc()

@@ -15,15 +15,17 @@ from pathlib import Path
 import grpc
 from prometheus_client import start_http_server
 
+import gpufleet
 from gpufleet.aggregator.auth import Authenticator
 from gpufleet.aggregator.config import AggregatorConfig
 from gpufleet.aggregator.fleet_service import FleetService
 from gpufleet.aggregator.fleet_state import FleetState
 from gpufleet.aggregator.ingest import IngestLimits, IngestService
 from gpufleet.aggregator.metrics import AggregatorMetrics
-from gpufleet.aggregator.store import Store, open_store
+from gpufleet.aggregator.spool import Spool
+from gpufleet.aggregator.store import Store, StoreError, open_store
 from gpufleet.aggregator.writer import GroupCommitWriter
-from gpufleet.protos import fleet_pb2_grpc
+from gpufleet.protos import fleet_pb2, fleet_pb2_grpc
 
 log = logging.getLogger("gpufleet.aggregator")
 
@@ -79,8 +81,10 @@ class Aggregator:
             **{k: getattr(config, k) for k in vars(config) if k.startswith("influx_")},
         )
         self.fleet = FleetState(config.stale_after_intervals, config.silent_after_intervals)
-        self.fleet.restore(self.store.latest("collector"), self.store.latest("gpu"))
-        self.writer = GroupCommitWriter(self.store, self.metrics)
+        self._restored = self._restore()
+        self.spool = Spool(config.data_path / "spool", config.spool_max_bytes, config.spool_warn_ratio)
+        self.metrics.watch_spool(self.spool, self.store)
+        self.writer = GroupCommitWriter(self.store, self.metrics, self.spool)
         self.ingest = IngestService(
             self.auth,
             self.writer,
@@ -88,9 +92,54 @@ class Aggregator:
             self.metrics,
             IngestLimits(config.max_report_bytes, config.retention_s, config.max_clock_skew_s),
         )
-        self.fleet_service = FleetService(self.auth, self.fleet, self.store, self.metrics)
+        self.fleet_service = FleetService(self.auth, self.fleet, self.store, self.metrics, self.status)
         self._servers: list[grpc.aio.Server] = []
         self._http = None
+
+    def _restore(self) -> bool:
+        """Seed the live view from the store; False (logged) if the store is unreachable now."""
+        try:
+            self.fleet.restore(self.store.latest("collector"), self.store.latest("gpu"))
+        except StoreError as exc:
+            log.warning(
+                "cannot read the last known state of the fleet from the store (%s); starting "
+                "with an empty live view, nodes appear as they report; retrying in the background",
+                exc,
+            )
+            return False
+        return True
+
+    async def restore_loop(self, stop: asyncio.Event) -> None:
+        """Retry the start-up restore until the store answers (the spool covers writes)."""
+        delay_s = 2.0
+        while not self._restored and not stop.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), delay_s)  # a retry delay, stoppable
+            self._restored = await asyncio.to_thread(self._restore)
+            delay_s = min(60.0, delay_s * 2)
+
+    def status(self) -> fleet_pb2.AggregatorStatus:
+        spool = self.spool.status()
+        return fleet_pb2.AggregatorStatus(
+            version=gpufleet.__version__,
+            store=self.config.store,
+            store_ok=spool.batches == 0,
+            store_error=self.writer.store_error if spool.batches else "",
+            spool=fleet_pb2.SpoolStatus(
+                bytes=spool.bytes,
+                batches=spool.batches,
+                points=spool.points,
+                oldest_age_s=spool.oldest_age_s,
+                drain_points_per_s=spool.drain_points_per_s,
+                drained_points_total=spool.drained_points_total,
+                max_bytes=spool.max_bytes,
+                near_limit=spool.near_limit,
+                refused_batches_total=spool.refused_total,
+            ),
+            store_points_dropped_total=getattr(self.store, "points_dropped_total", 0),
+            nodes=len(self.fleet.nodes),
+            streams_open=self.ingest.streams_open,
+        )
 
     async def start(self) -> Bound:
         self.writer.start()
@@ -158,7 +207,10 @@ async def run_aggregator(config: AggregatorConfig) -> None:
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
     await aggregator.start()
-    retention = asyncio.create_task(aggregator.retention_loop(stop))
+    background = [
+        asyncio.create_task(aggregator.retention_loop(stop)),
+        asyncio.create_task(aggregator.restore_loop(stop)),
+    ]
     await stop.wait()
     await aggregator.stop()
-    await retention
+    await asyncio.gather(*background)

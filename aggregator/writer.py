@@ -11,12 +11,14 @@ overhead, not the store, is what limits one aggregator process.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
 from gpufleet.aggregator.metrics import AggregatorMetrics
+from gpufleet.aggregator.spool import Spool
 from gpufleet.aggregator.store import Point, Store, StoreError
 
 log = logging.getLogger("gpufleet.aggregator.writer")
@@ -29,10 +31,15 @@ class GroupCommitWriter:
         self,
         store: Store,
         metrics: AggregatorMetrics,
+        spool: Spool | None = None,
         max_batch_points: int = 50_000,
         max_pending_points: int = 200_000,
     ) -> None:
         self._store = store
+        self._spool = spool
+        self._drain_wake = asyncio.Event()
+        self._drainer: asyncio.Task[None] | None = None
+        self.store_error: str = ""  # the last store failure, while the spool is not empty
         self._metrics = metrics
         self._max_batch_points = max_batch_points
         self._max_pending_points = max_pending_points
@@ -45,10 +52,16 @@ class GroupCommitWriter:
         self._room.set()
         self._stopping = False
         self._executor = ThreadPoolExecutor(1, thread_name_prefix="store-writer")
+        self._spool_executor = ThreadPoolExecutor(1, thread_name_prefix="spool")
+        self._drain_stop = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
 
     def start(self) -> None:
         self._task = asyncio.create_task(self._run(), name="group-commit-writer")
+        if self._spool is not None:
+            self._drainer = asyncio.create_task(self._drain(), name="spool-drainer")
+            if len(self._spool):
+                self._drain_wake.set()
 
     @property
     def has_room(self) -> bool:
@@ -89,24 +102,91 @@ class GroupCommitWriter:
                 continue
             batch = self._take_batch()
             points = [p for pts, _ in batch for p in pts]
-            t0 = time.perf_counter()
-            error: StoreError | None = None
-            try:
-                await loop.run_in_executor(self._executor, self._store.write, points)
-            except StoreError as exc:
-                error = exc
-                self._metrics.store_write_errors.inc()
-                log.error("store write of %d points failed: %s", len(points), exc)
-            else:
-                self._metrics.store_write_seconds.observe(time.perf_counter() - t0)
-                self._metrics.store_points_written.inc(len(points))
+            error = await self._write_or_spool(loop, points)
             for _, done in batch:
                 done(error)
 
+    async def _write_or_spool(
+        self, loop: asyncio.AbstractEventLoop, points: list[Point]
+    ) -> StoreError | None:
+        """Make points durable in the store or, failing that, in the spool. None on success."""
+        if self._spool is not None and len(self._spool):
+            return await self._to_spool(loop, points)  # behind what is spooled, in order
+        t0 = time.perf_counter()
+        try:
+            await loop.run_in_executor(self._executor, self._store.write, points)
+        except StoreError as exc:
+            self._metrics.store_write_errors.inc()
+            self.store_error = str(exc)
+            if self._spool is None:
+                log.error("store write of %d points failed: %s", len(points), exc)
+                return exc
+            log.warning("store write of %d points failed (%s); spooling to disk", len(points), exc)
+            return await self._to_spool(loop, points)
+        self._metrics.store_write_seconds.observe(time.perf_counter() - t0)
+        self._metrics.store_points_written.inc(len(points))
+        return None
+
+    async def _to_spool(self, loop: asyncio.AbstractEventLoop, points: list[Point]) -> StoreError | None:
+        assert self._spool is not None
+        try:
+            await loop.run_in_executor(self._spool_executor, self._spool.append, points)
+        except StoreError as exc:  # SpoolFull: not acknowledged; collectors keep the reports
+            log.error("%s", exc)
+            return exc
+        # Woken after the append, never before: a drainer that looked too early would find the
+        # spool empty and go back to sleep with the batch in it.
+        self._drain_wake.set()
+        return None
+
+    async def _drain(self) -> None:
+        """Write spooled batches to the store, oldest first, as soon as it takes them."""
+        assert self._spool is not None
+        loop = asyncio.get_running_loop()
+        backoff_s = 0.5
+        while True:
+            if not len(self._spool):
+                self.store_error = ""
+                self._drain_wake.clear()
+                await self._drain_wake.wait()
+                continue
+            oldest = await loop.run_in_executor(self._spool_executor, self._spool.oldest)
+            if oldest is None:
+                continue
+            n, points = oldest
+            try:
+                await loop.run_in_executor(self._executor, self._store.write, points)
+            except StoreError as exc:
+                self.store_error = str(exc)
+                wait_s = getattr(exc, "retry_after_s", None) or backoff_s
+                log.warning(
+                    "store still refuses spooled batches (%s); %d batch(es) spooled; retrying in %.1f s",
+                    exc,
+                    len(self._spool),
+                    wait_s,
+                )
+                backoff_s = min(30.0, backoff_s * 2)
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._drain_stop.wait(), wait_s)  # a retry delay, stoppable
+                if self._drain_stop.is_set():
+                    return
+                continue
+            backoff_s = 0.5
+            self._metrics.store_points_written.inc(len(points))
+            await loop.run_in_executor(self._spool_executor, self._spool.remove, n)
+            if not len(self._spool):
+                log.info("spool drained: the store has everything again")
+
     async def close(self) -> None:
-        """Write everything already submitted, then stop."""
+        """Write everything already submitted, then stop (what is spooled stays spooled)."""
         self._stopping = True
         self._wake.set()
         if self._task and not self._task.done():
             await self._task
+        if self._drainer is not None:
+            self._drain_stop.set()
+            self._drain_wake.set()
+            self._drainer.cancel()
+            await asyncio.gather(self._drainer, return_exceptions=True)
         self._executor.shutdown(wait=True)
+        self._spool_executor.shutdown(wait=True)

@@ -94,6 +94,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("metrics", parents=[client], help="the metrics history can query")
     p.add_argument("--json", action="store_true")
     sub.add_parser("whoami", parents=[client], help="which token the Fleet API sees")
+    p = sub.add_parser("status", parents=[client], help="the aggregator's store and spool")
+    p.add_argument("--json", action="store_true")
 
     eng = sub.add_parser("engines", help="inference-engine endpoints")
     eng_sub = eng.add_subparsers(dest="action", required=True)

@@ -357,6 +357,24 @@ def print_metrics(resp: fleet_pb2.ListMetricsResponse, as_json: bool) -> None:
     )
 
 
+def print_status(st: fleet_pb2.AggregatorStatus, as_json: bool) -> None:
+    if as_json:
+        out = message_fields(st)
+        out["spool"] = message_fields(st.spool)
+        print(json.dumps(out, indent=2))
+        return
+    sp = st.spool
+    state = "ok" if st.store_ok else f"NOT TAKING WRITES: {st.store_error or 'unknown error'}"
+    print(f"aggregator {st.version}: {st.nodes} nodes known, {st.streams_open} collector streams open")
+    print(f"store {st.store}: {state}; {st.store_points_dropped_total} points rejected by the store")
+    size = f"{sp.bytes / 2**20:.1f} of {sp.max_bytes / 2**20:.0f} MiB"
+    print(
+        f"spool: {sp.batches} batches, {sp.points} points, {size}"
+        f"{' (NEAR ITS LIMIT)' if sp.near_limit else ''}, oldest {sp.oldest_age_s:.0f}s, draining "
+        f"{sp.drain_points_per_s:.0f} points/s, {sp.refused_batches_total} batches refused when full"
+    )
+
+
 def run(client: FleetClient, args: Any) -> None:
     if args.command == "nodes":
         print_nodes(
@@ -367,5 +385,7 @@ def run(client: FleetClient, args: Any) -> None:
     elif args.command == "history":
         fmt = "json" if args.json else "csv" if args.csv else "table"
         print_history(client.call("QueryHistory", history_request(args)), fmt)
+    elif args.command == "status":
+        print_status(client.call("GetStatus", fleet_pb2.StatusRequest()), args.json)
     elif args.command == "metrics":
         print_metrics(client.call("ListMetrics", fleet_pb2.ListMetricsRequest()), args.json)

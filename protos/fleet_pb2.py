@@ -26,7 +26,7 @@ from gpufleet.protos import telemetry_pb2 as gpufleet_dot_v1_dot_telemetry__pb2
 from gpufleet.protos import vocabulary_pb2 as gpufleet_dot_v1_dot_vocabulary__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17gpufleet/v1/fleet.proto\x12\x0bgpufleet.v1\x1a\x1bgpufleet/v1/telemetry.proto\x1a\x1cgpufleet/v1/vocabulary.proto\"\x0f\n\rWhoAmIRequest\",\n\x0eWhoAmIResponse\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0c\n\x04role\x18\x02 \x01(\t\"M\n\x10ListNodesRequest\x12\x10\n\x08\x63lusters\x18\x01 \x03(\t\x12\'\n\x08liveness\x18\x02 \x03(\x0e\x32\x15.gpufleet.v1.Liveness\"\xbe\x02\n\x0bNodeSummary\x12\x0c\n\x04node\x18\x01 \x01(\t\x12\x0f\n\x07\x63luster\x18\x02 \x01(\t\x12\'\n\x08liveness\x18\x03 \x01(\x0e\x32\x15.gpufleet.v1.Liveness\x12\x1b\n\x13last_report_unix_ns\x18\x04 \x01(\x03\x12\x1c\n\x14seconds_since_report\x18\x05 \x01(\x01\x12\x0f\n\x07\x62oot_id\x18\x06 \x01(\t\x12\x10\n\x08last_seq\x18\x07 \x01(\x04\x12\x12\n\ninterval_s\x18\x08 \x01(\x01\x12\x11\n\tsimulated\x18\t \x01(\x08\x12\x16\n\x0e\x64river_version\x18\n \x01(\t\x12\x11\n\tgpu_count\x18\x0b \x01(\r\x12$\n\x04gpus\x18\x0c \x03(\x0b\x32\x16.gpufleet.v1.GpuSample\x12\x11\n\tconnected\x18\r \x01(\x08\"Y\n\x11ListNodesResponse\x12\'\n\x05nodes\x18\x01 \x03(\x0b\x32\x18.gpufleet.v1.NodeSummary\x12\x1b\n\x13server_time_unix_ns\x18\x02 \x01(\x03\"\x1e\n\x0eGetNodeRequest\x12\x0c\n\x04node\x18\x01 \x01(\t\"\xc4\x01\n\nNodeDetail\x12)\n\x07summary\x18\x01 \x01(\x0b\x32\x18.gpufleet.v1.NodeSummary\x12*\n\x07\x65ngines\x18\x02 \x03(\x0b\x32\x19.gpufleet.v1.EngineSample\x12)\n\rrecent_events\x18\x03 \x03(\x0b\x32\x12.gpufleet.v1.Event\x12\x34\n\x0f\x63ollector_stats\x18\x04 \x01(\x0b\x32\x1b.gpufleet.v1.CollectorStats\"\x14\n\x12ListMetricsRequest\"K\n\nMetricInfo\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x13\n\x0bmeasurement\x18\x02 \x01(\t\x12\x0c\n\x04unit\x18\x03 \x01(\t\x12\x0c\n\x04help\x18\x04 \x01(\t\"?\n\x13ListMetricsResponse\x12(\n\x07metrics\x18\x01 \x03(\x0b\x32\x17.gpufleet.v1.MetricInfo\"\xd8\x01\n\x0eHistoryRequest\x12\x0e\n\x06metric\x18\x01 \x01(\t\x12\r\n\x05nodes\x18\x02 \x03(\t\x12\x0c\n\x04gpus\x18\x03 \x03(\r\x12\x10\n\x08\x63lusters\x18\x04 \x03(\t\x12\x0f\n\x07\x65ngines\x18\x05 \x03(\t\x12\x0e\n\x06models\x18\x06 \x03(\t\x12\x15\n\rstart_unix_ns\x18\x07 \x01(\x03\x12\x13\n\x0b\x65nd_unix_ns\x18\x08 \x01(\x03\x12\x0f\n\x07step_ns\x18\t \x01(\x03\x12)\n\taggregate\x18\n \x01(\x0e\x32\x16.gpufleet.v1.Aggregate\"\x89\x01\n\x06Series\x12+\n\x04tags\x18\x01 \x03(\x0b\x32\x1d.gpufleet.v1.Series.TagsEntry\x12\x15\n\rtimes_unix_ns\x18\x02 \x03(\x03\x12\x0e\n\x06values\x18\x03 \x03(\x01\x1a+\n\tTagsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\xd1\x01\n\x0fHistoryResponse\x12\x0e\n\x06metric\x18\x01 \x01(\t\x12\x13\n\x0bmeasurement\x18\x02 \x01(\t\x12\x0c\n\x04unit\x18\x03 \x01(\t\x12)\n\taggregate\x18\x04 \x01(\x0e\x32\x16.gpufleet.v1.Aggregate\x12\x0f\n\x07step_ns\x18\x05 \x01(\x03\x12\x15\n\rstart_unix_ns\x18\x06 \x01(\x03\x12\x13\n\x0b\x65nd_unix_ns\x18\x07 \x01(\x03\x12#\n\x06series\x18\x08 \x03(\x0b\x32\x13.gpufleet.v1.Series*\x9c\x01\n\tAggregate\x12\x19\n\x15\x41GGREGATE_UNSPECIFIED\x10\x00\x12\x12\n\x0e\x41GGREGATE_MEAN\x10\x01\x12\x11\n\rAGGREGATE_MAX\x10\x02\x12\x11\n\rAGGREGATE_MIN\x10\x03\x12\x11\n\rAGGREGATE_P95\x10\x04\x12\x12\n\x0e\x41GGREGATE_LAST\x10\x05\x12\x13\n\x0f\x41GGREGATE_COUNT\x10\x06\x32\xf4\x02\n\x05\x46leet\x12\x41\n\x06WhoAmI\x12\x1a.gpufleet.v1.WhoAmIRequest\x1a\x1b.gpufleet.v1.WhoAmIResponse\x12J\n\tListNodes\x12\x1d.gpufleet.v1.ListNodesRequest\x1a\x1e.gpufleet.v1.ListNodesResponse\x12?\n\x07GetNode\x12\x1b.gpufleet.v1.GetNodeRequest\x1a\x17.gpufleet.v1.NodeDetail\x12P\n\x0bListMetrics\x12\x1f.gpufleet.v1.ListMetricsRequest\x1a .gpufleet.v1.ListMetricsResponse\x12I\n\x0cQueryHistory\x12\x1b.gpufleet.v1.HistoryRequest\x1a\x1c.gpufleet.v1.HistoryResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17gpufleet/v1/fleet.proto\x12\x0bgpufleet.v1\x1a\x1bgpufleet/v1/telemetry.proto\x1a\x1cgpufleet/v1/vocabulary.proto\"\x0f\n\rStatusRequest\"\xd3\x01\n\x0bSpoolStatus\x12\r\n\x05\x62ytes\x18\x01 \x01(\x04\x12\x0f\n\x07\x62\x61tches\x18\x02 \x01(\x04\x12\x0e\n\x06points\x18\x03 \x01(\x04\x12\x14\n\x0coldest_age_s\x18\x04 \x01(\x01\x12\x1a\n\x12\x64rain_points_per_s\x18\x05 \x01(\x01\x12\x1c\n\x14\x64rained_points_total\x18\x06 \x01(\x04\x12\x11\n\tmax_bytes\x18\x07 \x01(\x04\x12\x12\n\nnear_limit\x18\x08 \x01(\x08\x12\x1d\n\x15refused_batches_total\x18\t \x01(\x04\"\xcb\x01\n\x10\x41ggregatorStatus\x12\x0f\n\x07version\x18\x01 \x01(\t\x12\r\n\x05store\x18\x02 \x01(\t\x12\x10\n\x08store_ok\x18\x03 \x01(\x08\x12\x13\n\x0bstore_error\x18\x04 \x01(\t\x12\'\n\x05spool\x18\x05 \x01(\x0b\x32\x18.gpufleet.v1.SpoolStatus\x12\"\n\x1astore_points_dropped_total\x18\x06 \x01(\x04\x12\r\n\x05nodes\x18\x07 \x01(\r\x12\x14\n\x0cstreams_open\x18\x08 \x01(\r\"\x0f\n\rWhoAmIRequest\",\n\x0eWhoAmIResponse\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0c\n\x04role\x18\x02 \x01(\t\"M\n\x10ListNodesRequest\x12\x10\n\x08\x63lusters\x18\x01 \x03(\t\x12\'\n\x08liveness\x18\x02 \x03(\x0e\x32\x15.gpufleet.v1.Liveness\"\xbe\x02\n\x0bNodeSummary\x12\x0c\n\x04node\x18\x01 \x01(\t\x12\x0f\n\x07\x63luster\x18\x02 \x01(\t\x12\'\n\x08liveness\x18\x03 \x01(\x0e\x32\x15.gpufleet.v1.Liveness\x12\x1b\n\x13last_report_unix_ns\x18\x04 \x01(\x03\x12\x1c\n\x14seconds_since_report\x18\x05 \x01(\x01\x12\x0f\n\x07\x62oot_id\x18\x06 \x01(\t\x12\x10\n\x08last_seq\x18\x07 \x01(\x04\x12\x12\n\ninterval_s\x18\x08 \x01(\x01\x12\x11\n\tsimulated\x18\t \x01(\x08\x12\x16\n\x0e\x64river_version\x18\n \x01(\t\x12\x11\n\tgpu_count\x18\x0b \x01(\r\x12$\n\x04gpus\x18\x0c \x03(\x0b\x32\x16.gpufleet.v1.GpuSample\x12\x11\n\tconnected\x18\r \x01(\x08\"Y\n\x11ListNodesResponse\x12\'\n\x05nodes\x18\x01 \x03(\x0b\x32\x18.gpufleet.v1.NodeSummary\x12\x1b\n\x13server_time_unix_ns\x18\x02 \x01(\x03\"\x1e\n\x0eGetNodeRequest\x12\x0c\n\x04node\x18\x01 \x01(\t\"\xc4\x01\n\nNodeDetail\x12)\n\x07summary\x18\x01 \x01(\x0b\x32\x18.gpufleet.v1.NodeSummary\x12*\n\x07\x65ngines\x18\x02 \x03(\x0b\x32\x19.gpufleet.v1.EngineSample\x12)\n\rrecent_events\x18\x03 \x03(\x0b\x32\x12.gpufleet.v1.Event\x12\x34\n\x0f\x63ollector_stats\x18\x04 \x01(\x0b\x32\x1b.gpufleet.v1.CollectorStats\"\x14\n\x12ListMetricsRequest\"K\n\nMetricInfo\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x13\n\x0bmeasurement\x18\x02 \x01(\t\x12\x0c\n\x04unit\x18\x03 \x01(\t\x12\x0c\n\x04help\x18\x04 \x01(\t\"?\n\x13ListMetricsResponse\x12(\n\x07metrics\x18\x01 \x03(\x0b\x32\x17.gpufleet.v1.MetricInfo\"\xd8\x01\n\x0eHistoryRequest\x12\x0e\n\x06metric\x18\x01 \x01(\t\x12\r\n\x05nodes\x18\x02 \x03(\t\x12\x0c\n\x04gpus\x18\x03 \x03(\r\x12\x10\n\x08\x63lusters\x18\x04 \x03(\t\x12\x0f\n\x07\x65ngines\x18\x05 \x03(\t\x12\x0e\n\x06models\x18\x06 \x03(\t\x12\x15\n\rstart_unix_ns\x18\x07 \x01(\x03\x12\x13\n\x0b\x65nd_unix_ns\x18\x08 \x01(\x03\x12\x0f\n\x07step_ns\x18\t \x01(\x03\x12)\n\taggregate\x18\n \x01(\x0e\x32\x16.gpufleet.v1.Aggregate\"\x89\x01\n\x06Series\x12+\n\x04tags\x18\x01 \x03(\x0b\x32\x1d.gpufleet.v1.Series.TagsEntry\x12\x15\n\rtimes_unix_ns\x18\x02 \x03(\x03\x12\x0e\n\x06values\x18\x03 \x03(\x01\x1a+\n\tTagsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\xd1\x01\n\x0fHistoryResponse\x12\x0e\n\x06metric\x18\x01 \x01(\t\x12\x13\n\x0bmeasurement\x18\x02 \x01(\t\x12\x0c\n\x04unit\x18\x03 \x01(\t\x12)\n\taggregate\x18\x04 \x01(\x0e\x32\x16.gpufleet.v1.Aggregate\x12\x0f\n\x07step_ns\x18\x05 \x01(\x03\x12\x15\n\rstart_unix_ns\x18\x06 \x01(\x03\x12\x13\n\x0b\x65nd_unix_ns\x18\x07 \x01(\x03\x12#\n\x06series\x18\x08 \x03(\x0b\x32\x13.gpufleet.v1.Series*\x9c\x01\n\tAggregate\x12\x19\n\x15\x41GGREGATE_UNSPECIFIED\x10\x00\x12\x12\n\x0e\x41GGREGATE_MEAN\x10\x01\x12\x11\n\rAGGREGATE_MAX\x10\x02\x12\x11\n\rAGGREGATE_MIN\x10\x03\x12\x11\n\rAGGREGATE_P95\x10\x04\x12\x12\n\x0e\x41GGREGATE_LAST\x10\x05\x12\x13\n\x0f\x41GGREGATE_COUNT\x10\x06\x32\xbc\x03\n\x05\x46leet\x12\x41\n\x06WhoAmI\x12\x1a.gpufleet.v1.WhoAmIRequest\x1a\x1b.gpufleet.v1.WhoAmIResponse\x12J\n\tListNodes\x12\x1d.gpufleet.v1.ListNodesRequest\x1a\x1e.gpufleet.v1.ListNodesResponse\x12?\n\x07GetNode\x12\x1b.gpufleet.v1.GetNodeRequest\x1a\x17.gpufleet.v1.NodeDetail\x12P\n\x0bListMetrics\x12\x1f.gpufleet.v1.ListMetricsRequest\x1a .gpufleet.v1.ListMetricsResponse\x12I\n\x0cQueryHistory\x12\x1b.gpufleet.v1.HistoryRequest\x1a\x1c.gpufleet.v1.HistoryResponse\x12\x46\n\tGetStatus\x12\x1a.gpufleet.v1.StatusRequest\x1a\x1d.gpufleet.v1.AggregatorStatusb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -35,36 +35,42 @@ if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_SERIES_TAGSENTRY']._loaded_options = None
   _globals['_SERIES_TAGSENTRY']._serialized_options = b'8\001'
-  _globals['_AGGREGATE']._serialized_start=1620
-  _globals['_AGGREGATE']._serialized_end=1776
-  _globals['_WHOAMIREQUEST']._serialized_start=99
-  _globals['_WHOAMIREQUEST']._serialized_end=114
-  _globals['_WHOAMIRESPONSE']._serialized_start=116
-  _globals['_WHOAMIRESPONSE']._serialized_end=160
-  _globals['_LISTNODESREQUEST']._serialized_start=162
-  _globals['_LISTNODESREQUEST']._serialized_end=239
-  _globals['_NODESUMMARY']._serialized_start=242
-  _globals['_NODESUMMARY']._serialized_end=560
-  _globals['_LISTNODESRESPONSE']._serialized_start=562
-  _globals['_LISTNODESRESPONSE']._serialized_end=651
-  _globals['_GETNODEREQUEST']._serialized_start=653
-  _globals['_GETNODEREQUEST']._serialized_end=683
-  _globals['_NODEDETAIL']._serialized_start=686
-  _globals['_NODEDETAIL']._serialized_end=882
-  _globals['_LISTMETRICSREQUEST']._serialized_start=884
-  _globals['_LISTMETRICSREQUEST']._serialized_end=904
-  _globals['_METRICINFO']._serialized_start=906
-  _globals['_METRICINFO']._serialized_end=981
-  _globals['_LISTMETRICSRESPONSE']._serialized_start=983
-  _globals['_LISTMETRICSRESPONSE']._serialized_end=1046
-  _globals['_HISTORYREQUEST']._serialized_start=1049
-  _globals['_HISTORYREQUEST']._serialized_end=1265
-  _globals['_SERIES']._serialized_start=1268
-  _globals['_SERIES']._serialized_end=1405
-  _globals['_SERIES_TAGSENTRY']._serialized_start=1362
-  _globals['_SERIES_TAGSENTRY']._serialized_end=1405
-  _globals['_HISTORYRESPONSE']._serialized_start=1408
-  _globals['_HISTORYRESPONSE']._serialized_end=1617
-  _globals['_FLEET']._serialized_start=1779
-  _globals['_FLEET']._serialized_end=2151
+  _globals['_AGGREGATE']._serialized_start=2057
+  _globals['_AGGREGATE']._serialized_end=2213
+  _globals['_STATUSREQUEST']._serialized_start=99
+  _globals['_STATUSREQUEST']._serialized_end=114
+  _globals['_SPOOLSTATUS']._serialized_start=117
+  _globals['_SPOOLSTATUS']._serialized_end=328
+  _globals['_AGGREGATORSTATUS']._serialized_start=331
+  _globals['_AGGREGATORSTATUS']._serialized_end=534
+  _globals['_WHOAMIREQUEST']._serialized_start=536
+  _globals['_WHOAMIREQUEST']._serialized_end=551
+  _globals['_WHOAMIRESPONSE']._serialized_start=553
+  _globals['_WHOAMIRESPONSE']._serialized_end=597
+  _globals['_LISTNODESREQUEST']._serialized_start=599
+  _globals['_LISTNODESREQUEST']._serialized_end=676
+  _globals['_NODESUMMARY']._serialized_start=679
+  _globals['_NODESUMMARY']._serialized_end=997
+  _globals['_LISTNODESRESPONSE']._serialized_start=999
+  _globals['_LISTNODESRESPONSE']._serialized_end=1088
+  _globals['_GETNODEREQUEST']._serialized_start=1090
+  _globals['_GETNODEREQUEST']._serialized_end=1120
+  _globals['_NODEDETAIL']._serialized_start=1123
+  _globals['_NODEDETAIL']._serialized_end=1319
+  _globals['_LISTMETRICSREQUEST']._serialized_start=1321
+  _globals['_LISTMETRICSREQUEST']._serialized_end=1341
+  _globals['_METRICINFO']._serialized_start=1343
+  _globals['_METRICINFO']._serialized_end=1418
+  _globals['_LISTMETRICSRESPONSE']._serialized_start=1420
+  _globals['_LISTMETRICSRESPONSE']._serialized_end=1483
+  _globals['_HISTORYREQUEST']._serialized_start=1486
+  _globals['_HISTORYREQUEST']._serialized_end=1702
+  _globals['_SERIES']._serialized_start=1705
+  _globals['_SERIES']._serialized_end=1842
+  _globals['_SERIES_TAGSENTRY']._serialized_start=1799
+  _globals['_SERIES_TAGSENTRY']._serialized_end=1842
+  _globals['_HISTORYRESPONSE']._serialized_start=1845
+  _globals['_HISTORYRESPONSE']._serialized_end=2054
+  _globals['_FLEET']._serialized_start=2216
+  _globals['_FLEET']._serialized_end=2660
 # @@protoc_insertion_point(module_scope)

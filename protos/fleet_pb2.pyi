@@ -26,6 +26,52 @@ AGGREGATE_P95: Aggregate
 AGGREGATE_LAST: Aggregate
 AGGREGATE_COUNT: Aggregate
 
+class StatusRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class SpoolStatus(_message.Message):
+    __slots__ = ("bytes", "batches", "points", "oldest_age_s", "drain_points_per_s", "drained_points_total", "max_bytes", "near_limit", "refused_batches_total")
+    BYTES_FIELD_NUMBER: _ClassVar[int]
+    BATCHES_FIELD_NUMBER: _ClassVar[int]
+    POINTS_FIELD_NUMBER: _ClassVar[int]
+    OLDEST_AGE_S_FIELD_NUMBER: _ClassVar[int]
+    DRAIN_POINTS_PER_S_FIELD_NUMBER: _ClassVar[int]
+    DRAINED_POINTS_TOTAL_FIELD_NUMBER: _ClassVar[int]
+    MAX_BYTES_FIELD_NUMBER: _ClassVar[int]
+    NEAR_LIMIT_FIELD_NUMBER: _ClassVar[int]
+    REFUSED_BATCHES_TOTAL_FIELD_NUMBER: _ClassVar[int]
+    bytes: int
+    batches: int
+    points: int
+    oldest_age_s: float
+    drain_points_per_s: float
+    drained_points_total: int
+    max_bytes: int
+    near_limit: bool
+    refused_batches_total: int
+    def __init__(self, bytes: _Optional[int] = ..., batches: _Optional[int] = ..., points: _Optional[int] = ..., oldest_age_s: _Optional[float] = ..., drain_points_per_s: _Optional[float] = ..., drained_points_total: _Optional[int] = ..., max_bytes: _Optional[int] = ..., near_limit: _Optional[bool] = ..., refused_batches_total: _Optional[int] = ...) -> None: ...
+
+class AggregatorStatus(_message.Message):
+    __slots__ = ("version", "store", "store_ok", "store_error", "spool", "store_points_dropped_total", "nodes", "streams_open")
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    STORE_FIELD_NUMBER: _ClassVar[int]
+    STORE_OK_FIELD_NUMBER: _ClassVar[int]
+    STORE_ERROR_FIELD_NUMBER: _ClassVar[int]
+    SPOOL_FIELD_NUMBER: _ClassVar[int]
+    STORE_POINTS_DROPPED_TOTAL_FIELD_NUMBER: _ClassVar[int]
+    NODES_FIELD_NUMBER: _ClassVar[int]
+    STREAMS_OPEN_FIELD_NUMBER: _ClassVar[int]
+    version: str
+    store: str
+    store_ok: bool
+    store_error: str
+    spool: SpoolStatus
+    store_points_dropped_total: int
+    nodes: int
+    streams_open: int
+    def __init__(self, version: _Optional[str] = ..., store: _Optional[str] = ..., store_ok: _Optional[bool] = ..., store_error: _Optional[str] = ..., spool: _Optional[_Union[SpoolStatus, _Mapping]] = ..., store_points_dropped_total: _Optional[int] = ..., nodes: _Optional[int] = ..., streams_open: _Optional[int] = ...) -> None: ...
+
 class WhoAmIRequest(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...

@@ -59,6 +59,11 @@ class FleetStub:
                 request_serializer=gpufleet_dot_v1_dot_fleet__pb2.HistoryRequest.SerializeToString,
                 response_deserializer=gpufleet_dot_v1_dot_fleet__pb2.HistoryResponse.FromString,
                 _registered_method=True)
+        self.GetStatus = channel.unary_unary(
+                '/gpufleet.v1.Fleet/GetStatus',
+                request_serializer=gpufleet_dot_v1_dot_fleet__pb2.StatusRequest.SerializeToString,
+                response_deserializer=gpufleet_dot_v1_dot_fleet__pb2.AggregatorStatus.FromString,
+                _registered_method=True)
 
 
 class FleetServicer:
@@ -94,6 +99,12 @@ class FleetServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def GetStatus(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_FleetServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -121,6 +132,11 @@ def add_FleetServicer_to_server(servicer, server):
                     servicer.QueryHistory,
                     request_deserializer=gpufleet_dot_v1_dot_fleet__pb2.HistoryRequest.FromString,
                     response_serializer=gpufleet_dot_v1_dot_fleet__pb2.HistoryResponse.SerializeToString,
+            ),
+            'GetStatus': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetStatus,
+                    request_deserializer=gpufleet_dot_v1_dot_fleet__pb2.StatusRequest.FromString,
+                    response_serializer=gpufleet_dot_v1_dot_fleet__pb2.AggregatorStatus.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -258,6 +274,33 @@ class Fleet:
             '/gpufleet.v1.Fleet/QueryHistory',
             gpufleet_dot_v1_dot_fleet__pb2.HistoryRequest.SerializeToString,
             gpufleet_dot_v1_dot_fleet__pb2.HistoryResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetStatus(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/gpufleet.v1.Fleet/GetStatus',
+            gpufleet_dot_v1_dot_fleet__pb2.StatusRequest.SerializeToString,
+            gpufleet_dot_v1_dot_fleet__pb2.AggregatorStatus.FromString,
             options,
             channel_credentials,
             insecure,

@@ -296,19 +296,23 @@ def report(node: str, seq: int, boot_id: str = "boot-1", gpus: int = 8, **gpu0: 
     return ingest_pb2.CollectorMessage(report=r)
 
 
-@pytest.fixture(scope="session")
-def influxd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """A real influxd (Debian's influxdb package) on free loopback ports, for the session."""
-    import shutil
-    import urllib.request
+class InfluxServer:
+    """A real influxd (Debian's influxdb package) on free loopback ports with its own data
+    directory; it can be killed and started again on the same ports and data."""
 
-    exe = shutil.which("influxd")
-    if exe is None:
-        pytest.fail("influxd is not installed: scripts/install-test-deps.sh installs Debian's influxdb")
-    home = tmp_path_factory.mktemp("influxd")
-    http_port, rpc_port = free_port(), free_port()
-    config = home / "influxdb.conf"
-    config.write_text(f"""reporting-disabled = true
+    def __init__(self, home: Path) -> None:
+        import shutil
+
+        exe = shutil.which("influxd")
+        if exe is None:
+            pytest.fail("influxd is not installed: scripts/install-test-deps.sh installs Debian's influxdb")
+        self.exe = exe
+        self.home = home
+        home.mkdir(parents=True, exist_ok=True)
+        http_port, rpc_port = free_port(), free_port()
+        self.url = f"http://127.0.0.1:{http_port}"
+        self.config = home / "influxdb.conf"
+        self.config.write_text(f"""reporting-disabled = true
 bind-address = "127.0.0.1:{rpc_port}"
 [meta]
   dir = "{home}/meta"
@@ -320,21 +324,36 @@ bind-address = "127.0.0.1:{rpc_port}"
   bind-address = "127.0.0.1:{http_port}"
   log-enabled = false
 """)
-    log = open(home / "influxd.log", "wb")  # noqa: SIM115 (closed below)
-    proc = subprocess.Popen([exe, "-config", str(config)], stdout=log, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{http_port}"
+        self.proc: subprocess.Popen[bytes] | None = None
 
-    def ping() -> bool:
-        assert proc.poll() is None, (home / "influxd.log").read_text()[-2000:]
-        return urllib.request.urlopen(f"{url}/ping", timeout=2).status == 204
+    def start(self) -> None:
+        import urllib.request
 
-    try:
+        with open(self.home / "influxd.log", "ab") as log:
+            self.proc = subprocess.Popen(
+                [self.exe, "-config", str(self.config)], stdout=log, stderr=subprocess.STDOUT
+            )
+
+        def ping() -> bool:
+            assert self.proc is not None and self.proc.poll() is None, (
+                self.home / "influxd.log"
+            ).read_text()[-2000:]
+            return urllib.request.urlopen(f"{self.url}/ping", timeout=2).status == 204
+
         wait_until(ping, 60, "influxd to answer /ping")
-        yield url
+
+    def kill(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+
+
+@pytest.fixture(scope="session")
+def influxd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A real influxd for the session."""
+    server = InfluxServer(tmp_path_factory.mktemp("influxd"))
+    server.start()
+    try:
+        yield server.url
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-        log.close()
+        server.kill()

@@ -146,3 +146,25 @@ def test_a_collector_that_just_connected_is_not_silent() -> None:
     state = FleetState()
     state.on_hello(ingest_pb2.Hello(node="n1", boot_id="b", interval_s=1.0), heard_ns=1_000 * 10**9)
     assert state.liveness(state.nodes["n1"], 1_000 * 10**9 + 10**8) == vocabulary_pb2.LIVENESS_REPORTING
+
+
+def test_a_late_restore_does_not_overwrite_a_node_that_already_reported() -> None:
+    from gpufleet.aggregator.store import Point
+
+    state = FleetState()
+    state.on_hello(
+        ingest_pb2.Hello(node="n1", boot_id="new", interval_s=1.0, gpus=[telemetry_pb2.GpuIdentity(index=0)])
+    )
+    live = telemetry_pb2.NodeReport(node="n1", boot_id="new", seq=3, time_unix_ns=2_000)
+    live.gpus.add(index=0, util_gpu_pct=90.0)
+    state.on_report(live, 5)
+    state.restore(
+        [
+            Point("collector", {"node": "n1"}, {"seq": 40, "boot_id": "old"}, 1_000),
+            Point("collector", {"node": "n2"}, {"seq": 9, "boot_id": "b2"}, 1_000),
+        ],
+        [Point("gpu", {"node": "n1", "gpu": "0"}, {"util_gpu_pct": 10.0}, 1_000)],
+    )
+    assert (state.nodes["n1"].boot_id, state.nodes["n1"].last_seq) == ("new", 3)
+    assert state.nodes["n1"].gpus[0].util_gpu_pct == 90.0
+    assert state.nodes["n2"].last_seq == 9, "a node not yet heard from is restored"

@@ -1,0 +1,174 @@
+"""The on-disk spool: batches the store could not take, kept until it can.
+
+When a store write fails, the batch is written to the spool instead (one segment file per
+batch, fsynced, renamed into place so a crash never leaves half a segment) and the reports
+are acknowledged: they are durable. While the spool holds anything, new batches go behind it,
+so the store receives points in the order they arrived. A drainer writes segments to the
+store oldest first, deleting each once the store has it, backing off between failures
+(honouring Retry-After). The spool survives an aggregator restart: it is just files.
+
+Bounded by `max_bytes`: past `warn_ratio` of it the spool reports itself near its limit
+(gauge gpufleet_spool_near_limit, a logged warning — alert on it); at the limit it refuses
+new batches (counted), so the aggregator stops acknowledging and collectors keep the reports
+in their own replay buffers until there is room. Nothing is dropped here.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass
+from pathlib import Path
+
+from gpufleet.aggregator.store.base import Point, StoreError
+
+log = logging.getLogger("gpufleet.aggregator.spool")
+
+
+class SpoolFull(StoreError):
+    """The spool is at its size limit; the batch was not taken."""
+
+
+@dataclass
+class SpoolStatus:
+    bytes: int
+    batches: int
+    points: int
+    oldest_age_s: float
+    drained_points_total: int
+    drain_points_per_s: float
+    max_bytes: int
+    near_limit: bool
+    refused_total: int
+
+
+def _encode(points: list[Point]) -> bytes:
+    return b"\n".join(
+        json.dumps(
+            [p.measurement, dict(p.tags), dict(p.fields), p.time_unix_ns],
+            ensure_ascii=False,
+            separators=(",", ":"),
+        ).encode()
+        for p in points
+    )
+
+
+def _decode(data: bytes) -> list[Point]:
+    points = []
+    for row in data.splitlines():
+        measurement, tags, fields, ts = json.loads(row)
+        points.append(Point(measurement, tags, fields, ts))
+    return points
+
+
+class Spool:
+    def __init__(self, directory: Path, max_bytes: int, warn_ratio: float = 0.8) -> None:
+        self.directory = directory
+        self.directory.mkdir(parents=True, exist_ok=True)
+        self.max_bytes = max_bytes
+        self.warn_ratio = warn_ratio
+        self._lock = threading.Lock()
+        for stale in self.directory.glob("*.tmp"):  # a crash mid-write: never acknowledged
+            stale.unlink()
+        self._segments: deque[tuple[int, Path, int, int, float]] = (
+            deque()
+        )  # (n, path, bytes, points, created)
+        for path in sorted(self.directory.glob("*.seg")):
+            data = path.read_bytes()
+            self._segments.append(
+                (int(path.stem), path, len(data), data.count(b"\n") + 1, path.stat().st_mtime)
+            )
+        self._next = (self._segments[-1][0] + 1) if self._segments else 1
+        self._bytes = sum(s[2] for s in self._segments)
+        self.drained_points_total = 0
+        self.refused_total = 0
+        self._drained: deque[tuple[float, int]] = deque(maxlen=120)  # (monotonic, points) per drain
+        self._warned = False
+        if self._segments:
+            log.warning(
+                "spool holds %d batch(es), %d bytes from before the restart; draining them first",
+                len(self._segments),
+                self._bytes,
+            )
+
+    def __len__(self) -> int:
+        return len(self._segments)
+
+    def append(self, points: list[Point]) -> None:
+        """Make the batch durable in the spool (raises SpoolFull at the size limit)."""
+        data = _encode(points)
+        with self._lock:
+            if self._bytes + len(data) > self.max_bytes:
+                self.refused_total += 1
+                raise SpoolFull(
+                    f"the spool is full ({self._bytes} of {self.max_bytes} bytes); not "
+                    "acknowledging until the store takes some of it back"
+                )
+            n = self._next
+            self._next += 1
+        path = self.directory / f"{n:016d}.seg"
+        tmp = path.with_suffix(".tmp")
+        with open(tmp, "wb") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+        tmp.replace(path)
+        dir_fd = os.open(self.directory, os.O_RDONLY)
+        try:
+            os.fsync(dir_fd)  # the rename itself survives a power cut
+        finally:
+            os.close(dir_fd)
+        with self._lock:
+            self._segments.append((n, path, len(data), len(points), time.time()))
+            self._bytes += len(data)
+            near = self._bytes >= self.warn_ratio * self.max_bytes
+        if near and not self._warned:
+            log.warning(
+                "spool is past %.0f %% of its limit (%d of %d bytes): the store has been "
+                "unreachable for a while",
+                100 * self.warn_ratio,
+                self._bytes,
+                self.max_bytes,
+            )
+        self._warned = near
+
+    def oldest(self) -> tuple[int, list[Point]] | None:
+        with self._lock:
+            if not self._segments:
+                return None
+            n, path = self._segments[0][0], self._segments[0][1]
+        return n, _decode(path.read_bytes())
+
+    def remove(self, n: int) -> None:
+        with self._lock:
+            if not self._segments or self._segments[0][0] != n:
+                return
+            _, path, size, points, _ = self._segments.popleft()
+            self._bytes -= size
+        path.unlink(missing_ok=True)
+        self.drained_points_total += points
+        self._drained.append((time.monotonic(), points))
+
+    def status(self) -> SpoolStatus:
+        with self._lock:
+            oldest = time.time() - self._segments[0][4] if self._segments else 0.0
+            points = sum(s[3] for s in self._segments)
+            size, batches = self._bytes, len(self._segments)
+        now = time.monotonic()
+        recent = [(t, n) for t, n in self._drained if now - t <= 60]
+        rate = sum(n for _, n in recent) / 60 if recent else 0.0
+        return SpoolStatus(
+            size,
+            batches,
+            points,
+            oldest,
+            self.drained_points_total,
+            rate,
+            self.max_bytes,
+            size >= self.warn_ratio * self.max_bytes,
+            self.refused_total,
+        )
