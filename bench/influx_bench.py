@@ -1,0 +1,255 @@
+"""InfluxDB ingest and history benchmark, against a real influxd started for the run.
+
+    python bench/influx_bench.py                   # 1,000 nodes x 8 GPUs
+    python bench/influx_bench.py --repeat 3
+
+1. Bare line-protocol writer: the simulated fleet's points (8 GPU points + 1 collector point
+   per node per report) POSTed straight to /write in 5,000-line batches — InfluxDB's own
+   pace on this machine.
+2. Through the aggregator (--store influxdb): the same fleet shape driven by bench/loadgen.py
+   in flood mode; acknowledged reports x 9 points.
+   Prints points/s for both and the ratio (target >= 0.8).
+3. History: a 1-hour raw query of 1 node x 8 GPUs at a 1 min step, and the same node over
+   30 days at a 1 h step from raw data (roll-ups are not built yet: this shows their need).
+"""
+
+from __future__ import annotations
+
+import argparse
+import http.client
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import tomllib
+from pathlib import Path
+
+from ingest_bench import HERE, wait_for_file  # bench/ is on sys.path when a bench script runs
+
+from gpufleet.aggregator.auth import new_secrets_file
+from gpufleet.aggregator.store import HistoryQuery, Point
+from gpufleet.aggregator.store.influx import InfluxStore
+from gpufleet.aggregator.store.lineproto import line
+
+S = 1_000_000_000
+
+
+def start_influxd(home: Path) -> tuple[subprocess.Popen[bytes], str]:
+    import socket
+    import urllib.request
+
+    def port() -> int:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            return s.getsockname()[1]
+
+    http_port, rpc_port = port(), port()
+    home.mkdir(parents=True, exist_ok=True)
+    conf = home / "influxdb.conf"
+    conf.write_text(
+        f'reporting-disabled = true\nbind-address = "127.0.0.1:{rpc_port}"\n[meta]\n  dir = "{home}/meta"\n'
+        f'[data]\n  dir = "{home}/data"\n  wal-dir = "{home}/wal"\n  query-log-enabled = false\n'
+        f'[http]\n  bind-address = "127.0.0.1:{http_port}"\n  log-enabled = false\n'
+    )
+    proc = subprocess.Popen(
+        ["influxd", "-config", str(conf)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
+    url = f"http://127.0.0.1:{http_port}"
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        try:
+            if urllib.request.urlopen(f"{url}/ping", timeout=1).status == 204:
+                return proc, url
+        except OSError:
+            time.sleep(0.1)
+    raise SystemExit("influxd did not start")
+
+
+def fleet_points(nodes: int, t_ns: int) -> list[Point]:
+    points = []
+    for n in range(nodes):
+        node = f"bench-{n:05d}"
+        for g in range(8):
+            points.append(
+                Point(
+                    "gpu",
+                    {
+                        "node": node,
+                        "gpu": str(g),
+                        "uuid": f"GPU-{node}-{g}",
+                        "model": "NVIDIA H100 80GB HBM3",
+                        "cluster": "bench",
+                    },
+                    {
+                        "util_gpu_pct": 87.0,
+                        "util_mem_pct": 40.0,
+                        "hbm_used_bytes": 70 << 30,
+                        "hbm_total_bytes": 80 << 30,
+                        "temp_gpu_c": 61.0,
+                        "power_w": 612.5,
+                        "power_limit_w": 700.0,
+                        "lost": False,
+                    },
+                    t_ns,
+                )
+            )
+        points.append(
+            Point("collector", {"node": node, "cluster": "bench"}, {"seq": 1, "boot_id": "b"}, t_ns)
+        )
+    return points
+
+
+def bare_writer(url: str, database: str, nodes: int, reports: int) -> float:
+    """Points per second, line protocol POSTed directly."""
+    InfluxStore(url, database)  # creates the database
+    host, port = url.removeprefix("http://").split(":")
+    conn = http.client.HTTPConnection(host, int(port), timeout=60)
+    t0_ns = time.time_ns() - reports * S
+    bodies = []
+    for r in range(reports):
+        lines = [line(p) for p in fleet_points(nodes, t0_ns + r * S)]
+        bodies += ["\n".join(lines[i : i + 5000]).encode() for i in range(0, len(lines), 5000)]
+    total = reports * nodes * 9
+    start = time.perf_counter()
+    for body in bodies:
+        conn.request("POST", f"/write?db={database}&precision=ns", body=body)
+        response = conn.getresponse()
+        response.read()
+        assert response.status == 204, response.status
+    return total / (time.perf_counter() - start)
+
+
+def through_aggregator(url: str, database: str, nodes: int, seconds: float, tmp: Path) -> float:
+    secrets = tmp / "secrets.toml"
+    new_secrets_file(secrets, [])
+    secret = tomllib.loads(secrets.read_text())["collector_secret"]
+    ready = tmp / "agg.ready.json"
+    agg = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "gpufleet.cli.main",
+            "--log-level",
+            "warning",
+            "aggregator",
+            "run",
+            "--data-dir",
+            str(tmp / f"data-{time.monotonic_ns()}"),
+            "--secrets-file",
+            str(secrets),
+            "--ingest-listen",
+            "127.0.0.1:0",
+            "--fleet-listen",
+            "127.0.0.1:0",
+            "--metrics-listen",
+            "",
+            "--ready-file",
+            str(ready),
+            "--store",
+            "influxdb",
+            "--influx-url",
+            url,
+            "--influx-database",
+            database,
+        ]
+    )
+    try:
+        address = wait_for_file(ready, agg, 60)["ingest"]
+        gen = subprocess.run(
+            [
+                sys.executable,
+                str(HERE / "loadgen.py"),
+                "--address",
+                address,
+                "--secret",
+                secret,
+                "--nodes",
+                str(nodes),
+                "--mode",
+                "flood",
+                "--window",
+                "16",
+                "--seconds",
+                str(seconds),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=seconds + 300,
+        )
+        if gen.returncode:
+            raise SystemExit(gen.stderr[-2000:])
+        result = json.loads(gen.stdout.strip().splitlines()[-1])
+        return result["acked"] * 9 / result["seconds"]
+    finally:
+        agg.terminate()
+        agg.wait(timeout=60)
+        ready.unlink(missing_ok=True)
+
+
+def history_latency(url: str, database: str) -> tuple[float, float]:
+    """Median seconds for 1 h raw at 1 min, and 30 days raw at 1 h, for 1 node x 8 GPUs."""
+    store = InfluxStore(url, database)
+    now = time.time_ns()
+    start_30d = now - 30 * 86400 * S
+    # 30 days of one node at a 60 s interval (8 GPUs): 345,600 points.
+    batch: list[Point] = []
+    for t in range(start_30d, now, 60 * S):
+        for g in range(8):
+            batch.append(Point("gpu", {"node": "hist-node", "gpu": str(g)}, {"util_gpu_pct": float(g)}, t))
+        if len(batch) >= 20_000:
+            store.write(batch)
+            batch = []
+    store.write(batch)
+
+    def timed(start: int, step: int) -> float:
+        runs = []
+        for _ in range(5):
+            t0 = time.perf_counter()
+            store.query_history(
+                HistoryQuery("gpu", "util_gpu_pct", start, now, step, "mean", {"node": ["hist-node"]})
+            )
+            runs.append(time.perf_counter() - t0)
+        return statistics.median(runs)
+
+    return timed(now - 3600 * S, 60 * S), timed(start_30d, 3600 * S)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--nodes", type=int, default=1000)
+    p.add_argument("--reports", type=int, default=10, help="reports per node for the bare writer")
+    p.add_argument("--seconds", type=float, default=15.0, help="aggregator measurement window")
+    p.add_argument("--repeat", type=int, default=1)
+    args = p.parse_args()
+    tmp = Path(tempfile.mkdtemp(prefix="gpufleet-influx-bench-"))
+    influxd, url = start_influxd(tmp / "influx")
+    try:
+        bare, agg = [], []
+        for i in range(args.repeat):
+            bare.append(bare_writer(url, f"bare{i}", args.nodes, args.reports))
+            agg.append(through_aggregator(url, f"agg{i}", min(args.nodes, 500), args.seconds, tmp))
+            print(
+                f"  run {i + 1}: bare writer {bare[-1]:,.0f} points/s, "
+                f"through the aggregator {agg[-1]:,.0f} points/s",
+                flush=True,
+            )
+        b, a = statistics.median(bare), statistics.median(agg)
+        streams = min(args.nodes, 500)
+        print(
+            f"InfluxDB ingest ({args.nodes} nodes x 8 GPUs; aggregator driven by {streams} streams in flood "
+            f"mode): bare {b:,.0f} points/s, aggregator {a:,.0f} points/s, ratio {a / b:.2f} (target 0.8)"
+        )
+        raw_1h, raw_30d = history_latency(url, "history")
+        print(
+            f"history, 1 node x 8 GPUs: 1 h raw at 1 min {raw_1h * 1000:.1f} ms; 30 days raw at 1 h "
+            f"{raw_30d * 1000:.1f} ms (ratio {raw_30d / raw_1h:.1f}; roll-ups not built yet)"
+        )
+    finally:
+        influxd.terminate()
+        influxd.wait(timeout=60)
+
+
+if __name__ == "__main__":
+    main()
