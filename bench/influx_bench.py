@@ -26,7 +26,11 @@ import time
 import tomllib
 from pathlib import Path
 
-from ingest_bench import HERE, wait_for_file  # bench/ is on sys.path when a bench script runs
+from ingest_bench import (
+    HERE,
+    aggregator_argv,
+    wait_for_file,
+)  # bench/ is on sys.path when a bench script runs
 
 from gpufleet.aggregator.auth import new_secrets_file
 from gpufleet.aggregator.store import HistoryQuery, Point
@@ -127,33 +131,17 @@ def through_aggregator(url: str, database: str, nodes: int, seconds: float, tmp:
     secret = tomllib.loads(secrets.read_text())["collector_secret"]
     ready = tmp / "agg.ready.json"
     agg = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "gpufleet.cli.main",
-            "--log-level",
-            "warning",
-            "aggregator",
-            "run",
-            "--data-dir",
-            str(tmp / f"data-{time.monotonic_ns()}"),
-            "--secrets-file",
-            str(secrets),
-            "--ingest-listen",
-            "127.0.0.1:0",
-            "--fleet-listen",
-            "127.0.0.1:0",
-            "--metrics-listen",
-            "",
-            "--ready-file",
-            str(ready),
+        aggregator_argv(
+            tmp / f"data-{time.monotonic_ns()}",
+            secrets,
+            ready,
             "--store",
             "influxdb",
             "--influx-url",
             url,
             "--influx-database",
             database,
-        ]
+        )
     )
     try:
         address = wait_for_file(ready, agg, 60)["ingest"]

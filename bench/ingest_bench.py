@@ -43,6 +43,32 @@ def wait_for_file(path: Path, proc: subprocess.Popen[bytes], timeout_s: float) -
     raise SystemExit(f"server not ready after {timeout_s}s")
 
 
+def aggregator_argv(data_dir: Path, secrets: Path, ready: Path, *extra: str) -> list[str]:
+    """`gpufleet aggregator run` on free loopback ports, quiet, writing a ready file."""
+    return [
+        sys.executable,
+        "-m",
+        "gpufleet.cli.main",
+        "--log-level",
+        "warning",
+        "aggregator",
+        "run",
+        "--data-dir",
+        str(data_dir),
+        "--secrets-file",
+        str(secrets),
+        "--ingest-listen",
+        "127.0.0.1:0",
+        "--fleet-listen",
+        "127.0.0.1:0",
+        "--metrics-listen",
+        "",
+        "--ready-file",
+        str(ready),
+        *extra,
+    ]
+
+
 class Sampler(threading.Thread):
     """Samples a process's CPU time and RSS twice a second."""
 
@@ -80,27 +106,7 @@ def run_target(target: str, args: argparse.Namespace, tmp: Path, secrets: Path, 
         argv = [sys.executable, str(HERE / "bare_server.py"), "--ready-file", str(ready)]
     else:
         data = tmp / f"data-{time.monotonic_ns()}"
-        argv = [
-            sys.executable,
-            "-m",
-            "gpufleet.cli.main",
-            "--log-level",
-            "warning",
-            "aggregator",
-            "run",
-            "--data-dir",
-            str(data),
-            "--secrets-file",
-            str(secrets),
-            "--ingest-listen",
-            "127.0.0.1:0",
-            "--fleet-listen",
-            "127.0.0.1:0",
-            "--metrics-listen",
-            "",
-            "--ready-file",
-            str(ready),
-        ]
+        argv = aggregator_argv(data, secrets, ready)
     server = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
     try:
         bound = wait_for_file(ready, server, 60)
