@@ -36,6 +36,12 @@ class AggregatorConfig:
         1 << 30, "on-disk spool for batches the store cannot take; at this size acknowledgements stop"
     )
     spool_warn_ratio: float = _setting(0.8, "the spool reports itself near its limit past this fraction")
+    rollup_1m_retention_s: float = _setting(
+        90 * 86400.0, "how long 1-minute roll-ups are kept (InfluxDB: retention policy gpufleet_1m)"
+    )
+    rollup_1h_retention_s: float = _setting(
+        730 * 86400.0, "how long 1-hour roll-ups are kept (InfluxDB: retention policy gpufleet_1h)"
+    )
     retention_s: float = _setting(14 * 86400.0, "how long raw history is kept, in seconds")
     tls_cert: str = _setting("", "PEM certificate: serve both gRPC ports with TLS")
     tls_key: str = _setting("", "PEM private key for tls_cert")

@@ -13,6 +13,7 @@ import grpc
 from gpufleet.aggregator.auth import Authenticator, AuthError, Principal, bearer
 from gpufleet.aggregator.fleet_state import FleetState
 from gpufleet.aggregator.metrics import AggregatorMetrics
+from gpufleet.aggregator.rollups import route
 from gpufleet.aggregator.schema import METRICS
 from gpufleet.aggregator.store import HistoryQuery, Store, StoreError
 from gpufleet.protos import fleet_pb2, fleet_pb2_grpc
@@ -173,22 +174,25 @@ class FleetService(fleet_pb2_grpc.FleetServicer):
             "engine": list(request.engines),
             "model": list(request.models),
         }
-        query = HistoryQuery(
-            metric.measurement,
-            metric.name,
-            start,
-            end,
-            step,
-            aggregate,
-            {k: v for k, v in filters.items() if v},
-        )
+        wanted = {k: v for k, v in filters.items() if v}
+        measurement, field = route(metric.measurement, metric.name, aggregate, start, end, step)
         try:
-            series = await asyncio.to_thread(self._store.query_history, query)
+            series = await asyncio.to_thread(
+                self._store.query_history,
+                HistoryQuery(measurement, field, start, end, step, aggregate, wanted),
+            )
+            if not series and measurement != metric.measurement:
+                # No roll-up for this range (yet): answer from raw data.
+                measurement = metric.measurement
+                series = await asyncio.to_thread(
+                    self._store.query_history,
+                    HistoryQuery(measurement, metric.name, start, end, step, aggregate, wanted),
+                )
         except StoreError as exc:
             raise _Refused(grpc.StatusCode.UNAVAILABLE, f"history query failed: {exc}") from exc
         return fleet_pb2.HistoryResponse(
             metric=metric.name,
-            measurement=metric.measurement,
+            measurement=measurement,  # where the answer came from: raw, or a roll-up tier
             unit=metric.unit,
             aggregate=request.aggregate or fleet_pb2.AGGREGATE_MEAN,
             step_ns=step,

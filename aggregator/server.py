@@ -16,6 +16,7 @@ import grpc
 from prometheus_client import start_http_server
 
 import gpufleet
+from gpufleet.aggregator import rollups
 from gpufleet.aggregator.auth import Authenticator
 from gpufleet.aggregator.config import AggregatorConfig
 from gpufleet.aggregator.fleet_service import FleetService
@@ -30,6 +31,7 @@ from gpufleet.protos import fleet_pb2, fleet_pb2_grpc
 log = logging.getLogger("gpufleet.aggregator")
 
 RETENTION_EVERY_S = 600.0
+ROLLUP_EVERY_S = 60.0
 SERVER_OPTIONS = [
     # Our own size check (max_report_bytes) answers with a precise Reject; this transport
     # limit only stops what is far beyond it.
@@ -78,6 +80,7 @@ class Aggregator:
             config.store,
             config.data_path,
             config.retention_s,
+            rollup_retention={"_1m": config.rollup_1m_retention_s, "_1h": config.rollup_1h_retention_s},
             **{k: getattr(config, k) for k in vars(config) if k.startswith("influx_")},
         )
         self.fleet = FleetState(config.stale_after_intervals, config.silent_after_intervals)
@@ -108,6 +111,17 @@ class Aggregator:
             )
             return False
         return True
+
+    async def rollup_loop(self, stop: asyncio.Event) -> None:
+        """Recompute the roll-ups' trailing windows every minute (see rollups.py)."""
+        while not stop.is_set():
+            try:
+                written = await asyncio.to_thread(rollups.run_once, self.store)
+                log.debug("roll-ups: %d points written", written)
+            except StoreError as exc:  # the store is down: the next pass catches up
+                log.warning("roll-up pass failed: %s", exc)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), ROLLUP_EVERY_S)
 
     async def restore_loop(self, stop: asyncio.Event) -> None:
         """Retry the start-up restore until the store answers (the spool covers writes)."""
@@ -210,6 +224,7 @@ async def run_aggregator(config: AggregatorConfig) -> None:
     background = [
         asyncio.create_task(aggregator.retention_loop(stop)),
         asyncio.create_task(aggregator.restore_loop(stop)),
+        asyncio.create_task(aggregator.rollup_loop(stop)),
     ]
     await stop.wait()
     await aggregator.stop()

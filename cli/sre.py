@@ -292,6 +292,7 @@ def print_history(resp: fleet_pb2.HistoryResponse, fmt: str) -> None:
             json.dumps(
                 {
                     "metric": resp.metric,
+                    "source": resp.measurement,  # raw measurement, or the roll-up tier answering
                     "unit": resp.unit,
                     "aggregate": agg,
                     "step_s": resp.step_ns / 1e9,

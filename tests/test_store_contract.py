@@ -23,7 +23,12 @@ def _embedded(tmp: Path) -> Store:
 def _influx(tmp: Path, url: str) -> Store:
     from gpufleet.aggregator.store.influx import InfluxStore
 
-    return InfluxStore(url, f"contract_{uuid.uuid4().hex[:12]}")  # a database of its own per test
+    # A database of its own per test; roll-up tiers in retention policies of their own.
+    return InfluxStore(
+        url,
+        f"contract_{uuid.uuid4().hex[:12]}",
+        rollup_policies={"_1m": ("gpufleet_1m", 90 * 86400), "_1h": ("gpufleet_1h", 730 * 86400)},
+    )
 
 
 @pytest.fixture(params=["embedded", "influxdb"])
@@ -160,3 +165,74 @@ def test_embedded_store_is_durable_across_reopen(tmp_path: Path) -> None:
     reopened.write([gpu_point("n1", 0, T0 + S, util_gpu_pct=43.0)])  # series ids survive too
     assert len(reopened.query_points("gpu", T0, T0 + 2 * S)) == 2
     reopened.close()
+
+
+# --- roll-ups (built on the contract, so they run on both stores) -------------------------
+
+from gpufleet.aggregator import rollups  # noqa: E402
+
+H0 = (T0 // (3600 * S) + 1) * 3600 * S  # an hour boundary: hourly buckets align to the epoch
+
+
+def test_rollups_hold_exact_bucket_statistics_and_recompute_idempotently(store: Store) -> None:
+    # 3 hours of 10 s samples on two GPUs, values known in advance.
+    values = {g: [float((i * 7 + g * 3) % 50) for i in range(3 * 360)] for g in range(2)}
+    store.write(
+        [
+            gpu_point("n1", g, H0 + i * 10 * S, util_gpu_pct=values[g][i], power_w=100.0 + g)
+            for g in range(2)
+            for i in range(3 * 360)
+        ]
+    )
+    hour = rollups.TIERS[1]
+    written = rollups.compute(store, hour, H0, H0 + 3 * 3600 * S)
+    again = rollups.compute(store, hour, H0, H0 + 3 * 3600 * S)
+    assert written == again == 6, "3 hours x 2 GPUs, overwritten (not doubled) on a second pass"
+    got = store.query_points("gpu_1h", H0, H0 + 3 * 3600 * S, {"gpu": ["1"]})
+    assert [p.time_unix_ns for p in got] == [H0 + h * 3600 * S for h in range(3)]
+    for h, p in enumerate(got):
+        bucket = values[1][h * 360 : (h + 1) * 360]
+        assert p.fields["util_gpu_pct_mean"] == pytest.approx(sum(bucket) / 360)
+        assert (p.fields["util_gpu_pct_max"], p.fields["util_gpu_pct_min"]) == (max(bucket), min(bucket))
+        assert p.fields["util_gpu_pct_count"] == 360 and p.fields["power_w_mean"] == pytest.approx(101.0)
+        assert p.tags == {"node": "n1", "gpu": "1", "cluster": "c1"}
+
+
+def test_late_data_lands_in_a_recomputed_rollup(store: Store) -> None:
+    minute = rollups.TIERS[0]
+    store.write([gpu_point("n1", 0, T0 + i * S, util_gpu_pct=10.0) for i in range(30)])
+    rollups.compute(store, minute, T0, T0 + 60 * S)
+    store.write(
+        [gpu_point("n1", 0, T0 + (30 + i) * S, util_gpu_pct=70.0) for i in range(30)]
+    )  # replayed late
+    rollups.compute(store, minute, T0, T0 + 60 * S)
+    (p,) = store.query_points("gpu_1m", T0, T0 + 60 * S)
+    assert p.fields["util_gpu_pct_mean"] == pytest.approx(40.0) and p.fields["util_gpu_pct_count"] == 60
+
+
+def test_long_ranges_route_to_the_coarsest_fitting_rollup() -> None:
+    day, hour = 86400 * S, 3600 * S
+    assert rollups.route("gpu", "util_gpu_pct", "mean", 0, 30 * day, hour) == ("gpu_1h", "util_gpu_pct_mean")
+    assert rollups.route("gpu", "temp_gpu_c", "max", 0, 2 * day, 60 * S) == ("gpu_1m", "temp_gpu_c_max")
+    assert rollups.route("gpu", "util_gpu_pct", "mean", 0, hour, 60 * S) == ("gpu", "util_gpu_pct"), (
+        "short: raw"
+    )
+    assert rollups.route("gpu", "util_gpu_pct", "p95", 0, 30 * day, hour) == ("gpu", "util_gpu_pct"), (
+        "p95: raw"
+    )
+    assert rollups.route("collector", "seq", "max", 0, 30 * day, hour) == ("collector", "seq")
+
+
+def test_rollup_tiers_keep_their_own_retention(tmp_path: Path) -> None:
+    s = EmbeddedStore(
+        tmp_path / "r.sqlite3",
+        retention_s=14 * 86400,
+        retention_by_suffix={"_1m": 90 * 86400, "_1h": 730 * 86400},
+    )
+    now = T0 + 400 * 86400 * S
+    for measurement, age_days in (("gpu", 20), ("gpu_1m", 100), ("gpu_1h", 100), ("gpu_1h", 800)):
+        s.write([Point(measurement, {"node": "n1", "gpu": "0"}, {"x": 1.0}, now - age_days * 86400 * S)])
+    assert s.apply_retention(now) == 3, "raw past 14 d, 1m past 90 d, 1h past 730 d"
+    (kept,) = s.query_points("gpu_1h", 0, now)
+    assert kept.time_unix_ns == now - 100 * 86400 * S
+    s.close()

@@ -9,8 +9,10 @@ from gpufleet.aggregator.store.base import HistoryQuery, Point, Series, Store, S
 from gpufleet.aggregator.store.embedded import EmbeddedStore
 
 
-def _embedded(data_dir: Path, retention_s: float, **_: object) -> Store:
-    return EmbeddedStore(data_dir / "store.sqlite3", retention_s)
+def _embedded(
+    data_dir: Path, retention_s: float, rollup_retention: dict[str, float] | None = None, **_: object
+) -> Store:
+    return EmbeddedStore(data_dir / "store.sqlite3", retention_s, retention_by_suffix=rollup_retention)
 
 
 def _influxdb(
@@ -20,12 +22,22 @@ def _influxdb(
     influx_token: str = "",
     influx_username: str = "",
     influx_password: str = "",
+    rollup_retention: dict[str, float] | None = None,
     **_: object,
 ) -> Store:
     from gpufleet.aggregator.store.influx import InfluxStore
 
+    policies = {
+        suffix: (f"gpufleet{suffix}", seconds) for suffix, seconds in (rollup_retention or {}).items()
+    }
     return InfluxStore(
-        influx_url, influx_database, influx_retention_policy, influx_token, influx_username, influx_password
+        influx_url,
+        influx_database,
+        influx_retention_policy,
+        influx_token,
+        influx_username,
+        influx_password,
+        rollup_policies=policies,
     )
 
 

@@ -43,9 +43,17 @@ def _ident(name: str, what: str) -> str:
 
 
 class EmbeddedStore(Store):
-    def __init__(self, path: str | Path, retention_s: float, synchronous: str = "FULL") -> None:
+    def __init__(
+        self,
+        path: str | Path,
+        retention_s: float,
+        synchronous: str = "FULL",
+        retention_by_suffix: dict[str, float] | None = None,
+    ) -> None:
         self.path = Path(path)
         self.retention_s = retention_s
+        # Measurements ending in a suffix (roll-up tiers: "_1m", "_1h") keep their own retention.
+        self.retention_by_suffix = retention_by_suffix or {}
         self.path.parent.mkdir(parents=True, exist_ok=True)
         try:
             self._w = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
@@ -250,11 +258,17 @@ class EmbeddedStore(Store):
             )
             return self._rows_to_points(measurement, cursor)
 
+    def _retention_s(self, measurement: str) -> float:
+        for suffix, seconds in self.retention_by_suffix.items():
+            if measurement.endswith(suffix):
+                return seconds
+        return self.retention_s
+
     def apply_retention(self, now_unix_ns: int) -> int:
-        cutoff = now_unix_ns - int(self.retention_s * 1e9)
         deleted = 0
         with self._wlock:
             for measurement in list(self._columns):
+                cutoff = now_unix_ns - int(self._retention_s(measurement) * 1e9)
                 table = _ident("m_" + measurement, "measurement")
                 # Per series, so the (series_id, ts) key is used instead of a table scan.
                 cur = self._w.execute(
@@ -264,7 +278,11 @@ class EmbeddedStore(Store):
                 )
                 deleted += cur.rowcount
         if deleted:
-            log.info("retention removed %d points older than %.0f s", deleted, self.retention_s)
+            log.info(
+                "retention removed %d points (raw older than %.0f s, roll-ups by tier)",
+                deleted,
+                self.retention_s,
+            )
         return deleted
 
     def close(self) -> None:

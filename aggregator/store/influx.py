@@ -59,7 +59,11 @@ class InfluxStore(Store):
         password: str = "",
         timeout_s: float = 30.0,
         create_database: bool = True,
+        rollup_policies: dict[str, tuple[str, float]] | None = None,
     ) -> None:
+        """rollup_policies: measurement suffix ("_1h") -> (retention policy, duration in s).
+        Roll-up tiers then live in retention policies of their own: their own retention, and
+        long shards, so a 30-day query of a tier touches one or two shards, not five."""
         parts = urllib.parse.urlparse(url)
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise StoreError(f"influx_url {url!r} is not an http(s) URL")
@@ -76,12 +80,24 @@ class InfluxStore(Store):
             self._headers["Authorization"] = f"Basic {raw}"
         self._local = threading.local()
         self.points_dropped_total = 0
+        self._rollup_rp = {suffix: rp for suffix, (rp, _) in (rollup_policies or {}).items()}
         if create_database:
             try:
                 self._query(f"CREATE DATABASE {influxql_identifier(database)}", method="POST")
             except InfluxError as exc:
                 # 2.x/3.x have buckets instead, and a non-admin user may not create: carry on.
                 log.info("not creating database %s: %s", database, exc)
+            for rp, seconds in (rollup_policies or {}).values():
+                shard_s = max(86400, min(int(seconds) // 20, 90 * 86400))
+                try:
+                    self._query(
+                        f"CREATE RETENTION POLICY {influxql_identifier(rp)} ON "
+                        f"{influxql_identifier(database)} DURATION {int(seconds)}s REPLICATION 1 "
+                        f"SHARD DURATION {shard_s}s",
+                        method="POST",
+                    )
+                except InfluxError as exc:  # exists with other settings, or not allowed: the operator's
+                    log.info("not creating retention policy %s: %s", rp, exc)
 
     # --- HTTP ------------------------------------------------------------------------
     def _connection(self) -> http.client.HTTPConnection:
@@ -141,13 +157,26 @@ class InfluxStore(Store):
         return results
 
     # --- writing ---------------------------------------------------------------------
+    def _rp(self, measurement: str) -> str:
+        for suffix, rp in self._rollup_rp.items():
+            if measurement.endswith(suffix):
+                return rp
+        return self.retention_policy
+
     def write(self, points: Sequence[Point]) -> None:
         if not points:
             return
+        by_rp: dict[str, list[Point]] = {}
+        for p in points:
+            by_rp.setdefault(self._rp(p.measurement), []).append(p)
+        for rp, group in by_rp.items():
+            self._write(group, rp)
+
+    def _write(self, points: list[Point], rp: str) -> None:
         body = "\n".join(line(p) for p in points).encode()
         params = {"db": self.database, "precision": "ns"}
-        if self.retention_policy:
-            params["rp"] = self.retention_policy
+        if rp:
+            params["rp"] = rp
         try:
             self._request("POST", "/write", params, body)
         except _PartialWrite as partial:
@@ -166,7 +195,8 @@ class InfluxStore(Store):
     # --- reading ---------------------------------------------------------------------
     def _from(self, measurement: str) -> str:
         m = influxql_identifier(measurement)
-        return f"{influxql_identifier(self.retention_policy)}.{m}" if self.retention_policy else m
+        rp = self._rp(measurement)
+        return f"{influxql_identifier(rp)}.{m}" if rp else m
 
     @staticmethod
     def _where(start: int, end: int, filters: Mapping[str, Sequence[str]] | None) -> str:

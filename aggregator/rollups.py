@@ -1,0 +1,99 @@
+"""Downsampled roll-ups, so a 30-day query reads hundreds of points, not millions.
+
+Tiers: `1m` and `1h`. For every GPU and engine series, each tier holds one point per bucket in
+measurement `<measurement>_<tier>` (gpu_1m, gpu_1h, engine_1m, engine_1h) with, per numeric
+field, `<field>_mean`, `<field>_max`, `<field>_min` and `<field>_count`.
+
+They are computed by the aggregator from the store's own history queries and written back as
+ordinary points, so the same code serves the embedded store and InfluxDB 1.x, 2.x and 3.x
+(continuous queries exist only in 1.x, tasks only in 2.x). Each pass recomputes a trailing
+window (`lookback`), overwriting what it wrote before (a point's identity is measurement +
+tags + time), so data that arrives late — replays after an outage, a spool draining — is
+included as long as it lands within the window. Each tier keeps its own retention.
+
+A history query is answered from a roll-up when its step is at least the tier's and the range
+is longer than ROUTE_AFTER[tier]; mean then is the mean of the bucket means (exact when the
+buckets hold equal sample counts, as with a steady collector), max and min are exact; p95,
+last and count always read raw data.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+
+from gpufleet.aggregator.schema import METRICS
+from gpufleet.aggregator.store import HistoryQuery, Point, Store
+
+log = logging.getLogger("gpufleet.aggregator.rollups")
+
+S = 1_000_000_000
+ROLLED = ("gpu", "engine")
+STATS = ("mean", "max", "min", "count")
+
+
+@dataclass(frozen=True)
+class Tier:
+    name: str
+    step_s: int
+    lookback_s: int  # recomputed on every pass
+    route_after_s: int  # ranges longer than this read this tier
+
+
+TIERS = (
+    Tier("1m", 60, 15 * 60, 6 * 3600),
+    Tier("1h", 3600, 3 * 3600, 3 * 86400),
+)
+ROUTABLE = {"mean", "max", "min"}
+
+
+def rolled_fields(measurement: str) -> list[str]:
+    return [m.name for m in METRICS.values() if m.measurement == measurement and m.unit != "bool"]
+
+
+def compute(store: Store, tier: Tier, start_ns: int, end_ns: int) -> int:
+    """Write tier's roll-ups for complete buckets in [start, end); return points written."""
+    step = tier.step_s * S
+    start_ns, end_ns = start_ns // step * step, end_ns // step * step
+    if end_ns <= start_ns:
+        return 0
+    written = 0
+    for measurement in ROLLED:
+        merged: dict[tuple[tuple[tuple[str, str], ...], int], dict[str, float]] = {}
+        for field in rolled_fields(measurement):
+            for stat in STATS:
+                for series in store.query_history(
+                    HistoryQuery(measurement, field, start_ns, end_ns, step, stat)
+                ):
+                    key = tuple(sorted(series.tags.items()))
+                    for t, v in zip(series.times_unix_ns, series.values, strict=True):
+                        merged.setdefault((key, t), {})[f"{field}_{stat}"] = int(v) if stat == "count" else v
+        points = [
+            Point(f"{measurement}_{tier.name}", dict(tags), fields, t) for (tags, t), fields in merged.items()
+        ]
+        for i in range(0, len(points), 20_000):
+            store.write(points[i : i + 20_000])
+        written += len(points)
+    return written
+
+
+def route(
+    measurement: str, field: str, aggregate: str, start_ns: int, end_ns: int, step_ns: int
+) -> tuple[str, str]:
+    """(measurement, field) to answer a history query from: a roll-up when one fits."""
+    if measurement not in ROLLED or aggregate not in ROUTABLE:
+        return measurement, field
+    for tier in reversed(TIERS):  # the coarsest tier that fits
+        if step_ns >= tier.step_s * S and end_ns - start_ns > tier.route_after_s * S:
+            return f"{measurement}_{tier.name}", f"{field}_{aggregate}"
+    return measurement, field
+
+
+def run_once(store: Store, now_ns: int | None = None, lookback_s: dict[str, int] | None = None) -> int:
+    now_ns = now_ns or time.time_ns()
+    total = 0
+    for tier in TIERS:
+        back = (lookback_s or {}).get(tier.name, tier.lookback_s)
+        total += compute(store, tier, now_ns - back * S, now_ns)
+    return total
