@@ -1,0 +1,58 @@
+"""The on-disk spool's own rules: durable segments, order, survival, the size limit."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from gpufleet.aggregator.spool import Spool, SpoolFull
+from gpufleet.aggregator.store import Point
+
+
+def batch(n: int, tag: str = "n1") -> list[Point]:
+    return [
+        Point(
+            "gpu",
+            {"node": tag, "gpu": str(i)},
+            {"util_gpu_pct": float(i), "ok": True, "seq": i},
+            1_790_000_000_000_000_000 + i,
+        )
+        for i in range(n)
+    ]
+
+
+def test_batches_come_back_in_order_with_their_types_and_survive_a_restart(tmp_path: Path) -> None:
+    spool = Spool(tmp_path, max_bytes=10 << 20)
+    spool.append(batch(3, "first"))
+    spool.append(batch(2, "second"))
+    reopened = Spool(tmp_path, max_bytes=10 << 20)  # what an aggregator restart sees
+    assert len(reopened) == 2 and reopened.status().points == 5
+    n, points = reopened.oldest()
+    assert [p.tags["node"] for p in points] == ["first"] * 3
+    assert points[1].fields == {"util_gpu_pct": 1.0, "ok": True, "seq": 1}
+    reopened.remove(n)
+    assert reopened.oldest()[1][0].tags["node"] == "second"
+    assert reopened.status().drained_points_total == 3
+
+
+def test_a_half_written_segment_from_a_crash_is_discarded(tmp_path: Path) -> None:
+    Spool(tmp_path, max_bytes=10 << 20).append(batch(1))
+    (tmp_path / "0000000000000002.tmp").write_bytes(b'["gpu",{"no')  # never renamed: never acknowledged
+    spool = Spool(tmp_path, max_bytes=10 << 20)
+    assert len(spool) == 1 and not list(tmp_path.glob("*.tmp"))
+
+
+def test_near_the_limit_it_warns_and_at_the_limit_it_refuses(tmp_path: Path) -> None:
+    spool = Spool(tmp_path, max_bytes=4000, warn_ratio=0.5)
+    spool.append(batch(10))
+    size = spool.status().bytes
+    while spool.status().bytes + size <= 4000:
+        spool.append(batch(10))
+    assert spool.status().near_limit
+    with pytest.raises(SpoolFull, match="not acknowledging"):
+        spool.append(batch(10))
+    assert spool.status().refused_total == 1
+    n, _ = spool.oldest()
+    spool.remove(n)
+    spool.append(batch(10))  # room again once the store takes some back
