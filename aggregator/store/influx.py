@@ -26,7 +26,7 @@ import urllib.parse
 from collections.abc import Mapping, Sequence
 
 from gpufleet.aggregator.store.base import HistoryQuery, Point, Series, Store, StoreError
-from gpufleet.aggregator.store.lineproto import influxql_identifier, influxql_string, line
+from gpufleet.aggregator.store.lineproto import LineEncoder, influxql_identifier, influxql_string
 
 log = logging.getLogger("gpufleet.aggregator.influx")
 
@@ -79,6 +79,7 @@ class InfluxStore(Store):
             raw = base64.b64encode(f"{username}:{password}".encode()).decode()
             self._headers["Authorization"] = f"Basic {raw}"
         self._local = threading.local()
+        self._encoder = LineEncoder()
         self.points_dropped_total = 0
         self._rollup_rp = {suffix: rp for suffix, (rp, _) in (rollup_policies or {}).items()}
         if create_database:
@@ -173,7 +174,8 @@ class InfluxStore(Store):
             self._write(group, rp)
 
     def _write(self, points: list[Point], rp: str) -> None:
-        body = "\n".join(line(p) for p in points).encode()
+        encode = self._encoder.line
+        body = "\n".join(encode(p) for p in points).encode()
         params = {"db": self.database, "precision": "ns"}
         if rp:
             params["rp"] = rp
