@@ -120,6 +120,8 @@ class FleetClient:
             return ClientError(f"permission denied: {details}", 4)
         if code == grpc.StatusCode.NOT_FOUND:
             return ClientError(details, 5)
+        if code == grpc.StatusCode.INVALID_ARGUMENT:
+            return ClientError(details, 2)  # the request was wrong: same as a bad flag
         return ClientError(f"{code.name}: {details}", 1)
 
     def close(self) -> None:
