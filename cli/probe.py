@@ -15,7 +15,7 @@ GIB = 1024**3
 
 
 def run_probe(args: argparse.Namespace, config: CollectorConfig) -> int:
-    source, _ = open_source(config)
+    source, _, _ = open_source(config)
     try:
         samples = source.sample()
     finally:

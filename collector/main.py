@@ -24,15 +24,11 @@ class MetricsUnavailable(RuntimeError):
     """The /metrics endpoint cannot be served where configured."""
 
 
-def open_source(config: CollectorConfig) -> tuple[NvmlSource, ScenarioRunner | None]:
+def open_source(config: CollectorConfig) -> tuple[NvmlSource, ScenarioRunner | None, SimulatedNode | None]:
     """NVML through pynvml; with `simulate`, the stand-in library is put beneath pynvml
-    first (and its fault scenario, if any, is prepared). Raises NvmlUnavailable (with what
-    to do) when there is no driver, ScenarioError for an unusable scenario."""
-    source, runner, _ = _open(config)
-    return source, runner
-
-
-def _open(config: CollectorConfig) -> tuple[NvmlSource, ScenarioRunner | None, SimulatedNode | None]:
+    first (and its fault scenario, if any, is prepared; the simulated node is returned for
+    the simulated engine). Raises NvmlUnavailable (with what to do) when there is no driver,
+    ScenarioError for an unusable scenario."""
     runner = node = None
     if config.simulate:
         node = SimulatedNode(config.node, config.sim_gpus, config.sim_model)
@@ -43,7 +39,7 @@ def _open(config: CollectorConfig) -> tuple[NvmlSource, ScenarioRunner | None, S
 
 
 async def run_collector(config: CollectorConfig) -> None:
-    source, scenario, node = _open(config)
+    source, scenario, node = open_source(config)
     sim_engine = None
     if node is not None and config.sim_engine:
         # The simulated engine is a real HTTP endpoint, scraped like any other.

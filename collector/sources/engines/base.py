@@ -8,7 +8,7 @@ from __future__ import annotations
 import abc
 import math
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from prometheus_client.metrics_core import Metric
 from prometheus_client.samples import Sample
@@ -26,7 +26,6 @@ class EngineReading:
     # Counters the hit ratio is computed from between scrapes (hits, queries), when the engine
     # exposes counters rather than a ratio.
     prefix_counters: tuple[float, float] | None = None
-    notes: list[str] = field(default_factory=list)
 
 
 class ParseError(ValueError):

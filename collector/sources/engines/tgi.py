@@ -29,5 +29,4 @@ class TgiParser(EngineParser):
             (u,), (t,) = finite([used[0].value], "tokens in use"), finite([total[0].value], "token budget")
             if t > 0:
                 reading.kv_cache_usage_ratio = min(1.0, u / t)
-                reading.notes.append("KV usage is the batch token budget in use (TGI has no KV metric)")
         return reading

@@ -41,8 +41,6 @@ class VllmParser(EngineParser):
         reading = EngineReading(self.name, first_label(kv + running + waiting, "model_name"))
         if kv:
             reading.kv_cache_usage_ratio = max(finite((s.value for s in kv), "vllm KV cache usage"))
-            if not samples(families, "vllm:kv_cache_usage_perc"):
-                reading.notes.append("older vLLM: read vllm:gpu_cache_usage_perc")
         if running:
             reading.requests_running = sum(finite((s.value for s in running), "vllm:num_requests_running"))
         if waiting:
