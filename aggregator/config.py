@@ -58,6 +58,46 @@ class AggregatorConfig:
         10.0,
         "a node is silent after this many intervals without a report",
     )
+    repair_backend: str = _setting(
+        "none",
+        "where cordons go: none (gpufleet's own records), slurm, kubernetes or hook",
+    )
+    repair_dry_run: bool = _setting(False, "decide and audit, but cordon, drain, reset and reboot nothing")
+    repair_policy_file: str = _setting(
+        "", "local health-policy overrides on top of the shipped defaults (`gpufleet policy check`)"
+    )
+    repair_max_out_of_service: int = _setting(10, "at most this many nodes out of service at once")
+    repair_max_out_of_service_fraction: float = _setting(
+        0.1, "... and at most this fraction of the fleet (the smaller wins; never below 1 node)"
+    )
+    repair_breaker_nodes: int = _setting(
+        5, "this many nodes failing within repair_breaker_window_s trips the breaker: all automation halts"
+    )
+    repair_breaker_window_s: float = _setting(600.0, "the breaker's window, in seconds")
+    repair_interval_s: float = _setting(1.0, "seconds between repair passes (events trigger one at once)")
+    repair_reboot_command: str = _setting(
+        "", "command that reboots a node ({node}, {incident}, {gpus}, {reason}); empty: skip reboots"
+    )
+    repair_ticket_command: str = _setting("", "command that opens a hardware ticket (same placeholders)")
+    repair_hook_timeout_s: float = _setting(600.0, "longest a repair hook or scheduler call may run")
+    repair_slurm_scontrol: str = _setting("scontrol", "the scontrol program (repair_backend = slurm)")
+    repair_slurm_conf: str = _setting("", "SLURM_CONF for scontrol (empty: Slurm's default)")
+    repair_kubeconfig: str = _setting(
+        "", "kubeconfig for the kubernetes backend (empty: the in-cluster service account)"
+    )
+    repair_hook_cordon: str = _setting("", "hook backend: command to cordon ({node}, {reason})")
+    repair_hook_uncordon: str = _setting("", "hook backend: command to uncordon ({node})")
+    repair_hook_drain: str = _setting("", "hook backend: command that exits 0 once {node} is drained")
+    alert_webhooks: str = _setting("", "comma-separated URLs that get every alert as JSON (POST)")
+    alert_slack_url: str = _setting("", "Slack (or Mattermost) incoming-webhook URL")
+    alert_pagerduty_routing_key: str = _setting("", "PagerDuty Events API v2 routing key")
+    alert_pagerduty_url: str = _setting(
+        "https://events.pagerduty.com/v2/enqueue", "PagerDuty Events API v2 endpoint"
+    )
+    alert_group_wait_s: float = _setting(
+        10.0, "a new incident's first alert waits this long, so a storm folds into one breaker alert"
+    )
+    alert_max_age_s: float = _setting(3600.0, "failed alert deliveries are retried for this long")
     ready_file: str = _setting(
         "",
         "write the bound addresses as JSON here once serving (for supervisors and tests)",
@@ -84,6 +124,25 @@ class AggregatorConfig:
                 f"need 1 <= stale_after_intervals ({self.stale_after_intervals:g}) < "
                 f"silent_after_intervals ({self.silent_after_intervals:g})"
             )
+
+        if self.repair_backend not in ("none", "slurm", "kubernetes", "hook"):
+            raise ValueError(
+                f"repair_backend={self.repair_backend!r}: use one of none, slurm, kubernetes, hook"
+            )
+        if self.repair_max_out_of_service < 1 or not 0 < self.repair_max_out_of_service_fraction <= 1:
+            raise ValueError(
+                f"repair_max_out_of_service={self.repair_max_out_of_service} must be ≥ 1 and "
+                f"repair_max_out_of_service_fraction={self.repair_max_out_of_service_fraction:g} in (0, 1]"
+            )
+        if self.repair_breaker_nodes < 1 or self.repair_breaker_window_s <= 0:
+            raise ValueError(
+                f"repair_breaker_nodes={self.repair_breaker_nodes} must be ≥ 1 and "
+                f"repair_breaker_window_s={self.repair_breaker_window_s:g} > 0"
+            )
+        if not 0.05 <= self.repair_interval_s <= 60:
+            raise ValueError(f"repair_interval_s={self.repair_interval_s:g} must be between 0.05 and 60")
+        if self.repair_backend == "hook" and not (self.repair_hook_cordon and self.repair_hook_uncordon):
+            raise ValueError("repair_backend=hook needs repair_hook_cordon and repair_hook_uncordon")
 
     @property
     def data_path(self) -> Path:

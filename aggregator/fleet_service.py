@@ -17,6 +17,9 @@ from gpufleet.aggregator.rollups import route
 from gpufleet.aggregator.schema import METRICS
 from gpufleet.aggregator.store import HistoryQuery, Store, StoreError
 from gpufleet.protos import fleet_pb2, fleet_pb2_grpc
+from gpufleet.repair.controller import RepairController, RepairRefused
+from gpufleet.repair.state import AuditRecord, Incident
+from gpufleet.repair.workflow_states import health_value
 
 log = logging.getLogger("gpufleet.aggregator.fleet")
 
@@ -79,7 +82,9 @@ class FleetService(fleet_pb2_grpc.FleetServicer):
         store: Store,
         metrics: AggregatorMetrics,
         status: Callable[[], fleet_pb2.AggregatorStatus] | None = None,
+        repair: RepairController | None = None,
     ) -> None:
+        self._repair = repair
         self._auth = auth
         self._fleet = fleet
         self._store = store
@@ -109,7 +114,7 @@ class FleetService(fleet_pb2_grpc.FleetServicer):
         wanted = set(request.liveness)
         nodes = []
         for name in sorted(self._fleet.nodes):
-            summary = self._fleet.summary(self._fleet.nodes[name], now)
+            summary = self._with_health(self._fleet.summary(self._fleet.nodes[name], now))
             if clusters and summary.cluster not in clusters:
                 continue
             if wanted and summary.liveness not in wanted:
@@ -126,7 +131,9 @@ class FleetService(fleet_pb2_grpc.FleetServicer):
                 f"node {request.node!r} is not known to this aggregator "
                 f"({len(self._fleet.nodes)} nodes are); `gpufleet nodes` lists them",
             )
-        return self._fleet.detail(live)
+        detail = self._fleet.detail(live)
+        self._with_health(detail.summary)
+        return detail
 
     @_rpc("viewer")
     async def GetStatus(self, request: fleet_pb2.StatusRequest, principal: Principal) -> Any:
@@ -202,3 +209,123 @@ class FleetService(fleet_pb2_grpc.FleetServicer):
                 fleet_pb2.Series(tags=s.tags, times_unix_ns=s.times_unix_ns, values=s.values) for s in series
             ],
         )
+
+    # --- repair -----------------------------------------------------------------------
+    def _with_health(self, summary: fleet_pb2.NodeSummary) -> fleet_pb2.NodeSummary:
+        wf = self._repair.workflows.get(summary.node) if self._repair else None
+        summary.health = health_value(wf.state if wf else "healthy")
+        summary.health_detail = wf.detail if wf else ""
+        return summary
+
+    def _controller(self) -> RepairController:
+        if self._repair is None:
+            raise _Refused(grpc.StatusCode.UNIMPLEMENTED, "repair is not running in this aggregator")
+        return self._repair
+
+    @_rpc("viewer")
+    async def ListIncidents(self, request: fleet_pb2.ListIncidentsRequest, principal: Principal) -> Any:
+        repair = self._controller()
+        incidents = repair.state.incidents(request.open_only, request.node, request.limit or 100)
+        return fleet_pb2.ListIncidentsResponse(
+            incidents=[
+                _incident_pb(i, repair.state.audit_log(incident_id=i.id, limit=100)) for i in incidents
+            ]
+        )
+
+    @_rpc("viewer")
+    async def ListAudit(self, request: fleet_pb2.ListAuditRequest, principal: Principal) -> Any:
+        entries = self._controller().state.audit_log(request.node, request.limit or 200)
+        return fleet_pb2.ListAuditResponse(entries=[_audit_pb(e) for e in entries])
+
+    @_rpc("viewer")
+    async def GetRepairStatus(self, request: fleet_pb2.RepairStatusRequest, principal: Principal) -> Any:
+        return self._repair_status()
+
+    def _repair_status(self) -> fleet_pb2.RepairStatus:
+        repair = self._controller()
+        nodes = []
+        for name in sorted(repair.workflows):
+            wf = repair.workflows[name]
+            findings = repair.findings.get(name, [])
+            if wf.state == "healthy" and not findings:
+                continue
+            nodes.append(
+                fleet_pb2.NodeRepairState(
+                    node=name,
+                    state=health_value(wf.state),
+                    incident_id=wf.incident_id,
+                    detail=wf.detail,
+                    findings=[f.to_proto() for f in findings],
+                )
+            )
+        return fleet_pb2.RepairStatus(
+            enabled=True,
+            dry_run=repair.rails.dry_run,
+            backend=repair.backend.name,
+            breaker_tripped=repair.breaker_tripped,
+            breaker_reason=repair.breaker_reason,
+            breaker_tripped_unix_ns=repair.breaker_since_ns,
+            out_of_service=repair.out_of_service(),
+            out_of_service_cap=repair.cap(),
+            nodes=nodes,
+        )
+
+    async def _manual(self, action: str, request: fleet_pb2.CordonRequest, principal: Principal) -> Any:
+        repair = self._controller()
+        if not request.node:
+            raise _Refused(grpc.StatusCode.INVALID_ARGUMENT, f"{action} needs a node name")
+        if not request.reason.strip():
+            raise _Refused(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"{action} {request.node} needs a reason (--reason TEXT): it goes in the audit log",
+            )
+        try:
+            wf = await getattr(repair, action)(request.node, request.reason.strip(), principal.name)
+        except RepairRefused as exc:
+            code = {"not_found": grpc.StatusCode.NOT_FOUND, "invalid": grpc.StatusCode.INVALID_ARGUMENT}.get(
+                exc.kind, grpc.StatusCode.FAILED_PRECONDITION
+            )
+            raise _Refused(code, str(exc)) from exc
+        return fleet_pb2.CordonResponse(state=health_value(wf.state), detail=wf.detail)
+
+    @_rpc("operator")
+    async def Cordon(self, request: fleet_pb2.CordonRequest, principal: Principal) -> Any:
+        return await self._manual("cordon", request, principal)
+
+    @_rpc("operator")
+    async def Uncordon(self, request: fleet_pb2.CordonRequest, principal: Principal) -> Any:
+        return await self._manual("uncordon", request, principal)
+
+    @_rpc("operator")
+    async def ResetBreaker(self, request: fleet_pb2.ResetBreakerRequest, principal: Principal) -> Any:
+        if not request.reason.strip():
+            raise _Refused(grpc.StatusCode.INVALID_ARGUMENT, "breaker reset needs a reason (--reason TEXT)")
+        await self._controller().reset_breaker(request.reason.strip(), principal.name)
+        return self._repair_status()
+
+
+def _audit_pb(e: AuditRecord) -> fleet_pb2.AuditEntry:
+    return fleet_pb2.AuditEntry(
+        time_unix_ns=e.time_ns,
+        actor=e.actor,
+        node=e.node,
+        action=e.action,
+        reason=e.reason,
+        outcome=e.outcome,
+        incident_id=e.incident_id,
+    )
+
+
+def _incident_pb(i: Incident, actions: list[AuditRecord]) -> fleet_pb2.Incident:
+    return fleet_pb2.Incident(
+        id=i.id,
+        node=i.node,
+        open=i.open,
+        state=health_value(i.state),
+        opened_unix_ns=i.opened_ns,
+        closed_unix_ns=i.closed_ns,
+        outcome=i.outcome,
+        findings=[f.to_proto() for f in i.findings],
+        actions=[_audit_pb(a) for a in actions],
+        attempts=i.attempts,
+    )

@@ -20,6 +20,7 @@ class NodeLive:
     last_seq: int = 0
     last_report_ns: int = 0  # the report's own timestamp (node clock)
     last_heard_ns: int = 0  # when the aggregator received it (aggregator clock)
+    last_sample_ns: int = 0  # the newest report that carried GPU samples (node clock)
     interval_s: float = 0.0
     simulated: bool = False
     driver_version: str = ""
@@ -83,6 +84,8 @@ class FleetState:
         live.cluster = report.cluster
         live.interval_s = report.interval_s or live.interval_s
         live.stats = report.stats
+        if report.gpus:
+            live.last_sample_ns = report.time_unix_ns
         for gpu in report.gpus:
             live.gpus[gpu.index] = gpu
         for eng in report.engines:

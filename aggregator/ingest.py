@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 
 import grpc
@@ -91,10 +91,22 @@ class IngestService:
         self._limits = limits
         self._streams: dict[str, _Session] = {}
         self._converter = PointConverter()
+        # Told of every durable report, and of every command result (the repair controller).
+        self.report_listeners: list[Callable[[telemetry_pb2.NodeReport], None]] = []
+        self.command_listeners: list[Callable[[str, ingest_pb2.CommandResult], None]] = []
 
     @property
     def streams_open(self) -> int:
         return len(self._streams)
+
+    def send_command(self, node: str, command: ingest_pb2.Command) -> bool:
+        """Queue a command down the node's stream; False when its collector is not connected."""
+        session = self._streams.get(node)
+        if session is None or session.closed:
+            return False
+        session.out.put_nowait(ingest_pb2.AggregatorMessage(command=command))
+        log.info("command %s sent: %s", command.id, command.WhichOneof("action"), extra={"node": node})
+        return True
 
     def handler(self) -> grpc.GenericRpcHandler:
         method = grpc.stream_stream_rpc_method_handler(
@@ -248,6 +260,8 @@ class IngestService:
                         msg.command_result.detail,
                         extra={"node": node},
                     )
+                    for listener in self.command_listeners:
+                        listener(node, msg.command_result)
                 else:
                     session.out.put_nowait(
                         self._refuse(
@@ -312,6 +326,8 @@ class IngestService:
             )
             return
         self._fleet.on_report(report, time.time_ns())
+        for listener in self.report_listeners:
+            listener(report)
         self._metrics.reports_accepted.inc()
         self._metrics.gpu_samples.inc(len(report.gpus))
         if not session.closed:

@@ -23,6 +23,7 @@ from gpufleet.aggregator.fleet_service import FleetService
 from gpufleet.aggregator.fleet_state import FleetState
 from gpufleet.aggregator.ingest import IngestLimits, IngestService
 from gpufleet.aggregator.metrics import AggregatorMetrics
+from gpufleet.aggregator.repair_wiring import build_controller
 from gpufleet.aggregator.spool import Spool
 from gpufleet.aggregator.store import Store, StoreError, open_store
 from gpufleet.aggregator.writer import GroupCommitWriter
@@ -95,7 +96,12 @@ class Aggregator:
             self.metrics,
             IngestLimits(config.max_report_bytes, config.retention_s, config.max_clock_skew_s),
         )
-        self.fleet_service = FleetService(self.auth, self.fleet, self.store, self.metrics, self.status)
+        self.repair, self.alerts, self.repair_state = build_controller(
+            config, self.fleet, self.ingest, self.metrics
+        )
+        self.fleet_service = FleetService(
+            self.auth, self.fleet, self.store, self.metrics, self.status, self.repair
+        )
         self._servers: list[grpc.aio.Server] = []
         self._http = None
 
@@ -157,6 +163,7 @@ class Aggregator:
 
     async def start(self) -> Bound:
         self.writer.start()
+        self.alerts.start()
         ingest_server = grpc.aio.server(options=SERVER_OPTIONS)
         ingest_server.add_generic_rpc_handlers((self.ingest.handler(),))
         ingest_addr = _add_port(ingest_server, self.config.ingest_listen, self.config)
@@ -208,6 +215,8 @@ class Aggregator:
     async def stop(self, grace_s: float = 5.0) -> None:
         await asyncio.gather(*(s.stop(grace_s) for s in self._servers))
         await self.writer.close()
+        await self.alerts.close()
+        self.repair_state.close()
         if self._http is not None:
             self._http.shutdown()
         self.store.close()
@@ -225,7 +234,8 @@ async def run_aggregator(config: AggregatorConfig) -> None:
         asyncio.create_task(aggregator.retention_loop(stop)),
         asyncio.create_task(aggregator.restore_loop(stop)),
         asyncio.create_task(aggregator.rollup_loop(stop)),
+        asyncio.create_task(aggregator.repair.run(stop, config.repair_interval_s)),
     ]
     await stop.wait()
-    await aggregator.stop()
     await asyncio.gather(*background)
+    await aggregator.stop()

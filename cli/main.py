@@ -16,7 +16,7 @@ import os
 import sys
 from pathlib import Path
 
-from gpufleet.cli import settings
+from gpufleet.cli import repair_cmds, settings
 from gpufleet.cli.client import ClientError, FleetClient, resolve_client
 from gpufleet.cli.logsetup import configure as configure_logging
 
@@ -118,6 +118,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("name")
     p.add_argument("--role", required=True, choices=["viewer", "operator"])
     p.add_argument("--secrets", required=True)
+
+    repair_cmds.add_arguments(sub, client)
 
     cfg = sub.add_parser("config", help="configuration")
     cfg_sub = cfg.add_subparsers(dest="action", required=True)
@@ -221,6 +223,8 @@ def main(argv: list[str] | None = None) -> int:
 
             print(settings.reference({"collector": CollectorConfig, "aggregator": AggregatorConfig}))
             return 0
+        if args.command == "policy":
+            return repair_cmds.run_policy(args)
         if args.command == "dashboard":
             from gpufleet.cli.dashboard import run_dashboard
 
@@ -235,7 +239,10 @@ def main(argv: list[str] | None = None) -> int:
                 return 0
             from gpufleet.cli import sre
 
-            sre.run(client, args)
+            if args.command in ("cordon", "uncordon", "incidents", "audit", "breaker"):
+                repair_cmds.run(client, args)
+            else:
+                sre.run(client, args)
         finally:
             client.close()
     except settings.ConfigError as exc:

@@ -26,6 +26,164 @@ AGGREGATE_P95: Aggregate
 AGGREGATE_LAST: Aggregate
 AGGREGATE_COUNT: Aggregate
 
+class Finding(_message.Message):
+    __slots__ = ("node", "gpu_index", "code", "severity", "action", "cordon", "reason", "evidence", "first_seen_unix_ns", "window_s")
+    NODE_FIELD_NUMBER: _ClassVar[int]
+    GPU_INDEX_FIELD_NUMBER: _ClassVar[int]
+    CODE_FIELD_NUMBER: _ClassVar[int]
+    SEVERITY_FIELD_NUMBER: _ClassVar[int]
+    ACTION_FIELD_NUMBER: _ClassVar[int]
+    CORDON_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    EVIDENCE_FIELD_NUMBER: _ClassVar[int]
+    FIRST_SEEN_UNIX_NS_FIELD_NUMBER: _ClassVar[int]
+    WINDOW_S_FIELD_NUMBER: _ClassVar[int]
+    node: str
+    gpu_index: int
+    code: str
+    severity: _vocabulary_pb2.Severity
+    action: _vocabulary_pb2.Action
+    cordon: bool
+    reason: str
+    evidence: str
+    first_seen_unix_ns: int
+    window_s: float
+    def __init__(self, node: _Optional[str] = ..., gpu_index: _Optional[int] = ..., code: _Optional[str] = ..., severity: _Optional[_Union[_vocabulary_pb2.Severity, str]] = ..., action: _Optional[_Union[_vocabulary_pb2.Action, str]] = ..., cordon: _Optional[bool] = ..., reason: _Optional[str] = ..., evidence: _Optional[str] = ..., first_seen_unix_ns: _Optional[int] = ..., window_s: _Optional[float] = ...) -> None: ...
+
+class Incident(_message.Message):
+    __slots__ = ("id", "node", "open", "state", "opened_unix_ns", "closed_unix_ns", "outcome", "findings", "actions", "attempts")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    NODE_FIELD_NUMBER: _ClassVar[int]
+    OPEN_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    OPENED_UNIX_NS_FIELD_NUMBER: _ClassVar[int]
+    CLOSED_UNIX_NS_FIELD_NUMBER: _ClassVar[int]
+    OUTCOME_FIELD_NUMBER: _ClassVar[int]
+    FINDINGS_FIELD_NUMBER: _ClassVar[int]
+    ACTIONS_FIELD_NUMBER: _ClassVar[int]
+    ATTEMPTS_FIELD_NUMBER: _ClassVar[int]
+    id: str
+    node: str
+    open: bool
+    state: _vocabulary_pb2.NodeHealth
+    opened_unix_ns: int
+    closed_unix_ns: int
+    outcome: str
+    findings: _containers.RepeatedCompositeFieldContainer[Finding]
+    actions: _containers.RepeatedCompositeFieldContainer[AuditEntry]
+    attempts: int
+    def __init__(self, id: _Optional[str] = ..., node: _Optional[str] = ..., open: _Optional[bool] = ..., state: _Optional[_Union[_vocabulary_pb2.NodeHealth, str]] = ..., opened_unix_ns: _Optional[int] = ..., closed_unix_ns: _Optional[int] = ..., outcome: _Optional[str] = ..., findings: _Optional[_Iterable[_Union[Finding, _Mapping]]] = ..., actions: _Optional[_Iterable[_Union[AuditEntry, _Mapping]]] = ..., attempts: _Optional[int] = ...) -> None: ...
+
+class AuditEntry(_message.Message):
+    __slots__ = ("time_unix_ns", "actor", "node", "action", "reason", "outcome", "incident_id")
+    TIME_UNIX_NS_FIELD_NUMBER: _ClassVar[int]
+    ACTOR_FIELD_NUMBER: _ClassVar[int]
+    NODE_FIELD_NUMBER: _ClassVar[int]
+    ACTION_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    OUTCOME_FIELD_NUMBER: _ClassVar[int]
+    INCIDENT_ID_FIELD_NUMBER: _ClassVar[int]
+    time_unix_ns: int
+    actor: str
+    node: str
+    action: str
+    reason: str
+    outcome: str
+    incident_id: str
+    def __init__(self, time_unix_ns: _Optional[int] = ..., actor: _Optional[str] = ..., node: _Optional[str] = ..., action: _Optional[str] = ..., reason: _Optional[str] = ..., outcome: _Optional[str] = ..., incident_id: _Optional[str] = ...) -> None: ...
+
+class ListIncidentsRequest(_message.Message):
+    __slots__ = ("open_only", "node", "limit")
+    OPEN_ONLY_FIELD_NUMBER: _ClassVar[int]
+    NODE_FIELD_NUMBER: _ClassVar[int]
+    LIMIT_FIELD_NUMBER: _ClassVar[int]
+    open_only: bool
+    node: str
+    limit: int
+    def __init__(self, open_only: _Optional[bool] = ..., node: _Optional[str] = ..., limit: _Optional[int] = ...) -> None: ...
+
+class ListIncidentsResponse(_message.Message):
+    __slots__ = ("incidents",)
+    INCIDENTS_FIELD_NUMBER: _ClassVar[int]
+    incidents: _containers.RepeatedCompositeFieldContainer[Incident]
+    def __init__(self, incidents: _Optional[_Iterable[_Union[Incident, _Mapping]]] = ...) -> None: ...
+
+class ListAuditRequest(_message.Message):
+    __slots__ = ("node", "limit")
+    NODE_FIELD_NUMBER: _ClassVar[int]
+    LIMIT_FIELD_NUMBER: _ClassVar[int]
+    node: str
+    limit: int
+    def __init__(self, node: _Optional[str] = ..., limit: _Optional[int] = ...) -> None: ...
+
+class ListAuditResponse(_message.Message):
+    __slots__ = ("entries",)
+    ENTRIES_FIELD_NUMBER: _ClassVar[int]
+    entries: _containers.RepeatedCompositeFieldContainer[AuditEntry]
+    def __init__(self, entries: _Optional[_Iterable[_Union[AuditEntry, _Mapping]]] = ...) -> None: ...
+
+class RepairStatusRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class NodeRepairState(_message.Message):
+    __slots__ = ("node", "state", "incident_id", "detail", "findings")
+    NODE_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    INCIDENT_ID_FIELD_NUMBER: _ClassVar[int]
+    DETAIL_FIELD_NUMBER: _ClassVar[int]
+    FINDINGS_FIELD_NUMBER: _ClassVar[int]
+    node: str
+    state: _vocabulary_pb2.NodeHealth
+    incident_id: str
+    detail: str
+    findings: _containers.RepeatedCompositeFieldContainer[Finding]
+    def __init__(self, node: _Optional[str] = ..., state: _Optional[_Union[_vocabulary_pb2.NodeHealth, str]] = ..., incident_id: _Optional[str] = ..., detail: _Optional[str] = ..., findings: _Optional[_Iterable[_Union[Finding, _Mapping]]] = ...) -> None: ...
+
+class RepairStatus(_message.Message):
+    __slots__ = ("enabled", "dry_run", "backend", "breaker_tripped", "breaker_reason", "breaker_tripped_unix_ns", "out_of_service", "out_of_service_cap", "nodes")
+    ENABLED_FIELD_NUMBER: _ClassVar[int]
+    DRY_RUN_FIELD_NUMBER: _ClassVar[int]
+    BACKEND_FIELD_NUMBER: _ClassVar[int]
+    BREAKER_TRIPPED_FIELD_NUMBER: _ClassVar[int]
+    BREAKER_REASON_FIELD_NUMBER: _ClassVar[int]
+    BREAKER_TRIPPED_UNIX_NS_FIELD_NUMBER: _ClassVar[int]
+    OUT_OF_SERVICE_FIELD_NUMBER: _ClassVar[int]
+    OUT_OF_SERVICE_CAP_FIELD_NUMBER: _ClassVar[int]
+    NODES_FIELD_NUMBER: _ClassVar[int]
+    enabled: bool
+    dry_run: bool
+    backend: str
+    breaker_tripped: bool
+    breaker_reason: str
+    breaker_tripped_unix_ns: int
+    out_of_service: int
+    out_of_service_cap: int
+    nodes: _containers.RepeatedCompositeFieldContainer[NodeRepairState]
+    def __init__(self, enabled: _Optional[bool] = ..., dry_run: _Optional[bool] = ..., backend: _Optional[str] = ..., breaker_tripped: _Optional[bool] = ..., breaker_reason: _Optional[str] = ..., breaker_tripped_unix_ns: _Optional[int] = ..., out_of_service: _Optional[int] = ..., out_of_service_cap: _Optional[int] = ..., nodes: _Optional[_Iterable[_Union[NodeRepairState, _Mapping]]] = ...) -> None: ...
+
+class CordonRequest(_message.Message):
+    __slots__ = ("node", "reason")
+    NODE_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    node: str
+    reason: str
+    def __init__(self, node: _Optional[str] = ..., reason: _Optional[str] = ...) -> None: ...
+
+class CordonResponse(_message.Message):
+    __slots__ = ("state", "detail")
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    DETAIL_FIELD_NUMBER: _ClassVar[int]
+    state: _vocabulary_pb2.NodeHealth
+    detail: str
+    def __init__(self, state: _Optional[_Union[_vocabulary_pb2.NodeHealth, str]] = ..., detail: _Optional[str] = ...) -> None: ...
+
+class ResetBreakerRequest(_message.Message):
+    __slots__ = ("reason",)
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    reason: str
+    def __init__(self, reason: _Optional[str] = ...) -> None: ...
+
 class StatusRequest(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
@@ -93,7 +251,7 @@ class ListNodesRequest(_message.Message):
     def __init__(self, clusters: _Optional[_Iterable[str]] = ..., liveness: _Optional[_Iterable[_Union[_vocabulary_pb2.Liveness, str]]] = ...) -> None: ...
 
 class NodeSummary(_message.Message):
-    __slots__ = ("node", "cluster", "liveness", "last_report_unix_ns", "seconds_since_report", "boot_id", "last_seq", "interval_s", "simulated", "driver_version", "gpu_count", "gpus", "connected")
+    __slots__ = ("node", "cluster", "liveness", "last_report_unix_ns", "seconds_since_report", "boot_id", "last_seq", "interval_s", "simulated", "driver_version", "gpu_count", "gpus", "connected", "health", "health_detail")
     NODE_FIELD_NUMBER: _ClassVar[int]
     CLUSTER_FIELD_NUMBER: _ClassVar[int]
     LIVENESS_FIELD_NUMBER: _ClassVar[int]
@@ -107,6 +265,8 @@ class NodeSummary(_message.Message):
     GPU_COUNT_FIELD_NUMBER: _ClassVar[int]
     GPUS_FIELD_NUMBER: _ClassVar[int]
     CONNECTED_FIELD_NUMBER: _ClassVar[int]
+    HEALTH_FIELD_NUMBER: _ClassVar[int]
+    HEALTH_DETAIL_FIELD_NUMBER: _ClassVar[int]
     node: str
     cluster: str
     liveness: _vocabulary_pb2.Liveness
@@ -120,7 +280,9 @@ class NodeSummary(_message.Message):
     gpu_count: int
     gpus: _containers.RepeatedCompositeFieldContainer[_telemetry_pb2.GpuSample]
     connected: bool
-    def __init__(self, node: _Optional[str] = ..., cluster: _Optional[str] = ..., liveness: _Optional[_Union[_vocabulary_pb2.Liveness, str]] = ..., last_report_unix_ns: _Optional[int] = ..., seconds_since_report: _Optional[float] = ..., boot_id: _Optional[str] = ..., last_seq: _Optional[int] = ..., interval_s: _Optional[float] = ..., simulated: _Optional[bool] = ..., driver_version: _Optional[str] = ..., gpu_count: _Optional[int] = ..., gpus: _Optional[_Iterable[_Union[_telemetry_pb2.GpuSample, _Mapping]]] = ..., connected: _Optional[bool] = ...) -> None: ...
+    health: _vocabulary_pb2.NodeHealth
+    health_detail: str
+    def __init__(self, node: _Optional[str] = ..., cluster: _Optional[str] = ..., liveness: _Optional[_Union[_vocabulary_pb2.Liveness, str]] = ..., last_report_unix_ns: _Optional[int] = ..., seconds_since_report: _Optional[float] = ..., boot_id: _Optional[str] = ..., last_seq: _Optional[int] = ..., interval_s: _Optional[float] = ..., simulated: _Optional[bool] = ..., driver_version: _Optional[str] = ..., gpu_count: _Optional[int] = ..., gpus: _Optional[_Iterable[_Union[_telemetry_pb2.GpuSample, _Mapping]]] = ..., connected: _Optional[bool] = ..., health: _Optional[_Union[_vocabulary_pb2.NodeHealth, str]] = ..., health_detail: _Optional[str] = ...) -> None: ...
 
 class ListNodesResponse(_message.Message):
     __slots__ = ("nodes", "server_time_unix_ns")

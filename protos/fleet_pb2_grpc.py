@@ -64,6 +64,36 @@ class FleetStub:
                 request_serializer=gpufleet_dot_v1_dot_fleet__pb2.StatusRequest.SerializeToString,
                 response_deserializer=gpufleet_dot_v1_dot_fleet__pb2.AggregatorStatus.FromString,
                 _registered_method=True)
+        self.ListIncidents = channel.unary_unary(
+                '/gpufleet.v1.Fleet/ListIncidents',
+                request_serializer=gpufleet_dot_v1_dot_fleet__pb2.ListIncidentsRequest.SerializeToString,
+                response_deserializer=gpufleet_dot_v1_dot_fleet__pb2.ListIncidentsResponse.FromString,
+                _registered_method=True)
+        self.ListAudit = channel.unary_unary(
+                '/gpufleet.v1.Fleet/ListAudit',
+                request_serializer=gpufleet_dot_v1_dot_fleet__pb2.ListAuditRequest.SerializeToString,
+                response_deserializer=gpufleet_dot_v1_dot_fleet__pb2.ListAuditResponse.FromString,
+                _registered_method=True)
+        self.GetRepairStatus = channel.unary_unary(
+                '/gpufleet.v1.Fleet/GetRepairStatus',
+                request_serializer=gpufleet_dot_v1_dot_fleet__pb2.RepairStatusRequest.SerializeToString,
+                response_deserializer=gpufleet_dot_v1_dot_fleet__pb2.RepairStatus.FromString,
+                _registered_method=True)
+        self.Cordon = channel.unary_unary(
+                '/gpufleet.v1.Fleet/Cordon',
+                request_serializer=gpufleet_dot_v1_dot_fleet__pb2.CordonRequest.SerializeToString,
+                response_deserializer=gpufleet_dot_v1_dot_fleet__pb2.CordonResponse.FromString,
+                _registered_method=True)
+        self.Uncordon = channel.unary_unary(
+                '/gpufleet.v1.Fleet/Uncordon',
+                request_serializer=gpufleet_dot_v1_dot_fleet__pb2.CordonRequest.SerializeToString,
+                response_deserializer=gpufleet_dot_v1_dot_fleet__pb2.CordonResponse.FromString,
+                _registered_method=True)
+        self.ResetBreaker = channel.unary_unary(
+                '/gpufleet.v1.Fleet/ResetBreaker',
+                request_serializer=gpufleet_dot_v1_dot_fleet__pb2.ResetBreakerRequest.SerializeToString,
+                response_deserializer=gpufleet_dot_v1_dot_fleet__pb2.RepairStatus.FromString,
+                _registered_method=True)
 
 
 class FleetServicer:
@@ -105,6 +135,43 @@ class FleetServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ListIncidents(self, request, context):
+        """Repair: read with a viewer token; change with an operator token.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListAudit(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetRepairStatus(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Cordon(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Uncordon(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ResetBreaker(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_FleetServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -137,6 +204,36 @@ def add_FleetServicer_to_server(servicer, server):
                     servicer.GetStatus,
                     request_deserializer=gpufleet_dot_v1_dot_fleet__pb2.StatusRequest.FromString,
                     response_serializer=gpufleet_dot_v1_dot_fleet__pb2.AggregatorStatus.SerializeToString,
+            ),
+            'ListIncidents': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListIncidents,
+                    request_deserializer=gpufleet_dot_v1_dot_fleet__pb2.ListIncidentsRequest.FromString,
+                    response_serializer=gpufleet_dot_v1_dot_fleet__pb2.ListIncidentsResponse.SerializeToString,
+            ),
+            'ListAudit': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListAudit,
+                    request_deserializer=gpufleet_dot_v1_dot_fleet__pb2.ListAuditRequest.FromString,
+                    response_serializer=gpufleet_dot_v1_dot_fleet__pb2.ListAuditResponse.SerializeToString,
+            ),
+            'GetRepairStatus': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetRepairStatus,
+                    request_deserializer=gpufleet_dot_v1_dot_fleet__pb2.RepairStatusRequest.FromString,
+                    response_serializer=gpufleet_dot_v1_dot_fleet__pb2.RepairStatus.SerializeToString,
+            ),
+            'Cordon': grpc.unary_unary_rpc_method_handler(
+                    servicer.Cordon,
+                    request_deserializer=gpufleet_dot_v1_dot_fleet__pb2.CordonRequest.FromString,
+                    response_serializer=gpufleet_dot_v1_dot_fleet__pb2.CordonResponse.SerializeToString,
+            ),
+            'Uncordon': grpc.unary_unary_rpc_method_handler(
+                    servicer.Uncordon,
+                    request_deserializer=gpufleet_dot_v1_dot_fleet__pb2.CordonRequest.FromString,
+                    response_serializer=gpufleet_dot_v1_dot_fleet__pb2.CordonResponse.SerializeToString,
+            ),
+            'ResetBreaker': grpc.unary_unary_rpc_method_handler(
+                    servicer.ResetBreaker,
+                    request_deserializer=gpufleet_dot_v1_dot_fleet__pb2.ResetBreakerRequest.FromString,
+                    response_serializer=gpufleet_dot_v1_dot_fleet__pb2.RepairStatus.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -301,6 +398,168 @@ class Fleet:
             '/gpufleet.v1.Fleet/GetStatus',
             gpufleet_dot_v1_dot_fleet__pb2.StatusRequest.SerializeToString,
             gpufleet_dot_v1_dot_fleet__pb2.AggregatorStatus.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListIncidents(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/gpufleet.v1.Fleet/ListIncidents',
+            gpufleet_dot_v1_dot_fleet__pb2.ListIncidentsRequest.SerializeToString,
+            gpufleet_dot_v1_dot_fleet__pb2.ListIncidentsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListAudit(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/gpufleet.v1.Fleet/ListAudit',
+            gpufleet_dot_v1_dot_fleet__pb2.ListAuditRequest.SerializeToString,
+            gpufleet_dot_v1_dot_fleet__pb2.ListAuditResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetRepairStatus(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/gpufleet.v1.Fleet/GetRepairStatus',
+            gpufleet_dot_v1_dot_fleet__pb2.RepairStatusRequest.SerializeToString,
+            gpufleet_dot_v1_dot_fleet__pb2.RepairStatus.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Cordon(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/gpufleet.v1.Fleet/Cordon',
+            gpufleet_dot_v1_dot_fleet__pb2.CordonRequest.SerializeToString,
+            gpufleet_dot_v1_dot_fleet__pb2.CordonResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Uncordon(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/gpufleet.v1.Fleet/Uncordon',
+            gpufleet_dot_v1_dot_fleet__pb2.CordonRequest.SerializeToString,
+            gpufleet_dot_v1_dot_fleet__pb2.CordonResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ResetBreaker(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/gpufleet.v1.Fleet/ResetBreaker',
+            gpufleet_dot_v1_dot_fleet__pb2.ResetBreakerRequest.SerializeToString,
+            gpufleet_dot_v1_dot_fleet__pb2.RepairStatus.FromString,
             options,
             channel_credentials,
             insecure,

@@ -32,6 +32,46 @@ class CommandOutcome(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     COMMAND_OUTCOME_SUCCEEDED: _ClassVar[CommandOutcome]
     COMMAND_OUTCOME_FAILED: _ClassVar[CommandOutcome]
     COMMAND_OUTCOME_REFUSED: _ClassVar[CommandOutcome]
+
+class Severity(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    SEVERITY_UNSPECIFIED: _ClassVar[Severity]
+    SEVERITY_INFO: _ClassVar[Severity]
+    SEVERITY_WARNING: _ClassVar[Severity]
+    SEVERITY_CRITICAL: _ClassVar[Severity]
+
+class NodeHealth(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    NODE_HEALTH_UNSPECIFIED: _ClassVar[NodeHealth]
+    NODE_HEALTH_HEALTHY: _ClassVar[NodeHealth]
+    NODE_HEALTH_SUSPECT: _ClassVar[NodeHealth]
+    NODE_HEALTH_CORDONED: _ClassVar[NodeHealth]
+    NODE_HEALTH_DRAINING: _ClassVar[NodeHealth]
+    NODE_HEALTH_REPAIRING: _ClassVar[NodeHealth]
+    NODE_HEALTH_VALIDATING: _ClassVar[NodeHealth]
+    NODE_HEALTH_QUARANTINED: _ClassVar[NodeHealth]
+    NODE_HEALTH_HUMAN_CORDONED: _ClassVar[NodeHealth]
+    NODE_HEALTH_WAITING: _ClassVar[NodeHealth]
+
+class Action(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    ACTION_UNSPECIFIED: _ClassVar[Action]
+    ACTION_IGNORE: _ClassVar[Action]
+    ACTION_RESTART_APP: _ClassVar[Action]
+    ACTION_RESET_GPU: _ClassVar[Action]
+    ACTION_RESTART_BM: _ClassVar[Action]
+    ACTION_RESTART_VM: _ClassVar[Action]
+    ACTION_CONTACT_SUPPORT: _ClassVar[Action]
+    ACTION_CHECK_MECHANICALS: _ClassVar[Action]
+    ACTION_UPDATE_SWFW: _ClassVar[Action]
+    ACTION_CHECK_UVM: _ClassVar[Action]
+    ACTION_WORKFLOW_XID_45: _ClassVar[Action]
+    ACTION_WORKFLOW_XID_48: _ClassVar[Action]
+    ACTION_DRAIN_AND_RESET: _ClassVar[Action]
+    ACTION_WORKFLOW_NVLINK_ERR: _ClassVar[Action]
+    ACTION_WORKFLOW_NVLINK5_ERR: _ClassVar[Action]
+    ACTION_XID_154_EVAL: _ClassVar[Action]
+    ACTION_ALERT_ONLY: _ClassVar[Action]
 LIVENESS_UNSPECIFIED: Liveness
 LIVENESS_REPORTING: Liveness
 LIVENESS_STALE: Liveness
@@ -49,3 +89,34 @@ COMMAND_OUTCOME_UNSPECIFIED: CommandOutcome
 COMMAND_OUTCOME_SUCCEEDED: CommandOutcome
 COMMAND_OUTCOME_FAILED: CommandOutcome
 COMMAND_OUTCOME_REFUSED: CommandOutcome
+SEVERITY_UNSPECIFIED: Severity
+SEVERITY_INFO: Severity
+SEVERITY_WARNING: Severity
+SEVERITY_CRITICAL: Severity
+NODE_HEALTH_UNSPECIFIED: NodeHealth
+NODE_HEALTH_HEALTHY: NodeHealth
+NODE_HEALTH_SUSPECT: NodeHealth
+NODE_HEALTH_CORDONED: NodeHealth
+NODE_HEALTH_DRAINING: NodeHealth
+NODE_HEALTH_REPAIRING: NodeHealth
+NODE_HEALTH_VALIDATING: NodeHealth
+NODE_HEALTH_QUARANTINED: NodeHealth
+NODE_HEALTH_HUMAN_CORDONED: NodeHealth
+NODE_HEALTH_WAITING: NodeHealth
+ACTION_UNSPECIFIED: Action
+ACTION_IGNORE: Action
+ACTION_RESTART_APP: Action
+ACTION_RESET_GPU: Action
+ACTION_RESTART_BM: Action
+ACTION_RESTART_VM: Action
+ACTION_CONTACT_SUPPORT: Action
+ACTION_CHECK_MECHANICALS: Action
+ACTION_UPDATE_SWFW: Action
+ACTION_CHECK_UVM: Action
+ACTION_WORKFLOW_XID_45: Action
+ACTION_WORKFLOW_XID_48: Action
+ACTION_DRAIN_AND_RESET: Action
+ACTION_WORKFLOW_NVLINK_ERR: Action
+ACTION_WORKFLOW_NVLINK5_ERR: Action
+ACTION_XID_154_EVAL: Action
+ACTION_ALERT_ONLY: Action

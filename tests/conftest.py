@@ -357,3 +357,26 @@ def influxd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         yield server.url
     finally:
         server.kill()
+
+
+SLURM_NODES = [f"gpu-node-{i:02d}" for i in range(1, 11)]
+
+
+@pytest.fixture(scope="session")
+def slurm_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """A real slurmctld with ten slurmd nodes (gpu-node-01..10) for the session."""
+    from slurm_harness import SlurmCluster
+
+    cluster = SlurmCluster(tmp_path_factory.mktemp("slurm"), SLURM_NODES)
+    cluster.start()
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
+
+
+@pytest.fixture
+def slurm(slurm_cluster: Any) -> Any:
+    """The session's Slurm with every node resumed: each test starts from an idle cluster."""
+    slurm_cluster.resume_all()
+    return slurm_cluster

@@ -1,0 +1,118 @@
+"""Wires the repair library to the aggregator: node snapshots from the live view, commands
+down the ingest streams, the backend, alert sinks and metrics from the configuration."""
+
+from __future__ import annotations
+
+import time
+
+from prometheus_client import Counter, Gauge
+
+from gpufleet.aggregator.config import AggregatorConfig
+from gpufleet.aggregator.fleet_state import FleetState
+from gpufleet.aggregator.ingest import IngestService
+from gpufleet.aggregator.metrics import AggregatorMetrics
+from gpufleet.repair.alerts import open_sinks
+from gpufleet.repair.alerts.dispatcher import AlertDispatcher
+from gpufleet.repair.backends import open_backend
+from gpufleet.repair.controller import Hooks, Rails, RepairController
+from gpufleet.repair.model import NodeSnapshot
+from gpufleet.repair.policy import load_policy
+from gpufleet.repair.state import RepairState
+from gpufleet.repair.workflow_states import STATES
+
+
+def snapshots(fleet: FleetState) -> list[NodeSnapshot]:
+    now = time.time_ns()
+    out = []
+    for live in fleet.nodes.values():
+        out.append(
+            NodeSnapshot(
+                node=live.node,
+                cluster=live.cluster,
+                liveness=fleet.liveness(live, now),
+                seconds_since_report=(now - live.last_heard_ns) / 1e9 if live.last_heard_ns else 0.0,
+                boot_id=live.boot_id,
+                connected=live.connected,
+                gpu_count=live.gpu_count,
+                gpus=dict(live.gpus),
+                events=list(live.events),
+                sample_time_ns=live.last_sample_ns,
+            )
+        )
+    return out
+
+
+def build_controller(
+    config: AggregatorConfig, fleet: FleetState, ingest: IngestService, metrics: AggregatorMetrics
+) -> tuple[RepairController, AlertDispatcher, RepairState]:
+    policy = load_policy(config.repair_policy_file or None)
+    backend = open_backend(
+        config.repair_backend,
+        slurm_scontrol=config.repair_slurm_scontrol,
+        slurm_conf=config.repair_slurm_conf,
+        kubeconfig=config.repair_kubeconfig,
+        hook_cordon=config.repair_hook_cordon,
+        hook_uncordon=config.repair_hook_uncordon,
+        hook_drain=config.repair_hook_drain,
+        hook_timeout_s=config.repair_hook_timeout_s,
+    )
+    r = metrics.registry
+    alerts = Counter(
+        "gpufleet_alerts",
+        "alert deliveries by sink and outcome (sent, failed_attempt, dropped)",
+        ["sink", "outcome"],
+        registry=r,
+    )
+    actions = Counter(
+        "gpufleet_repair_actions", "repair actions by action and outcome", ["action", "outcome"], registry=r
+    )
+    dispatcher = AlertDispatcher(
+        open_sinks(
+            [u.strip() for u in config.alert_webhooks.split(",") if u.strip()],
+            config.alert_slack_url,
+            config.alert_pagerduty_routing_key,
+            config.alert_pagerduty_url,
+        ),
+        group_wait_s=config.alert_group_wait_s,
+        max_age_s=config.alert_max_age_s,
+        count=lambda sink, outcome: alerts.labels(sink=sink, outcome=outcome).inc(),
+    )
+    state = RepairState(config.data_path / "repair.sqlite3")
+    controller = RepairController(
+        policy,
+        state,
+        backend,
+        Rails(
+            dry_run=config.repair_dry_run,
+            max_out_of_service=config.repair_max_out_of_service,
+            max_out_of_service_fraction=config.repair_max_out_of_service_fraction,
+            breaker_nodes=config.repair_breaker_nodes,
+            breaker_window_s=config.repair_breaker_window_s,
+        ),
+        Hooks(config.repair_reboot_command, config.repair_ticket_command, config.repair_hook_timeout_s),
+        dispatcher,
+        lambda: snapshots(fleet),
+        ingest.send_command,
+        on_action=lambda node, action, outcome: actions.labels(
+            action=action, outcome=outcome.split(":")[0]
+        ).inc(),
+    )
+    ingest.command_listeners.append(controller.on_command_result)
+    ingest.report_listeners.append(lambda report: controller.poke() if report.events else None)
+    nodes_in_state = Gauge(
+        "gpufleet_repair_nodes", "nodes in each repair workflow state", ["state"], registry=r
+    )
+    for name in STATES:
+        nodes_in_state.labels(state=name).set_function(
+            lambda name=name: float(sum(1 for w in controller.workflows.values() if w.state == name))
+        )
+    Gauge(
+        "gpufleet_repair_breaker_tripped", "1 while the repair breaker is tripped: alert", registry=r
+    ).set_function(lambda: float(controller.breaker_tripped))
+    Gauge(
+        "gpufleet_alerts_held", "incident alerts held while the breaker is tripped", registry=r
+    ).set_function(lambda: float(dispatcher.held))
+    Gauge("gpufleet_repair_passes", "repair passes run since the aggregator started", registry=r).set_function(
+        lambda: float(controller.passes)
+    )
+    return controller, dispatcher, state

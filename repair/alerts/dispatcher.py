@@ -1,0 +1,161 @@
+"""Delivers alerts to every sink without ever blocking the repair controller.
+
+- notify() only queues; each sink has its own worker that POSTs in order and retries failed
+  deliveries with exponential backoff (1 s doubling to 60 s) for up to max_age_s, then drops
+  the alert with an error log and a count.
+- A new incident's first alert waits group_wait_s (as Alertmanager's group_wait does). If the
+  breaker trips meanwhile (a storm), those alerts are held and the one breaker alert lists
+  their nodes: a storm pages once. Held alerts go out when the breaker is reset.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable
+
+from gpufleet.repair.alerts.base import Alert, Request, Sink
+
+log = logging.getLogger("gpufleet.repair.alerts")
+
+
+class AlertDispatcher:
+    def __init__(
+        self,
+        sinks: list[Sink],
+        group_wait_s: float = 10.0,
+        max_age_s: float = 3600.0,
+        timeout_s: float = 10.0,
+        count: Callable[[str, str], None] = lambda sink, outcome: None,
+    ) -> None:
+        self._sinks = sinks
+        self._group_wait_s = group_wait_s
+        self._max_age_s = max_age_s
+        self._timeout_s = timeout_s
+        self._count = count
+        self._queues: dict[str, asyncio.Queue[Alert]] = {}
+        self._workers: list[asyncio.Task[None]] = []
+        self._sent_keys: set[str] = set()
+        self._waiting: dict[str, Alert] = {}  # first alerts in their group wait
+        self._held: dict[str, Alert] = {}  # held while the breaker is tripped
+        self._breaker_tripped = False
+
+    def start(self) -> None:
+        for sink in self._sinks:
+            queue: asyncio.Queue[Alert] = asyncio.Queue()
+            self._queues[sink.name] = queue
+            self._workers.append(asyncio.create_task(self._deliver_forever(sink, queue)))
+
+    async def close(self) -> None:
+        for task in self._workers:
+            task.cancel()
+        await asyncio.gather(*self._workers, return_exceptions=True)
+
+    @property
+    def held(self) -> int:
+        return len(self._held)
+
+    def notify(self, alert: Alert) -> None:
+        key = alert.key
+        if key in self._sent_keys:
+            self._send(alert)
+        elif self._breaker_tripped:
+            self._held[key] = alert
+        elif key in self._waiting:
+            self._waiting[key] = alert  # still waiting: the newest state goes out
+        elif alert.status == "resolved":
+            return  # resolved before anyone was told: nothing to say
+        else:
+            self._waiting[key] = alert
+            asyncio.get_running_loop().call_later(self._group_wait_s, self._flush, key)
+
+    def _flush(self, key: str) -> None:
+        alert = self._waiting.pop(key, None)
+        if alert is None:
+            return
+        if self._breaker_tripped:
+            self._held[key] = alert
+        elif alert.status != "resolved":
+            self._send(alert)
+
+    def breaker(self, alert: Alert) -> None:
+        """The breaker tripped (alert.status firing) or was reset (resolved)."""
+        if alert.status == "firing":
+            self._breaker_tripped = True
+            self._held.update(self._waiting)
+            self._waiting.clear()
+            alert.details["held_incidents"] = {k: a.node for k, a in self._held.items()}
+            self._send(alert)
+            return
+        self._breaker_tripped = False
+        self._send(alert)
+        held, self._held = self._held, {}
+        for held_alert in held.values():
+            if held_alert.status != "resolved":
+                self._send(held_alert)
+
+    def _send(self, alert: Alert) -> None:
+        self._sent_keys.add(alert.key)
+        for queue in self._queues.values():
+            queue.put_nowait(alert)
+
+    async def _deliver_forever(self, sink: Sink, queue: asyncio.Queue[Alert]) -> None:
+        while True:
+            alert = await queue.get()
+            await self._deliver(sink, alert)
+
+    async def _deliver(self, sink: Sink, alert: Alert) -> None:
+        request = sink.request(alert)
+        delay_s, first = 1.0, time.monotonic()
+        while True:
+            error = await asyncio.to_thread(self._post, request)
+            if error is None:
+                self._count(sink.name, "sent")
+                log.info(
+                    "alert %s (%s, %s) sent to %s",
+                    alert.key,
+                    alert.status,
+                    alert.state,
+                    sink.name,
+                    extra={"node": alert.node},
+                )
+                return
+            self._count(sink.name, "failed_attempt")
+            if time.monotonic() - first + delay_s > self._max_age_s:
+                self._count(sink.name, "dropped")
+                log.error(
+                    "alert %s to %s dropped after %.0f s of failures: %s",
+                    alert.key,
+                    sink.name,
+                    time.monotonic() - first,
+                    error,
+                    extra={"node": alert.node},
+                )
+                return
+            log.warning(
+                "alert %s to %s failed (%s); retrying in %.0f s",
+                alert.key,
+                sink.name,
+                error,
+                delay_s,
+                extra={"node": alert.node},
+            )
+            await asyncio.sleep(delay_s)  # retry backoff, not synchronisation
+            delay_s = min(delay_s * 2, 60.0)
+
+    def _post(self, request: Request) -> str | None:
+        data = json.dumps(request.body).encode()
+        headers = {"Content-Type": "application/json", "User-Agent": "gpufleet", **request.headers}
+        req = urllib.request.Request(request.url, data=data, headers=headers, method="POST")
+        try:
+            with urllib.request.urlopen(req, timeout=self._timeout_s) as response:
+                response.read()
+        except urllib.error.HTTPError as exc:
+            return f"HTTP {exc.code} from {request.url}"
+        except (urllib.error.URLError, OSError) as exc:
+            return f"{request.url}: {exc}"
+        return None

@@ -1,0 +1,42 @@
+"""Cordon, drain and uncordon through operator commands (IPMI, a cloud API, a ticket system).
+
+{node} and {reason} are substituted per argument. A drain command that exits 0 means the node
+is drained; non-zero means not yet (it is run again on the next pass). Without an observe
+command gpufleet's own records are the truth."""
+
+from __future__ import annotations
+
+from gpufleet.repair.backends.base import Backend, BackendError, DrainProgress, Observed
+from gpufleet.repair.hooks import run_hook
+
+
+class HookBackend(Backend):
+    name = "hook"
+    observes = False
+
+    def __init__(
+        self, cordon_command: str, uncordon_command: str, drain_command: str, timeout_s: float
+    ) -> None:
+        if not cordon_command or not uncordon_command:
+            raise ValueError("the hook backend needs repair_hook_cordon and repair_hook_uncordon commands")
+        self._cordon, self._uncordon, self._drain = cordon_command, uncordon_command, drain_command
+        self._timeout_s = timeout_s
+
+    async def observe(self, nodes: list[str]) -> dict[str, Observed]:
+        return {}
+
+    async def cordon(self, node: str, reason: str, automation: bool) -> None:
+        result = await run_hook(self._cordon, self._timeout_s, node=node, reason=reason)
+        if not result.ok:
+            raise BackendError(f"cordon hook for {node}: {result.detail}")
+
+    async def drain(self, node: str) -> DrainProgress:
+        if not self._drain:
+            return DrainProgress(True, "no drain hook configured")
+        result = await run_hook(self._drain, self._timeout_s, node=node, reason="")
+        return DrainProgress(result.ok, result.detail or ("drained" if result.ok else "draining"))
+
+    async def uncordon(self, node: str) -> None:
+        result = await run_hook(self._uncordon, self._timeout_s, node=node, reason="")
+        if not result.ok:
+            raise BackendError(f"uncordon hook for {node}: {result.detail}")

@@ -1,0 +1,91 @@
+"""Slurm: `scontrol update NodeName=N State=DRAIN Reason="gpufleet: ..."` to cordon (Slurm's
+DRAIN both stops new jobs and lets running ones finish, so it is cordon and drain at once),
+`State=RESUME` to return. gpufleet only resumes a node whose drain reason it wrote.
+
+Node names in gpufleet are the Slurm NodeNames. scontrol is run as a subprocess: Slurm has
+no maintained Python client, and scontrol is the interface its admins script against."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+
+from gpufleet.repair.backends.base import AUTOMATION_PREFIX, Backend, BackendError, DrainProgress, Observed
+
+_BUSY = {"ALLOCATED", "ALLOC", "MIXED", "COMPLETING"}
+_REASON = re.compile(r"\bReason=(.*?)(?: \[[^\]]*@[^\]]*\])?(?= \w+=|$)")
+
+
+def parse_nodes(text: str) -> dict[str, tuple[set[str], str]]:
+    """`scontrol -o show node` output → {name: (state words, reason)}."""
+    nodes = {}
+    for line in text.splitlines():
+        name = re.search(r"\bNodeName=(\S+)", line)
+        state = re.search(r"\bState=(\S+)", line)
+        if not name or not state:
+            continue
+        reason = _REASON.search(line)
+        words = set(re.split(r"[+*~#!%$@^-]+", state.group(1).upper())) - {""}
+        nodes[name.group(1)] = (words, reason.group(1).strip() if reason else "")
+    return nodes
+
+
+class SlurmBackend(Backend):
+    name = "slurm"
+
+    def __init__(self, scontrol: str = "scontrol", slurm_conf: str = "", timeout_s: float = 30.0) -> None:
+        self._scontrol = scontrol
+        self._env = {**os.environ, **({"SLURM_CONF": slurm_conf} if slurm_conf else {})}
+        self._timeout_s = timeout_s
+
+    async def _run(self, *args: str) -> str:
+        try:
+            proc = await asyncio.create_subprocess_exec(
+                self._scontrol,
+                *args,
+                env=self._env,
+                stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.PIPE,
+            )
+        except OSError as exc:
+            raise BackendError(f"cannot run {self._scontrol!r}: {exc}; is Slurm installed here?") from exc
+        try:
+            out, err = await asyncio.wait_for(proc.communicate(), self._timeout_s)
+        except TimeoutError:
+            proc.kill()
+            await proc.wait()
+            raise BackendError(f"scontrol {' '.join(args)} did not answer in {self._timeout_s:g} s") from None
+        if proc.returncode != 0:
+            raise BackendError(f"scontrol {' '.join(args)} failed: {err.decode(errors='replace').strip()}")
+        return out.decode(errors="replace")
+
+    async def observe(self, nodes: list[str]) -> dict[str, Observed]:
+        parsed = parse_nodes(await self._run("-o", "show", "node"))
+        seen = {}
+        for name in nodes:
+            if name not in parsed:
+                continue
+            words, reason = parsed[name]
+            cordoned = bool(words & {"DRAIN", "DRAINED", "DRAINING"})
+            seen[name] = Observed(
+                cordoned=cordoned,
+                ours=cordoned and reason.startswith(AUTOMATION_PREFIX),
+                reason=reason,
+                drained=cordoned and not (words & _BUSY),
+            )
+        return seen
+
+    async def cordon(self, node: str, reason: str, automation: bool) -> None:
+        await self._run("update", f"NodeName={node}", "State=DRAIN", f"Reason={reason}")
+
+    async def drain(self, node: str) -> DrainProgress:
+        seen = (await self.observe([node])).get(node)
+        if seen is None:
+            raise BackendError(f"node {node} is not a Slurm node (scontrol show node does not list it)")
+        if seen.drained:
+            return DrainProgress(True, "no jobs left")
+        return DrainProgress(False, "jobs still running (Slurm lets them finish)")
+
+    async def uncordon(self, node: str) -> None:
+        await self._run("update", f"NodeName={node}", "State=RESUME")

@@ -1,0 +1,111 @@
+"""What the repair library reads (a snapshot of each node) and what its rules produce (findings).
+
+The aggregator builds NodeSnapshots from its live view; repair/ never imports aggregator/."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from gpufleet.protos import fleet_pb2, telemetry_pb2, vocabulary_pb2
+
+SEVERITIES = {
+    "info": vocabulary_pb2.SEVERITY_INFO,
+    "warning": vocabulary_pb2.SEVERITY_WARNING,
+    "critical": vocabulary_pb2.SEVERITY_CRITICAL,
+}
+ACTIONS = [
+    n.removeprefix("ACTION_")
+    for n in (v.name for v in vocabulary_pb2.Action.DESCRIPTOR.values)
+    if n != "ACTION_UNSPECIFIED"
+]
+LADDER_STEPS = ("reset_gpu", "reboot", "ticket")
+
+
+def action_value(name: str) -> int:
+    return vocabulary_pb2.Action.Value(f"ACTION_{name}")
+
+
+def action_name(value: int) -> str:
+    return vocabulary_pb2.Action.Name(value).removeprefix("ACTION_")
+
+
+def health_name(value: int) -> str:
+    return vocabulary_pb2.NodeHealth.Name(value).removeprefix("NODE_HEALTH_").lower()
+
+
+def severity_name(value: int) -> str:
+    return vocabulary_pb2.Severity.Name(value).removeprefix("SEVERITY_").lower()
+
+
+@dataclass
+class NodeSnapshot:
+    """One node as the aggregator sees it now."""
+
+    node: str
+    cluster: str
+    liveness: int  # vocabulary_pb2.Liveness
+    seconds_since_report: float
+    boot_id: str
+    connected: bool
+    gpu_count: int  # GPUs the collector announced in its hello
+    gpus: dict[int, telemetry_pb2.GpuSample] = field(default_factory=dict)
+    events: list[telemetry_pb2.Event] = field(default_factory=list)  # recent, oldest first
+    sample_time_ns: int = 0  # the newest report's time
+
+
+@dataclass(frozen=True)
+class Finding:
+    node: str
+    gpu: int | None
+    code: str  # xid_79, ecc_uncorrected, ...
+    severity: str  # info | warning | critical
+    action: str  # an ACTIONS name
+    cordon: bool
+    reason: str
+    evidence: str
+    window_s: float = 0.0
+    ladder: tuple[str, ...] = ()
+    seen_ns: int = 0  # when the signal was observed (event time; sample time)
+
+    @property
+    def key(self) -> tuple[str, int | None, str]:
+        return (self.node, self.gpu, self.code)
+
+    @property
+    def severity_rank(self) -> int:
+        return SEVERITIES[self.severity]
+
+    def to_proto(self, first_seen_ns: int = 0) -> fleet_pb2.Finding:
+        msg = fleet_pb2.Finding(
+            node=self.node,
+            code=self.code,
+            severity=SEVERITIES[self.severity],
+            action=action_value(self.action),
+            cordon=self.cordon,
+            reason=self.reason,
+            evidence=self.evidence,
+            first_seen_unix_ns=first_seen_ns or self.seen_ns,
+            window_s=self.window_s,
+        )
+        if self.gpu is not None:
+            msg.gpu_index = self.gpu
+        return msg
+
+    def to_json(self) -> dict[str, object]:
+        return {
+            "node": self.node,
+            "gpu": self.gpu,
+            "code": self.code,
+            "severity": self.severity,
+            "action": self.action,
+            "cordon": self.cordon,
+            "reason": self.reason,
+            "evidence": self.evidence,
+            "window_s": self.window_s,
+            "ladder": list(self.ladder),
+            "seen_ns": self.seen_ns,
+        }
+
+    @classmethod
+    def from_json(cls, d: dict[str, object]) -> Finding:
+        return cls(**{**d, "ladder": tuple(d.get("ladder", ()))})  # type: ignore[arg-type]

@@ -1,0 +1,282 @@
+"""The health policy: shipped defaults (default_policy.toml) plus a separate local override
+file, validated with errors that name the file, the key and the value.
+
+Overrides replace the defaults key by key: `[rules.thermal_slowdown] window_s = 120` changes
+only that window. `[[xid_workflow]]` and `[xid.N]` tables in an override file are added to
+(or, for the same XID, replace) the shipped ones."""
+
+from __future__ import annotations
+
+import importlib.resources
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from gpufleet.repair import xid_catalog
+from gpufleet.repair.model import ACTIONS, LADDER_STEPS, SEVERITIES, Finding
+
+RULE_NAMES = (
+    "ecc_uncorrected",
+    "remap_pending",
+    "remap_failure",
+    "retired_pages",
+    "retired_pages_pending",
+    "nvlink_errors",
+    "nvlink_down",
+    "pcie_replays",
+    "thermal_slowdown",
+    "power_slowdown",
+    "gpu_lost",
+    "gpu_missing",
+    "collector_silent",
+)
+_ENTRY_KEYS = {"severity", "cordon", "ladder", "reason", "window_s", "action", "threshold", "enabled"}
+_WORKFLOW_DEFAULTS = {
+    "validate_s": 60.0,
+    "reset_timeout_s": 120.0,
+    "reboot_timeout_s": 900.0,
+    "repeat_offender_incidents": 3,
+    "repeat_offender_days": 7.0,
+    "xid_lookback_s": 3600.0,
+}
+
+
+class PolicyError(ValueError):
+    """A policy file that cannot be used; the message names the file, key and value."""
+
+
+@dataclass(frozen=True)
+class Entry:
+    """What the policy says about one kind of finding."""
+
+    severity: str
+    action: str
+    cordon: bool
+    reason: str
+    ladder: tuple[str, ...] = ()
+    window_s: float = 0.0
+    threshold: float = 0.0
+    enabled: bool = True
+
+    def finding(self, node: str, gpu: int | None, code: str, evidence: str, seen_ns: int) -> Finding:
+        return Finding(
+            node,
+            gpu,
+            code,
+            self.severity,
+            self.action,
+            self.cordon,
+            self.reason,
+            evidence,
+            self.window_s,
+            self.ladder,
+            seen_ns,
+        )
+
+
+@dataclass(frozen=True)
+class XidWorkflow:
+    xid: int
+    with_xids: frozenset[int]
+    within_s: float
+    entry: Entry
+
+
+@dataclass
+class Policy:
+    buckets: dict[str, Entry]
+    xids: dict[int, Entry]  # per-XID overrides
+    workflows: list[XidWorkflow]
+    rules: dict[str, Entry]
+    workflow: dict[str, float] = field(default_factory=lambda: dict(_WORKFLOW_DEFAULTS))
+    sources: tuple[str, ...] = ()
+
+    def xid_entry(self, xid: int, with_xids: set[int] | frozenset[int] = frozenset()) -> tuple[Entry, str]:
+        """The entry for an XID (given the XIDs seen with it) and why: which table decided."""
+        for wf in self.workflows:
+            if wf.xid == xid and wf.with_xids & set(with_xids):
+                return wf.entry, f"multi-XID workflow {xid} with {sorted(wf.with_xids & set(with_xids))}"
+        if xid in self.xids:
+            return self.xids[xid], f"local override [xid.{xid}]"
+        bucket = xid_catalog.BUCKET.get(xid)
+        if bucket is None:
+            # An XID newer than the catalog we ship: a person should look at it.
+            entry = self.buckets["CONTACT_SUPPORT"]
+            return (
+                Entry(
+                    entry.severity,
+                    "CONTACT_SUPPORT",
+                    entry.cordon,
+                    f"XID {xid} is not in {xid_catalog.CATALOG_VERSION}: treated as CONTACT_SUPPORT",
+                    entry.ladder,
+                    entry.window_s,
+                ),
+                "not in the catalog",
+            )
+        return self.buckets[bucket], f"catalog bucket {bucket}"
+
+    def explain_xid(self, xid: int, with_xids: set[int] | frozenset[int] = frozenset()) -> dict[str, Any]:
+        entry, why = self.xid_entry(xid, with_xids)
+        return {
+            "xid": xid,
+            "mnemonic": xid_catalog.MNEMONICS.get(xid, ""),
+            "with_xids": sorted(with_xids),
+            "severity": entry.severity,
+            "action": entry.action,
+            "cordon": entry.cordon,
+            "ladder": list(entry.ladder),
+            "window_s": entry.window_s,
+            "reason": entry.reason,
+            "decided_by": why,
+            "catalog": xid_catalog.CATALOG_VERSION,
+        }
+
+
+def _default_text() -> str:
+    return (importlib.resources.files("gpufleet.repair") / "default_policy.toml").read_text()
+
+
+def _read(path: str | Path) -> dict[str, Any]:
+    try:
+        return tomllib.loads(Path(path).read_text())
+    except OSError as exc:
+        raise PolicyError(f"cannot read policy file {path}: {exc}") from exc
+    except tomllib.TOMLDecodeError as exc:
+        raise PolicyError(f"policy file {path} is not valid TOML: {exc}") from exc
+
+
+def _entry(where: str, raw: Any, base: Entry | None, fixed_action: str | None) -> Entry:
+    """Validate one table over its base; a bucket's action is the bucket itself (fixed_action)."""
+    if not isinstance(raw, dict):
+        raise PolicyError(f"{where}: must be a table, not {raw!r}")
+    allowed = _ENTRY_KEYS - {"action"} if fixed_action else _ENTRY_KEYS
+    unknown = set(raw) - allowed
+    if unknown:
+        raise PolicyError(
+            f"{where}: unknown key(s) {', '.join(sorted(unknown))}; allowed: {', '.join(sorted(allowed))}"
+        )
+    merged: dict[str, Any] = (
+        dict(vars(base))
+        if base
+        else {
+            "severity": "warning",
+            "action": "ALERT_ONLY",
+            "cordon": False,
+            "reason": "",
+            "ladder": (),
+            "window_s": 0.0,
+            "threshold": 0.0,
+            "enabled": True,
+        }
+    )
+    merged.update(raw)
+    if fixed_action:
+        merged["action"] = fixed_action
+    if merged["severity"] not in SEVERITIES:
+        raise PolicyError(f"{where}: severity = {merged['severity']!r}; use one of {', '.join(SEVERITIES)}")
+    if merged["action"] not in ACTIONS:
+        raise PolicyError(f"{where}: action = {merged['action']!r}; use one of {', '.join(ACTIONS)}")
+    for key in ("cordon", "enabled"):
+        if not isinstance(merged[key], bool):
+            raise PolicyError(f"{where}: {key} = {merged[key]!r} must be true or false")
+    ladder = merged["ladder"]
+    if not isinstance(ladder, list | tuple) or any(step not in LADDER_STEPS for step in ladder):
+        raise PolicyError(f"{where}: ladder = {ladder!r}; steps are {', '.join(LADDER_STEPS)}")
+    if merged["cordon"] and not ladder:
+        raise PolicyError(f'{where}: cordon = true needs a ladder (e.g. ["reset_gpu", "reboot", "ticket"])')
+    for key in ("window_s", "threshold"):
+        value = merged[key]
+        if isinstance(value, bool) or not isinstance(value, int | float) or value < 0 or value != value:
+            raise PolicyError(f"{where}: {key} = {value!r} must be a number ≥ 0")
+    if not isinstance(merged["reason"], str):
+        raise PolicyError(f"{where}: reason must be text")
+    return Entry(
+        merged["severity"],
+        merged["action"],
+        merged["cordon"],
+        merged["reason"],
+        tuple(ladder),
+        float(merged["window_s"]),
+        float(merged["threshold"]),
+        merged["enabled"],
+    )
+
+
+def _apply(policy: Policy, data: dict[str, Any], source: str) -> None:
+    known = {"workflow", "buckets", "xid", "xid_workflow", "rules"}
+    unknown = set(data) - known
+    if unknown:
+        raise PolicyError(
+            f"{source}: unknown table(s) {', '.join(sorted(unknown))}; known: {', '.join(sorted(known))}"
+        )
+    for key, value in data.get("workflow", {}).items():
+        if key not in _WORKFLOW_DEFAULTS:
+            raise PolicyError(
+                f"{source}: [workflow] unknown key {key!r}; known: {', '.join(_WORKFLOW_DEFAULTS)}"
+            )
+        if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
+            raise PolicyError(f"{source}: [workflow] {key} = {value!r} must be a number ≥ 0")
+        policy.workflow[key] = float(value)
+    for bucket, raw in data.get("buckets", {}).items():
+        if bucket not in ACTIONS:
+            raise PolicyError(
+                f"{source}: [buckets.{bucket}] is not a catalog bucket; use one of {', '.join(ACTIONS)}"
+            )
+        policy.buckets[bucket] = _entry(
+            f"{source}: [buckets.{bucket}]", raw, policy.buckets.get(bucket), bucket
+        )
+    for key, raw in data.get("xid", {}).items():
+        try:
+            xid = int(key)
+            if not 0 < xid < 1000:
+                raise ValueError
+        except ValueError:
+            raise PolicyError(f"{source}: [xid.{key}]: XID must be a number from 1 to 999") from None
+        base = policy.xids.get(xid) or policy.xid_entry(xid)[0]
+        if "action" in raw and "ladder" not in raw and raw.get("cordon", base.cordon):
+            raw = {**raw, "ladder": list(base.ladder or ("reset_gpu", "reboot", "ticket"))}
+        policy.xids[xid] = _entry(f"{source}: [xid.{xid}]", raw, base, None)
+    for i, raw in enumerate(data.get("xid_workflow", [])):
+        where = f"{source}: [[xid_workflow]] #{i + 1}"
+        if not isinstance(raw, dict):
+            raise PolicyError(f"{where}: must be a table")
+        rest = {k: v for k, v in raw.items() if k not in ("xid", "with_xids", "within_s")}
+        xid, with_xids = raw.get("xid"), raw.get("with_xids")
+        if (
+            not isinstance(xid, int)
+            or not isinstance(with_xids, list)
+            or not with_xids
+            or not all(isinstance(x, int) for x in with_xids)
+        ):
+            raise PolicyError(f"{where}: needs xid = N and with_xids = [M, ...] (numbers)")
+        within = raw.get("within_s", 60.0)
+        if not isinstance(within, int | float) or within <= 0:
+            raise PolicyError(f"{where}: within_s = {within!r} must be a number > 0")
+        wf = XidWorkflow(xid, frozenset(with_xids), float(within), _entry(where, rest, None, None))
+        policy.workflows = [w for w in policy.workflows if (w.xid, w.with_xids) != (xid, wf.with_xids)]
+        policy.workflows.append(wf)
+    for name, raw in data.get("rules", {}).items():
+        if name not in RULE_NAMES:
+            raise PolicyError(f"{source}: [rules.{name}] is not a rule; rules: {', '.join(RULE_NAMES)}")
+        policy.rules[name] = _entry(f"{source}: [rules.{name}]", raw, policy.rules.get(name), None)
+
+
+def load_policy(override: str | Path | None = None) -> Policy:
+    """The shipped defaults, then the override file (if any) on top."""
+    policy = Policy(buckets={}, xids={}, workflows=[], rules={})
+    _apply(policy, tomllib.loads(_default_text()), "default_policy.toml")
+    missing = [b for b in set(xid_catalog.BUCKET.values()) if b not in policy.buckets]
+    missing += [r for r in RULE_NAMES if r not in policy.rules]
+    if missing:
+        raise PolicyError(f"default_policy.toml: no entry for {', '.join(sorted(missing))}")
+    policy.sources = ("default_policy.toml",)
+    if override:
+        _apply(policy, _read(override), str(override))
+        policy.sources += (str(override),)
+    return policy
+
+
+def check_policy_file(path: str | Path) -> Policy:
+    """Validate an override file against the defaults; raises PolicyError naming the problem."""
+    return load_policy(path)

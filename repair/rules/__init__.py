@@ -1,0 +1,35 @@
+"""Health rules, registered by name. A new rule: one file with a Rule subclass, one line here,
+and its defaults in default_policy.toml."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from gpufleet.repair.rules.base import Rule
+from gpufleet.repair.rules.ecc import EccUncorrected
+from gpufleet.repair.rules.gpu_lost import GpuLost, GpuMissing
+from gpufleet.repair.rules.nvlink import NvlinkDown, NvlinkErrors
+from gpufleet.repair.rules.pcie import PcieReplays
+from gpufleet.repair.rules.remap import RemapFailure, RemapPending
+from gpufleet.repair.rules.retired_pages import RetiredPages, RetiredPagesPending
+from gpufleet.repair.rules.silent import CollectorSilent
+from gpufleet.repair.rules.throttle import PowerSlowdown, ThermalSlowdown
+from gpufleet.repair.rules.xid import Xid
+
+# Every rule but xid has a [rules.NAME] table in the policy; xid reads [buckets], [xid], [[xid_workflow]].
+RULES: dict[str, Callable[[], Rule]] = {
+    "xid": Xid,
+    "ecc_uncorrected": EccUncorrected,
+    "remap_pending": RemapPending,
+    "remap_failure": RemapFailure,
+    "retired_pages": RetiredPages,
+    "retired_pages_pending": RetiredPagesPending,
+    "nvlink_errors": NvlinkErrors,
+    "nvlink_down": NvlinkDown,
+    "pcie_replays": PcieReplays,
+    "thermal_slowdown": ThermalSlowdown,
+    "power_slowdown": PowerSlowdown,
+    "gpu_lost": GpuLost,
+    "gpu_missing": GpuMissing,
+    "collector_silent": CollectorSilent,
+}

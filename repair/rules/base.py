@@ -1,0 +1,77 @@
+"""The one interface every health rule has: look at one node now, return findings."""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable
+
+from gpufleet.protos import telemetry_pb2
+from gpufleet.repair.model import Finding, NodeSnapshot
+from gpufleet.repair.policy import Entry, Policy
+
+
+class Rule:
+    name = ""
+
+    def evaluate(self, snap: NodeSnapshot, entry: Entry, policy: Policy, now_ns: int) -> list[Finding]:
+        raise NotImplementedError  # every rule in this package overrides it
+
+
+class GpuCheck(Rule):
+    """A rule that looks at each GPU's latest sample on its own; `check` returns the evidence
+    when the GPU is in trouble, None when it is fine (or the field is absent)."""
+
+    def check(self, gpu: telemetry_pb2.GpuSample, entry: Entry) -> str | None:
+        raise NotImplementedError  # every GpuCheck overrides it
+
+    def evaluate(self, snap: NodeSnapshot, entry: Entry, policy: Policy, now_ns: int) -> list[Finding]:
+        found = []
+        for index in sorted(snap.gpus):
+            gpu = snap.gpus[index]
+            if gpu.lost and self.name != "gpu_lost":
+                continue  # a lost GPU's other fields are stale; gpu_lost covers it
+            evidence = self.check(gpu, entry)
+            if evidence is not None:
+                found.append(
+                    entry.finding(snap.node, index, self.name, evidence, snap.sample_time_ns or now_ns)
+                )
+        return found
+
+
+class RateCheck(Rule):
+    """Errors per hour of a monotonically growing counter, over the rule's window."""
+
+    def __init__(self, counter: Callable[[telemetry_pb2.GpuSample], int | None]) -> None:
+        self._counter = counter
+        self._history: dict[tuple[str, int], deque[tuple[int, int]]] = {}
+
+    def evaluate(self, snap: NodeSnapshot, entry: Entry, policy: Policy, now_ns: int) -> list[Finding]:
+        span_ns = int(max(entry.window_s, 60.0) * 1e9)
+        found = []
+        for index, gpu in sorted(snap.gpus.items()):
+            total = self._counter(gpu)
+            if total is None or gpu.lost:
+                continue
+            history = self._history.setdefault((snap.node, index), deque())
+            t = snap.sample_time_ns or now_ns
+            if history and (total < history[-1][1] or t < history[-1][0]):
+                history.clear()  # counter reset (driver reload) or clock step
+            if not history or history[-1][0] != t:
+                history.append((t, total))
+            while len(history) > 2 and t - history[1][0] >= span_ns:
+                history.popleft()
+            (t0, c0), (t1, c1) = history[0], history[-1]
+            if t1 - t0 < span_ns * 0.5:
+                continue  # not enough history for a rate yet
+            per_hour = (c1 - c0) / ((t1 - t0) / 3.6e12)
+            if per_hour >= entry.threshold > 0:
+                found.append(
+                    entry.finding(
+                        snap.node,
+                        index,
+                        self.name,
+                        f"{per_hour:.0f}/h over {(t1 - t0) / 1e9:.0f} s (threshold {entry.threshold:g}/h)",
+                        t1,
+                    )
+                )
+        return found

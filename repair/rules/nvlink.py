@@ -1,0 +1,29 @@
+"""NVLink: links down, and the rate of replay/recovery/CRC errors."""
+
+from __future__ import annotations
+
+from gpufleet.protos import telemetry_pb2
+from gpufleet.repair.policy import Entry
+from gpufleet.repair.rules.base import GpuCheck, RateCheck
+
+
+def _nvlink_errors(gpu: telemetry_pb2.GpuSample) -> int | None:
+    fields = ("nvlink_replay_total", "nvlink_recovery_total", "nvlink_crc_total")
+    if not any(gpu.HasField(f) for f in fields):
+        return None
+    return sum(getattr(gpu, f) for f in fields)
+
+
+class NvlinkErrors(RateCheck):
+    name = "nvlink_errors"
+
+    def __init__(self) -> None:
+        super().__init__(_nvlink_errors)
+
+
+class NvlinkDown(GpuCheck):
+    name = "nvlink_down"
+
+    def check(self, gpu: telemetry_pb2.GpuSample, entry: Entry) -> str | None:
+        down = gpu.nvlink_links_inactive if gpu.HasField("nvlink_links_inactive") else 0
+        return f"{down} NVLink link(s) inactive" if down else None

@@ -1,0 +1,126 @@
+"""A real Slurm for the tests: munged, slurmctld and one slurmd per node name, all on loopback
+ports in a throwaway directory (Debian's slurm-wlm and munge; scripts/install-test-deps.sh
+installs them). Node names stand for GPU nodes; every slurmd runs on this machine (-N NAME)."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import signal
+import subprocess
+from pathlib import Path
+
+import pytest
+from conftest import free_port, wait_until
+
+CONF = """\
+ClusterName=gpufleet-test
+SlurmctldHost=localhost(127.0.0.1)
+SlurmctldPort={ctld_port}
+SlurmdPort={slurmd_port}
+AuthType=auth/munge
+AuthInfo=socket={home}/munge/sock
+CredType=cred/munge
+SlurmUser=root
+SlurmdUser=root
+StateSaveLocation={home}/state
+SlurmdSpoolDir={home}/spool/%n
+SlurmctldPidFile={home}/run/slurmctld.pid
+SlurmdPidFile={home}/run/slurmd-%n.pid
+SlurmctldLogFile={home}/log/slurmctld.log
+SlurmdLogFile={home}/log/slurmd-%n.log
+ProctrackType=proctrack/linuxproc
+TaskPlugin=task/none
+SchedulerType=sched/builtin
+SelectType=select/cons_tres
+ReturnToService=2
+SlurmdTimeout=300
+MpiDefault=none
+JobCompType=jobcomp/none
+AccountingStorageType=accounting_storage/none
+{nodes}
+PartitionName=gpu Nodes=ALL Default=YES MaxTime=INFINITE State=UP
+"""
+
+
+class SlurmCluster:
+    def __init__(self, home: Path, nodes: list[str]) -> None:
+        for exe in ("munged", "slurmctld", "slurmd", "scontrol"):
+            if not shutil.which(exe):
+                pytest.fail(
+                    f"{exe} is not installed: scripts/install-test-deps.sh installs slurm-wlm and munge"
+                )
+        self.home, self.nodes = home, nodes
+        self.procs: list[subprocess.Popen[bytes]] = []
+        for sub in ("munge", "state", "run", "log", *[f"spool/{n}" for n in nodes]):
+            (home / sub).mkdir(parents=True, exist_ok=True)
+        key = home / "munge" / "munge.key"
+        key.write_bytes(os.urandom(1024))
+        key.chmod(0o600)
+        lines = [
+            f"NodeName={n} NodeAddr=127.0.0.1 NodeHostname=localhost Port={free_port()} CPUs=1 RealMemory=100"
+            for n in nodes
+        ]
+        self.conf = home / "slurm.conf"
+        self.conf.write_text(
+            CONF.format(home=home, ctld_port=free_port(), slurmd_port=free_port(), nodes="\n".join(lines))
+        )
+        self.env = {**os.environ, "SLURM_CONF": str(self.conf)}
+
+    def _spawn(self, name: str, argv: list[str]) -> None:
+        with open(self.home / "log" / f"{name}.out", "ab") as out:
+            self.procs.append(subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=self.env))
+
+    def start(self) -> None:
+        m = self.home / "munge"
+        self._spawn(
+            "munged",
+            [
+                "munged",
+                "-F",
+                "-f",
+                f"--key-file={m}/munge.key",
+                f"--socket={m}/sock",
+                f"--pid-file={m}/pid",
+                f"--seed-file={m}/seed",
+                f"--log-file={m}/log",
+            ],
+        )
+        wait_until(lambda: (m / "sock").exists(), 20, "munged's socket")
+        self._spawn("slurmctld", ["slurmctld", "-D", "-i", "-f", str(self.conf)])
+        for node in self.nodes:
+            self._spawn(f"slurmd-{node}", ["slurmd", "-D", "-f", str(self.conf), "-N", node])
+        wait_until(
+            lambda: all(self.state(n)[0] & {"IDLE"} for n in self.nodes), 60, "every slurmd to be idle"
+        )
+
+    def stop(self) -> None:
+        for proc in reversed(self.procs):
+            proc.send_signal(signal.SIGTERM)
+        for proc in self.procs:
+            try:
+                proc.wait(15)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+
+    def scontrol(self, *args: str) -> str:
+        return subprocess.run(
+            ["scontrol", *args], env=self.env, check=True, capture_output=True, text=True, timeout=30
+        ).stdout
+
+    def state(self, node: str) -> tuple[set[str], str]:
+        """The node's state words (IDLE, DRAIN, ...) and its reason."""
+        try:
+            out = self.scontrol("-o", "show", "node", node)
+        except subprocess.CalledProcessError:
+            return set(), ""
+        state = re.search(r"\bState=(\S+)", out)
+        reason = re.search(r"\bReason=(.*?)(?: \[[^\]]*@[^\]]*\])?(?= \w+=|$)", out.strip())
+        words = set(re.split(r"[+*~#!%$@^-]+", state.group(1).upper())) - {""} if state else set()
+        return words, reason.group(1).strip() if reason else ""
+
+    def resume_all(self) -> None:
+        for node in self.nodes:
+            if self.state(node)[0] & {"DRAIN", "DRAINED", "DRAINING"}:
+                self.scontrol("update", f"NodeName={node}", "State=RESUME")
