@@ -113,6 +113,7 @@ class RepairController:
         self.breaker_tripped: bool = breaker.get("tripped", False)
         self.breaker_reason: str = breaker.get("reason", "")
         self.breaker_since_ns: int = breaker.get("since_ns", 0)
+        self._breaker_floor_ns: int = breaker.get("floor_ns", 0)
         self._failures: list[tuple[int, str]] = [tuple(x) for x in json.loads(state.get("failures") or "[]")]
 
     # --- running ----------------------------------------------------------------------
@@ -297,7 +298,9 @@ class RepairController:
             self._failures.append((now, wf.node))
         self._failures = [(t, n) for t, n in self._failures if now - t <= self.rails.breaker_window_s * 1e9]
         self.state.put("failures", json.dumps(self._failures))
-        failing = {n for _, n in self._failures}
+        # Nodes already failing when a person last reset the breaker were seen by that person:
+        # only failures since then count towards tripping it again.
+        failing = {n for t, n in self._failures if t > self._breaker_floor_ns}
         if len(failing) >= self.rails.breaker_nodes:
             self._trip(
                 f"{len(failing)} nodes failed within {self.rails.breaker_window_s:g} s "
@@ -621,7 +624,12 @@ class RepairController:
 
     def _trip(self, reason: str, now: int) -> None:
         self.breaker_tripped, self.breaker_reason, self.breaker_since_ns = True, reason, now
-        self.state.put("breaker", json.dumps({"tripped": True, "reason": reason, "since_ns": now}))
+        self.state.put(
+            "breaker",
+            json.dumps(
+                {"tripped": True, "reason": reason, "since_ns": now, "floor_ns": self._breaker_floor_ns}
+            ),
+        )
         self.state.audit(AuditRecord(now, AUTOMATION, "", "breaker_trip", reason, "ok", ""))
         log.error(
             "circuit breaker tripped: %s; all automatic action halted until `gpufleet breaker reset`", reason
@@ -669,9 +677,8 @@ class RepairController:
             now = time.time_ns()
             was = self.breaker_reason
             self.breaker_tripped, self.breaker_reason, self.breaker_since_ns = False, "", 0
-            self._failures = []
-            self.state.put("breaker", json.dumps({"tripped": False}))
-            self.state.put("failures", "[]")
+            self._breaker_floor_ns = now
+            self.state.put("breaker", json.dumps({"tripped": False, "floor_ns": now}))
             self.state.audit(AuditRecord(now, actor, "", "breaker_reset", reason, "ok", ""))
             log.warning("circuit breaker reset by %s: %s", actor, reason)
             self.alerts.breaker(

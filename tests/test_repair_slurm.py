@@ -168,3 +168,170 @@ def test_application_xid_does_not_cordon(cluster: Cluster, slurm: Any) -> None:
     assert not drained(slurm, node)
     assert incidents(agg, cluster, "--all") == []
     assert [a for a in audit(agg, cluster) if a["action"] == "cordon"] == []
+
+
+def repair_status(agg: AggregatorHandle, cluster: Cluster) -> dict[str, Any]:
+    out = gpufleet_cli(agg, cluster, "viewer", "breaker", "status", "--json")
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout)
+
+
+@pytest.mark.slow
+def test_xid_storm_trips_the_breaker_within_the_cap_and_pages_once(cluster: Cluster, slurm: Any) -> None:
+    nodes = [f"gpu-node-0{i}" for i in range(1, 6)]  # a fleet of 5; 3 (60 %) fail at once
+    receiver = AlertReceiver()
+    agg = repair_aggregator(
+        cluster,
+        *slurm_args(slurm, cluster),
+        "--alert-webhooks",
+        receiver.url,
+        "--alert-group-wait-s",
+        "3",
+        "--repair-max-out-of-service",
+        "1",
+        "--repair-breaker-nodes",
+        "2",
+        "--repair-breaker-window-s",
+        "60",
+    )
+    scenario = xid_scenario(cluster.tmp / "storm.toml", 79, gpu=1, lost=True, at_s=2.0)
+    for node in nodes:
+        faulty = node in nodes[:3]
+        cluster.collector(
+            node, agg.ingest, "--interval-s", "1", *(["--sim-scenario", str(scenario)] if faulty else [])
+        )
+
+    status = wait_until(
+        lambda: (s := repair_status(agg, cluster))["breaker_tripped"] and s, 30, "the breaker to trip"
+    )
+    assert "2 nodes failed within 60 s" in status["breaker_reason"]
+    # All three incidents are open and their alerts held: the storm is one page.
+    wait_until(lambda: agg.metric_value("gpufleet_alerts_held") == 3, 30, "three incident alerts held")
+    wait_until(lambda: len(receiver.received) >= 1, 30, "the breaker alert")
+    assert [a["key"] for a in receiver.received] == ["breaker"]
+    held_at_trip = set(receiver.received[0]["details"]["held_incidents"].values())
+    assert len(held_at_trip) >= 2 and held_at_trip <= set(nodes[:3])
+    assert sum(drained(slurm, n) for n in nodes) <= 1, "no more than the cap out of service"
+
+    # It stays tripped, pass after pass, and nothing more is taken out.
+    passes = agg.metric_value("gpufleet_repair_passes")
+    wait_until(lambda: agg.metric_value("gpufleet_repair_passes") > passes + 10, 30, "more repair passes")
+    assert repair_status(agg, cluster)["breaker_tripped"]
+    assert sum(drained(slurm, n) for n in nodes) <= 1
+    assert len(receiver.received) == 1
+
+    # A viewer cannot reset it; an operator can, with a reason that lands in the audit log.
+    denied = gpufleet_cli(agg, cluster, "viewer", "breaker", "reset", "--reason", "storm over")
+    assert denied.returncode == 4 and "permission denied" in denied.stderr
+    reset = gpufleet_cli(agg, cluster, "ops", "breaker", "reset", "--reason", "storm over: PSU replaced")
+    assert reset.returncode == 0, reset.stderr
+    assert not repair_status(agg, cluster)["breaker_tripped"]
+    entry = [a for a in audit(agg, cluster) if a["action"] == "breaker_reset"][-1]
+    assert entry["actor"] == "ops" and entry["reason"] == "storm over: PSU replaced"
+    wait_until(
+        lambda: any(a["key"] == "breaker" and a["status"] == "resolved" for a in receiver.received),
+        30,
+        "the breaker's resolved alert",
+    )
+    receiver.close()
+
+
+@pytest.mark.slow
+def test_a_persons_cordon_wins_and_their_uncordon_cancels_the_workflow(cluster: Cluster, slurm: Any) -> None:
+    human, auto = "gpu-node-04", "gpu-node-05"
+    policy = FAST_POLICY + '\n[buckets.RESTART_BM]\nladder = ["ticket"]\n'  # XID 79 → ticket → quarantine
+    # A fleet of two, one drained by a person: the cap (a fraction of the fleet) would hold the
+    # other back, so it is lifted here.
+    agg = repair_aggregator(
+        cluster, *slurm_args(slurm, cluster), "--repair-max-out-of-service-fraction", "1", policy=policy
+    )
+    slurm.scontrol("update", f"NodeName={human}", "State=DRAIN", "Reason=alice: checking cables")
+    scenario = xid_scenario(cluster.tmp / "x.toml", 79, gpu=2, lost=True)
+    for node in (human, auto):
+        cluster.collector(node, agg.ingest, "--interval-s", "1", "--sim-scenario", str(scenario))
+
+    # The automation quarantines the node it cordoned, and leaves the person's drain alone.
+    wait_until(
+        lambda: any(
+            n["node"] == auto and n["state"] == "quarantined" for n in repair_status(agg, cluster)["nodes"]
+        ),
+        30,
+        "the auto-cordoned node quarantined",
+    )
+    states = {n["node"]: n for n in repair_status(agg, cluster)["nodes"]}
+    assert states[human]["state"] == "human_cordoned"
+    assert slurm.state(human)[1] == "alice: checking cables", "the person's reason is untouched"
+    assert slurm.state(auto)[1].startswith("gpufleet: ")
+
+    # A person resumes the quarantined node in Slurm: the workflow is cancelled, and the same
+    # findings do not cordon it again.
+    slurm.scontrol("update", f"NodeName={auto}", "State=RESUME")
+    wait_until(lambda: incidents(agg, cluster) == [], 30, "the incident closed")
+    (closed,) = [i for i in incidents(agg, cluster, "--all") if i["node"] == auto]
+    assert closed["outcome"] == "cancelled: a person uncordoned the node"
+    passes = agg.metric_value("gpufleet_repair_passes")
+    wait_until(lambda: agg.metric_value("gpufleet_repair_passes") > passes + 10, 30, "more repair passes")
+    assert not drained(slurm, auto), "the automation does not fight the person's decision"
+    assert drained(slurm, human) and slurm.state(human)[1] == "alice: checking cables"
+    cordons = [a for a in audit(agg, cluster) if a["action"] == "cordon" and a["actor"] == "automation"]
+    assert [a["node"] for a in cordons] == [auto]
+
+
+@pytest.mark.slow
+def test_manual_cordon_and_uncordon_through_the_fleet_api(cluster: Cluster, slurm: Any) -> None:
+    node = "gpu-node-06"
+    agg = repair_aggregator(cluster, *slurm_args(slurm, cluster))
+    cluster.collector(node, agg.ingest, "--interval-s", "1")
+    wait_until(lambda: gpufleet_cli(agg, cluster, "viewer", "node", node).returncode == 0, 30, "the node")
+
+    denied = gpufleet_cli(agg, cluster, "viewer", "cordon", node, "--reason", "want to")
+    assert denied.returncode == 4 and "PERMISSION" in denied.stderr.upper(), denied.stderr
+    assert not drained(slurm, node)
+    unknown = gpufleet_cli(agg, cluster, "ops", "cordon", "no-such-node", "--reason", "x")
+    assert unknown.returncode == 5 and "not known" in unknown.stderr
+
+    done = gpufleet_cli(agg, cluster, "ops", "cordon", node, "--reason", "firmware update", "--json")
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["state"] == "human_cordoned"
+    assert slurm.state(node)[1] == "gpufleet-manual [ops]: firmware update"
+    nodes = json.loads(gpufleet_cli(agg, cluster, "viewer", "nodes", "--json").stdout)["nodes"]
+    assert [n["health"] for n in nodes if n["node"] == node] == ["human_cordoned"]
+
+    done = gpufleet_cli(agg, cluster, "ops", "uncordon", node, "--reason", "firmware done")
+    assert done.returncode == 0, done.stderr
+    assert not drained(slurm, node)
+    trail = [(a["actor"], a["action"], a["reason"], a["outcome"]) for a in audit(agg, cluster, node)]
+    assert trail == [("ops", "cordon", "firmware update", "ok"), ("ops", "uncordon", "firmware done", "ok")]
+
+
+@pytest.mark.slow
+def test_aggregator_killed_mid_reset_resumes_without_repeating_it(cluster: Cluster, slurm: Any) -> None:
+    from conftest import free_port
+
+    node = "gpu-node-07"
+    ingest_port, fleet_port = free_port(), free_port()
+    args = [*slurm_args(slurm, cluster)]
+    policy_file = cluster.tmp / "policy.toml"
+    policy_file.write_text(FAST_POLICY)
+    extra = ["--repair-policy-file", str(policy_file), "--repair-interval-s", "0.2", *args]
+    data = cluster.tmp / "agg-data"
+    agg = cluster.aggregator("agg1", ingest_port, fleet_port, data, *extra)
+    resets = cluster.tmp / "resets.txt"
+    # A slow reset: the aggregator is killed while it runs, so its result never reaches it.
+    reset = f"sh -c 'echo {{gpu_index}} >> {resets}; sleep 3'"
+    scenario = xid_scenario(cluster.tmp / "x.toml", 79, gpu=5, lost=True)
+    collector = cluster.collector(
+        node, agg.ingest, "--interval-s", "1", "--sim-scenario", str(scenario), "--reset-command", reset
+    )
+    wait_until(lambda: lines(resets) == ["5"], 30, "the reset to start")
+    agg.proc.stop(signal.SIGKILL)
+
+    agg = cluster.aggregator("agg2", ingest_port, fleet_port, data, *extra)
+    wait_until(lambda: lines(cluster.tmp / "reboots.txt") == [node], 60, "the reboot after the restart")
+    assert lines(resets) == ["5"], "the reset was not sent again"
+    collector.stop(signal.SIGKILL)
+    cluster.collector(node, agg.ingest, "--interval-s", "1", "--reset-command", reset)
+    wait_until(lambda: not drained(slurm, node), 60, "the node resumed")
+    assert lines(resets) == ["5"] and lines(cluster.tmp / "reboots.txt") == [node]
+    resumed = [a for a in audit(agg, cluster, node) if a["outcome"] == "unknown"]
+    assert resumed and resumed[0]["action"] == "reset_gpu" and "not repeated" in resumed[0]["reason"]
