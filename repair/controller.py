@@ -349,6 +349,8 @@ class RepairController:
         try:
             progress = await self.backend.drain(wf.node)
         except BackendError as exc:
+            if not wf.detail.startswith("drain check failed"):
+                log.warning("drain of %s failed, retrying each pass: %s", wf.node, exc, extra={"node": wf.node})
             wf.detail = f"drain check failed, retrying: {exc}"
             return
         if not progress.done:

@@ -130,6 +130,8 @@ class KubernetesBackend(Backend):
             if pod.status and pod.status.phase in ("Succeeded", "Failed"):
                 continue
             eviction = self._k8s.client.V1Eviction(
+                api_version="policy/v1",
+                kind="Eviction",  # the API server refuses an Eviction body without its kind
                 metadata=self._k8s.client.V1ObjectMeta(
                     name=pod.metadata.name, namespace=pod.metadata.namespace
                 )

@@ -1,0 +1,205 @@
+"""A stand-in Kubernetes API server for the Kubernetes repair backend's tests.
+
+No Kubernetes API server can run on this machine, so this serves the part of the core/v1
+and policy/v1 API that the backend uses, over real HTTP, and checks each request as the real
+server would: bearer token, paths, Content-Type of patches (strategic merge for objects,
+JSON Patch only for lists), the Eviction body, and PodDisruptionBudgets — an eviction that
+would take a budget below minAvailable gets 429, as the real eviction subresource answers.
+Every request is recorded (verb, path, content type, body) for the tests to check, and the
+verbs/resources seen are compared with the RBAC the deploy manifests grant."""
+
+from __future__ import annotations
+
+import copy
+import json
+import re
+import threading
+import urllib.parse
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+TOKEN = "standin-token"
+
+
+def _strategic_merge(target: dict[str, Any], patch: dict[str, Any], merge_keys: dict[str, str]) -> None:
+    """Strategic merge patch for the fields the backend touches: maps merge (null deletes),
+    lists with a patch merge key (conditions: type) merge by that key, other lists replace."""
+    for key, value in patch.items():
+        if value is None:
+            target.pop(key, None)
+        elif isinstance(value, dict) and isinstance(target.get(key), dict):
+            _strategic_merge(target[key], value, merge_keys)
+        elif isinstance(value, list) and key in merge_keys:
+            by_key = {item[merge_keys[key]]: item for item in target.get(key, [])}
+            for item in value:
+                by_key[item[merge_keys[key]]] = {**by_key.get(item[merge_keys[key]], {}), **item}
+            target[key] = list(by_key.values())
+        else:
+            target[key] = copy.deepcopy(value)
+
+
+class KubeStandin:
+    def __init__(self) -> None:
+        self.nodes: dict[str, dict[str, Any]] = {}
+        self.pods: dict[tuple[str, str], dict[str, Any]] = {}
+        self.pdbs: list[dict[str, Any]] = []  # {"namespace", "selector": {labels}, "min_available"}
+        self.requests: list[dict[str, Any]] = []
+        self.lock = threading.Lock()
+        standin = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def _reply(self, code: int, body: dict[str, Any]) -> None:
+                data = json.dumps(body).encode()
+                self.send_response(code)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def _handle(self, verb: str) -> None:
+                length = int(self.headers.get("Content-Length") or 0)
+                raw = self.rfile.read(length) if length else b""
+                url = urllib.parse.urlparse(self.path)
+                record = {"verb": verb, "path": url.path, "query": urllib.parse.parse_qs(url.query),
+                          "content_type": self.headers.get("Content-Type", ""),
+                          "body": json.loads(raw) if raw else None}
+                with standin.lock:
+                    standin.requests.append(record)
+                    if self.headers.get("Authorization") != f"Bearer {TOKEN}":
+                        self._reply(401, _status(401, "Unauthorized", "Unauthorized"))
+                        return
+                    code, body = standin.route(record)
+                self._reply(code, body)
+
+            def do_GET(self) -> None:
+                self._handle("GET")
+
+            def do_PATCH(self) -> None:
+                self._handle("PATCH")
+
+            def do_POST(self) -> None:
+                self._handle("POST")
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self._server.server_port}"
+        threading.Thread(target=self._server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+
+    def kubeconfig(self, path: Path) -> Path:
+        path.write_text(json.dumps({  # JSON is YAML: the client reads it as a kubeconfig
+            "apiVersion": "v1", "kind": "Config", "current-context": "standin",
+            "clusters": [{"name": "standin", "cluster": {"server": self.url}}],
+            "users": [{"name": "gpufleet", "user": {"token": TOKEN}}],
+            "contexts": [{"name": "standin", "context": {"cluster": "standin", "user": "gpufleet"}}],
+        }))
+        return path
+
+    # --- objects --------------------------------------------------------------------
+    def add_node(self, name: str) -> None:
+        self.nodes[name] = {
+            "apiVersion": "v1", "kind": "Node",
+            "metadata": {"name": name, "labels": {"nvidia.com/gpu.present": "true"}, "annotations": {}},
+            "spec": {}, "status": {"conditions": [{"type": "Ready", "status": "True"}]},
+        }
+
+    def add_pod(self, namespace: str, name: str, node: str, labels: dict[str, str] | None = None,
+                owner_kind: str = "ReplicaSet") -> None:
+        self.pods[(namespace, name)] = {
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": name, "namespace": namespace, "labels": labels or {},
+                         "ownerReferences": [{"apiVersion": "apps/v1", "kind": owner_kind, "name": f"{name}-owner",
+                                              "uid": f"uid-{name}", "controller": True}]},
+            "spec": {"nodeName": node, "containers": [{"name": "main", "image": "busybox"}]},
+            "status": {"phase": "Running"},
+        }
+
+    def add_pdb(self, namespace: str, selector: dict[str, str], min_available: int) -> None:
+        self.pdbs.append({"namespace": namespace, "selector": selector, "min_available": min_available})
+
+    # --- the API ----------------------------------------------------------------------
+    def route(self, r: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+        path, verb = r["path"], r["verb"]
+        if m := re.fullmatch(r"/api/v1/nodes/([^/]+)(/status)?", path):
+            node = self.nodes.get(m.group(1))
+            if node is None:
+                return 404, _status(404, "NotFound", f'nodes "{m.group(1)}" not found')
+            if verb == "GET" and not m.group(2):
+                return 200, node
+            if verb == "PATCH":
+                problem = _check_patch(r)
+                if problem:
+                    return 415 if "Content-Type" in problem else 400, _status(400, "BadRequest", problem)
+                patch = r["body"]
+                if m.group(2):  # the status subresource changes only status
+                    patch = {"status": patch.get("status", {})}
+                else:
+                    patch = {k: v for k, v in patch.items() if k != "status"}
+                _strategic_merge(node, patch, {"conditions": "type"})
+                return 200, node
+        if path == "/api/v1/pods" and verb == "GET":
+            selector = r["query"].get("fieldSelector", [""])[0]
+            m = re.fullmatch(r"spec\.nodeName=(.+)", selector)
+            if not m:
+                return 400, _status(400, "BadRequest", f"unsupported field selector {selector!r}")
+            items = [p for p in self.pods.values() if p["spec"]["nodeName"] == m.group(1)]
+            return 200, {"apiVersion": "v1", "kind": "PodList", "metadata": {}, "items": items}
+        if (m := re.fullmatch(r"/api/v1/namespaces/([^/]+)/pods/([^/]+)/eviction", path)) and verb == "POST":
+            return self._evict(m.group(1), m.group(2), r["body"] or {})
+        return 404, _status(404, "NotFound", f"the stand-in does not serve {verb} {path}")
+
+    def _evict(self, namespace: str, name: str, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+        if body.get("kind") != "Eviction" or body.get("apiVersion") != "policy/v1":
+            return 400, _status(400, "BadRequest", f"expected a policy/v1 Eviction, got {body.get('apiVersion')}"
+                                                   f"/{body.get('kind')}")
+        meta = body.get("metadata", {})
+        if meta.get("name") != name or meta.get("namespace", namespace) != namespace:
+            return 400, _status(400, "BadRequest", "the Eviction's metadata does not name this pod")
+        pod = self.pods.get((namespace, name))
+        if pod is None:
+            return 404, _status(404, "NotFound", f'pods "{name}" not found')
+        labels = pod["metadata"]["labels"]
+        for pdb in self.pdbs:
+            if pdb["namespace"] != namespace or any(labels.get(k) != v for k, v in pdb["selector"].items()):
+                continue
+            healthy = sum(1 for p in self.pods.values() if p["metadata"]["namespace"] == namespace
+                          and all(p["metadata"]["labels"].get(k) == v for k, v in pdb["selector"].items()))
+            if healthy - 1 < pdb["min_available"]:
+                return 429, _status(429, "TooManyRequests",
+                                    "Cannot evict pod as it would violate the pod's disruption budget.")
+        del self.pods[(namespace, name)]
+        return 201, _status(201, "Success", "evicted")
+
+    def calls(self) -> set[tuple[str, str, str]]:
+        """(API group, resource[/subresource], verb) of every request, as RBAC names them."""
+        verbs = {"GET": "get", "PATCH": "patch", "POST": "create"}
+        out = set()
+        for r in self.requests:
+            parts = r["path"].split("/")[3:]
+            if parts[0] == "namespaces":
+                parts = parts[2:]
+            resource = parts[0] + (f"/{parts[2]}" if len(parts) > 2 else "")
+            verb = "list" if r["verb"] == "GET" and len(parts) == 1 else verbs[r["verb"]]
+            out.add(("", resource, verb))
+        return out
+
+
+def _check_patch(r: dict[str, Any]) -> str:
+    ctype = r["content_type"].split(";")[0].strip()
+    body = r["body"]
+    if ctype == "application/json-patch+json":
+        return "" if isinstance(body, list) else "a JSON Patch must be a list of operations"
+    if ctype in ("application/strategic-merge-patch+json", "application/merge-patch+json"):
+        return "" if isinstance(body, dict) else "a merge patch must be a JSON object"
+    return f"Content-Type {ctype!r} is not a patch type"
+
+
+def _status(code: int, reason: str, message: str) -> dict[str, Any]:
+    return {"apiVersion": "v1", "kind": "Status", "status": "Success" if code < 300 else "Failure",
+            "message": message, "reason": reason, "code": code}
