@@ -11,6 +11,7 @@ from gpufleet.aggregator.config import AggregatorConfig
 from gpufleet.aggregator.fleet_state import FleetState
 from gpufleet.aggregator.ingest import IngestService
 from gpufleet.aggregator.metrics import AggregatorMetrics
+from gpufleet.protos import telemetry_pb2
 from gpufleet.repair.alerts import open_sinks
 from gpufleet.repair.alerts.dispatcher import AlertDispatcher
 from gpufleet.repair.backends import open_backend
@@ -21,10 +22,11 @@ from gpufleet.repair.state import RepairState
 from gpufleet.repair.workflow_states import STATES
 
 
-def snapshots(fleet: FleetState) -> list[NodeSnapshot]:
+def snapshots(fleet: FleetState, only: set[str] | None = None) -> list[NodeSnapshot]:
     now = time.time_ns()
     out = []
-    for live in fleet.nodes.values():
+    lives = fleet.nodes.values() if only is None else [fleet.nodes[n] for n in only if n in fleet.nodes]
+    for live in lives:
         out.append(
             NodeSnapshot(
                 node=live.node,
@@ -40,6 +42,41 @@ def snapshots(fleet: FleetState) -> list[NodeSnapshot]:
             )
         )
     return out
+
+
+class HealthWatch:
+    """Pokes the controller for one node when a report carries events or a GPU's health
+    signals changed, so a sampled fault is acted on at its report, not at the next full pass.
+    The check reads a handful of fields per GPU: cheap enough for every report."""
+
+    FIELDS = (
+        "remap_pending",
+        "remap_failure",
+        "ecc_dbe_volatile",
+        "retired_pages_pending",
+        "retired_pages_dbe",
+        "retired_pages_sbe",
+        "throttle_thermal",
+        "throttle_power",
+        "nvlink_links_inactive",
+    )
+
+    def __init__(self, controller: RepairController) -> None:
+        self._controller = controller
+        self._last: dict[str, tuple[object, ...]] = {}
+
+    def on_report(self, report: telemetry_pb2.NodeReport) -> None:
+        if report.gpus:
+            fingerprint = tuple(
+                (g.index, g.lost, *(getattr(g, f) if g.HasField(f) else None for f in self.FIELDS))
+                for g in report.gpus
+            )
+            changed = self._last.get(report.node) != fingerprint
+            self._last[report.node] = fingerprint
+        else:
+            changed = False
+        if changed or report.events:
+            self._controller.poke(report.node)
 
 
 def build_controller(
@@ -91,14 +128,14 @@ def build_controller(
         ),
         Hooks(config.repair_reboot_command, config.repair_ticket_command, config.repair_hook_timeout_s),
         dispatcher,
-        lambda: snapshots(fleet),
+        lambda only: snapshots(fleet, only),
         ingest.send_command,
         on_action=lambda node, action, outcome: actions.labels(
             action=action, outcome=outcome.split(":")[0]
         ).inc(),
     )
     ingest.command_listeners.append(controller.on_command_result)
-    ingest.report_listeners.append(lambda report: controller.poke() if report.events else None)
+    ingest.report_listeners.append(HealthWatch(controller).on_report)
     nodes_in_state = Gauge(
         "gpufleet_repair_nodes", "nodes in each repair workflow state", ["state"], registry=r
     )
@@ -112,7 +149,10 @@ def build_controller(
     Gauge(
         "gpufleet_alerts_held", "incident alerts held while the breaker is tripped", registry=r
     ).set_function(lambda: float(dispatcher.held))
-    Gauge("gpufleet_repair_passes", "repair passes run since the aggregator started", registry=r).set_function(
-        lambda: float(controller.passes)
+    Gauge(
+        "gpufleet_repair_passes", "repair passes run since the aggregator started", registry=r
+    ).set_function(lambda: float(controller.passes))
+    Gauge("gpufleet_repair_last_pass_seconds", "how long the last repair pass took", registry=r).set_function(
+        lambda: controller.last_pass_s
     )
     return controller, dispatcher, state

@@ -87,7 +87,7 @@ class RepairController:
         rails: Rails,
         hooks: Hooks,
         dispatcher: AlertDispatcher,
-        snapshots: Callable[[], list[NodeSnapshot]],
+        snapshots: Callable[[set[str] | None], list[NodeSnapshot]],
         send_command: Callable[[str, ingest_pb2.Command], bool],
         on_action: Callable[[str, str, str], None] = lambda node, action, outcome: None,
     ) -> None:
@@ -107,8 +107,11 @@ class RepairController:
         self._pending: dict[str, _Pending] = {}  # ledger key → reset results
         self._hook_tasks: dict[str, asyncio.Task[None]] = {}
         self._wake = asyncio.Event()
+        self._dirty: set[str] | None = set()  # nodes poked since the last pass; None: all
+        self._fleet_size = 0
         self._lock = asyncio.Lock()
         self.passes = 0
+        self.last_pass_s = 0.0
         breaker = json.loads(state.get("breaker") or "{}")
         self.breaker_tripped: bool = breaker.get("tripped", False)
         self.breaker_reason: str = breaker.get("reason", "")
@@ -117,19 +120,33 @@ class RepairController:
         self._failures: list[tuple[int, str]] = [tuple(x) for x in json.loads(state.get("failures") or "[]")]
 
     # --- running ----------------------------------------------------------------------
-    def poke(self) -> None:
-        """Run a pass now (an XID or other event arrived) instead of at the next interval."""
+    def poke(self, node: str | None = None) -> None:
+        """Run a pass now instead of at the next interval: for one node (an XID, or its health
+        signals changed) or, with no node, for the whole fleet."""
+        if node is None:
+            self._dirty = None
+        elif self._dirty is not None:
+            self._dirty.add(node)
         self._wake.set()
 
     async def run(self, stop: asyncio.Event, interval_s: float = 1.0) -> None:
+        """A full pass every interval_s; between them, passes over just the nodes poked."""
+        next_full = 0.0
         while not stop.is_set():
             self._wake.clear()
+            only, self._dirty = self._dirty, set()
+            if time.monotonic() >= next_full:
+                only, next_full = None, time.monotonic() + interval_s
             try:
-                await self.pass_once()
+                await self.pass_once(only)
             except Exception:  # a bug in one pass must not stop repairs for good
                 log.exception("repair pass failed; retrying next interval")
+            if self._wake.is_set():
+                continue
             waiters = [asyncio.create_task(self._wake.wait()), asyncio.create_task(stop.wait())]
-            await asyncio.wait(waiters, timeout=interval_s, return_when=asyncio.FIRST_COMPLETED)
+            await asyncio.wait(
+                waiters, timeout=max(0.0, next_full - time.monotonic()), return_when=asyncio.FIRST_COMPLETED
+            )
             for w in waiters:
                 w.cancel()
         for task in self._hook_tasks.values():
@@ -143,21 +160,24 @@ class RepairController:
             return
         outcome = vocabulary_pb2.CommandOutcome.Name(result.outcome).removeprefix("COMMAND_OUTCOME_").lower()
         pending.results[int(gpu)] = "ok" if outcome == "succeeded" else f"{outcome}: {result.detail[:300]}"
-        self.poke()
+        self.poke(node)
 
     # --- one pass -----------------------------------------------------------------------
-    async def pass_once(self) -> None:
+    async def pass_once(self, only: set[str] | None = None) -> None:
+        """Reconcile every node, or only the nodes in `only`."""
         async with self._lock:
             now = time.time_ns()
-            snaps = {s.node: s for s in self._snapshots()}
-            nodes = sorted(set(snaps) | set(self.workflows))
+            started = time.monotonic()
+            snaps = {s.node: s for s in self._snapshots(only)}
+            nodes = sorted(set(snaps) | (set(self.workflows) if only is None else only & set(self.workflows)))
             observed: dict[str, Observed] | None = None
             if self.backend.observes:
                 try:
                     observed = await self.backend.observe(nodes)
                 except BackendError as exc:
                     log.warning("cannot read the scheduler's view this pass: %s", exc)
-            self._fleet_size = len(nodes)
+            if only is None:
+                self._fleet_size = len(nodes)
             for node in nodes:
                 wf = self.workflows.get(node) or Workflow(node)
                 snap = snaps.get(node)
@@ -171,6 +191,7 @@ class RepairController:
                     self.workflows[node] = wf
                     self.state.save(wf)
             self.passes += 1
+            self.last_pass_s = time.monotonic() - started
 
     def _evaluate(self, wf: Workflow, snap: NodeSnapshot, now: int) -> list[Finding]:
         found: list[Finding] = []
@@ -221,7 +242,9 @@ class RepairController:
             else:
                 self._close(wf, "cleared by itself", now)
                 self._move(wf, "healthy", "")
-        elif wf.incident_id and notable:
+            # A node just cordoned drains from the next pass: every cordon due now goes out first.
+            return
+        if wf.incident_id and notable:
             self._incident(wf, notable, now)  # add what else was found while out of service
         if wf.state == "cordoned":
             if any(w.state == "draining" for w in self.workflows.values() if w.node != wf.node):
@@ -350,7 +373,9 @@ class RepairController:
             progress = await self.backend.drain(wf.node)
         except BackendError as exc:
             if not wf.detail.startswith("drain check failed"):
-                log.warning("drain of %s failed, retrying each pass: %s", wf.node, exc, extra={"node": wf.node})
+                log.warning(
+                    "drain of %s failed, retrying each pass: %s", wf.node, exc, extra={"node": wf.node}
+                )
             wf.detail = f"drain check failed, retrying: {exc}"
             return
         if not progress.done:
@@ -361,7 +386,7 @@ class RepairController:
         await self._repair(wf, self._snapshot(wf.node), now)
 
     def _snapshot(self, node: str) -> NodeSnapshot | None:
-        return next((s for s in self._snapshots() if s.node == node), None)
+        return next(iter(self._snapshots({node})), None)
 
     async def _repair(self, wf: Workflow, snap: NodeSnapshot | None, now: int) -> None:
         if wf.step >= len(wf.ladder):
@@ -443,7 +468,7 @@ class RepairController:
             self.state.finish_action(key, outcome)
             self._audit(wf, step, summary or step, outcome[:300], time.time_ns())
             self._hook_tasks.pop(key, None)
-            self.poke()
+            self.poke(wf.node)
 
         self._hook_tasks[key] = asyncio.create_task(run())
 
@@ -621,7 +646,7 @@ class RepairController:
         return sum(1 for w in self.workflows.values() if w.state in OUT_OF_SERVICE)
 
     def cap(self) -> int:
-        by_fraction = math.floor(self.rails.max_out_of_service_fraction * getattr(self, "_fleet_size", 0))
+        by_fraction = math.floor(self.rails.max_out_of_service_fraction * self._fleet_size)
         return max(1, min(self.rails.max_out_of_service, by_fraction))
 
     def _trip(self, reason: str, now: int) -> None:
@@ -697,7 +722,7 @@ class RepairController:
         self.poke()
 
     def _known(self, node: str) -> Workflow:
-        if node not in self.workflows and node not in {s.node for s in self._snapshots()}:
+        if node not in self.workflows and not self._snapshots({node}):
             raise RepairRefused(
                 "not_found", f"node {node!r} is not known to this aggregator; `gpufleet nodes` lists them"
             )

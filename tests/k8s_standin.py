@@ -14,6 +14,7 @@ import copy
 import json
 import re
 import threading
+import time
 import urllib.parse
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -61,9 +62,14 @@ class KubeStandin:
                 length = int(self.headers.get("Content-Length") or 0)
                 raw = self.rfile.read(length) if length else b""
                 url = urllib.parse.urlparse(self.path)
-                record = {"verb": verb, "path": url.path, "query": urllib.parse.parse_qs(url.query),
-                          "content_type": self.headers.get("Content-Type", ""),
-                          "body": json.loads(raw) if raw else None}
+                record = {
+                    "time": time.time(),
+                    "verb": verb,
+                    "path": url.path,
+                    "query": urllib.parse.parse_qs(url.query),
+                    "content_type": self.headers.get("Content-Type", ""),
+                    "body": json.loads(raw) if raw else None,
+                }
                 with standin.lock:
                     standin.requests.append(record)
                     if self.headers.get("Authorization") != f"Bearer {TOKEN}":
@@ -93,29 +99,55 @@ class KubeStandin:
         self._server.server_close()
 
     def kubeconfig(self, path: Path) -> Path:
-        path.write_text(json.dumps({  # JSON is YAML: the client reads it as a kubeconfig
-            "apiVersion": "v1", "kind": "Config", "current-context": "standin",
-            "clusters": [{"name": "standin", "cluster": {"server": self.url}}],
-            "users": [{"name": "gpufleet", "user": {"token": TOKEN}}],
-            "contexts": [{"name": "standin", "context": {"cluster": "standin", "user": "gpufleet"}}],
-        }))
+        path.write_text(
+            json.dumps(
+                {  # JSON is YAML: the client reads it as a kubeconfig
+                    "apiVersion": "v1",
+                    "kind": "Config",
+                    "current-context": "standin",
+                    "clusters": [{"name": "standin", "cluster": {"server": self.url}}],
+                    "users": [{"name": "gpufleet", "user": {"token": TOKEN}}],
+                    "contexts": [{"name": "standin", "context": {"cluster": "standin", "user": "gpufleet"}}],
+                }
+            )
+        )
         return path
 
     # --- objects --------------------------------------------------------------------
     def add_node(self, name: str) -> None:
         self.nodes[name] = {
-            "apiVersion": "v1", "kind": "Node",
+            "apiVersion": "v1",
+            "kind": "Node",
             "metadata": {"name": name, "labels": {"nvidia.com/gpu.present": "true"}, "annotations": {}},
-            "spec": {}, "status": {"conditions": [{"type": "Ready", "status": "True"}]},
+            "spec": {},
+            "status": {"conditions": [{"type": "Ready", "status": "True"}]},
         }
 
-    def add_pod(self, namespace: str, name: str, node: str, labels: dict[str, str] | None = None,
-                owner_kind: str = "ReplicaSet") -> None:
+    def add_pod(
+        self,
+        namespace: str,
+        name: str,
+        node: str,
+        labels: dict[str, str] | None = None,
+        owner_kind: str = "ReplicaSet",
+    ) -> None:
         self.pods[(namespace, name)] = {
-            "apiVersion": "v1", "kind": "Pod",
-            "metadata": {"name": name, "namespace": namespace, "labels": labels or {},
-                         "ownerReferences": [{"apiVersion": "apps/v1", "kind": owner_kind, "name": f"{name}-owner",
-                                              "uid": f"uid-{name}", "controller": True}]},
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {
+                "name": name,
+                "namespace": namespace,
+                "labels": labels or {},
+                "ownerReferences": [
+                    {
+                        "apiVersion": "apps/v1",
+                        "kind": owner_kind,
+                        "name": f"{name}-owner",
+                        "uid": f"uid-{name}",
+                        "controller": True,
+                    }
+                ],
+            },
             "spec": {"nodeName": node, "containers": [{"name": "main", "image": "busybox"}]},
             "status": {"phase": "Running"},
         }
@@ -143,6 +175,13 @@ class KubeStandin:
                     patch = {k: v for k, v in patch.items() if k != "status"}
                 _strategic_merge(node, patch, {"conditions": "type"})
                 return 200, node
+        if path == "/api/v1/nodes" and verb == "GET":
+            return 200, {
+                "apiVersion": "v1",
+                "kind": "NodeList",
+                "metadata": {},
+                "items": list(self.nodes.values()),
+            }
         if path == "/api/v1/pods" and verb == "GET":
             selector = r["query"].get("fieldSelector", [""])[0]
             m = re.fullmatch(r"spec\.nodeName=(.+)", selector)
@@ -156,8 +195,11 @@ class KubeStandin:
 
     def _evict(self, namespace: str, name: str, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
         if body.get("kind") != "Eviction" or body.get("apiVersion") != "policy/v1":
-            return 400, _status(400, "BadRequest", f"expected a policy/v1 Eviction, got {body.get('apiVersion')}"
-                                                   f"/{body.get('kind')}")
+            return 400, _status(
+                400,
+                "BadRequest",
+                f"expected a policy/v1 Eviction, got {body.get('apiVersion')}/{body.get('kind')}",
+            )
         meta = body.get("metadata", {})
         if meta.get("name") != name or meta.get("namespace", namespace) != namespace:
             return 400, _status(400, "BadRequest", "the Eviction's metadata does not name this pod")
@@ -168,11 +210,18 @@ class KubeStandin:
         for pdb in self.pdbs:
             if pdb["namespace"] != namespace or any(labels.get(k) != v for k, v in pdb["selector"].items()):
                 continue
-            healthy = sum(1 for p in self.pods.values() if p["metadata"]["namespace"] == namespace
-                          and all(p["metadata"]["labels"].get(k) == v for k, v in pdb["selector"].items()))
+            healthy = sum(
+                1
+                for p in self.pods.values()
+                if p["metadata"]["namespace"] == namespace
+                and all(p["metadata"]["labels"].get(k) == v for k, v in pdb["selector"].items())
+            )
             if healthy - 1 < pdb["min_available"]:
-                return 429, _status(429, "TooManyRequests",
-                                    "Cannot evict pod as it would violate the pod's disruption budget.")
+                return 429, _status(
+                    429,
+                    "TooManyRequests",
+                    "Cannot evict pod as it would violate the pod's disruption budget.",
+                )
         del self.pods[(namespace, name)]
         return 201, _status(201, "Success", "evicted")
 
@@ -201,5 +250,11 @@ def _check_patch(r: dict[str, Any]) -> str:
 
 
 def _status(code: int, reason: str, message: str) -> dict[str, Any]:
-    return {"apiVersion": "v1", "kind": "Status", "status": "Success" if code < 300 else "Failure",
-            "message": message, "reason": reason, "code": code}
+    return {
+        "apiVersion": "v1",
+        "kind": "Status",
+        "status": "Success" if code < 300 else "Failure",
+        "message": message,
+        "reason": reason,
+        "code": code,
+    }

@@ -18,13 +18,16 @@ gpu = 6
 kind = "thermal"
 """
 
-POLICY = FAST_POLICY + """
+POLICY = (
+    FAST_POLICY
+    + """
 [rules.thermal_slowdown]
 severity = "critical"
 cordon = true
 window_s = 3.0
 ladder = ["ticket"]
 """
+)
 
 
 @pytest.mark.slow
@@ -34,25 +37,41 @@ def test_sustained_thermal_slowdown_is_cordoned_by_hook_and_alerted_everywhere(c
     hooks = cluster.tmp / "hook.txt"
     agg = repair_aggregator(
         cluster,
-        "--repair-backend", "hook",
-        "--repair-hook-cordon", f"sh -c 'echo cordon {{node}} >> {hooks}'",
-        "--repair-hook-uncordon", f"sh -c 'echo uncordon {{node}} >> {hooks}'",
-        "--repair-ticket-command", f"sh -c 'echo ticket {{node}} {{incident}} >> {hooks}'",
-        "--alert-webhooks", f"{receiver.url}/hook",
-        "--alert-slack-url", f"{receiver.url}/slack",
-        "--alert-pagerduty-routing-key", "R0UT1NG", "--alert-pagerduty-url", f"{receiver.url}/pd",
-        "--alert-group-wait-s", "0.5",
+        "--repair-backend",
+        "hook",
+        "--repair-hook-cordon",
+        f"sh -c 'echo cordon {{node}} >> {hooks}'",
+        "--repair-hook-uncordon",
+        f"sh -c 'echo uncordon {{node}} >> {hooks}'",
+        "--repair-ticket-command",
+        f"sh -c 'echo ticket {{node}} {{incident}} >> {hooks}'",
+        "--alert-webhooks",
+        f"{receiver.url}/hook",
+        "--alert-slack-url",
+        f"{receiver.url}/slack",
+        "--alert-pagerduty-routing-key",
+        "R0UT1NG",
+        "--alert-pagerduty-url",
+        f"{receiver.url}/pd",
+        "--alert-group-wait-s",
+        "0.5",
         policy=POLICY,
     )
     (cluster.tmp / "thermal.toml").write_text(THERMAL)
-    cluster.collector(node, agg.ingest, "--interval-s", "1", "--sim-scenario", str(cluster.tmp / "thermal.toml"))
+    cluster.collector(
+        node, agg.ingest, "--interval-s", "1", "--sim-scenario", str(cluster.tmp / "thermal.toml")
+    )
 
     def state() -> str:
-        return next((n["state"] for n in repair_status(agg, cluster)["nodes"] if n["node"] == node), "healthy")
+        return next(
+            (n["state"] for n in repair_status(agg, cluster)["nodes"] if n["node"] == node), "healthy"
+        )
 
     wait_until(lambda: state() == "suspect", 30, "the finding to be suspected first")
     suspected = time.monotonic()
-    wait_until(lambda: "cordon hot-node" in hooks.read_text() if hooks.exists() else False, 30, "the cordon hook")
+    wait_until(
+        lambda: "cordon hot-node" in hooks.read_text() if hooks.exists() else False, 30, "the cordon hook"
+    )
     waited_s = time.monotonic() - suspected
     assert waited_s >= 1.5, f"cordoned {waited_s:.1f} s after suspicion: the 3 s window was not waited out"
     wait_until(lambda: state() == "quarantined", 30, "the ticket and quarantine")
@@ -60,8 +79,11 @@ def test_sustained_thermal_slowdown_is_cordoned_by_hook_and_alerted_everywhere(c
     assert f"ticket hot-node {incident_id}" in hooks.read_text()
 
     # The receiver refused the first deliveries; every sink still got the incident.
-    wait_until(lambda: {a["path"] for a in receiver.received} >= {"/hook", "/slack", "/pd"}, 60,
-               "deliveries to every sink after retries")
+    wait_until(
+        lambda: {a["path"] for a in receiver.received} >= {"/hook", "/slack", "/pd"},
+        60,
+        "deliveries to every sink after retries",
+    )
     assert receiver.attempts > len(receiver.received), "some deliveries were retried"
     assert agg.metric_value("gpufleet_alerts_total", outcome="failed_attempt") >= 4
     pages = [a for a in receiver.received if a["path"] == "/pd"]
@@ -73,8 +95,11 @@ def test_sustained_thermal_slowdown_is_cordoned_by_hook_and_alerted_everywhere(c
     out = gpufleet_cli(agg, cluster, "ops", "uncordon", node, "--reason", "fans replaced")
     assert out.returncode == 0, out.stderr
     assert lines(hooks)[-2:] == ["uncordon", node]
-    wait_until(lambda: any(a["path"] == "/pd" and a["event_action"] == "resolve" for a in receiver.received), 60,
-               "the page resolved")
+    wait_until(
+        lambda: any(a["path"] == "/pd" and a["event_action"] == "resolve" for a in receiver.received),
+        60,
+        "the page resolved",
+    )
     resolved = [a for a in receiver.received if a["path"] == "/pd" and a["event_action"] == "resolve"]
     assert resolved[0]["dedup_key"] == f"gpufleet-{incident_id}", "the same page is resolved, not a new one"
     webhook = [a for a in receiver.received if a["path"] == "/hook" and a["key"] == incident_id]

@@ -28,11 +28,23 @@ def test_kubernetes_cordon_taint_condition_and_evictions_that_respect_budgets(cl
     kube.add_pdb("ml", {"app": "trainer"}, min_available=1)  # trainer-0 may not go yet
     policy = FAST_POLICY + '\n[buckets.RESTART_BM]\nladder = ["ticket"]\n'
     agg = repair_aggregator(
-        cluster, "--repair-backend", "kubernetes", "--repair-kubeconfig", str(kube.kubeconfig(cluster.tmp / "kc")),
-        "--repair-max-out-of-service-fraction", "1", policy=policy,
+        cluster,
+        "--repair-backend",
+        "kubernetes",
+        "--repair-kubeconfig",
+        str(kube.kubeconfig(cluster.tmp / "kc")),
+        "--repair-max-out-of-service-fraction",
+        "1",
+        policy=policy,
     )
-    cluster.collector("k8s-gpu-1", agg.ingest, "--interval-s", "1",
-                      "--sim-scenario", str(xid_scenario(cluster.tmp / "x.toml", 79, gpu=0, lost=True)))
+    cluster.collector(
+        "k8s-gpu-1",
+        agg.ingest,
+        "--interval-s",
+        "1",
+        "--sim-scenario",
+        str(xid_scenario(cluster.tmp / "x.toml", 79, gpu=0, lost=True)),
+    )
     cluster.collector("k8s-gpu-2", agg.ingest, "--interval-s", "1")
 
     node = kube.nodes["k8s-gpu-1"]
@@ -46,12 +58,16 @@ def test_kubernetes_cordon_taint_condition_and_evictions_that_respect_budgets(cl
 
     # The budget refuses trainer-0: the drain waits (it is never forced), web-1 is evicted.
     wait_until(lambda: ("default", "web-1") not in kube.pods, 30, "web-1 evicted")
-    wait_until(lambda: "disruption budget" in (node_state(agg, cluster, "k8s-gpu-1") or {}).get("detail", ""), 30,
-               "the drain to report the budget")
+    wait_until(
+        lambda: "disruption budget" in (node_state(agg, cluster, "k8s-gpu-1") or {}).get("detail", ""),
+        30,
+        "the drain to report the budget",
+    )
     assert ("ml", "trainer-0") in kube.pods
     refused = [r for r in kube.requests if r["path"].endswith("/trainer-0/eviction")]
-    assert refused and all(r["body"]["kind"] == "Eviction" and r["body"]["apiVersion"] == "policy/v1"
-                           for r in refused)
+    assert refused and all(
+        r["body"]["kind"] == "Eviction" and r["body"]["apiVersion"] == "policy/v1" for r in refused
+    )
     assert node_state(agg, cluster, "k8s-gpu-1")["state"] == "draining"
 
     kube.pdbs.clear()  # the training job moved elsewhere: the budget allows it now
@@ -62,13 +78,18 @@ def test_kubernetes_cordon_taint_condition_and_evictions_that_respect_budgets(cl
 
     # A person cordons the other node with kubectl (no gpufleet marker): it is theirs.
     kube.nodes["k8s-gpu-2"]["spec"]["unschedulable"] = True
-    wait_until(lambda: (node_state(agg, cluster, "k8s-gpu-2") or {}).get("state") == "human_cordoned", 30,
-               "the person's cordon seen")
+    wait_until(
+        lambda: (node_state(agg, cluster, "k8s-gpu-2") or {}).get("state") == "human_cordoned",
+        30,
+        "the person's cordon seen",
+    )
 
     # An operator returns the quarantined node: taint, marker and condition are undone.
     out = gpufleet_cli(agg, cluster, "ops", "uncordon", "k8s-gpu-1", "--reason", "GPU replaced")
     assert out.returncode == 0, out.stderr
-    assert not node["spec"]["unschedulable"] and not [t for t in node["spec"]["taints"] if t["key"] == TAINT_KEY]
+    assert not node["spec"]["unschedulable"] and not [
+        t for t in node["spec"]["taints"] if t["key"] == TAINT_KEY
+    ]
     assert "gpufleet.io/cordoned-by" not in node["metadata"]["annotations"]
     condition = next(c for c in node["status"]["conditions"] if c["type"] == "GpufleetHealthy")
     assert condition["status"] == "True"

@@ -37,8 +37,12 @@ def test_policy_explain_agrees_with_nvidias_catalog_for_every_xid() -> None:
         assert explained["cordon"] is (bucket not in NO_CORDON), f"XID {xid} ({bucket})"
     # And through the CLI, for a sample, with the documented JSON keys.
     for xid in (13, 31, 43, 48, 63, 64, 74, 79, 94, 95, 119, 144, 154):
-        out = subprocess.run(gpufleet_argv("policy", "explain", "--xid", str(xid), "--json"),
-                             capture_output=True, text=True, check=True)
+        out = subprocess.run(
+            gpufleet_argv("policy", "explain", "--xid", str(xid), "--json"),
+            capture_output=True,
+            text=True,
+            check=True,
+        )
         explained = json.loads(out.stdout)
         assert {"xid", "severity", "action", "cordon", "reason"} <= set(explained)
         assert explained["xid"] == xid and explained["action"] == dict((r[0], r[2]) for r in rows)[xid]
@@ -54,8 +58,12 @@ def test_application_xids_do_not_cordon_and_hardware_ones_do() -> None:
 
 
 def test_multi_xid_workflow_48_with_63_or_64() -> None:
-    out = subprocess.run(gpufleet_argv("policy", "explain", "--xid", "48", "--with-xid", "63", "--json"),
-                         capture_output=True, text=True, check=True)
+    out = subprocess.run(
+        gpufleet_argv("policy", "explain", "--xid", "48", "--with-xid", "63", "--json"),
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     explained = json.loads(out.stdout)
     assert explained["action"] == "DRAIN_AND_RESET" and explained["cordon"] is True
     assert load_policy().explain_xid(48)["action"] == "WORKFLOW_XID_48"
@@ -84,13 +92,22 @@ def test_local_overrides_change_only_what_they_name(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("text", "message"),
     [
-        ("[rules.thermal_slowdown]\nwindow_s = -1\n", "[rules.thermal_slowdown]: window_s = -1 must be a number ≥ 0"),
-        ("[rules.nope]\nseverity = \"info\"\n", "[rules.nope] is not a rule"),
-        ("[xid.79]\nseverity = \"fatal\"\n", "[xid.79]: severity = 'fatal'; use one of info, warning, critical"),
-        ("[xid.79]\naction = \"REBOOT\"\n", "action = 'REBOOT'; use one of"),
+        (
+            "[rules.thermal_slowdown]\nwindow_s = -1\n",
+            "[rules.thermal_slowdown]: window_s = -1 must be a number ≥ 0",
+        ),
+        ('[rules.nope]\nseverity = "info"\n', "[rules.nope] is not a rule"),
+        (
+            '[xid.79]\nseverity = "fatal"\n',
+            "[xid.79]: severity = 'fatal'; use one of info, warning, critical",
+        ),
+        ('[xid.79]\naction = "REBOOT"\n', "action = 'REBOOT'; use one of"),
         ("[xid.abc]\ncordon = false\n", "[xid.abc]: XID must be a number from 1 to 999"),
-        ("[buckets.RESET_GPU]\nladder = [\"pray\"]\n", "ladder = ['pray']; steps are reset_gpu, reboot, ticket"),
-        ("[rules.gpu_lost]\ncordon = \"yes\"\n", "cordon = 'yes' must be true or false"),
+        (
+            '[buckets.RESET_GPU]\nladder = ["pray"]\n',
+            "ladder = ['pray']; steps are reset_gpu, reboot, ticket",
+        ),
+        ('[rules.gpu_lost]\ncordon = "yes"\n', "cordon = 'yes' must be true or false"),
         ("[workflow]\nvalidate_seconds = 3\n", "[workflow] unknown key 'validate_seconds'"),
         ("[bucket.RESET_GPU]\n", "unknown table(s) bucket"),
         ("[rules.gpu_lost\n", "is not valid TOML"),

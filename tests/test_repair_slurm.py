@@ -105,7 +105,7 @@ def test_xid79_is_drained_reset_rebooted_validated_and_resumed(cluster: Cluster,
     )
 
     wait_until(lambda: drained(slurm, node), 30, "the node drained in Slurm")
-    words, reason = slurm.state(node)
+    reason = slurm.state(node)[1]
     assert reason.startswith("gpufleet: xid_79 on GPU 3"), reason
     assert not drained(slurm, "gpu-node-02"), "only the faulty node is drained"
 

@@ -7,7 +7,7 @@ gpufleet.io/cordoned-by; it only uncordons a node that carries them. A node cord
 `kubectl cordon` (no marker) is a person's, and stays as it is.
 
 API calls made (the RBAC in deploy/ must allow exactly these):
-  nodes: get, patch        nodes/status: patch
+  nodes: get, list, patch  nodes/status: patch
   pods: list               pods/eviction: create
 """
 
@@ -24,6 +24,7 @@ ANNOTATION = "gpufleet.io/cordoned-by"
 CONDITION = "GpufleetHealthy"
 API_CALLS = {
     ("", "nodes", "get"),
+    ("", "nodes", "list"),
     ("", "nodes", "patch"),
     ("", "nodes/status", "patch"),
     ("", "pods", "list"),
@@ -54,6 +55,7 @@ class KubernetesBackend(Backend):
         self._k8s = k8s
         self._core = k8s.client.CoreV1Api(api_client)
         self._timeout_s = timeout_s
+        self._taints: dict[str, list[Any]] = {}
 
     async def _call(self, what: str, fn: Any, *args: Any, **kwargs: Any) -> Any:
         try:
@@ -66,25 +68,29 @@ class KubernetesBackend(Backend):
             raise BackendError(f"Kubernetes {what}: {exc}") from exc
 
     async def observe(self, nodes: list[str]) -> dict[str, Observed]:
+        # One LIST per pass rather than a GET per node: a pass costs one request at any fleet size.
+        listed = await self._call("list nodes", self._core.list_node)
+        self._taints = {n.metadata.name: list(n.spec.taints or []) for n in listed.items}
+        wanted = set(nodes)
         seen = {}
-        for name in nodes:
-            try:
-                node = await self._call(f"get node {name}", self._core.read_node, name)
-            except BackendError as exc:
-                if "HTTP 404" in str(exc):
-                    continue
-                raise
+        for node in listed.items:
+            if node.metadata.name not in wanted:
+                continue
             taints = node.spec.taints or []
             ours = any(t.key == TAINT_KEY for t in taints) and (
                 (node.metadata.annotations or {}).get(ANNOTATION) == "automation"
             )
-            reason = next((t.value or "" for t in taints if t.key == TAINT_KEY), "")
-            seen[name] = Observed(cordoned=bool(node.spec.unschedulable), ours=ours, reason=reason)
+            reason = (node.metadata.annotations or {}).get("gpufleet.io/reason", "")
+            seen[node.metadata.name] = Observed(
+                cordoned=bool(node.spec.unschedulable), ours=ours, reason=reason
+            )
         return seen
 
     async def cordon(self, node: str, reason: str, automation: bool) -> None:
-        current = await self._call(f"get node {node}", self._core.read_node, node)
-        taints = [t for t in (current.spec.taints or []) if t.key != TAINT_KEY]
+        known = self._taints.pop(node, None)  # from this pass's LIST; else read the node now
+        if known is None:
+            known = (await self._call(f"get node {node}", self._core.read_node, node)).spec.taints or []
+        taints = [t for t in known if t.key != TAINT_KEY]
         value = "automation" if automation else "manual"
         taints.append(self._k8s.client.V1Taint(key=TAINT_KEY, value=value, effect="NoSchedule"))
         body = {
@@ -134,7 +140,7 @@ class KubernetesBackend(Backend):
                 kind="Eviction",  # the API server refuses an Eviction body without its kind
                 metadata=self._k8s.client.V1ObjectMeta(
                     name=pod.metadata.name, namespace=pod.metadata.namespace
-                )
+                ),
             )
             try:
                 await self._call(
