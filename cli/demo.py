@@ -182,6 +182,12 @@ def run_demo(args: argparse.Namespace) -> int:
                 "127.0.0.1:0",
                 "--ready-file",
                 str(ready),
+                # Repair runs on gpufleet's own records (no scheduler on a demo box); a small
+                # fleet would otherwise be capped at one node out of service.
+                "--repair-backend",
+                "none",
+                "--repair-max-out-of-service-fraction",
+                "0.5",
             ),
         )
         bound = _wait_for(

@@ -14,6 +14,7 @@ import logging
 import random
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 
 import grpc
@@ -65,6 +66,8 @@ class CollectorAgent:
         self.config = config
         self.source = source
         self.simulated = simulated
+        # Set by run_collector with --simulate: resets a simulated GPU when no reset_command is set.
+        self.simulated_reset: Callable[[int], str] | None = None
         self.boot_id = uuid.uuid4().hex
         self.token = config.resolve_token()
         self.buffer = ReplayBuffer(config.buffer_reports)
@@ -294,7 +297,11 @@ class CollectorAgent:
 
     async def _answer_command(self, call: grpc.aio.StreamStreamCall, command: ingest_pb2.Command) -> None:
         result = await run_command(
-            command, self.source.inventory(), self.config.reset_command, self.config.reset_timeout_s
+            command,
+            self.source.inventory(),
+            self.config.reset_command,
+            self.config.reset_timeout_s,
+            self.simulated_reset,
         )
         try:
             await call.write(ingest_pb2.CollectorMessage(command_result=result))

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import shlex
+from collections.abc import Callable
 
 from gpufleet.protos import ingest_pb2, telemetry_pb2, vocabulary_pb2
 
@@ -16,7 +17,10 @@ async def run_command(
     inventory: list[telemetry_pb2.GpuIdentity],
     reset_command: str,
     timeout_s: float,
+    simulated_reset: Callable[[int], str] | None = None,
 ) -> ingest_pb2.CommandResult:
+    """Carry out one command. With simulated GPUs and no reset_command, a reset is done on the
+    simulated GPU itself (simulated_reset), so the demo's repairs run end to end."""
     result = ingest_pb2.CommandResult(id=command.id)
     action = command.WhichOneof("action")
     if action != "reset_gpu":
@@ -31,6 +35,15 @@ async def run_command(
             f"GPU {reset.gpu_index} with uuid {reset.gpu_uuid or '(any)'} is not on this node; "
             "not resetting a GPU other than the one asked for"
         )
+        return result
+    if not reset_command and simulated_reset is not None:
+        try:
+            result.detail = simulated_reset(gpu.index)
+            result.outcome = vocabulary_pb2.COMMAND_OUTCOME_SUCCEEDED
+        except RuntimeError as exc:
+            result.outcome = vocabulary_pb2.COMMAND_OUTCOME_FAILED
+            result.detail = str(exc)
+        log.warning("reset GPU %d (simulated): %s", gpu.index, result.detail, extra={"gpu": gpu.index})
         return result
     if not reset_command:
         result.outcome = vocabulary_pb2.COMMAND_OUTCOME_REFUSED

@@ -61,7 +61,8 @@ class CollectorConfig:
     reset_command: str = _setting(
         "",
         "command run for a GPU reset the aggregator asks for, e.g. "
-        "'nvidia-smi --gpu-reset -i {gpu_index}'; empty refuses resets",
+        "'nvidia-smi --gpu-reset -i {gpu_index}'; empty refuses resets (with --simulate: the "
+        "simulated GPU is reset)",
     )
     reset_timeout_s: float = _setting(300.0, "seconds before a reset command is killed and reported failed")
     backoff_max_s: float = _setting(30.0, "longest wait between reconnect attempts")

@@ -48,6 +48,9 @@ async def run_collector(config: CollectorConfig) -> None:
         gpus = ",".join(str(g.index) for g in node.gpus)
         config = dataclasses.replace(config, engines=f"{url} gpus={gpus}; {config.engines}".strip("; "))
     agent = CollectorAgent(config, source, simulated=config.simulate)
+    if node is not None:
+        sim_node = node
+        agent.simulated_reset = lambda index: sim_node.gpus[index].reset()
     if config.metrics_listen:
         try:
             port = serve(config.metrics_listen, lambda: agent.last_sample)

@@ -110,6 +110,17 @@ class SimulatedGpu:
         for deliver in list(self.xid_listeners):
             deliver(self, xid)  # type: ignore[operator]
 
+    def reset(self) -> str:
+        """What `nvidia-smi -r` does to this GPU: volatile ECC counts cleared, a pending row
+        remap or page retirement applied, NVLinks retrained. A GPU that fell off the bus cannot
+        be reset (raises RuntimeError, as the real reset fails)."""
+        if self.lost:
+            raise RuntimeError(f"GPU {self.index} ({self.pci_bus_id}) is lost: it cannot be reset")
+        self.ecc_sbe_volatile = self.ecc_dbe_volatile = 0
+        self.remap_pending = self.retired_pages_pending = False
+        self.nvlink_down.clear()
+        return f"GPU {self.index} reset (simulated)"
+
     def inject_ecc(self, uncorrected: bool, count: int = 1) -> None:
         if uncorrected:
             self.ecc_dbe_volatile += count
