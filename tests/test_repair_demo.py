@@ -65,11 +65,7 @@ def test_simulated_fleet_repairs_what_a_reset_fixes_and_quarantines_what_it_cann
     actions = [(a["action"], a["outcome"].split(":")[0]) for a in open_incident["actions"]]
     assert ("reset_gpu", "failed") in actions, "the simulated reset of a lost GPU fails, as a real one does"
     assert ("reboot", "skipped") in actions and ("ticket", "skipped") in actions
-    nodes = {
-        n["node"]: n
-        for n in __import__("json").loads(gpufleet_cli(agg, cluster, "viewer", "nodes", "--json").stdout)[
-            "nodes"
-        ]
-    }
+    listed = json.loads(gpufleet_cli(agg, cluster, "viewer", "nodes", "--json").stdout)["nodes"]
+    nodes = {n["node"]: n for n in listed}
     assert nodes["fine-node"]["health"] == "healthy" and nodes["ecc-node"]["health"] == "healthy"
     assert nodes["bus-node"]["health"] == "quarantined"
