@@ -577,7 +577,8 @@ class RepairController:
 
     def _cancel(self, wf: Workflow, findings: list[Finding], outcome: str, now: int) -> None:
         """A person returned the node to service: stop, and do not re-cordon for what they saw."""
-        wf.suppressed = sorted({_finding_id(f) for f in findings})
+        # Findings already overridden stay so (they are not in `findings`: filtered out).
+        wf.suppressed = sorted(set(wf.suppressed) | {_finding_id(f) for f in findings})
         wf.cleared_before_ns = now
         wf.cordoned_by_us = False
         self._close(wf, outcome or "cancelled: a person returned the node to service", now)

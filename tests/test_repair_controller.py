@@ -1,0 +1,153 @@
+"""The repair controller in-process, on node snapshots built here (its input), with the real
+policy, the SQLite state and the `none` backend: decisions that need many passes, checked
+quickly."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+
+from gpufleet.protos import telemetry_pb2, vocabulary_pb2
+from gpufleet.repair.alerts.dispatcher import AlertDispatcher
+from gpufleet.repair.backends.none import NoBackend
+from gpufleet.repair.controller import Hooks, Rails, RepairController
+from gpufleet.repair.model import NodeSnapshot
+from gpufleet.repair.policy import load_policy
+from gpufleet.repair.state import RepairState
+
+
+class Fleet:
+    """Node snapshots as the aggregator would hand them over."""
+
+    def __init__(self, nodes: list[str]) -> None:
+        self.snaps = {
+            n: NodeSnapshot(
+                n,
+                "c",
+                vocabulary_pb2.LIVENESS_REPORTING,
+                0.5,
+                "boot-1",
+                True,
+                8,
+                gpus={i: telemetry_pb2.GpuSample(index=i, uuid=f"GPU-{n}-{i}") for i in range(8)},
+            )
+            for n in nodes
+        }
+
+    def tick(self) -> None:
+        for snap in self.snaps.values():
+            snap.sample_time_ns = time.time_ns()
+
+    def snapshots(self, only: set[str] | None) -> list[NodeSnapshot]:
+        return [s for n, s in self.snaps.items() if only is None or n in only]
+
+    def xid(self, node: str, gpu: int, xid: int) -> None:
+        self.snaps[node].events.append(
+            telemetry_pb2.Event(
+                kind=vocabulary_pb2.EVENT_KIND_XID,
+                source=vocabulary_pb2.EVENT_SOURCE_NVML,
+                time_unix_ns=time.time_ns(),
+                gpu_index=gpu,
+                xid=xid,
+            )
+        )
+
+
+def controller(tmp: Path, fleet: Fleet, rails: Rails | None = None) -> RepairController:
+    return RepairController(
+        load_policy(),
+        RepairState(tmp / "repair.sqlite3"),
+        NoBackend(),
+        rails or Rails(max_out_of_service_fraction=1),
+        Hooks(),
+        AlertDispatcher([]),
+        fleet.snapshots,
+        lambda node, command: False,
+    )
+
+
+def test_overridden_findings_stay_overridden_across_later_uncordons(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        fleet = Fleet(["n1"])
+        repair = controller(tmp_path, fleet)
+        fleet.snaps["n1"].gpus[1].ecc_dbe_volatile = 1  # a level finding that stays
+        fleet.tick()
+        await repair.pass_once()
+        assert repair.workflows["n1"].state == "cordoned"
+        await repair.uncordon("n1", "known bad GPU, job must finish", "alice")
+        fleet.xid("n1", 3, 95)  # a second, different fault: cordoned again
+        fleet.tick()
+        await repair.pass_once()
+        assert repair.workflows["n1"].state == "cordoned"
+        await repair.uncordon("n1", "still finishing the job", "alice")
+        for _ in range(3):
+            fleet.tick()
+            await repair.pass_once()
+        # Neither the ECC error (overridden first) nor XID 95 brings the automation back.
+        assert repair.workflows["n1"].state == "healthy"
+        cordons = [
+            a for a in repair.state.audit_log("n1") if a.action == "cordon" and a.actor == "automation"
+        ]
+        assert len(cordons) == 2
+        # Once the ECC error clears (e.g. after a reset), a new one is acted on again: a third
+        # incident in 7 days, so the repeat offender goes to a person instead of round the loop.
+        fleet.snaps["n1"].gpus[1].ecc_dbe_volatile = 0
+        fleet.tick()
+        await repair.pass_once()
+        fleet.snaps["n1"].gpus[1].ecc_dbe_volatile = 1
+        fleet.tick()
+        await repair.pass_once()
+        assert repair.workflows["n1"].state == "quarantined"
+        assert repair.workflows["n1"].detail.startswith("repeat offender: 3 incidents in 7 days")
+
+    asyncio.run(scenario())
+
+
+def test_dry_run_decides_and_audits_but_touches_nothing(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        fleet = Fleet(["n1"])
+        repair = controller(tmp_path, fleet, Rails(dry_run=True, max_out_of_service_fraction=1))
+        fleet.xid("n1", 0, 79)
+        for _ in range(3):
+            fleet.tick()
+            await repair.pass_once()
+        wf = repair.workflows["n1"]
+        assert wf.state == "waiting" and wf.detail == "dry-run: would cordon"
+        (entry,) = [a for a in repair.state.audit_log("n1") if a.action == "cordon"]
+        assert entry.outcome == "dry-run" and entry.reason.startswith("gpufleet: xid_79 on GPU 0")
+        assert repair.out_of_service() == 0
+
+    asyncio.run(scenario())
+
+
+def test_a_finding_waits_out_its_persistence_window(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        fleet = Fleet(["n1"])
+        repair = controller(tmp_path, fleet)
+        repair.policy.rules["nvlink_down"] = repair.policy.rules["nvlink_down"].__class__(
+            **{**vars(repair.policy.rules["nvlink_down"]), "window_s": 0.3}
+        )
+        fleet.snaps["n1"].gpus[4].nvlink_links_inactive = 1
+        fleet.tick()
+        await repair.pass_once()
+        assert repair.workflows["n1"].state == "suspect"
+        started = time.monotonic()
+        while repair.workflows["n1"].state == "suspect" and time.monotonic() - started < 5:
+            fleet.tick()
+            await repair.pass_once()
+        assert repair.workflows["n1"].state == "cordoned"
+        assert time.monotonic() - started >= 0.25
+        # The link came back before anything else happened: a flap inside the window never cordons.
+        fleet2 = Fleet(["n2"])
+        repair2 = controller(tmp_path / "b", fleet2)
+        repair2.policy.rules["nvlink_down"] = repair.policy.rules["nvlink_down"]
+        fleet2.snaps["n2"].gpus[4].nvlink_links_inactive = 1
+        fleet2.tick()
+        await repair2.pass_once()
+        fleet2.snaps["n2"].gpus[4].nvlink_links_inactive = 0
+        fleet2.tick()
+        await repair2.pass_once()
+        assert repair2.workflows["n2"].state == "healthy"
+
+    asyncio.run(scenario())
