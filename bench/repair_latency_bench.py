@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
+import random
 import re
 import statistics
 import subprocess
@@ -48,12 +49,18 @@ FAULTS = [  # (at_s, gpu, kind, xid, sampled)
 _LOG = re.compile(r'ts=(\S+) .*msg="scenario: (\w+) on GPU (\d+)"')
 
 
-def scenario(path: Path) -> Path:
+def scenario(path: Path, nodes: list[str], interval_s: float, seed: int = 1) -> Path:
+    """One file for every node; each node's faults get a random phase within a sampling
+    interval, so a sampled fault waits anywhere from 0 to one interval for its sample."""
+    rng = random.Random(seed)
     parts = []
-    for at_s, gpu, kind, xid, _ in FAULTS:
-        parts.append(
-            f'[[fault]]\nat_s = {at_s}\ngpu = {gpu}\nkind = "{kind}"\n' + (f"xid = {xid}\n" if xid else "")
-        )
+    for node in nodes:
+        phase = rng.uniform(0, interval_s)
+        for at_s, gpu, kind, xid, _ in FAULTS:
+            parts.append(
+                f'[[fault]]\nat_s = {at_s + phase:.3f}\nnode = "{node}"\ngpu = {gpu}\nkind = "{kind}"\n'
+                + (f"xid = {xid}\n" if xid else "")
+            )
     path.write_text("\n".join(parts))
     return path
 
@@ -124,7 +131,7 @@ def main() -> None:
 
     procs = [spawn(argv, tmp / "aggregator.log")]
     bound = wait_for_file(ready, procs[0], 60)
-    scen = scenario(tmp / "faults.toml")
+    scen = scenario(tmp / "faults.toml", nodes, args.interval_s)
     logs = {}
     try:
         for node in nodes:

@@ -1,4 +1,10 @@
-"""Alert sinks, registered by name: a new one is a file with a Sink subclass and a line here."""
+"""Alert sinks, registered by name: a new one is a file with a Sink subclass and a line here.
+
+Why not a notification library (apprise and the like): each sink here is one HTTP POST of a
+documented JSON body, and what we need around it — one alert identity per incident
+(PagerDuty's dedup_key, resolve events), per-sink ordered retries with backoff, counts per
+outcome, never blocking the controller — is the part such libraries leave to the caller.
+The sinks stay a few lines each, on the standard library's HTTP client."""
 
 from __future__ import annotations
 
