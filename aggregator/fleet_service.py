@@ -17,9 +17,9 @@ from gpufleet.aggregator.rollups import route
 from gpufleet.aggregator.schema import METRICS
 from gpufleet.aggregator.store import HistoryQuery, Store, StoreError
 from gpufleet.protos import fleet_pb2, fleet_pb2_grpc
+from gpufleet.protos.names import health_value
 from gpufleet.repair.controller import RepairController, RepairRefused
 from gpufleet.repair.state import AuditRecord, Incident
-from gpufleet.repair.workflow_states import health_value
 
 log = logging.getLogger("gpufleet.aggregator.fleet")
 

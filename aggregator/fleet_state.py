@@ -153,6 +153,7 @@ class FleetState:
             gpu_count=live.gpu_count or len(live.gpus),
             gpus=[live.gpus[i] for i in sorted(live.gpus)],
             connected=live.connected,
+            engines=[live.engines[k] for k in sorted(live.engines)],
         )
 
     def detail(self, live: NodeLive) -> fleet_pb2.NodeDetail:

@@ -12,6 +12,7 @@ from gpufleet.aggregator.fleet_state import FleetState
 from gpufleet.aggregator.ingest import IngestService
 from gpufleet.aggregator.metrics import AggregatorMetrics
 from gpufleet.protos import telemetry_pb2
+from gpufleet.protos.names import HEALTH_STATES
 from gpufleet.repair.alerts import open_sinks
 from gpufleet.repair.alerts.dispatcher import AlertDispatcher
 from gpufleet.repair.backends import open_backend
@@ -19,7 +20,6 @@ from gpufleet.repair.controller import Hooks, Rails, RepairController
 from gpufleet.repair.model import NodeSnapshot
 from gpufleet.repair.policy import load_policy
 from gpufleet.repair.state import RepairState
-from gpufleet.repair.workflow_states import STATES
 
 
 def snapshots(fleet: FleetState, only: set[str] | None = None) -> list[NodeSnapshot]:
@@ -139,7 +139,7 @@ def build_controller(
     nodes_in_state = Gauge(
         "gpufleet_repair_nodes", "nodes in each repair workflow state", ["state"], registry=r
     )
-    for name in STATES:
+    for name in HEALTH_STATES:
         nodes_in_state.labels(state=name).set_function(
             lambda name=name: float(sum(1 for w in controller.workflows.values() if w.state == name))
         )

@@ -12,7 +12,7 @@ from tabulate import tabulate
 from gpufleet.cli.client import FleetClient
 from gpufleet.cli.timeparse import iso
 from gpufleet.protos import fleet_pb2
-from gpufleet.repair.model import action_name, health_name, severity_name
+from gpufleet.protos.names import action_name, health_name, severity_name
 
 
 def add_arguments(sub: Any, client: argparse.ArgumentParser) -> None:

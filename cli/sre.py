@@ -18,13 +18,10 @@ from tabulate import tabulate
 from gpufleet.cli.client import FleetClient
 from gpufleet.cli.timeparse import iso, parse_duration_ns, parse_time_ns
 from gpufleet.protos import fleet_pb2, telemetry_pb2, vocabulary_pb2
+from gpufleet.protos.names import health_name, liveness_name
 
 NA = "N/A"
 GIB = 1024**3
-
-
-def liveness_name(value: int) -> str:
-    return vocabulary_pb2.Liveness.Name(value).removeprefix("LIVENESS_").lower()
 
 
 def message_fields(msg: Any) -> dict[str, Any]:
@@ -63,7 +60,7 @@ def node_row(n: fleet_pb2.NodeSummary) -> dict[str, Any]:
         "node": n.node,
         "cluster": n.cluster,
         "liveness": liveness_name(n.liveness),
-        "health": vocabulary_pb2.NodeHealth.Name(n.health).removeprefix("NODE_HEALTH_").lower(),
+        "health": health_name(n.health),
         "health_detail": n.health_detail,
         "connected": n.connected,
         "last_report": iso(n.last_report_unix_ns) if n.last_report_unix_ns else None,

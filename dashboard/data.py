@@ -1,13 +1,14 @@
 """What the dashboard shows, as pandas frames built from Fleet API answers. Kept apart from
-the Streamlit page so it is plain, testable code."""
+the Streamlit pages so it is plain, testable code."""
 
 from __future__ import annotations
 
 import pandas as pd
 
-from gpufleet.cli.sre import liveness_name, node_row
+from gpufleet.cli.sre import node_row
 from gpufleet.cli.timeparse import iso
-from gpufleet.protos import fleet_pb2
+from gpufleet.protos import fleet_pb2, telemetry_pb2, vocabulary_pb2
+from gpufleet.protos.names import action_name, health_name, liveness_name, severity_name
 
 GIB = 1024**3
 
@@ -18,6 +19,29 @@ HEAT_METRICS = {
     "Power W": "power_w",
 }
 
+# The states the overview colours nodes by: the repair workflow's, folded for a glance, with
+# "silent" (no collector heard from) above all of them.
+STATES = ["healthy", "suspect", "cordoned", "in repair", "quarantined", "silent"]
+STATE_COLOURS = ["#4c9a2a", "#e0b000", "#e07000", "#3778bf", "#b2182b", "#7f7f7f"]
+_FOLD = {
+    "healthy": "healthy",
+    "suspect": "suspect",
+    "waiting": "suspect",
+    "cordoned": "cordoned",
+    "human_cordoned": "cordoned",
+    "draining": "in repair",
+    "repairing": "in repair",
+    "validating": "in repair",
+    "quarantined": "quarantined",
+    "unspecified": "healthy",
+}
+
+
+def display_state(n: fleet_pb2.NodeSummary) -> str:
+    if n.liveness == vocabulary_pb2.LIVENESS_SILENT:
+        return "silent"
+    return _FOLD[health_name(n.health)]
+
 
 def nodes_frame(resp: fleet_pb2.ListNodesResponse) -> pd.DataFrame:
     rows = []
@@ -27,12 +51,14 @@ def nodes_frame(resp: fleet_pb2.ListNodesResponse) -> pd.DataFrame:
             {
                 "node": r["node"],
                 "cluster": r["cluster"],
-                "state": r["liveness"],
-                "connected": r["connected"],
+                "state": display_state(n),
+                "workflow": r["health"],
+                "detail": r["health_detail"],
+                "liveness": r["liveness"],
                 "last report": r["last_report"],
-                "seconds since report": r["seconds_since_report"],
                 "GPUs": r["gpu_count"],
                 "GPUs lost": r["gpus_lost"],
+                "models": ", ".join(sorted({g.model for g in n.gpus if g.model})),
                 "util %": r["util_gpu_mean_pct"],
                 "HBM used GiB": None if r["hbm_used_bytes"] is None else r["hbm_used_bytes"] / GIB,
                 "HBM total GiB": None if r["hbm_total_bytes"] is None else r["hbm_total_bytes"] / GIB,
@@ -40,36 +66,185 @@ def nodes_frame(resp: fleet_pb2.ListNodesResponse) -> pd.DataFrame:
                 "power W": r["power_w"],
             }
         )
-    return pd.DataFrame(rows)
+    return pd.DataFrame(
+        rows,
+        columns=[
+            "node",
+            "cluster",
+            "state",
+            "workflow",
+            "detail",
+            "liveness",
+            "last report",
+            "GPUs",
+            "GPUs lost",
+            "models",
+            "util %",
+            "HBM used GiB",
+            "HBM total GiB",
+            "max temp °C",
+            "power W",
+        ],
+    )
+
+
+def _opt(msg: object, name: str) -> float | None:
+    return getattr(msg, name) if msg.HasField(name) else None  # type: ignore[attr-defined]
 
 
 def gpus_frame(resp: fleet_pb2.ListNodesResponse) -> pd.DataFrame:
     """One row per GPU: the heat map's cells. Absent values stay NaN (shown as gaps)."""
     rows = []
     for n in resp.nodes:
+        state = display_state(n)
         for g in n.gpus:
-            used = g.hbm_used_bytes if g.HasField("hbm_used_bytes") else None
-            total = g.hbm_total_bytes if g.HasField("hbm_total_bytes") else None
+            used, total = _opt(g, "hbm_used_bytes"), _opt(g, "hbm_total_bytes")
             rows.append(
                 {
                     "node": n.node,
                     "cluster": n.cluster,
-                    "state": liveness_name(n.liveness),
+                    "state": state,
+                    "liveness": liveness_name(n.liveness),
                     "gpu": g.index,
                     "model": g.model,
                     "uuid": g.uuid,
                     "lost": g.lost,
-                    "util_gpu_pct": g.util_gpu_pct if g.HasField("util_gpu_pct") else None,
+                    "util_gpu_pct": _opt(g, "util_gpu_pct"),
                     "hbm_used_pct": 100 * used / total if used is not None and total else None,
-                    "temp_gpu_c": g.temp_gpu_c if g.HasField("temp_gpu_c") else None,
-                    "power_w": g.power_w if g.HasField("power_w") else None,
+                    "temp_gpu_c": _opt(g, "temp_gpu_c"),
+                    "power_w": _opt(g, "power_w"),
                 }
             )
     return pd.DataFrame(
-        rows, columns=["node", "cluster", "state", "gpu", "model", "uuid", "lost", *HEAT_METRICS.values()]
+        rows,
+        columns=[
+            "node",
+            "cluster",
+            "state",
+            "liveness",
+            "gpu",
+            "model",
+            "uuid",
+            "lost",
+            *HEAT_METRICS.values(),
+        ],
     )
 
 
+def headline(nodes: pd.DataFrame, gpus: pd.DataFrame) -> dict[str, object]:
+    """GPUs in service / out of service / in repair, and the fleet's mean utilization (of the
+    GPUs that report it; absent values do not count as 0)."""
+    per_state = gpus.groupby("state").size() if not gpus.empty else pd.Series(dtype=int)
+    in_repair = int(per_state.get("in repair", 0))
+    out = int(sum(per_state.get(s, 0) for s in ("cordoned", "quarantined", "silent")))
+    util = gpus["util_gpu_pct"].mean() if not gpus.empty else float("nan")
+    return {
+        "nodes": len(nodes),
+        "GPUs in service": int(len(gpus) - in_repair - out),
+        "GPUs out of service": out,
+        "GPUs in repair": in_repair,
+        "fleet mean utilization": None if pd.isna(util) else float(util),
+    }
+
+
+# --- inference ----------------------------------------------------------------------
+KV_BOUND_USAGE = 0.90
+KV_BOUND_USAGE_WITH_QUEUE = 0.75
+COMPUTE_BOUND_UTIL_PCT = 70.0
+CLASS_RULE = (
+    f"**idle**: no request running or waiting. **KV-bound**: KV-cache usage ≥ {KV_BOUND_USAGE:.0%}, "
+    f"or ≥ {KV_BOUND_USAGE_WITH_QUEUE:.0%} with requests waiting or preemptions seen — the cache, "
+    "not the GPU, limits the batch. **compute-bound**: busy with KV-cache room to spare — the GPUs "
+    f"(mean utilization, ≥ {COMPUTE_BOUND_UTIL_PCT:.0f} % for most) are the limit. **unknown**: the "
+    "engine does not report enough to tell."
+)
+
+
+def classify(engine: telemetry_pb2.EngineSample, gpu_util_pct: float | None) -> str:
+    if not engine.readable:
+        return "unreadable"
+    kv = _opt(engine, "kv_cache_usage_ratio")
+    running, waiting = _opt(engine, "requests_running"), _opt(engine, "requests_waiting")
+    preemptions = _opt(engine, "preemptions_total")
+    if running is not None and waiting is not None and running == 0 and waiting == 0:
+        return "idle"
+    if kv is None:
+        return "unknown"
+    queued = (waiting or 0) > 0 or (preemptions or 0) > 0
+    if kv >= KV_BOUND_USAGE or (kv >= KV_BOUND_USAGE_WITH_QUEUE and queued):
+        return "KV-bound"
+    if running is None and gpu_util_pct is None:
+        return "unknown"
+    return "compute-bound"
+
+
+def replicas_frame(resp: fleet_pb2.ListNodesResponse) -> pd.DataFrame:
+    """One row per engine replica in the fleet, next to its GPUs' mean utilization."""
+    rows = []
+    for n in resp.nodes:
+        util = {g.index: _opt(g, "util_gpu_pct") for g in n.gpus}
+        for e in n.engines:
+            values = [util[i] for i in e.gpu_indices if util.get(i) is not None]
+            gpu_util = sum(values) / len(values) if values else None
+            rows.append(
+                {
+                    "node": n.node,
+                    "engine": e.engine,
+                    "model": e.model,
+                    "port": e.port,
+                    "GPUs": ",".join(str(i) for i in e.gpu_indices),
+                    "GPU util %": gpu_util,
+                    "KV-cache usage %": None
+                    if _opt(e, "kv_cache_usage_ratio") is None
+                    else 100 * e.kv_cache_usage_ratio,
+                    "running": _opt(e, "requests_running"),
+                    "waiting": _opt(e, "requests_waiting"),
+                    "preemptions": _opt(e, "preemptions_total"),
+                    "class": classify(e, gpu_util),
+                    "status": "ok" if e.readable else f"unreadable: {e.unreadable_reason}",
+                }
+            )
+    return pd.DataFrame(
+        rows,
+        columns=[
+            "node",
+            "engine",
+            "model",
+            "port",
+            "GPUs",
+            "GPU util %",
+            "KV-cache usage %",
+            "running",
+            "waiting",
+            "preemptions",
+            "class",
+            "status",
+        ],
+    )
+
+
+def engines_frame(engines: list) -> pd.DataFrame:
+    """One node's replicas; unreadable ones show why, and absent values stay empty."""
+    return pd.DataFrame(
+        [
+            {
+                "engine": e.engine,
+                "model": e.model,
+                "port": e.port,
+                "GPUs": ",".join(str(i) for i in e.gpu_indices),
+                "KV-cache usage": _opt(e, "kv_cache_usage_ratio"),
+                "running": _opt(e, "requests_running"),
+                "waiting": _opt(e, "requests_waiting"),
+                "preemptions": _opt(e, "preemptions_total"),
+                "prefix-cache hit ratio": _opt(e, "prefix_cache_hit_ratio"),
+                "status": "ok" if e.readable else f"unreadable: {e.unreadable_reason}",
+            }
+            for e in engines
+        ]
+    )
+
+
+# --- history --------------------------------------------------------------------------
 def history_frame(resp: fleet_pb2.HistoryResponse) -> pd.DataFrame:
     """Long format: time, series label, value, plus every tag as a column (for CSV)."""
     rows = []
@@ -85,26 +260,91 @@ def history_frame(resp: fleet_pb2.HistoryResponse) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def engines_frame(engines: list) -> pd.DataFrame:
-    """One row per engine replica; unreadable ones show why, and absent values stay empty."""
-
-    def value(engine: object, name: str) -> float | None:
-        return getattr(engine, name) if engine.HasField(name) else None  # type: ignore[attr-defined]
-
+def xid_frame(events: list[telemetry_pb2.Event]) -> pd.DataFrame:
     return pd.DataFrame(
         [
             {
-                "engine": e.engine,
-                "model": e.model,
-                "port": e.port,
-                "GPUs": ",".join(str(i) for i in e.gpu_indices),
-                "KV-cache usage": value(e, "kv_cache_usage_ratio"),
-                "running": value(e, "requests_running"),
-                "waiting": value(e, "requests_waiting"),
-                "preemptions": value(e, "preemptions_total"),
-                "prefix-cache hit ratio": value(e, "prefix_cache_hit_ratio"),
-                "status": "ok" if e.readable else f"unreadable: {e.unreadable_reason}",
+                "time": pd.Timestamp(iso(e.time_unix_ns)),
+                "xid": e.xid,
+                "gpu": e.gpu_index if e.HasField("gpu_index") else None,
+                "message": e.message,
             }
-            for e in engines
-        ]
+            for e in events
+            if e.kind == vocabulary_pb2.EVENT_KIND_XID
+        ],
+        columns=["time", "xid", "gpu", "message"],
+    )
+
+
+# --- repairs --------------------------------------------------------------------------
+def incidents_frame(incidents: list[fleet_pb2.Incident]) -> pd.DataFrame:
+    rows = []
+    for i in incidents:
+        worst = max(i.findings, key=lambda f: f.severity, default=None)
+        rows.append(
+            {
+                "incident": i.id,
+                "node": i.node,
+                "state": health_name(i.state) if i.open else "closed",
+                "opened": pd.Timestamp(iso(i.opened_unix_ns)),
+                "closed": pd.Timestamp(iso(i.closed_unix_ns)) if i.closed_unix_ns else pd.NaT,
+                "severity": severity_name(worst.severity) if worst else "",
+                "findings": ", ".join(
+                    f.code + ("" if not f.HasField("gpu_index") else f" (GPU {f.gpu_index})")
+                    for f in i.findings
+                ),
+                "action": action_name(worst.action) if worst else "",
+                "outcome": i.outcome,
+                "steps": len(i.actions),
+            }
+        )
+    return pd.DataFrame(
+        rows,
+        columns=[
+            "incident",
+            "node",
+            "state",
+            "opened",
+            "closed",
+            "severity",
+            "findings",
+            "action",
+            "outcome",
+            "steps",
+        ],
+    )
+
+
+def audit_frame(entries: list[fleet_pb2.AuditEntry]) -> pd.DataFrame:
+    return pd.DataFrame(
+        [
+            {
+                "time": pd.Timestamp(iso(e.time_unix_ns)),
+                "who": e.actor,
+                "node": e.node,
+                "action": e.action,
+                "outcome": e.outcome,
+                "why": e.reason,
+                "incident": e.incident_id,
+            }
+            for e in entries
+        ],
+        columns=["time", "who", "node", "action", "outcome", "why", "incident"],
+    )
+
+
+def queue_frame(status: fleet_pb2.RepairStatus) -> pd.DataFrame:
+    return pd.DataFrame(
+        [
+            {
+                "node": n.node,
+                "state": health_name(n.state),
+                "incident": n.incident_id,
+                "detail": n.detail,
+                "findings": ", ".join(f.code for f in n.findings),
+            }
+            for n in status.nodes
+            if health_name(n.state) != "healthy"
+        ],
+        columns=["node", "state", "incident", "detail", "findings"],
     )

@@ -251,7 +251,7 @@ class ListNodesRequest(_message.Message):
     def __init__(self, clusters: _Optional[_Iterable[str]] = ..., liveness: _Optional[_Iterable[_Union[_vocabulary_pb2.Liveness, str]]] = ...) -> None: ...
 
 class NodeSummary(_message.Message):
-    __slots__ = ("node", "cluster", "liveness", "last_report_unix_ns", "seconds_since_report", "boot_id", "last_seq", "interval_s", "simulated", "driver_version", "gpu_count", "gpus", "connected", "health", "health_detail")
+    __slots__ = ("node", "cluster", "liveness", "last_report_unix_ns", "seconds_since_report", "boot_id", "last_seq", "interval_s", "simulated", "driver_version", "gpu_count", "gpus", "connected", "health", "health_detail", "engines")
     NODE_FIELD_NUMBER: _ClassVar[int]
     CLUSTER_FIELD_NUMBER: _ClassVar[int]
     LIVENESS_FIELD_NUMBER: _ClassVar[int]
@@ -267,6 +267,7 @@ class NodeSummary(_message.Message):
     CONNECTED_FIELD_NUMBER: _ClassVar[int]
     HEALTH_FIELD_NUMBER: _ClassVar[int]
     HEALTH_DETAIL_FIELD_NUMBER: _ClassVar[int]
+    ENGINES_FIELD_NUMBER: _ClassVar[int]
     node: str
     cluster: str
     liveness: _vocabulary_pb2.Liveness
@@ -282,7 +283,8 @@ class NodeSummary(_message.Message):
     connected: bool
     health: _vocabulary_pb2.NodeHealth
     health_detail: str
-    def __init__(self, node: _Optional[str] = ..., cluster: _Optional[str] = ..., liveness: _Optional[_Union[_vocabulary_pb2.Liveness, str]] = ..., last_report_unix_ns: _Optional[int] = ..., seconds_since_report: _Optional[float] = ..., boot_id: _Optional[str] = ..., last_seq: _Optional[int] = ..., interval_s: _Optional[float] = ..., simulated: _Optional[bool] = ..., driver_version: _Optional[str] = ..., gpu_count: _Optional[int] = ..., gpus: _Optional[_Iterable[_Union[_telemetry_pb2.GpuSample, _Mapping]]] = ..., connected: _Optional[bool] = ..., health: _Optional[_Union[_vocabulary_pb2.NodeHealth, str]] = ..., health_detail: _Optional[str] = ...) -> None: ...
+    engines: _containers.RepeatedCompositeFieldContainer[_telemetry_pb2.EngineSample]
+    def __init__(self, node: _Optional[str] = ..., cluster: _Optional[str] = ..., liveness: _Optional[_Union[_vocabulary_pb2.Liveness, str]] = ..., last_report_unix_ns: _Optional[int] = ..., seconds_since_report: _Optional[float] = ..., boot_id: _Optional[str] = ..., last_seq: _Optional[int] = ..., interval_s: _Optional[float] = ..., simulated: _Optional[bool] = ..., driver_version: _Optional[str] = ..., gpu_count: _Optional[int] = ..., gpus: _Optional[_Iterable[_Union[_telemetry_pb2.GpuSample, _Mapping]]] = ..., connected: _Optional[bool] = ..., health: _Optional[_Union[_vocabulary_pb2.NodeHealth, str]] = ..., health_detail: _Optional[str] = ..., engines: _Optional[_Iterable[_Union[_telemetry_pb2.EngineSample, _Mapping]]] = ...) -> None: ...
 
 class ListNodesResponse(_message.Message):
     __slots__ = ("nodes", "server_time_unix_ns")

@@ -7,34 +7,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from gpufleet.protos import fleet_pb2, telemetry_pb2, vocabulary_pb2
+from gpufleet.protos.names import action_value
 
 SEVERITIES = {
     "info": vocabulary_pb2.SEVERITY_INFO,
     "warning": vocabulary_pb2.SEVERITY_WARNING,
     "critical": vocabulary_pb2.SEVERITY_CRITICAL,
 }
-ACTIONS = [
-    n.removeprefix("ACTION_")
-    for n in (v.name for v in vocabulary_pb2.Action.DESCRIPTOR.values)
-    if n != "ACTION_UNSPECIFIED"
-]
 LADDER_STEPS = ("reset_gpu", "reboot", "ticket")
-
-
-def action_value(name: str) -> int:
-    return vocabulary_pb2.Action.Value(f"ACTION_{name}")
-
-
-def action_name(value: int) -> str:
-    return vocabulary_pb2.Action.Name(value).removeprefix("ACTION_")
-
-
-def health_name(value: int) -> str:
-    return vocabulary_pb2.NodeHealth.Name(value).removeprefix("NODE_HEALTH_").lower()
-
-
-def severity_name(value: int) -> str:
-    return vocabulary_pb2.Severity.Name(value).removeprefix("SEVERITY_").lower()
 
 
 @dataclass

@@ -13,8 +13,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from gpufleet.protos.names import ACTIONS
 from gpufleet.repair import xid_catalog
-from gpufleet.repair.model import ACTIONS, LADDER_STEPS, SEVERITIES, Finding
+from gpufleet.repair.model import LADDER_STEPS, SEVERITIES, Finding
 
 RULE_NAMES = (
     "ecc_uncorrected",

@@ -4,11 +4,14 @@ simulated collector (the browser test comes with the dashboard issue)."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 from conftest import Cluster, free_port, wait_until
 
-from gpufleet.protos import fleet_pb2
+from gpufleet.dashboard.data import classify
+from gpufleet.protos import fleet_pb2, telemetry_pb2
+from gpufleet.protos.names import health_name
 
 pytest.importorskip("streamlit")
 from streamlit.testing.v1 import AppTest
@@ -26,54 +29,167 @@ def app(monkeypatch: pytest.MonkeyPatch, fleet: str, token: str) -> AppTest:
     return AppTest.from_file(APP, default_timeout=60)
 
 
-def test_overview_node_and_history_pages(cluster: Cluster, monkeypatch: pytest.MonkeyPatch) -> None:
-    agg = cluster.aggregator()
-    cluster.collector("dash-1", agg.ingest, "--interval-s", "0.2", "--sim-gpus", "4", "--sim-engine", "vllm")
-    cluster.collector("dash-2", agg.ingest, "--interval-s", "0.2", "--sim-gpus", "4")
-    viewer = cluster.secrets.tokens["viewer"]
-    stub = agg.fleet_stub()
-    wait_until(
-        lambda: (
-            len(
-                stub.ListNodes(
-                    fleet_pb2.ListNodesRequest(), metadata=(("authorization", f"Bearer {viewer}"),)
-                ).nodes
-            )
-            == 2
-            and len(
-                stub.QueryHistory(
-                    fleet_pb2.HistoryRequest(metric="util_gpu_pct", nodes=["dash-1"]),
-                    metadata=(("authorization", f"Bearer {viewer}"),),
-                ).series
-            )
-            == 4
-        ),
-        30,
-        "two nodes with history",
+FAULTS = """
+[[fault]]
+at_s = 1.0
+gpu = 1
+kind = "xid"
+xid = 79
+node = "dash-2"
+
+[[fault]]
+at_s = 1.0
+gpu = 1
+kind = "lost"
+node = "dash-2"
+"""
+
+
+def viewer_meta(cluster: Cluster) -> tuple[tuple[str, str], ...]:
+    return (("authorization", f"Bearer {cluster.secrets.tokens['viewer']}"),)
+
+
+def fleet_with_a_quarantined_node(cluster: Cluster) -> Any:
+    """dash-1 healthy with a vLLM replica; dash-2 quarantined (XID 79, its GPU lost: the
+    simulated reset fails and no reboot or ticket command is configured)."""
+    policy = cluster.tmp / "policy.toml"
+    policy.write_text("[workflow]\nvalidate_s = 2.0\n")
+    agg = cluster.aggregator(
+        "aggregator",
+        0,
+        0,
+        None,
+        "--repair-policy-file",
+        str(policy),
+        "--repair-interval-s",
+        "0.2",
+        "--repair-max-out-of-service-fraction",
+        "1",
     )
-    at = app(monkeypatch, agg.fleet, viewer).run()
+    (cluster.tmp / "faults.toml").write_text(FAULTS)
+    for node, extra in (("dash-1", ["--sim-engine", "vllm"]), ("dash-2", [])):
+        cluster.collector(
+            node,
+            agg.ingest,
+            "--interval-s",
+            "0.5",
+            "--sim-gpus",
+            "4",
+            "--sim-scenario",
+            str(cluster.tmp / "faults.toml"),
+            *extra,
+        )
+    stub = agg.fleet_stub()
+
+    def ready() -> bool:
+        nodes = stub.ListNodes(fleet_pb2.ListNodesRequest(), metadata=viewer_meta(cluster)).nodes
+        history = stub.QueryHistory(
+            fleet_pb2.HistoryRequest(metric="util_gpu_pct", nodes=["dash-1"]), metadata=viewer_meta(cluster)
+        ).series
+        states = {n.node: health_name(n.health) for n in nodes}
+        return states == {"dash-1": "healthy", "dash-2": "quarantined"} and len(history) == 4
+
+    wait_until(ready, 60, "two nodes with history, dash-2 quarantined")
+    return agg
+
+
+def test_every_page_against_a_simulated_fleet(cluster: Cluster, monkeypatch: pytest.MonkeyPatch) -> None:
+    agg = fleet_with_a_quarantined_node(cluster)
+    at = app(monkeypatch, agg.fleet, cluster.secrets.tokens["viewer"]).run()
     assert not at.exception, at.exception
     metrics = {m.label: m.value for m in at.metric}
-    assert metrics["nodes"] == "2" and metrics["reporting"] == "2" and metrics["GPUs"] == "8"
-    assert metrics["GPUs lost"] == "0" and metrics["fleet mean utilization"].endswith("%")
+    assert metrics["nodes"] == "2" and metrics["GPUs in service"] == "4"
+    assert metrics["GPUs out of service"] == "4" and metrics["GPUs in repair"] == "0"
+    assert metrics["fleet mean utilization"].endswith("%")
     table = at.dataframe[0].value
-    assert list(table["node"]) == ["dash-1", "dash-2"] and list(table["GPUs"]) == [4, 4]
+    assert list(table["node"]) == ["dash-1", "dash-2"] and list(table["state"]) == ["healthy", "quarantined"]
+    at.multiselect[2].set_value(["quarantined"]).run()  # the state filter
+    assert list(at.dataframe[0].value["node"]) == ["dash-2"]
+
+    at.sidebar.radio[0].set_value("Inference").run()
+    assert not at.exception, at.exception
+    assert any("KV-bound" in m.value and "compute-bound" in m.value for m in at.markdown), (
+        "the rule is stated"
+    )
+    replicas = at.dataframe[0].value
+    assert list(replicas["node"]) == ["dash-1"] and list(replicas["engine"]) == ["vllm"]
+    assert replicas["class"][0] in ("KV-bound", "compute-bound", "idle")
+    assert 0 <= replicas["KV-cache usage %"][0] <= 100 and replicas["GPUs"][0] == "0,1,2,3"
+
+    at.sidebar.radio[0].set_value("Failures and repairs").run()
+    assert not at.exception, at.exception
+    assert any("Repair breaker ok" in s.value for s in at.success)
+    queue = at.dataframe[0].value
+    assert list(queue["node"]) == ["dash-2"] and list(queue["state"]) == ["quarantined"]
+    incidents = at.dataframe[1].value
+    assert list(incidents["node"]) == ["dash-2"] and "xid_79" in incidents["findings"][0]
+    steps = at.dataframe[3].value  # the chosen incident's actions
+    assert {"cordon", "reset_gpu"} <= set(steps["action"])
+    audit = at.dataframe[4].value
+    assert "cordon" in set(audit["action"]) and set(audit["who"]) == {"automation"}
 
     at.sidebar.radio[0].set_value("Node").run()
     assert not at.exception, at.exception
-    gpus = at.dataframe[1].value
+    assert any("need an operator token" in c.value for c in at.caption), "a viewer sees no actions"
+    gpus = at.dataframe[0].value
     assert list(gpus["gpu"]) == [0, 1, 2, 3] and gpus["uuid"].str.startswith("GPU-").all()
-    engines = at.dataframe[2].value
+    engines = at.dataframe[1].value
     assert list(engines["engine"]) == ["vllm"] and list(engines["status"]) == ["ok"]
-    assert 0 <= engines["KV-cache usage"][0] <= 1 and engines["GPUs"][0] == "0,1,2,3"
     at.selectbox[0].set_value("dash-2").run()
-    assert any("No inference engines" in c.value for c in at.caption)
+    assert not at.exception, at.exception
+    metrics = {m.label: m.value for m in at.metric}
+    assert metrics["state"] == "quarantined"
+    xids = at.dataframe[1].value
+    assert list(xids["xid"]) == [79] and list(xids["gpu"]) == [1]
+    assert any("No inference engines found on this node" in c.value for c in at.caption)
+    node_incidents = at.dataframe[2].value
+    assert list(node_incidents["state"]) == ["quarantined"]
 
     at.sidebar.radio[0].set_value("History explorer").run()
     assert not at.exception, at.exception
     history = at.dataframe[0].value
     assert {"time", "series", "util_gpu_pct", "node", "gpu"} <= set(history.columns)
     assert set(history["node"]) == {"dash-1", "dash-2"}
+    at.multiselect[1].set_value([2]).run()  # GPU 2 only
+    assert set(at.dataframe[0].value["gpu"]) == {"2"}
+
+
+def test_operator_uncordons_from_the_node_page(cluster: Cluster, monkeypatch: pytest.MonkeyPatch) -> None:
+    agg = fleet_with_a_quarantined_node(cluster)
+    at = app(monkeypatch, agg.fleet, cluster.secrets.tokens["ops"]).run()
+    at.sidebar.radio[0].set_value("Node").run()
+    at.selectbox[0].set_value("dash-2").run()
+    assert at.radio[0].value == "uncordon", "a quarantined node is offered uncordon first"
+    at.button[0].click().run()  # no reason, no confirmation
+    assert any("A reason is required" in e.value for e in at.error)
+    at.text_input[0].set_value("GPU 1 reseated")
+    at.checkbox[0].check()
+    at.button[0].click().run()
+    assert not at.exception, at.exception
+    assert any("uncordon done, now healthy" in s.value for s in at.success), [s.value for s in at.success]
+    nodes = agg.fleet_stub().ListNodes(fleet_pb2.ListNodesRequest(), metadata=viewer_meta(cluster)).nodes
+    assert {n.node: health_name(n.health) for n in nodes}["dash-2"] == "healthy"
+    audit = agg.fleet_stub().ListAudit(
+        fleet_pb2.ListAuditRequest(node="dash-2"), metadata=viewer_meta(cluster)
+    )
+    assert (audit.entries[-1].actor, audit.entries[-1].action, audit.entries[-1].reason) == (
+        "ops",
+        "uncordon",
+        "GPU 1 reseated",
+    )
+
+
+def test_kv_bound_compute_bound_idle_rule() -> None:
+    def cls(util: float | None, **values: float) -> str:
+        return classify(telemetry_pb2.EngineSample(engine="vllm", readable=True, **values), util)
+
+    assert cls(0.0, requests_running=0, requests_waiting=0, kv_cache_usage_ratio=0.0) == "idle"
+    assert cls(40.0, requests_running=8, requests_waiting=0, kv_cache_usage_ratio=0.95) == "KV-bound"
+    assert cls(60.0, requests_running=8, requests_waiting=3, kv_cache_usage_ratio=0.8) == "KV-bound"
+    assert cls(95.0, requests_running=8, requests_waiting=0, kv_cache_usage_ratio=0.4) == "compute-bound"
+    assert cls(97.0, requests_running=8, requests_waiting=3, kv_cache_usage_ratio=0.5) == "compute-bound"
+    assert cls(90.0, requests_running=8) == "unknown", "no KV-cache figure: no guess"
+    assert classify(telemetry_pb2.EngineSample(readable=False), None) == "unreadable"
 
 
 def test_unreachable_aggregator_is_a_plain_error(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -1,0 +1,39 @@
+"""The dashboard's one way to the aggregator: the Fleet API client the CLI uses, with errors
+shown as plain messages on the page instead of tracebacks."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import streamlit as st
+
+from gpufleet.cli.client import ClientError, FleetClient, resolve_client
+from gpufleet.protos import fleet_pb2
+
+
+@st.cache_resource
+def client() -> FleetClient:
+    return FleetClient(resolve_client(None, None, None))
+
+
+def call(method: str, request: object) -> Any:
+    """Call the Fleet API; on failure show what to do and stop this page's run."""
+    try:
+        return client().call(method, request)
+    except ClientError as exc:
+        st.error(str(exc))
+        st.stop()
+
+
+def try_call(method: str, request: object) -> tuple[Any, str]:
+    """Call the Fleet API; (answer, "") or (None, the error in plain words)."""
+    try:
+        return client().call(method, request), ""
+    except ClientError as exc:
+        return None, str(exc)
+
+
+def whoami() -> fleet_pb2.WhoAmIResponse:
+    if "whoami" not in st.session_state:
+        st.session_state["whoami"] = call("WhoAmI", fleet_pb2.WhoAmIRequest())
+    return st.session_state["whoami"]

@@ -1,0 +1,130 @@
+"""One node: its state, GPUs and engines now; per-GPU time series with the node's XIDs marked;
+engine series; its incident history; and, for operators, cordon / uncordon."""
+
+from __future__ import annotations
+
+import altair as alt
+import streamlit as st
+
+from gpufleet.cli.timeparse import parse_duration_ns, parse_time_ns
+from gpufleet.dashboard import actions
+from gpufleet.dashboard.data import (
+    display_state,
+    engines_frame,
+    gpus_frame,
+    history_frame,
+    incidents_frame,
+    xid_frame,
+)
+from gpufleet.dashboard.fleet import call
+from gpufleet.protos import fleet_pb2
+from gpufleet.protos.names import health_name
+
+GPU_SERIES = {
+    "GPU utilization %": "util_gpu_pct",
+    "HBM used bytes": "hbm_used_bytes",
+    "GPU temperature °C": "temp_gpu_c",
+    "power W": "power_w",
+    "uncorrected ECC errors (volatile)": "ecc_dbe_volatile",
+    "corrected ECC errors (volatile)": "ecc_sbe_volatile",
+    "remapped rows (uncorrectable)": "remap_uncorrectable",
+}
+ENGINE_SERIES = {
+    "KV-cache usage": "kv_cache_usage_ratio",
+    "requests waiting": "requests_waiting",
+    "requests running": "requests_running",
+    "preemptions": "preemptions_total",
+}
+
+
+def render() -> None:
+    st.header("Node")
+    names = [n.node for n in call("ListNodes", fleet_pb2.ListNodesRequest()).nodes]
+    if not names:
+        st.info("No nodes have reported to this aggregator yet.")
+        return
+    default = names.index(st.session_state["node"]) if st.session_state.get("node") in names else 0
+    name = st.selectbox("node", names, index=default, key="node_select")
+    st.session_state["node"] = name
+    detail = call("GetNode", fleet_pb2.GetNodeRequest(node=name))
+    s = detail.summary
+    cols = st.columns(4)
+    cols[0].metric("state", display_state(s))
+    cols[1].metric("workflow", health_name(s.health))
+    cols[2].metric("GPUs", s.gpu_count)
+    cols[3].metric("seconds since report", f"{s.seconds_since_report:.1f}")
+    if s.health_detail:
+        st.caption(s.health_detail)
+    actions.render(name, health_name(s.health))
+
+    resp = fleet_pb2.ListNodesResponse(nodes=[s])
+    st.dataframe(
+        gpus_frame(resp).drop(columns=["node", "cluster", "state", "liveness"]),
+        hide_index=True,
+        use_container_width=True,
+    )
+    c1, c2 = st.columns(2)
+    label = c1.selectbox("GPU series", list(GPU_SERIES))
+    since = c2.selectbox("range", ["15m", "1h", "6h", "24h", "7d"], index=0)
+    metric = GPU_SERIES[label]
+    hist = call(
+        "QueryHistory",
+        fleet_pb2.HistoryRequest(metric=metric, nodes=[name], start_unix_ns=parse_time_ns(since)),
+    )
+    frame = history_frame(hist)
+    xids = xid_frame(list(detail.recent_events))
+    if frame.empty:
+        st.info(f"No {label} history for this node in the last {since}.")
+    else:
+        lines = (
+            alt.Chart(frame)
+            .mark_line()
+            .encode(
+                x=alt.X("time:T"),
+                y=alt.Y(f"{metric}:Q", title=label),
+                color=alt.Color("series:N", title="GPU"),
+            )
+        )
+        layers = [lines]
+        if not xids.empty:
+            xids = xids[xids["time"] >= frame["time"].min()]
+            layers.append(
+                alt.Chart(xids)
+                .mark_rule(color="#b2182b", strokeDash=[4, 3])
+                .encode(x="time:T", tooltip=["time", "xid", "gpu", "message"])
+            )
+        st.altair_chart(alt.layer(*layers), use_container_width=True)
+        st.caption("Dashed red lines: XIDs on this node (from the aggregator's live view).")
+    if not xids.empty:
+        st.dataframe(xids, hide_index=True, use_container_width=True)
+
+    if not detail.engines:
+        st.caption("No inference engines found on this node.")
+    else:
+        st.subheader("Inference engines")
+        st.dataframe(engines_frame(detail.engines), hide_index=True, use_container_width=True)
+        elabel = st.selectbox("engine series", list(ENGINE_SERIES))
+        ehist = history_frame(
+            call(
+                "QueryHistory",
+                fleet_pb2.HistoryRequest(
+                    metric=ENGINE_SERIES[elabel],
+                    nodes=[name],
+                    start_unix_ns=parse_time_ns(since),
+                    step_ns=parse_duration_ns("10s") if since == "15m" else 0,
+                ),
+            )
+        )
+        if ehist.empty:
+            st.caption("No engine history in this range.")
+        else:
+            st.line_chart(ehist, x="time", y=ENGINE_SERIES[elabel], color="series")
+
+    st.subheader("Incidents")
+    incidents = incidents_frame(
+        list(call("ListIncidents", fleet_pb2.ListIncidentsRequest(node=name)).incidents)
+    )
+    if incidents.empty:
+        st.caption("No incidents on this node.")
+    else:
+        st.dataframe(incidents.drop(columns=["node"]), hide_index=True, use_container_width=True)

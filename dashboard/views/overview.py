@@ -1,0 +1,83 @@
+"""Fleet overview: headline counts, a heat map of every GPU by node and index coloured by the
+chosen metric, each node's health state beside it, filters, and the node table."""
+
+from __future__ import annotations
+
+import altair as alt
+import pandas as pd
+import streamlit as st
+
+from gpufleet.dashboard.data import HEAT_METRICS, STATE_COLOURS, STATES, gpus_frame, headline, nodes_frame
+from gpufleet.dashboard.fleet import call
+from gpufleet.protos import fleet_pb2
+
+
+def render() -> None:
+    st.header("Fleet overview")
+    resp = call("ListNodes", fleet_pb2.ListNodesRequest())
+    nodes, gpus = nodes_frame(resp), gpus_frame(resp)
+    if nodes.empty:
+        st.info("No nodes have reported to this aggregator yet. Start collectors, or `gpufleet demo`.")
+        return
+    f1, f2, f3, f4 = st.columns(4)
+    clusters = f1.multiselect("cluster", sorted(nodes["cluster"].unique()))
+    models = f2.multiselect("model", sorted(m for m in gpus["model"].unique() if m))
+    wanted = f3.multiselect("state", STATES)
+    shown = f4.selectbox("heat map shows", list(HEAT_METRICS))
+    if clusters:
+        gpus, nodes = gpus[gpus["cluster"].isin(clusters)], nodes[nodes["cluster"].isin(clusters)]
+    if models:
+        gpus = gpus[gpus["model"].isin(models)]
+        nodes = nodes[nodes["node"].isin(gpus["node"])]
+    if wanted:
+        gpus, nodes = gpus[gpus["state"].isin(wanted)], nodes[nodes["state"].isin(wanted)]
+
+    counts = headline(nodes, gpus)
+    cols = st.columns(5)
+    cols[0].metric("nodes", counts["nodes"])
+    cols[1].metric("GPUs in service", counts["GPUs in service"])
+    cols[2].metric("GPUs out of service", counts["GPUs out of service"])
+    cols[3].metric("GPUs in repair", counts["GPUs in repair"])
+    util = counts["fleet mean utilization"]
+    cols[4].metric("fleet mean utilization", "N/A" if util is None else f"{util:.0f} %")
+    if gpus.empty:
+        st.info("No GPU matches these filters.")
+        return
+    st.altair_chart(heat_map(gpus, shown), use_container_width=True)
+    st.caption(
+        "Left column: the node's state (silent: its collector is not heard from). Grey cells: the GPU "
+        "did not report this value (absent, not zero)."
+    )
+    st.dataframe(nodes.round(1), hide_index=True, use_container_width=True)
+
+
+def heat_map(gpus: pd.DataFrame, shown: str) -> alt.HConcatChart:
+    column = HEAT_METRICS[shown]
+    domain = [0, 100] if column.endswith("_pct") else None
+    scale = alt.Scale(scheme="viridis", domain=domain) if domain else alt.Scale(scheme="viridis")
+    n_nodes = max(1, gpus["node"].nunique())
+    row_px = 26 if n_nodes <= 40 else max(2, 1200 // n_nodes)  # readable labels, or fit a big fleet
+    y = alt.Y("node:N", title=None, sort="ascending", axis=alt.Axis(labels=row_px >= 10))
+    state_strip = (
+        alt.Chart(gpus.drop_duplicates("node"))
+        .mark_rect()
+        .encode(
+            x=alt.X("label:N", title=None, axis=alt.Axis(labelAngle=0)),
+            y=y,
+            color=alt.Color("state:N", scale=alt.Scale(domain=STATES, range=STATE_COLOURS), title="state"),
+            tooltip=["node", "state", "liveness"],
+        )
+        .transform_calculate(label="'state'")
+        .properties(width=40, height=alt.Step(row_px))
+    )
+    base = alt.Chart(gpus).encode(
+        x=alt.X("gpu:O", title="GPU index"),
+        y=alt.Y("node:N", title=None, sort="ascending", axis=None),
+        tooltip=["node", "gpu", "model", "uuid", "state", "lost", alt.Tooltip(f"{column}:Q", format=".1f")],
+    )
+    # Grey underneath, value on top: a GPU that did not report the value stays grey.
+    heat = alt.layer(
+        base.mark_rect(color="#d9d9d9"),
+        base.mark_rect().encode(color=alt.Color(f"{column}:Q", title=shown, scale=scale)),
+    ).properties(height=alt.Step(row_px))
+    return alt.hconcat(state_strip, heat, spacing=4).resolve_scale(color="independent")

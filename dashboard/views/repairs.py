@@ -1,0 +1,87 @@
+"""Failures and repairs: the breaker, the repair queue, the incident timeline with each
+incident's findings, actions and outcome, and the audit log."""
+
+from __future__ import annotations
+
+import altair as alt
+import pandas as pd
+import streamlit as st
+
+from gpufleet.cli.timeparse import iso
+from gpufleet.dashboard.data import audit_frame, incidents_frame, queue_frame
+from gpufleet.dashboard.fleet import call
+from gpufleet.protos import fleet_pb2
+from gpufleet.protos.names import action_name, severity_name
+
+
+def render() -> None:
+    st.header("Failures and repairs")
+    status = call("GetRepairStatus", fleet_pb2.RepairStatusRequest())
+    if status.breaker_tripped:
+        st.error(
+            f"Repair breaker TRIPPED at {iso(status.breaker_tripped_unix_ns)}: {status.breaker_reason}. "
+            "All automatic action is halted until an operator runs `gpufleet breaker reset --reason ...`."
+        )
+    else:
+        st.success(f"Repair breaker ok · backend {status.backend}" + (" · DRY RUN" if status.dry_run else ""))
+    cols = st.columns(3)
+    cols[0].metric("out of service", status.out_of_service)
+    cols[1].metric("cap", status.out_of_service_cap)
+    incidents = call("ListIncidents", fleet_pb2.ListIncidentsRequest(limit=500)).incidents
+    frame = incidents_frame(list(incidents))
+    cols[2].metric("open incidents", int((frame["state"] != "closed").sum()) if not frame.empty else 0)
+
+    st.subheader("Repair queue")
+    queue = queue_frame(status)
+    if queue.empty:
+        st.caption("No node is out of service or in repair.")
+    else:
+        st.dataframe(queue, hide_index=True, use_container_width=True)
+
+    st.subheader("Incidents")
+    if frame.empty:
+        st.caption("No incidents yet.")
+    else:
+        timeline = frame.assign(closed=frame["closed"].fillna(pd.Timestamp.now(tz="UTC")))
+        chart = (
+            alt.Chart(timeline)
+            .mark_bar(height=12)
+            .encode(
+                x=alt.X("opened:T", title="time"),
+                x2="closed:T",
+                y=alt.Y("node:N", title=None),
+                color=alt.Color("state:N"),
+                tooltip=["incident", "node", "state", "findings", "action", "outcome"],
+            )
+        )
+        st.altair_chart(chart, use_container_width=True)
+        st.dataframe(frame, hide_index=True, use_container_width=True)
+        chosen = st.selectbox("incident", list(frame["incident"]))
+        incident = next(i for i in incidents if i.id == chosen)
+        st.markdown(f"**{incident.id}** on **{incident.node}** — {incident.outcome or 'open'}")
+        st.dataframe(
+            pd.DataFrame(
+                [
+                    {
+                        "GPU": f.gpu_index if f.HasField("gpu_index") else None,
+                        "code": f.code,
+                        "severity": severity_name(f.severity),
+                        "action": action_name(f.action),
+                        "cordon": f.cordon,
+                        "evidence": f.evidence,
+                        "reason": f.reason,
+                    }
+                    for f in incident.findings
+                ]
+            ),
+            hide_index=True,
+            use_container_width=True,
+        )
+        st.dataframe(audit_frame(list(incident.actions)), hide_index=True, use_container_width=True)
+
+    st.subheader("Audit log")
+    audit = audit_frame(list(call("ListAudit", fleet_pb2.ListAuditRequest(limit=200)).entries))
+    if audit.empty:
+        st.caption("Nothing has been done yet.")
+    else:
+        st.dataframe(audit.iloc[::-1], hide_index=True, use_container_width=True)
