@@ -79,5 +79,5 @@ def heat_map(gpus: pd.DataFrame, shown: str) -> alt.HConcatChart:
     heat = alt.layer(
         base.mark_rect(color="#d9d9d9"),
         base.mark_rect().encode(color=alt.Color(f"{column}:Q", title=shown, scale=scale)),
-    ).properties(height=alt.Step(row_px))
+    ).properties(height=alt.Step(row_px), width=alt.Step(56))
     return alt.hconcat(state_strip, heat, spacing=4).resolve_scale(color="independent")

@@ -1,0 +1,89 @@
+"""The dashboard in a real browser: headless Chromium (Debian's chromium, driven by Playwright)
+loads every page from `gpufleet dashboard` against a real aggregator and simulated collectors,
+checks the page's key elements are there, and saves a PNG of each page in the folder the
+README names (build/screenshots/, or $GPUFLEET_SCREENSHOTS)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import urllib.request
+from pathlib import Path
+
+import pytest
+from conftest import Cluster, free_port, gpufleet_argv, wait_until
+from test_dashboard import fleet_with_a_quarantined_node
+
+sync_api = pytest.importorskip("playwright.sync_api")
+
+SHOTS = Path(
+    os.environ.get("GPUFLEET_SCREENSHOTS") or Path(__file__).resolve().parent.parent / "build" / "screenshots"
+)
+CHROMIUM_FLAGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
+# page label → text that must be on it once rendered
+PAGES = {
+    "Fleet overview": ["GPUs in service", "GPUs out of service", "fleet mean utilization", "quarantined"],
+    "Inference": ["KV-bound", "compute-bound", "replicas", "vllm"],
+    "Failures and repairs": ["Repair breaker ok", "Repair queue", "Incidents", "Audit log", "xid_79"],
+    "Node": ["workflow", "Inference engines", "Incidents", "need an operator token"],
+    "History explorer": ["History explorer", "Download CSV"],
+}
+
+
+def test_every_page_renders_in_chromium(cluster: Cluster) -> None:
+    chromium = shutil.which("chromium")
+    if chromium is None:
+        pytest.fail("chromium is not installed: scripts/install-test-deps.sh installs Debian's chromium")
+    agg = fleet_with_a_quarantined_node(cluster)
+    port = free_port()
+    cluster.spawn(
+        "dashboard",
+        gpufleet_argv(
+            "dashboard",
+            "--port",
+            str(port),
+            "--fleet",
+            agg.fleet,
+            "--token",
+            cluster.secrets.tokens["viewer"],
+        ),
+    )
+    url = f"http://127.0.0.1:{port}"
+    wait_until(
+        lambda: urllib.request.urlopen(f"{url}/_stcore/health", timeout=2).status == 200,
+        60,
+        "the dashboard to serve",
+    )
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    with sync_api.sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=chromium, args=CHROMIUM_FLAGS)
+        page = browser.new_page(viewport={"width": 1500, "height": 1100})
+        page.goto(url)
+        for label, expected in PAGES.items():
+            page.locator('[data-testid="stSidebar"]').get_by_text(label, exact=True).click()
+            page.get_by_role(
+                "heading", name=label if label != "Fleet overview" else "Fleet overview"
+            ).first.wait_for(timeout=60_000)
+            for text in expected:
+                # Table cells are drawn on a canvas; their text is in hidden accessibility cells.
+                page.get_by_text(text).first.wait_for(state="attached", timeout=60_000)
+            if label != "History explorer":
+                page.locator('[data-testid="stVegaLiteChart"], [data-testid="stDataFrame"]').first.wait_for(
+                    timeout=60_000
+                )
+            page.locator('[data-testid="stApp"][data-test-script-state="notRunning"]').wait_for(
+                timeout=60_000
+            )
+            assert not page.locator('[data-testid="stException"]').count(), f"{label}: a traceback is shown"
+            path = SHOTS / f"{label.lower().replace(' ', '-')}.png"
+            page.screenshot(path=str(path), full_page=True)
+            assert path.stat().st_size > 20_000, f"{path} looks empty"
+        browser.close()
