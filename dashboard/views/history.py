@@ -66,5 +66,5 @@ def render() -> None:
         f"{len(resp.series)} series, step {resp.step_ns / 1e9:g} s, {agg}, from {source}; unit: {unit}"
     )
     st.line_chart(frame, x="time", y=metric, color="series")
-    st.dataframe(frame, hide_index=True, use_container_width=True)
+    st.dataframe(frame, hide_index=True, width="stretch")
     st.download_button("Download CSV", frame.to_csv(index=False), f"{metric}.csv", "text/csv")

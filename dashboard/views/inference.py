@@ -48,5 +48,5 @@ def render() -> None:
             ],
         )
     )
-    st.altair_chart(chart, use_container_width=True)
-    st.dataframe(replicas.round(1), hide_index=True, use_container_width=True)
+    st.altair_chart(chart, width="stretch")
+    st.dataframe(replicas.round(1), hide_index=True, width="stretch")

@@ -61,7 +61,7 @@ def render() -> None:
     st.dataframe(
         gpus_frame(resp).drop(columns=["node", "cluster", "state", "liveness"]),
         hide_index=True,
-        use_container_width=True,
+        width="stretch",
     )
     c1, c2 = st.columns(2)
     label = c1.selectbox("GPU series", list(GPU_SERIES))
@@ -93,16 +93,16 @@ def render() -> None:
                 .mark_rule(color="#b2182b", strokeDash=[4, 3])
                 .encode(x="time:T", tooltip=["time", "xid", "gpu", "message"])
             )
-        st.altair_chart(alt.layer(*layers), use_container_width=True)
+        st.altair_chart(alt.layer(*layers), width="stretch")
         st.caption("Dashed red lines: XIDs on this node (from the aggregator's live view).")
     if not xids.empty:
-        st.dataframe(xids, hide_index=True, use_container_width=True)
+        st.dataframe(xids, hide_index=True, width="stretch")
 
     if not detail.engines:
         st.caption("No inference engines found on this node.")
     else:
         st.subheader("Inference engines")
-        st.dataframe(engines_frame(detail.engines), hide_index=True, use_container_width=True)
+        st.dataframe(engines_frame(detail.engines), hide_index=True, width="stretch")
         elabel = st.selectbox("engine series", list(ENGINE_SERIES))
         ehist = history_frame(
             call(
@@ -127,4 +127,4 @@ def render() -> None:
     if incidents.empty:
         st.caption("No incidents on this node.")
     else:
-        st.dataframe(incidents.drop(columns=["node"]), hide_index=True, use_container_width=True)
+        st.dataframe(incidents.drop(columns=["node"]), hide_index=True, width="stretch")

@@ -43,12 +43,12 @@ def render() -> None:
     if gpus.empty:
         st.info("No GPU matches these filters.")
         return
-    st.altair_chart(heat_map(gpus, shown), use_container_width=True)
+    st.altair_chart(heat_map(gpus, shown), width="stretch")
     st.caption(
         "Left column: the node's state (silent: its collector is not heard from). Grey cells: the GPU "
         "did not report this value (absent, not zero)."
     )
-    st.dataframe(nodes.round(1), hide_index=True, use_container_width=True)
+    st.dataframe(nodes.round(1), hide_index=True, width="stretch")
 
 
 def heat_map(gpus: pd.DataFrame, shown: str) -> alt.HConcatChart:

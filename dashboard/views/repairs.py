@@ -36,7 +36,7 @@ def render() -> None:
     if queue.empty:
         st.caption("No node is out of service or in repair.")
     else:
-        st.dataframe(queue, hide_index=True, use_container_width=True)
+        st.dataframe(queue, hide_index=True, width="stretch")
 
     st.subheader("Incidents")
     if frame.empty:
@@ -54,8 +54,8 @@ def render() -> None:
                 tooltip=["incident", "node", "state", "findings", "action", "outcome"],
             )
         )
-        st.altair_chart(chart, use_container_width=True)
-        st.dataframe(frame, hide_index=True, use_container_width=True)
+        st.altair_chart(chart, width="stretch")
+        st.dataframe(frame, hide_index=True, width="stretch")
         chosen = st.selectbox("incident", list(frame["incident"]))
         incident = next(i for i in incidents if i.id == chosen)
         st.markdown(f"**{incident.id}** on **{incident.node}** — {incident.outcome or 'open'}")
@@ -75,13 +75,13 @@ def render() -> None:
                 ]
             ),
             hide_index=True,
-            use_container_width=True,
+            width="stretch",
         )
-        st.dataframe(audit_frame(list(incident.actions)), hide_index=True, use_container_width=True)
+        st.dataframe(audit_frame(list(incident.actions)), hide_index=True, width="stretch")
 
     st.subheader("Audit log")
     audit = audit_frame(list(call("ListAudit", fleet_pb2.ListAuditRequest(limit=200)).entries))
     if audit.empty:
         st.caption("Nothing has been done yet.")
     else:
-        st.dataframe(audit.iloc[::-1], hide_index=True, use_container_width=True)
+        st.dataframe(audit.iloc[::-1], hide_index=True, width="stretch")
