@@ -18,7 +18,6 @@ Secrets file (TOML, readable only by the aggregator's user):
 
 from __future__ import annotations
 
-import base64
 import hashlib
 import hmac
 import os
@@ -26,6 +25,8 @@ import secrets
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
+
+from gpufleet.protos.credentials import collector_token
 
 ROLES = ("viewer", "operator")
 _ROLE_RANK = {role: i for i, role in enumerate(ROLES)}
@@ -42,11 +43,6 @@ class Principal:
 
     def has_role(self, role: str) -> bool:
         return _ROLE_RANK[self.role] >= _ROLE_RANK[role]
-
-
-def collector_token(secret: str, node: str) -> str:
-    digest = hmac.new(secret.encode(), b"gpufleet-collector\0" + node.encode(), hashlib.sha256)
-    return "gfc1_" + base64.urlsafe_b64encode(digest.digest()).decode().rstrip("=")
 
 
 def token_sha256(token: str) -> str:

@@ -9,6 +9,7 @@ from typing import Any
 
 from gpufleet.collector.simnvml import GPU_PROFILES
 from gpufleet.collector.sources.engines.scrape import parse_endpoints
+from gpufleet.protos.credentials import collector_token
 
 
 def _setting(default: Any, help_text: str, **kw: Any) -> Any:
@@ -26,6 +27,12 @@ class CollectorConfig:
         secret=True,
     )
     token_file: str = _setting("", "file holding the collector credential")
+    secret_file: str = _setting(
+        "",
+        "file holding the fleet's collector secret: derive this node's credential from it (for "
+        "Kubernetes DaemonSets; any host with the secret can report as any node, so prefer per-node "
+        "tokens where they can be issued)",
+    )
     interval_s: float = _setting(5.0, "seconds between samples")
     buffer_reports: int = _setting(
         3600,
@@ -95,6 +102,12 @@ class CollectorConfig:
             raise ValueError(f"aggregator={self.aggregator!r} must be host:port")
 
     def resolve_token(self) -> str:
+        if self.secret_file:
+            try:
+                with open(self.secret_file, encoding="utf-8") as fh:
+                    return collector_token(fh.read().strip(), self.node)
+            except OSError as exc:
+                raise ValueError(f"cannot read secret_file {self.secret_file!r}: {exc}") from exc
         if self.token_file:
             try:
                 with open(self.token_file, encoding="utf-8") as fh:

@@ -6,6 +6,7 @@
 #   slurmctld, slurmd (slurm-wlm)  the Slurm repair backend's tests drive a real Slurm
 #   munged (package munge)         Slurm's authentication
 #   chromium                       the dashboard's real-browser test
+#   systemd-analyze (systemd)      verifies deploy/systemd's units
 set -euo pipefail
 missing=()
 command -v promtool >/dev/null 2>&1 || missing+=(prometheus)
@@ -14,6 +15,7 @@ command -v influxd >/dev/null 2>&1 || missing+=(influxdb)
 command -v slurmctld >/dev/null 2>&1 || missing+=(slurm-wlm)
 command -v munged >/dev/null 2>&1 || missing+=(munge)
 command -v chromium >/dev/null 2>&1 || missing+=(chromium)
+command -v systemd-analyze >/dev/null 2>&1 || missing+=(systemd)
 [ ${#missing[@]} -eq 0 ] && exit 0
 if [ "$(id -u)" -ne 0 ] && ! command -v sudo >/dev/null 2>&1; then
   echo "install-test-deps: need ${missing[*]} (Debian packages); run as root or install them" >&2

@@ -1,0 +1,264 @@
+"""deploy/ checked offline: every manifest against the Kubernetes schema, the RBAC against the
+calls the Kubernetes backend makes, the systemd units with systemd-analyze, the Dockerfile with
+hadolint — and the aggregator and a collector started exactly as the units and the manifests
+say (same arguments, same environment), on loopback, with reports flowing."""
+
+from __future__ import annotations
+
+import configparser
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+import yaml
+from conftest import Cluster, free_port, wait_until
+from k8s_standin import KubeStandin
+
+from gpufleet.protos import fleet_pb2, fleet_pb2_grpc
+from gpufleet.repair.backends.kubernetes import API_CALLS
+
+DEPLOY = Path(__file__).resolve().parent.parent / "deploy"
+K8S = DEPLOY / "kubernetes"
+SYSTEMD = DEPLOY / "systemd"
+
+
+def docs(path: Path) -> list[dict[str, Any]]:
+    return [d for d in yaml.safe_load_all(path.read_text()) if d]
+
+
+def manifests() -> list[Path]:
+    return sorted(p for p in K8S.rglob("*.yaml") if p.name != "kustomization.yaml")
+
+
+def by_kind(kind: str, name: str) -> dict[str, Any]:
+    for path in manifests():
+        for d in docs(path):
+            if d["kind"] == kind and d["metadata"]["name"] == name:
+                return d
+    raise AssertionError(f"no {kind} {name} in {K8S}")
+
+
+def test_every_manifest_validates_against_the_kubernetes_schema() -> None:
+    import kubernetes_validate
+
+    for path in manifests():
+        for d in docs(path):
+            kubernetes_validate.validate(d, "1.33.0", strict=True)  # raises ValidationError, naming the field
+    listed = set(yaml.safe_load((K8S / "kustomization.yaml").read_text())["resources"])
+    assert listed == {p.name for p in K8S.glob("*.yaml") if p.name != "kustomization.yaml"}
+    component = yaml.safe_load((K8S / "components" / "influxdb" / "kustomization.yaml").read_text())
+    assert component["kind"] == "Component" and component["resources"] == ["influxdb.yaml"]
+
+
+def test_rbac_allows_exactly_what_the_kubernetes_backend_calls() -> None:
+    role = by_kind("ClusterRole", "gpufleet-repair")
+    granted = {
+        (g, r, v)
+        for rule in role["rules"]
+        for g in rule["apiGroups"]
+        for r in rule["resources"]
+        for v in rule["verbs"]
+    }
+    assert granted == API_CALLS
+    binding = by_kind("ClusterRoleBinding", "gpufleet-repair")
+    aggregator = by_kind("StatefulSet", "gpufleet-aggregator")
+    assert binding["subjects"][0]["name"] == aggregator["spec"]["template"]["spec"]["serviceAccountName"]
+
+
+def test_credentials_live_in_secrets_only() -> None:
+    config = by_kind("ConfigMap", "gpufleet-config")["data"]["gpufleet.toml"]
+    for word in ("token =", "password =", "secret ="):
+        assert word not in config
+    for path in manifests():
+        for d in docs(path):
+            for container in d.get("spec", {}).get("template", {}).get("spec", {}).get("containers", []):
+                for env in container.get("env", []):
+                    if any(w in env["name"] for w in ("TOKEN", "PASSWORD", "SECRET")) and "value" in env:
+                        assert env["value"].startswith("/"), (
+                            f"{path.name}: {env['name']} is a literal credential"
+                        )
+    assert "secret" not in (DEPLOY / "Dockerfile").read_text().lower().replace("secrets file", "")
+
+
+def test_collector_runs_on_gpu_nodes_only_with_what_nvml_and_xids_need() -> None:
+    spec = by_kind("DaemonSet", "gpufleet-collector")["spec"]["template"]["spec"]
+    assert spec["nodeSelector"] == {"nvidia.com/gpu.present": "true"} and spec["hostPID"] is True
+    (container,) = spec["containers"]
+    security = container["securityContext"]
+    assert security["capabilities"] == {"drop": ["ALL"], "add": ["SYSLOG"]}
+    assert security["allowPrivilegeEscalation"] is False and "privileged" not in security
+    assert {"livenessProbe", "readinessProbe", "resources"} <= set(container)
+    assert any(v.get("hostPath", {}).get("path") == "/dev/kmsg" for v in spec["volumes"])
+
+
+def test_systemd_units_verify(tmp_path: Path) -> None:
+    if shutil.which("systemd-analyze") is None:
+        pytest.fail("systemd-analyze is missing: scripts/install-test-deps.sh installs Debian's systemd")
+    gpufleet = Path(sys.executable).with_name("gpufleet")
+    for unit in SYSTEMD.glob("*.service"):
+        # Only the install path differs from a real host: verify checks that ExecStart exists.
+        copy = tmp_path / unit.name
+        copy.write_text(unit.read_text().replace("/opt/gpufleet/venv/bin/gpufleet", str(gpufleet)))
+        out = subprocess.run(["systemd-analyze", "verify", str(copy)], capture_output=True, text=True)
+        assert out.returncode == 0 and not out.stderr.strip(), f"{unit.name}: {out.stderr}"
+        text = unit.read_text()
+        for option in (
+            "NoNewPrivileges=yes",
+            "ProtectSystem=strict",
+            "PrivateTmp=yes",
+            "User=gpufleet",
+            "Restart=on-failure",
+            "EnvironmentFile=",
+        ):
+            assert option in text, f"{unit.name} lacks {option}"
+
+
+def test_dockerfile_passes_hadolint() -> None:
+    hadolint = Path(sys.executable).with_name("hadolint")
+    out = subprocess.run([str(hadolint), str(DEPLOY / "Dockerfile")], capture_output=True, text=True)
+    assert out.returncode == 0, out.stdout + out.stderr
+    text = (DEPLOY / "Dockerfile").read_text()
+    assert 'ENTRYPOINT ["gpufleet"]' in text and "USER 10001" in text
+
+
+def unit(name: str) -> tuple[list[str], dict[str, str]]:
+    """The unit's ExecStart arguments after the gpufleet binary, and its EnvironmentFile."""
+    parser = configparser.ConfigParser(strict=False, interpolation=None)
+    parser.optionxform = str  # type: ignore[assignment,method-assign]
+    parser.read_string((SYSTEMD / name).read_text())
+    argv = shlex.split(parser["Service"]["ExecStart"])[1:]
+    env_file = SYSTEMD / Path(parser["Service"]["EnvironmentFile"]).name
+    env = {}
+    for line in env_file.read_text().splitlines():
+        if line.strip() and not line.startswith("#"):
+            key, _, value = line.partition("=")
+            env[key] = value
+    return argv, env
+
+
+def config_file(argv: list[str], tmp: Path, text: str) -> list[str]:
+    """The same arguments, with --config pointing at a copy of the file it names."""
+    copy = tmp / f"gpufleet-{len(list(tmp.glob('gpufleet-*.toml')))}.toml"
+    copy.write_text(text)
+    return [str(copy) if a == "/etc/gpufleet/gpufleet.toml" else a for a in argv]
+
+
+class FleetAt:
+    """The Fleet API of an aggregator started from the deploy files."""
+
+    def __init__(self, address: str) -> None:
+        self.address = address
+
+    def fleet_stub(self) -> fleet_pb2_grpc.FleetStub:
+        return fleet_pb2_grpc.FleetStub(grpc.insecure_channel(self.address))
+
+
+def reported(agg: Any, cluster: Cluster, node: str) -> bool:
+    meta = (("authorization", f"Bearer {cluster.secrets.tokens['viewer']}"),)
+    nodes = agg.fleet_stub().ListNodes(fleet_pb2.ListNodesRequest(), metadata=meta).nodes
+    return any(n.node == node and n.last_seq >= 2 for n in nodes)
+
+
+def start(cluster: Cluster, name: str, argv: list[str], env: dict[str, str]) -> Any:
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("GPUFLEET_")}
+    return cluster.spawn(name, [sys.executable, "-m", "gpufleet.cli.main", *argv], env={**clean, **env})
+
+
+@pytest.mark.slow
+def test_systemd_units_start_the_components_as_written(cluster: Cluster) -> None:
+    ingest, fleet = free_port(), free_port()
+    agg_argv, agg_env = unit("gpufleet-aggregator.service")
+    # What differs from a real host, and only that: paths and loopback ports.
+    agg_env.update(
+        {
+            "GPUFLEET_AGGREGATOR_DATA_DIR": str(cluster.tmp / "data"),
+            "GPUFLEET_AGGREGATOR_SECRETS_FILE": str(cluster.secrets_path),
+            "GPUFLEET_AGGREGATOR_INGEST_LISTEN": f"127.0.0.1:{ingest}",
+            "GPUFLEET_AGGREGATOR_FLEET_LISTEN": f"127.0.0.1:{fleet}",
+            "GPUFLEET_AGGREGATOR_METRICS_LISTEN": "127.0.0.1:0",
+            "GPUFLEET_AGGREGATOR_REPAIR_BACKEND": "none",  # no slurmctld is needed to see reports flow
+        }
+    )
+    assert set(agg_env) >= {"GPUFLEET_AGGREGATOR_DATA_DIR", "GPUFLEET_AGGREGATOR_SECRETS_FILE"}
+    toml = (SYSTEMD / "gpufleet.toml").read_text()
+    start(cluster, "aggregator", config_file(agg_argv, cluster.tmp, toml), agg_env)
+    col_argv, col_env = unit("gpufleet-collector.service")
+    token = cluster.tmp / "collector.token"
+    token.write_text(cluster.secrets.collector_token("slurm-gpu-01"))
+    col_env.update(
+        {
+            "GPUFLEET_COLLECTOR_AGGREGATOR": f"127.0.0.1:{ingest}",
+            "GPUFLEET_COLLECTOR_TOKEN_FILE": str(token),
+            "GPUFLEET_COLLECTOR_METRICS_LISTEN": "127.0.0.1:0",
+            "GPUFLEET_COLLECTOR_NODE": "slurm-gpu-01",
+            "GPUFLEET_COLLECTOR_INTERVAL_S": "0.5",
+            "GPUFLEET_COLLECTOR_KMSG_PATH": "",  # this host's kernel log has no GPU
+            "GPUFLEET_COLLECTOR_SIMULATE": "true",  # no GPU here
+        }
+    )
+    start(cluster, "collector", config_file(col_argv, cluster.tmp, toml), col_env)
+    agg = FleetAt(f"127.0.0.1:{fleet}")
+    wait_until(lambda: reported(agg, cluster, "slurm-gpu-01"), 60, "reports from the unit-started collector")
+
+
+def container_env(container: dict[str, Any], values: dict[str, str]) -> dict[str, str]:
+    env = {}
+    for item in container.get("env", []):
+        if "value" in item:
+            env[item["name"]] = item["value"]
+        elif item["name"] in values:
+            env[item["name"]] = values[item["name"]]  # valueFrom: what the cluster would inject
+    return env
+
+
+@pytest.mark.slow
+def test_kubernetes_manifests_start_the_components_as_written(cluster: Cluster) -> None:
+    kube = KubeStandin()
+    kube.add_node("k8s-gpu-node-1")
+    ingest, fleet = free_port(), free_port()
+    toml = by_kind("ConfigMap", "gpufleet-config")["data"]["gpufleet.toml"]
+    agg_container = by_kind("StatefulSet", "gpufleet-aggregator")["spec"]["template"]["spec"]["containers"][0]
+    agg_env = container_env(agg_container, {})
+    agg_env.update(
+        {
+            "GPUFLEET_AGGREGATOR_DATA_DIR": str(cluster.tmp / "data"),
+            "GPUFLEET_AGGREGATOR_SECRETS_FILE": str(cluster.secrets_path),
+            "GPUFLEET_AGGREGATOR_INGEST_LISTEN": f"127.0.0.1:{ingest}",
+            "GPUFLEET_AGGREGATOR_FLEET_LISTEN": f"127.0.0.1:{fleet}",
+            "GPUFLEET_AGGREGATOR_METRICS_LISTEN": "127.0.0.1:0",
+            # The service account's in-cluster credentials, replaced by the API stand-in's.
+            "GPUFLEET_AGGREGATOR_REPAIR_KUBECONFIG": str(kube.kubeconfig(cluster.tmp / "kubeconfig")),
+        }
+    )
+    start(cluster, "aggregator", config_file(agg_container["args"], cluster.tmp, toml), agg_env)
+    col_container = by_kind("DaemonSet", "gpufleet-collector")["spec"]["template"]["spec"]["containers"][0]
+    secret = cluster.tmp / "collector-secret"
+    secret.write_text(cluster.secrets.secret)
+    col_env = container_env(col_container, {"GPUFLEET_COLLECTOR_NODE": "k8s-gpu-node-1"})
+    assert col_env["GPUFLEET_COLLECTOR_SECRET_FILE"] == "/etc/gpufleet/collector/collector-secret"
+    col_env.update(
+        {
+            "GPUFLEET_COLLECTOR_SECRET_FILE": str(secret),  # the mounted Secret, here a file
+            "GPUFLEET_COLLECTOR_AGGREGATOR": f"127.0.0.1:{ingest}",  # the Service's address, here loopback
+            "GPUFLEET_COLLECTOR_METRICS_LISTEN": "127.0.0.1:0",
+            "GPUFLEET_COLLECTOR_INTERVAL_S": "0.5",
+            "GPUFLEET_COLLECTOR_KMSG_PATH": "",
+            "GPUFLEET_COLLECTOR_SIMULATE": "true",
+        }
+    )
+    start(cluster, "collector", config_file(col_container["args"], cluster.tmp, toml), col_env)
+    agg = FleetAt(f"127.0.0.1:{fleet}")
+    wait_until(
+        lambda: reported(agg, cluster, "k8s-gpu-node-1"), 60, "reports from the manifest-started collector"
+    )
+    # The repair backend, configured as the manifests say, reads the (stand-in) API server.
+    wait_until(
+        lambda: any(r["path"] == "/api/v1/nodes" for r in kube.requests), 30, "the backend's node LIST"
+    )
+    kube.close()
