@@ -178,6 +178,22 @@ def classify(engine: telemetry_pb2.EngineSample, gpu_util_pct: float | None) -> 
     return "compute-bound"
 
 
+REPLICA_COLUMNS = [
+    "node",
+    "engine",
+    "model",
+    "port",
+    "GPUs",
+    "GPU util %",
+    "KV-cache usage %",
+    "running",
+    "waiting",
+    "preemptions",
+    "class",
+    "status",
+]
+
+
 def replicas_frame(resp: fleet_pb2.ListNodesResponse) -> pd.DataFrame:
     """One row per engine replica in the fleet, next to its GPUs' mean utilization."""
     rows = []
@@ -204,23 +220,7 @@ def replicas_frame(resp: fleet_pb2.ListNodesResponse) -> pd.DataFrame:
                     "status": "ok" if e.readable else f"unreadable: {e.unreadable_reason}",
                 }
             )
-    return pd.DataFrame(
-        rows,
-        columns=[
-            "node",
-            "engine",
-            "model",
-            "port",
-            "GPUs",
-            "GPU util %",
-            "KV-cache usage %",
-            "running",
-            "waiting",
-            "preemptions",
-            "class",
-            "status",
-        ],
-    )
+    return pd.DataFrame(rows, columns=REPLICA_COLUMNS)
 
 
 def engines_frame(engines: list) -> pd.DataFrame:

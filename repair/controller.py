@@ -264,25 +264,11 @@ class RepairController:
         """React to what people did in the scheduler; True when nothing else is to be done."""
         if wf.state in AUTO_OUT and wf.cordoned_by_us:
             if not seen.cordoned:
-                self._audit(
-                    wf,
-                    "uncordon",
-                    "a person returned the node to service outside gpufleet",
-                    "observed",
-                    now,
-                    actor="scheduler",
-                )
+                self._observed(wf, "uncordon", "a person returned the node to service outside gpufleet", now)
                 self._cancel(wf, findings, "cancelled: a person uncordoned the node", now)
                 return True
             if not seen.ours:
-                self._audit(
-                    wf,
-                    "cordon",
-                    f"a person re-cordoned it: {seen.reason}",
-                    "observed",
-                    now,
-                    actor="scheduler",
-                )
+                self._observed(wf, "cordon", f"a person re-cordoned it: {seen.reason}", now)
                 self._close(wf, f"taken over by a person: {seen.reason}", now)
                 wf.cordoned_by_us = False
                 self._move(wf, "human_cordoned", seen.reason)
@@ -290,22 +276,13 @@ class RepairController:
             return False
         if wf.state == "human_cordoned":
             if not seen.cordoned:
-                self._audit(
-                    wf,
-                    "uncordon",
-                    "a person returned the node to service",
-                    "observed",
-                    now,
-                    actor="scheduler",
-                )
+                self._observed(wf, "uncordon", "a person returned the node to service", now)
                 self._cancel(wf, findings, "", now)
                 return True
             wf.detail = seen.reason
             return True
         if seen.cordoned and not seen.ours:
-            self._audit(
-                wf, "cordon", f"cordoned by a person: {seen.reason}", "observed", now, actor="scheduler"
-            )
+            self._observed(wf, "cordon", f"cordoned by a person: {seen.reason}", now)
             self._move(wf, "human_cordoned", seen.reason)
             return True
         return False

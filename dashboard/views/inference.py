@@ -6,7 +6,7 @@ from __future__ import annotations
 import altair as alt
 import streamlit as st
 
-from gpufleet.dashboard.data import CLASS_RULE, replicas_frame
+from gpufleet.dashboard.data import CLASS_RULE, REPLICA_COLUMNS, replicas_frame
 from gpufleet.dashboard.fleet import call
 from gpufleet.protos import fleet_pb2
 
@@ -33,19 +33,7 @@ def render() -> None:
             x=alt.X("GPU util %:Q", scale=alt.Scale(domain=[0, 100])),
             y=alt.Y("KV-cache usage %:Q", scale=alt.Scale(domain=[0, 100])),
             color=alt.Color("class:N", scale=alt.Scale(domain=CLASSES, range=CLASS_COLOURS)),
-            tooltip=[
-                "node",
-                "engine",
-                "model",
-                "port",
-                "GPUs",
-                "GPU util %",
-                "KV-cache usage %",
-                "running",
-                "waiting",
-                "preemptions",
-                "class",
-            ],
+            tooltip=[c for c in REPLICA_COLUMNS if c != "status"],
         )
     )
     st.altair_chart(chart, width="stretch")
