@@ -71,10 +71,11 @@ def test_a_full_replay_buffer_drops_the_oldest_and_says_so(cluster: Cluster) -> 
         detail = agg.fleet_stub().GetNode(
             fleet_pb2.GetNodeRequest(node="buffered"), metadata=(("authorization", f"Bearer {viewer}"),)
         )
-        return detail.collector_stats if detail.collector_stats.reports_dropped_total else None
+        # Reports replayed from the buffer were built before the later drops: the count the
+        # aggregator shows grows to the collector's as newer reports arrive.
+        return detail.collector_stats if detail.collector_stats.reports_dropped_total >= 3 else None
 
-    dropped = wait_until(stats, 20, "the drop count to reach the aggregator").reports_dropped_total
-    assert dropped >= 3
+    wait_until(stats, 20, "a drop count of at least 3 to reach the aggregator")
     assert "dropped unacknowledged report seq 1" in col.log()
 
 
