@@ -604,6 +604,10 @@ class RepairController:
             )
         )
 
+    def _observed(self, wf: Workflow, action: str, reason: str, now: int) -> None:
+        """Audit what a person did in the scheduler, as gpufleet saw it there."""
+        self._audit(wf, action, reason, "observed", now, actor="scheduler")
+
     def _audit(
         self, wf: Workflow, action: str, reason: str, outcome: str, now: int, actor: str = AUTOMATION
     ) -> None:
