@@ -42,7 +42,9 @@ def render() -> None:
     if frame.empty:
         st.caption("No incidents yet.")
     else:
-        timeline = frame.assign(closed=frame["closed"].fillna(pd.Timestamp.now(tz="UTC")))
+        closed = pd.to_datetime(frame["closed"], utc=True).dt.as_unit("ns")
+        still_open = closed.fillna(pd.Timestamp.now(tz="UTC"))  # open incidents reach to now
+        timeline = frame.assign(closed=still_open)
         chart = (
             alt.Chart(timeline)
             .mark_bar(height=12)
