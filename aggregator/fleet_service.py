@@ -13,7 +13,7 @@ import grpc
 from gpufleet.aggregator.auth import Authenticator, AuthError, Principal, bearer
 from gpufleet.aggregator.fleet_state import FleetState
 from gpufleet.aggregator.metrics import AggregatorMetrics
-from gpufleet.aggregator.rollups import route
+from gpufleet.aggregator.rollups import read_as_stored, route
 from gpufleet.aggregator.schema import METRICS
 from gpufleet.aggregator.store import HistoryQuery, Store, StoreError
 from gpufleet.protos import fleet_pb2, fleet_pb2_grpc
@@ -186,7 +186,9 @@ class FleetService(fleet_pb2_grpc.FleetServicer):
         try:
             series = await asyncio.to_thread(
                 self._store.query_history,
-                HistoryQuery(measurement, field, start, end, step, aggregate, wanted),
+                HistoryQuery(
+                    measurement, field, start, end, step, aggregate, wanted, read_as_stored(measurement, step)
+                ),
             )
             if not series and measurement != metric.measurement:
                 # No roll-up for this range (yet): answer from raw data.

@@ -90,6 +90,11 @@ def route(
     return measurement, field
 
 
+def read_as_stored(measurement: str, step_ns: int) -> bool:
+    """True when a routed query reads a roll-up at the tier's own step: one point per bucket."""
+    return any(measurement.endswith(f"_{t.name}") and step_ns == t.step_s * S for t in TIERS)
+
+
 def run_once(store: Store, now_ns: int | None = None, lookback_s: dict[str, int] | None = None) -> int:
     now_ns = now_ns or time.time_ns()
     total = 0

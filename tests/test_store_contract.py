@@ -198,6 +198,28 @@ def test_rollups_hold_exact_bucket_statistics_and_recompute_idempotently(store: 
         assert p.tags == {"node": "n1", "gpu": "1", "cluster": "c1"}
 
 
+@pytest.mark.parametrize("aggregate", ["mean", "max", "min"])
+def test_a_rollup_read_as_stored_answers_as_regrouping_it_would(store: Store, aggregate: str) -> None:
+    values = [float((i * 13) % 97) for i in range(4 * 360)]
+    store.write([gpu_point("n1", 0, H0 + i * 10 * S, util_gpu_pct=v) for i, v in enumerate(values)])
+    rollups.compute(store, rollups.TIERS[1], H0, H0 + 4 * 3600 * S)
+    # An unaligned start: the first bucket's stored point lies before it and is not returned.
+    start, end = H0 + 600 * S, H0 + 4 * 3600 * S
+    field = f"util_gpu_pct_{aggregate}"
+    grouped = store.query_history(
+        HistoryQuery("gpu_1h", field, start, end, 3600 * S, aggregate, {"node": ["n1"]})
+    )
+    lean = store.query_history(
+        HistoryQuery("gpu_1h", field, start, end, 3600 * S, aggregate, {"node": ["n1"]}, True)
+    )
+    assert [(s.tags, s.times_unix_ns, s.values) for s in lean] == [
+        (s.tags, s.times_unix_ns, s.values) for s in grouped
+    ]
+    assert lean[0].times_unix_ns == [H0 + h * 3600 * S for h in (1, 2, 3)]
+    assert rollups.read_as_stored("gpu_1h", 3600 * S) and not rollups.read_as_stored("gpu_1h", 7200 * S)
+    assert not rollups.read_as_stored("gpu", 3600 * S)
+
+
 def test_late_data_lands_in_a_recomputed_rollup(store: Store) -> None:
     minute = rollups.TIERS[0]
     store.write([gpu_point("n1", 0, T0 + i * S, util_gpu_pct=10.0) for i in range(30)])

@@ -36,6 +36,10 @@ class HistoryQuery:
     aggregate: str = "mean"
     # tag name -> allowed values; a tag not named here is not filtered.
     filters: Mapping[str, Sequence[str]] = field(default_factory=dict)
+    # The measurement already holds one point per step bucket, at the bucket's start (a roll-up
+    # read at its own step with its own aggregate): a store may return the points as stored
+    # instead of grouping them again. Grouping gives the same answer, only slower.
+    as_stored: bool = False
 
 
 @dataclass
