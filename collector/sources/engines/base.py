@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import abc
 import math
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from prometheus_client.metrics_core import Metric
@@ -73,6 +73,12 @@ def finite(values: Iterable[float], what: str) -> list[float]:
             raise ParseError(f"{what} is {v}, not a finite number")
         out.append(v)
     return out
+
+
+def combined(found: list[Sample], how: Callable[[list[float]], float], what: str) -> float | None:
+    """Every series of one metric (ranks, replicas) as one value, with `how` (sum, max); None
+    when there is none, so the field stays absent."""
+    return how(finite((s.value for s in found), what)) if found else None
 
 
 def first_label(found: list[Sample], label: str) -> str:

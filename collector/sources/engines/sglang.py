@@ -11,7 +11,7 @@ from gpufleet.collector.sources.engines.base import (
     EngineParser,
     EngineReading,
     ParseError,
-    finite,
+    combined,
     first_label,
     samples,
 )
@@ -32,17 +32,12 @@ class SglangParser(EngineParser):
         if not (usage or running or waiting):
             raise ParseError("no sglang:token_usage or sglang:num_*_reqs series")
         reading = EngineReading(self.name, first_label(usage + running + waiting, "model_name"))
-        if usage:
-            reading.kv_cache_usage_ratio = max(finite((s.value for s in usage), "sglang:token_usage"))
-        if running:
-            reading.requests_running = sum(finite((s.value for s in running), "sglang:num_running_reqs"))
-        if waiting:
-            reading.requests_waiting = sum(finite((s.value for s in waiting), "sglang:num_queue_reqs"))
+        reading.kv_cache_usage_ratio = combined(usage, max, "sglang:token_usage")
+        reading.requests_running = combined(running, sum, "sglang:num_running_reqs")
+        reading.requests_waiting = combined(waiting, sum, "sglang:num_queue_reqs")
+        # Retractions are SGLang's nearest to a preemption.
         retracted = _rank0(samples(families, "sglang:num_retracted_reqs"))
-        if retracted:
-            # Retractions are SGLang's nearest to a preemption.
-            reading.preemptions_total = sum(finite((s.value for s in retracted), "sglang:num_retracted_reqs"))
+        reading.preemptions_total = combined(retracted, sum, "sglang:num_retracted_reqs")
         hit = _rank0(samples(families, "sglang:cache_hit_rate"))
-        if hit:
-            reading.prefix_cache_hit_ratio = max(finite((s.value for s in hit), "sglang:cache_hit_rate"))
+        reading.prefix_cache_hit_ratio = combined(hit, max, "sglang:cache_hit_rate")
         return reading

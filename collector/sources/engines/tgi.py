@@ -6,7 +6,14 @@ from __future__ import annotations
 
 from prometheus_client.metrics_core import Metric
 
-from gpufleet.collector.sources.engines.base import EngineParser, EngineReading, ParseError, finite, samples
+from gpufleet.collector.sources.engines.base import (
+    EngineParser,
+    EngineReading,
+    ParseError,
+    combined,
+    finite,
+    samples,
+)
 
 
 class TgiParser(EngineParser):
@@ -19,10 +26,8 @@ class TgiParser(EngineParser):
         if not (size or queue):
             raise ParseError("no tgi_batch_current_size or tgi_queue_size series")
         reading = EngineReading(self.name)
-        if size:
-            reading.requests_running = sum(finite((s.value for s in size), "tgi_batch_current_size"))
-        if queue:
-            reading.requests_waiting = sum(finite((s.value for s in queue), "tgi_queue_size"))
+        reading.requests_running = combined(size, sum, "tgi_batch_current_size")
+        reading.requests_waiting = combined(queue, sum, "tgi_queue_size")
         used = samples(families, "tgi_batch_current_max_tokens")
         total = samples(families, "tgi_batch_max_total_tokens")
         if used and total:

@@ -13,7 +13,7 @@ from gpufleet.collector.sources.engines.base import (
     EngineParser,
     EngineReading,
     ParseError,
-    finite,
+    combined,
     first_label,
     samples,
 )
@@ -25,7 +25,7 @@ def _sum(
     found = samples(families, name, types=types) or (
         samples(families, old_name, types=types) if old_name else []
     )
-    return sum(finite((s.value for s in found), name)) if found else None
+    return combined(found, sum, name)
 
 
 class VllmParser(EngineParser):
@@ -39,12 +39,9 @@ class VllmParser(EngineParser):
         if not (kv or running or waiting):
             raise ParseError("no vllm:kv_cache_usage_perc, gpu_cache_usage_perc or num_requests_* series")
         reading = EngineReading(self.name, first_label(kv + running + waiting, "model_name"))
-        if kv:
-            reading.kv_cache_usage_ratio = max(finite((s.value for s in kv), "vllm KV cache usage"))
-        if running:
-            reading.requests_running = sum(finite((s.value for s in running), "vllm:num_requests_running"))
-        if waiting:
-            reading.requests_waiting = sum(finite((s.value for s in waiting), "vllm:num_requests_waiting"))
+        reading.kv_cache_usage_ratio = combined(kv, max, "vllm KV cache usage")
+        reading.requests_running = combined(running, sum, "vllm:num_requests_running")
+        reading.requests_waiting = combined(waiting, sum, "vllm:num_requests_waiting")
         reading.preemptions_total = _sum(families, "vllm:num_preemptions_total")
         hits = _sum(families, "vllm:prefix_cache_hits_total", "vllm:gpu_prefix_cache_hits_total")
         queries = _sum(families, "vllm:prefix_cache_queries_total", "vllm:gpu_prefix_cache_queries_total")
