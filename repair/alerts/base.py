@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import abc
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -38,8 +39,9 @@ class Request:
     headers: dict[str, str] = field(default_factory=dict)
 
 
-class Sink:
+class Sink(abc.ABC):
     name = ""
 
+    @abc.abstractmethod
     def request(self, alert: Alert) -> Request:
-        raise NotImplementedError  # every sink overrides it
+        """The HTTP request that delivers this alert."""

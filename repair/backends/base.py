@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import abc
 from dataclasses import dataclass
 
 # Reasons the automation writes start with this; it only ever undoes cordons that carry it.
@@ -28,22 +29,24 @@ class DrainProgress:
     detail: str
 
 
-class Backend:
+class Backend(abc.ABC):
     name = ""
     # True when observe() sees the scheduler's real state (cordons made by people outside
     # gpufleet included); False when gpufleet's own records are the only truth.
     observes = True
 
+    @abc.abstractmethod
     async def observe(self, nodes: list[str]) -> dict[str, Observed]:
         """The scheduler's view of these nodes; a node it does not know is left out."""
-        raise NotImplementedError  # every backend overrides it
 
+    @abc.abstractmethod
     async def cordon(self, node: str, reason: str, automation: bool) -> None:
-        raise NotImplementedError  # every backend overrides it
+        """Take the node out of scheduling; `automation` marks it as gpufleet's own cordon."""
 
+    @abc.abstractmethod
     async def drain(self, node: str) -> DrainProgress:
         """Start or continue moving workloads off; called each pass until done."""
-        raise NotImplementedError  # every backend overrides it
 
+    @abc.abstractmethod
     async def uncordon(self, node: str) -> None:
-        raise NotImplementedError  # every backend overrides it
+        """Return the node to scheduling."""

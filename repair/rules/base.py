@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import abc
 from collections import deque
 from collections.abc import Callable
 
@@ -10,19 +11,21 @@ from gpufleet.repair.model import Finding, NodeSnapshot
 from gpufleet.repair.policy import Entry, Policy
 
 
-class Rule:
+class Rule(abc.ABC):
     name = ""
 
+    @abc.abstractmethod
     def evaluate(self, snap: NodeSnapshot, entry: Entry, policy: Policy, now_ns: int) -> list[Finding]:
-        raise NotImplementedError  # every rule in this package overrides it
+        """The findings this rule makes of one node now."""
 
 
 class GpuCheck(Rule):
     """A rule that looks at each GPU's latest sample on its own; `check` returns the evidence
     when the GPU is in trouble, None when it is fine (or the field is absent)."""
 
+    @abc.abstractmethod
     def check(self, gpu: telemetry_pb2.GpuSample, entry: Entry) -> str | None:
-        raise NotImplementedError  # every GpuCheck overrides it
+        """The evidence when this GPU is in trouble; None when it is fine or the field is absent."""
 
     def evaluate(self, snap: NodeSnapshot, entry: Entry, policy: Policy, now_ns: int) -> list[Finding]:
         found = []
