@@ -257,7 +257,7 @@ class FleetService(fleet_pb2_grpc.FleetServicer):
                     state=health_value(wf.state),
                     incident_id=wf.incident_id,
                     detail=wf.detail,
-                    findings=[f.to_proto() for f in findings],
+                    findings=[f.to_proto(repair.first_seen_ns(f)) for f in findings],
                 )
             )
         return fleet_pb2.RepairStatus(

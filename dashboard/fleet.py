@@ -18,11 +18,11 @@ def client() -> FleetClient:
 
 def call(method: str, request: object) -> Any:
     """Call the Fleet API; on failure show what to do and stop this page's run."""
-    try:
-        return client().call(method, request)
-    except ClientError as exc:
-        st.error(str(exc))
+    answer, error = try_call(method, request)
+    if error:
+        st.error(error)
         st.stop()
+    return answer
 
 
 def try_call(method: str, request: object) -> tuple[Any, str]:

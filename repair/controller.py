@@ -212,6 +212,10 @@ class RepairController:
             self._first_seen.setdefault(f.key, min(f.seen_ns or now, now))
         return found
 
+    def first_seen_ns(self, f: Finding) -> int:
+        """When this finding was first seen active (its persistence window's start)."""
+        return self._first_seen.get(f.key, f.seen_ns)
+
     def _persisted(self, f: Finding, now: int) -> bool:
         return now - self._first_seen.get(f.key, now) >= f.window_s * 1e9
 

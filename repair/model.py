@@ -4,7 +4,7 @@ The aggregator builds NodeSnapshots from its live view; repair/ never imports ag
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 
 from gpufleet.protos import fleet_pb2, telemetry_pb2, vocabulary_pb2
 from gpufleet.protos.names import action_value
@@ -72,19 +72,7 @@ class Finding:
         return msg
 
     def to_json(self) -> dict[str, object]:
-        return {
-            "node": self.node,
-            "gpu": self.gpu,
-            "code": self.code,
-            "severity": self.severity,
-            "action": self.action,
-            "cordon": self.cordon,
-            "reason": self.reason,
-            "evidence": self.evidence,
-            "window_s": self.window_s,
-            "ladder": list(self.ladder),
-            "seen_ns": self.seen_ns,
-        }
+        return asdict(self)  # the ladder tuple is written as a JSON list
 
     @classmethod
     def from_json(cls, d: dict[str, object]) -> Finding:

@@ -69,9 +69,7 @@ class Incident:
         return not self.closed_ns
 
     def body(self) -> str:
-        d = asdict(self)
-        d["findings"] = [f.to_json() for f in self.findings]
-        return json.dumps(d)
+        return json.dumps(asdict(self))  # findings, dataclasses too, become dicts
 
     @classmethod
     def from_body(cls, text: str) -> Incident:
