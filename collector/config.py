@@ -103,15 +103,15 @@ class CollectorConfig:
 
     def resolve_token(self) -> str:
         if self.secret_file:
-            try:
-                with open(self.secret_file, encoding="utf-8") as fh:
-                    return collector_token(fh.read().strip(), self.node)
-            except OSError as exc:
-                raise ValueError(f"cannot read secret_file {self.secret_file!r}: {exc}") from exc
+            return collector_token(self._read("secret_file"), self.node)
         if self.token_file:
-            try:
-                with open(self.token_file, encoding="utf-8") as fh:
-                    return fh.read().strip()
-            except OSError as exc:
-                raise ValueError(f"cannot read token_file {self.token_file!r}: {exc}") from exc
+            return self._read("token_file")
         return self.token
+
+    def _read(self, setting: str) -> str:
+        path = getattr(self, setting)
+        try:
+            with open(path, encoding="utf-8") as fh:
+                return fh.read().strip()
+        except OSError as exc:
+            raise ValueError(f"cannot read {setting} {path!r}: {exc}") from exc
