@@ -183,11 +183,13 @@ class RepairController:
                 snap = snaps.get(node)
                 findings = self._evaluate(wf, snap, now) if snap else []
                 self.findings[node] = findings
-                before = json.dumps(vars(wf), sort_keys=True)
+                # A shallow copy is enough: the controller replaces a workflow's lists, never
+                # changes them in place.
+                before = dict(vars(wf))
                 await self._reconcile(
                     wf, snap, findings, None if observed is None else observed.get(node), now
                 )
-                if json.dumps(vars(wf), sort_keys=True) != before or node not in self.workflows:
+                if vars(wf) != before or node not in self.workflows:
                     self.workflows[node] = wf
                     self.state.save(wf)
             self.passes += 1
