@@ -18,11 +18,13 @@ Secrets file (TOML, readable only by the aggregator's user):
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import hmac
 import os
 import secrets
 import tomllib
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -103,6 +105,32 @@ class Authenticator:
         if principal is None:
             raise AuthError("the bearer token is not one this aggregator knows")
         return principal
+
+
+class CollectorAuth:
+    """Which collector credentials this aggregator takes (setting collector_auth): per-node HMAC
+    tokens, Kubernetes ServiceAccount tokens bound to their pod's node (k8s_auth.py), or both.
+    A JWT goes to the Kubernetes check when it is on; anything else to the HMAC check."""
+
+    def __init__(
+        self, hmac_auth: Authenticator | None, kubernetes: Callable[[str, str], None] | None
+    ) -> None:
+        if hmac_auth is None and kubernetes is None:
+            raise ValueError("collector_auth names no way for collectors to authenticate")
+        self._hmac = hmac_auth
+        self._kubernetes = kubernetes
+
+    async def check(self, token: str, node: str) -> None:
+        """Raise AuthError unless token proves it is node's collector."""
+        if self._kubernetes is not None and token.startswith("eyJ") and token.count(".") == 2:
+            await asyncio.to_thread(self._kubernetes, token, node)
+            return
+        if self._hmac is None:
+            raise AuthError(
+                "this aggregator takes only Kubernetes ServiceAccount tokens (collector_auth = kubernetes): "
+                "mount the projected token and point token_file at it"
+            )
+        self._hmac.check_collector(token, node)
 
 
 def new_secrets_file(path: Path, tokens: list[tuple[str, str]]) -> dict[str, str]:

@@ -50,6 +50,27 @@ class AggregatorConfig:
         "largest report accepted; larger ones are rejected with RESOURCE_EXHAUSTED",
     )
     max_clock_skew_s: float = _setting(300.0, "how far ahead of the aggregator's clock a report may be")
+    ack_watchdog_s: float = _setting(
+        30.0,
+        "an accepted report waiting longer than this for its ack makes the aggregator unhealthy "
+        "(/ready fails)",
+    )
+    collector_auth: str = _setting(
+        "hmac",
+        "how collectors prove their node: hmac (per-node tokens from `gpufleet auth collector-token`), "
+        "kubernetes (a projected ServiceAccount token checked with TokenReview and its pod's node), "
+        "or both, comma-separated",
+    )
+    collector_k8s_audience: str = _setting(
+        "gpufleet-aggregator", "kubernetes collector auth: the audience the projected token must carry"
+    )
+    collector_k8s_service_account: str = _setting(
+        "system:serviceaccount:gpufleet:gpufleet-collector",
+        "kubernetes collector auth: the only ServiceAccount whose tokens are accepted",
+    )
+    collector_k8s_kubeconfig: str = _setting(
+        "", "kubernetes collector auth: kubeconfig for TokenReview (empty: the in-cluster account)"
+    )
     stale_after_intervals: float = _setting(
         3.0,
         "a node is stale after this many of its sampling intervals without a report",
@@ -119,6 +140,13 @@ class AggregatorConfig:
             raise ValueError(f"spool_warn_ratio={self.spool_warn_ratio} must be between 0 and 1")
         if self.max_report_bytes < 1024:
             raise ValueError(f"max_report_bytes={self.max_report_bytes} must be at least 1024")
+        if not 1 <= self.ack_watchdog_s <= 3600:
+            raise ValueError(f"ack_watchdog_s={self.ack_watchdog_s:g} must be between 1 and 3600")
+        modes = self.collector_auth_modes
+        if not modes or not modes <= {"hmac", "kubernetes"}:
+            raise ValueError(
+                f"collector_auth={self.collector_auth!r}: use hmac, kubernetes or hmac,kubernetes"
+            )
         if not 1 <= self.stale_after_intervals < self.silent_after_intervals:
             raise ValueError(
                 f"need 1 <= stale_after_intervals ({self.stale_after_intervals:g}) < "
@@ -143,6 +171,10 @@ class AggregatorConfig:
             raise ValueError(f"repair_interval_s={self.repair_interval_s:g} must be between 0.05 and 60")
         if self.repair_backend == "hook" and not (self.repair_hook_cordon and self.repair_hook_uncordon):
             raise ValueError("repair_backend=hook needs repair_hook_cordon and repair_hook_uncordon")
+
+    @property
+    def collector_auth_modes(self) -> set[str]:
+        return {m.strip() for m in self.collector_auth.split(",") if m.strip()}
 
     @property
     def data_path(self) -> Path:

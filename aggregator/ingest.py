@@ -12,19 +12,20 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
 import grpc
 from google.protobuf.message import DecodeError
 
 import gpufleet
-from gpufleet.aggregator.auth import Authenticator, AuthError, bearer
+from gpufleet.aggregator.auth import AuthError, CollectorAuth, bearer
+from gpufleet.aggregator.fanout import Fanout
 from gpufleet.aggregator.fleet_state import FleetState
 from gpufleet.aggregator.metrics import AggregatorMetrics
-from gpufleet.aggregator.schema import PointConverter
 from gpufleet.aggregator.store import StoreError
-from gpufleet.aggregator.validation import Rejection, check_hello, check_report, convert
+from gpufleet.aggregator.store.base import PointsRefused
+from gpufleet.aggregator.validation import Checker, Rejection
 from gpufleet.aggregator.writer import GroupCommitWriter
 from gpufleet.protos import ingest_pb2, telemetry_pb2
 
@@ -78,11 +79,12 @@ class IngestLimits:
 class IngestService:
     def __init__(
         self,
-        auth: Authenticator,
+        auth: CollectorAuth,
         writer: GroupCommitWriter,
         fleet: FleetState,
         metrics: AggregatorMetrics,
         limits: IngestLimits,
+        fanout: Fanout,
     ) -> None:
         self._auth = auth
         self._writer = writer
@@ -90,10 +92,10 @@ class IngestService:
         self._metrics = metrics
         self._limits = limits
         self._streams: dict[str, _Session] = {}
-        self._converter = PointConverter()
-        # Told of every durable report, and of every command result (the repair controller).
-        self.report_listeners: list[Callable[[telemetry_pb2.NodeReport], None]] = []
-        self.command_listeners: list[Callable[[str, ingest_pb2.CommandResult], None]] = []
+        self._checker = Checker(limits.max_report_bytes, limits.retention_s, limits.max_clock_skew_s)
+        # Told of every durable report and every command result, from its own task: the fleet
+        # view, the health watch and the repair controller never run on the ack path.
+        self.fanout = fanout
 
     @property
     def streams_open(self) -> int:
@@ -153,16 +155,21 @@ class IngestService:
             )
         hello = first.hello
         try:
-            check_hello(hello)
+            self._checker.check_hello(hello)
         except Rejection as r:
             return self._refuse(r.reason, r.code, r.message, hello.node)
         try:
-            self._auth.check_collector(token, hello.node)
+            await self._auth.check(token, hello.node)
         except AuthError as exc:
             return self._refuse(
                 "unauthenticated",
                 grpc.StatusCode.UNAUTHENTICATED,
-                f"{exc}; issue one with `gpufleet auth collector-token {hello.node}`",
+                f"{exc}"
+                + (
+                    ""
+                    if token.startswith("eyJ")
+                    else f"; issue one with `gpufleet auth collector-token {hello.node}`"
+                ),
                 hello.node,
             )
         existing = self._streams.get(hello.node)
@@ -250,28 +257,34 @@ class IngestService:
                     )
                     return
                 body = msg.WhichOneof("body")
-                if body == "report":
-                    await self._accept(session, msg.report)
-                elif body == "command_result":
-                    log.info(
-                        "command %s on the node ended %s: %s",
-                        msg.command_result.id,
-                        msg.command_result.outcome,
-                        msg.command_result.detail,
-                        extra={"node": node},
-                    )
-                    for listener in self.command_listeners:
-                        listener(node, msg.command_result)
-                else:
+                try:
+                    if body == "report":
+                        await self._accept(session, msg.report)
+                        continue
+                    if body == "command_result":
+                        self._command_result(session, msg)
+                        continue
+                except Exception as exc:  # a bug: this stream ends INTERNAL, every other goes on
+                    log.exception("ingest failed on a %s", body, extra={"node": node})
                     session.out.put_nowait(
                         self._refuse(
-                            "protocol",
-                            grpc.StatusCode.INVALID_ARGUMENT,
-                            f"node {node!r}: unexpected {body or 'empty'} message after the hello",
+                            "internal",
+                            grpc.StatusCode.INTERNAL,
+                            f"node {node!r}: the aggregator failed on a {body} ({exc!r}); reconnect "
+                            "and replay",
                             node,
                         )
                     )
                     return
+                session.out.put_nowait(
+                    self._refuse(
+                        "protocol",
+                        grpc.StatusCode.INVALID_ARGUMENT,
+                        f"node {node!r}: unexpected {body or 'empty'} message after the hello",
+                        node,
+                    )
+                )
+                return
         except grpc.aio.AioRpcError as exc:
             # e.g. a message over the transport limit: gRPC ends the stream itself.
             self._metrics.reject("transport", exc.code().name)
@@ -282,28 +295,45 @@ class IngestService:
             await session.drained.wait()
         session.out.put_nowait(None)
 
-    async def _accept(self, session: _Session, report: telemetry_pb2.NodeReport) -> None:
+    def _command_result(self, session: _Session, msg: ingest_pb2.CollectorMessage) -> None:
+        node, result = session.hello.node, msg.command_result
         try:
-            check_report(
-                report,
-                session.hello,
-                self._limits.max_report_bytes,
-                self._limits.retention_s,
-                self._limits.max_clock_skew_s,
-            )
-            points = convert(self._converter, report)
+            self._checker.check_message(msg, f"node {node!r}: command result")
         except Rejection as r:
+            # Nothing to reject on the wire (a result has no seq): counted, logged, not acted on.
             self._metrics.reject(r.reason, r.code.name)
-            log.warning(
-                "rejected report: %s",
-                r.message,
-                extra={"node": session.hello.node, "seq": report.seq, "reason": r.reason},
-            )
+            log.warning("ignored command result: %s", r.message, extra={"node": node, "reason": r.reason})
+            return
+        log.info(
+            "command %s on the node ended %s: %s",
+            result.id,
+            result.outcome,
+            result.detail,
+            extra={"node": node},
+        )
+        self.fanout.command_result(node, result)
+
+    def _reject(self, session: _Session, seq: int, r: Rejection) -> None:
+        self._metrics.reject(r.reason, r.code.name)
+        log.warning(
+            "rejected report: %s",
+            r.message,
+            extra={"node": session.hello.node, "seq": seq, "reason": r.reason},
+        )
+        if not session.closed:
             session.out.put_nowait(
                 ingest_pb2.AggregatorMessage(
-                    reject=ingest_pb2.Reject(seq=report.seq, code=r.code.value[0], message=r.message)
+                    # seq as sent, clamped to the field: a Reject for an out-of-range seq still encodes
+                    reject=ingest_pb2.Reject(seq=seq & (2**64 - 1), code=r.code.value[0], message=r.message)
                 )
             )
+
+    async def _accept(self, session: _Session, report: telemetry_pb2.NodeReport) -> None:
+        try:
+            self._checker.check_report(report, session.hello)
+            points = self._checker.points(report)
+        except Rejection as r:
+            self._reject(session, report.seq, r)
             return
         if not self._writer.has_room:
             await self._writer.wait_for_room()
@@ -311,10 +341,23 @@ class IngestService:
         self._writer.submit(points, lambda error: self._durable(session, report, error))
 
     def _durable(self, session: _Session, report: telemetry_pb2.NodeReport, error: StoreError | None) -> None:
-        """Called by the writer once the report is durable (error None) or could not be made so."""
+        """Called by the writer once the report is durable (error None) or could not be made so.
+        Only acknowledges: the listeners get the report through the fanout's queue."""
         session.inflight -= 1
         if not session.inflight:
             session.drained.set()
+        if isinstance(error, PointsRefused):
+            self._reject(
+                session,
+                report.seq,
+                Rejection(
+                    grpc.StatusCode.INVALID_ARGUMENT,
+                    "store_refused",
+                    f"node {session.hello.node!r}: report seq {report.seq} was refused by the store "
+                    f"({error}); the other reports of its batch were stored",
+                ),
+            )
+            return
         if error is not None:
             # Not acknowledged: the collector keeps the report and replays it on reconnect.
             session.out.put_nowait(
@@ -325,9 +368,7 @@ class IngestService:
                 )
             )
             return
-        self._fleet.on_report(report, time.time_ns())
-        for listener in self.report_listeners:
-            listener(report)
+        self.fanout.report(report, time.time_ns())
         self._metrics.reports_accepted.inc()
         self._metrics.gpu_samples.inc(len(report.gpus))
         if not session.closed:

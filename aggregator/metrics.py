@@ -6,6 +6,7 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from gpufleet.aggregator.spool import Spool
+from gpufleet.aggregator.store.base import Store
 
 
 class AggregatorMetrics:
@@ -36,6 +37,27 @@ class AggregatorMetrics:
         self.store_write_errors = Counter(
             "gpufleet_store_write_errors", "store writes that failed", registry=r
         )
+        self.store_refused_reports = Counter(
+            "gpufleet_store_refused_reports",
+            "reports the store refused for what they hold (found by bisecting a refused batch)",
+            registry=r,
+        )
+        self.writer_errors = Counter(
+            "gpufleet_writer_errors",
+            "group commits that failed unexpectedly (a bug; the reports were not acknowledged)",
+            registry=r,
+        )
+        self.listener_errors = Counter(
+            "gpufleet_listener_errors",
+            "exceptions raised by a durable-report listener, by listener",
+            ["listener"],
+            registry=r,
+        )
+        self.listener_dropped = Counter(
+            "gpufleet_listener_reports_dropped",
+            "durable reports not given to the listeners because their queue was full",
+            registry=r,
+        )
         self.fleet_requests = Counter(
             "gpufleet_fleet_requests",
             "Fleet API calls by method and status",
@@ -43,7 +65,7 @@ class AggregatorMetrics:
             registry=r,
         )
 
-    def watch_spool(self, spool: Spool, store: object) -> None:
+    def watch_spool(self, spool: Spool, store: Store) -> None:
         """Gauges read from the spool (and the store's own drop count) at scrape time."""
         r = self.registry
         for name, help_text, attr in (
@@ -61,6 +83,16 @@ class AggregatorMetrics:
                 "near_limit",
             ),
             ("gpufleet_spool_refused_batches", "batches refused because the spool was full", "refused_total"),
+            (
+                "gpufleet_spool_quarantined_batches",
+                "spooled batches the store refused again and again, kept aside: look at them",
+                "quarantined_batches",
+            ),
+            (
+                "gpufleet_spool_quarantined_points",
+                "points kept in the spool's quarantine",
+                "quarantined_points",
+            ),
         ):
             Gauge(name, help_text, registry=r).set_function(
                 lambda attr=attr: float(getattr(spool.status(), attr))
@@ -69,7 +101,7 @@ class AggregatorMetrics:
             "gpufleet_store_points_dropped",
             "points the store rejected (e.g. field type conflict)",
             registry=r,
-        ).set_function(lambda: float(getattr(store, "points_dropped_total", 0)))
+        ).set_function(lambda: float(store.points_dropped_total))
 
     def reject(self, reason: str, code: str) -> None:
         self.rejections.labels(reason=reason, code=code).inc()

@@ -134,8 +134,9 @@ def build_controller(
             action=action, outcome=outcome.split(":")[0]
         ).inc(),
     )
-    ingest.command_listeners.append(controller.on_command_result)
-    ingest.report_listeners.append(HealthWatch(controller).on_report)
+    ingest.fanout.on_command_result("repair", controller.on_command_result)
+    health_watch = HealthWatch(controller)
+    ingest.fanout.on_report("health_watch", lambda report, _received_ns: health_watch.on_report(report))
     nodes_in_state = Gauge(
         "gpufleet_repair_nodes", "nodes in each repair workflow state", ["state"], registry=r
     )

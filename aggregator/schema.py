@@ -10,7 +10,6 @@ Tags hold only bounded values (no PIDs, no free text).
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 from gpufleet.aggregator.store.base import Point
@@ -27,7 +26,9 @@ class Metric:
     high: float
 
 
-# Bounds are sanity limits (what no real device reports), not health thresholds.
+# Bounds are sanity limits (what no real device reports), not health thresholds; none is past
+# what both stores can hold (SQLite and InfluxDB integers are int64).
+INT64_MAX = 2**63 - 1
 _TIB = 1 << 40
 METRICS: dict[str, Metric] = {
     m.name: m
@@ -43,13 +44,13 @@ METRICS: dict[str, Metric] = {
         Metric("lost", "gpu", "bool", "1 when NVML answered GPU_IS_LOST", 0, 1),
         Metric("clock_sm_mhz", "gpu", "MHz", "SM clock", 0, 10_000),
         Metric("clock_mem_mhz", "gpu", "MHz", "memory clock", 0, 50_000),
-        Metric("clock_event_reasons", "gpu", "bitmask", "NVML clock-event (throttle) reasons", 0, 2**63),
+        Metric("clock_event_reasons", "gpu", "bitmask", "NVML clock-event (throttle) reasons", 0, INT64_MAX),
         Metric("throttle_thermal", "gpu", "bool", "thermal slowdown active", 0, 1),
         Metric("throttle_power", "gpu", "bool", "power cap or power brake active", 0, 1),
-        Metric("ecc_sbe_volatile", "gpu", "errors", "corrected ECC errors since driver load", 0, 2**63),
-        Metric("ecc_dbe_volatile", "gpu", "errors", "uncorrected ECC errors since driver load", 0, 2**63),
-        Metric("ecc_sbe_aggregate", "gpu", "errors", "corrected ECC errors, lifetime", 0, 2**63),
-        Metric("ecc_dbe_aggregate", "gpu", "errors", "uncorrected ECC errors, lifetime", 0, 2**63),
+        Metric("ecc_sbe_volatile", "gpu", "errors", "corrected ECC errors since driver load", 0, INT64_MAX),
+        Metric("ecc_dbe_volatile", "gpu", "errors", "uncorrected ECC errors since driver load", 0, INT64_MAX),
+        Metric("ecc_sbe_aggregate", "gpu", "errors", "corrected ECC errors, lifetime", 0, INT64_MAX),
+        Metric("ecc_dbe_aggregate", "gpu", "errors", "uncorrected ECC errors, lifetime", 0, INT64_MAX),
         Metric("retired_pages_sbe", "gpu", "pages", "pages retired for single-bit errors", 0, 2**32),
         Metric("retired_pages_dbe", "gpu", "pages", "pages retired for double-bit errors", 0, 2**32),
         Metric("retired_pages_pending", "gpu", "bool", "a page retirement waits for a reset", 0, 1),
@@ -57,19 +58,19 @@ METRICS: dict[str, Metric] = {
         Metric("remap_uncorrectable", "gpu", "rows", "rows remapped for uncorrectable errors", 0, 2**32),
         Metric("remap_pending", "gpu", "bool", "a row remap waits for a GPU reset", 0, 1),
         Metric("remap_failure", "gpu", "bool", "a row remap failed", 0, 1),
-        Metric("pcie_replay_total", "gpu", "count", "PCIe replays (counter)", 0, 2**63),
+        Metric("pcie_replay_total", "gpu", "count", "PCIe replays (counter)", 0, INT64_MAX),
         Metric("nvlink_links_active", "gpu", "links", "NVLink links up", 0, 64),
         Metric("nvlink_links_inactive", "gpu", "links", "NVLink links down", 0, 64),
-        Metric("nvlink_replay_total", "gpu", "count", "NVLink replay errors, all links", 0, 2**63),
-        Metric("nvlink_recovery_total", "gpu", "count", "NVLink recovery errors, all links", 0, 2**63),
-        Metric("nvlink_crc_total", "gpu", "count", "NVLink CRC errors, all links", 0, 2**63),
+        Metric("nvlink_replay_total", "gpu", "count", "NVLink replay errors, all links", 0, INT64_MAX),
+        Metric("nvlink_recovery_total", "gpu", "count", "NVLink recovery errors, all links", 0, INT64_MAX),
+        Metric("nvlink_crc_total", "gpu", "count", "NVLink CRC errors, all links", 0, INT64_MAX),
         Metric("process_count", "gpu", "processes", "compute processes on the GPU", 0, 100_000),
         Metric("kv_cache_usage_ratio", "engine", "ratio", "KV-cache blocks in use", 0, 1),
         Metric("requests_running", "engine", "requests", "requests being decoded", 0, 1e7),
         Metric("requests_waiting", "engine", "requests", "requests queued", 0, 1e9),
         Metric("preemptions_total", "engine", "count", "requests preempted (counter)", 0, 1e15),
         Metric("prefix_cache_hit_ratio", "engine", "ratio", "prefix-cache hit ratio", 0, 1),
-        Metric("seq", "collector", "", "report sequence number", 1, 2**63),
+        Metric("seq", "collector", "", "report sequence number", 1, INT64_MAX),
         Metric("gpu_count", "collector", "GPUs", "GPUs in the report", 0, 64),
         Metric("interval_s", "collector", "s", "the collector's sampling interval", 0, 3600),
         Metric(
@@ -78,12 +79,14 @@ METRICS: dict[str, Metric] = {
             "reports",
             "reports the collector dropped (buffer full)",
             0,
-            2**63,
+            INT64_MAX,
         ),
-        Metric("reports_rejected_total", "collector", "reports", "reports the aggregator rejected", 0, 2**63),
-        Metric("unacked_reports", "collector", "reports", "reports awaiting acknowledgement", 0, 2**63),
-        Metric("reconnects_total", "collector", "count", "collector reconnects", 0, 2**63),
-        Metric("sample_errors_total", "collector", "count", "NVML calls that failed", 0, 2**63),
+        Metric(
+            "reports_rejected_total", "collector", "reports", "reports the aggregator rejected", 0, INT64_MAX
+        ),
+        Metric("unacked_reports", "collector", "reports", "reports awaiting acknowledgement", 0, INT64_MAX),
+        Metric("reconnects_total", "collector", "count", "collector reconnects", 0, INT64_MAX),
+        Metric("sample_errors_total", "collector", "count", "NVML calls that failed", 0, INT64_MAX),
         Metric("sample_duration_s", "collector", "s", "time to sample all GPUs", 0, 3600),
         Metric(
             "kmsg_lines_unparsed_total",
@@ -91,15 +94,27 @@ METRICS: dict[str, Metric] = {
             "lines",
             "kernel-log XID lines that did not parse",
             0,
-            2**63,
+            INT64_MAX,
         ),
         Metric(
-            "xid_unknown_gpu_total", "collector", "count", "XIDs for a bus id that is no known GPU", 0, 2**63
+            "xid_unknown_gpu_total",
+            "collector",
+            "count",
+            "XIDs for a bus id that is no known GPU",
+            0,
+            INT64_MAX,
         ),
         Metric(
-            "xid_duplicates_total", "collector", "count", "XIDs seen by NVML and kmsg, sent once", 0, 2**63
+            "xid_duplicates_total",
+            "collector",
+            "count",
+            "XIDs seen by NVML and kmsg, sent once",
+            0,
+            INT64_MAX,
         ),
-        Metric("engine_scrapes_failed_total", "collector", "count", "unreadable engine scrapes", 0, 2**63),
+        Metric(
+            "engine_scrapes_failed_total", "collector", "count", "unreadable engine scrapes", 0, INT64_MAX
+        ),
     ]
 }
 
@@ -120,51 +135,19 @@ ENGINE_VALUE_FIELDS = [
 ]
 
 
-# name -> (low, high), for the hot path: `low <= v <= high` is also False for NaN.
-BOUNDS: dict[str, tuple[float, float]] = {m.name: (m.low, m.high) for m in METRICS.values()}
-
-
-def check_value(metric: str, value: float) -> str | None:
-    """None if value is plausible for metric, else why not."""
-    spec = METRICS.get(metric)
-    if isinstance(value, float) and not math.isfinite(value):
-        return "is not a finite number"
-    if spec and not spec.low <= value <= spec.high:
-        return f"is outside {spec.low:g}..{spec.high:g} {spec.unit}".rstrip()
-    return None
-
-
-class BadValue(ValueError):
-    """A measurement no real device reports (NaN, negative, absurd)."""
-
-    def __init__(self, what: str, name: str, value: float) -> None:
-        super().__init__(f"{what} has {name}={value!r}, which {check_value(name, value)}")
-        self.what, self.name, self.value = what, name, value
-
-
-# (field, low, high) for every GPU and engine value field: conversion checks as it copies.
-_GPU_CHECKED = [(n, *BOUNDS[n]) for n in GPU_VALUE_FIELDS]
-_ENGINE_CHECKED = [(n, *BOUNDS[n]) for n in ENGINE_VALUE_FIELDS]
+_GPU_VALUES = frozenset(GPU_VALUE_FIELDS)
+_ENGINE_VALUES = frozenset(ENGINE_VALUE_FIELDS)
 _TAG_CACHE_MAX = 200_000
 
 
-def _checked_fields(
-    msg: object, checked: list[tuple[str, float, float]], what: str
-) -> dict[str, float | int | str | bool]:
-    # One pass that copies and checks each present field: this runs for every GPU of every
-    # report. `low <= v <= high` is False for NaN too.
-    fields: dict[str, float | int | str | bool] = {}
-    for name, low, high in checked:
-        if msg.HasField(name):  # type: ignore[attr-defined]
-            value = getattr(msg, name)
-            if not low <= value <= high:
-                raise BadValue(what, name, value)
-            fields[name] = value
-    return fields
+def _present(msg: object, wanted: frozenset[str]) -> dict[str, float | int | str | bool]:
+    # ListFields walks only the fields the message carries: absent stays absent, and the
+    # values are already checked against wire_rules.RULES by the time a report is converted.
+    return {fd.name: v for fd, v in msg.ListFields() if fd.name in wanted}  # type: ignore[attr-defined]
 
 
 class PointConverter:
-    """Turns reports into points, checking every measurement on the way (BadValue).
+    """Turns checked reports into points.
 
     Keeps the tag dicts of the GPUs it has seen, so the same GPU's points share one tags
     object across reports (less to build per report; bounded, cleared when full)."""
@@ -193,16 +176,11 @@ class PointConverter:
         node, cluster = report.node, report.cluster
         points: list[Point] = []
         for gpu in report.gpus:
-            fields = _checked_fields(gpu, _GPU_CHECKED, f"GPU {gpu.index}")
+            fields = _present(gpu, _GPU_VALUES)
             fields["lost"] = gpu.lost
             points.append(Point("gpu", self._tags(node, cluster, gpu), fields, ts))
         points.extend(_engine_event_collector_points(report, node, cluster, ts))
         return points
-
-
-def report_to_points(report: telemetry_pb2.NodeReport) -> list[Point]:
-    """The points a report is stored as (raises BadValue for an implausible measurement)."""
-    return PointConverter().convert(report)
 
 
 def _engine_event_collector_points(
@@ -210,7 +188,7 @@ def _engine_event_collector_points(
 ) -> list[Point]:
     points: list[Point] = []
     for eng in report.engines:
-        fields = _checked_fields(eng, _ENGINE_CHECKED, f"engine {eng.engine}:{eng.port}")
+        fields = _present(eng, _ENGINE_VALUES)
         fields["readable"] = eng.readable
         if eng.unreadable_reason:
             fields["unreadable_reason"] = eng.unreadable_reason
@@ -223,6 +201,7 @@ def _engine_event_collector_points(
             "cluster": cluster,
         }
         points.append(Point("engine", tags, fields, ts))
+    taken: set[tuple[tuple[tuple[str, str], ...], int]] = set()
     for ev in report.events:
         tags = {
             "node": node,
@@ -239,7 +218,13 @@ def _engine_event_collector_points(
             "pid": ev.pid,
             "process_name": ev.process_name,
         }
-        points.append(Point("event", tags, fields, ev.time_unix_ns or ts))
+        # Two events of one report with the same tags and nanosecond would be one point (a
+        # point's identity is measurement + tags + time): the later one is kept 1 ns after.
+        event_ts, key = ev.time_unix_ns or ts, tuple(tags.items())
+        while (key, event_ts) in taken:
+            event_ts += 1
+        taken.add((key, event_ts))
+        points.append(Point("event", tags, fields, event_ts))
     stats = report.stats
     points.append(
         Point(

@@ -10,22 +10,25 @@ import os
 import signal
 import time
 from dataclasses import dataclass
+from http.server import ThreadingHTTPServer
 from pathlib import Path
 
 import grpc
-from prometheus_client import start_http_server
 
 import gpufleet
 from gpufleet.aggregator import rollups
-from gpufleet.aggregator.auth import Authenticator
+from gpufleet.aggregator.auth import Authenticator, CollectorAuth
 from gpufleet.aggregator.config import AggregatorConfig
+from gpufleet.aggregator.fanout import Fanout
 from gpufleet.aggregator.fleet_service import FleetService
 from gpufleet.aggregator.fleet_state import FleetState
+from gpufleet.aggregator.http_endpoints import serve as serve_http
 from gpufleet.aggregator.ingest import IngestLimits, IngestService
 from gpufleet.aggregator.metrics import AggregatorMetrics
 from gpufleet.aggregator.repair_wiring import build_controller
 from gpufleet.aggregator.spool import Spool
 from gpufleet.aggregator.store import Store, StoreError, open_store
+from gpufleet.aggregator.supervise import Supervisor
 from gpufleet.aggregator.writer import GroupCommitWriter
 from gpufleet.protos import fleet_pb2, fleet_pb2_grpc
 
@@ -76,6 +79,7 @@ class Aggregator:
         self.config = config
         config.data_path.mkdir(parents=True, exist_ok=True)
         self.metrics = AggregatorMetrics()
+        self.supervisor = Supervisor(self.metrics.registry)
         self.auth = Authenticator.from_file(config.secrets_path)
         self.store: Store = open_store(
             config.store,
@@ -89,12 +93,15 @@ class Aggregator:
         self.spool = Spool(config.data_path / "spool", config.spool_max_bytes, config.spool_warn_ratio)
         self.metrics.watch_spool(self.spool, self.store)
         self.writer = GroupCommitWriter(self.store, self.metrics, self.spool)
+        self.fanout = Fanout(self.metrics)
+        self.fanout.on_report("fleet_view", self.fleet.on_report)
         self.ingest = IngestService(
-            self.auth,
+            self._collector_auth(config),
             self.writer,
             self.fleet,
             self.metrics,
             IngestLimits(config.max_report_bytes, config.retention_s, config.max_clock_skew_s),
+            self.fanout,
         )
         self.repair, self.alerts, self.repair_state = build_controller(
             config, self.fleet, self.ingest, self.metrics
@@ -103,7 +110,23 @@ class Aggregator:
             self.auth, self.fleet, self.store, self.metrics, self.status, self.repair
         )
         self._servers: list[grpc.aio.Server] = []
-        self._http = None
+        self._http: ThreadingHTTPServer | None = None
+        self._tasks: dict[str, asyncio.Task[None]] = {}  # watched: one that ends is unhealthy
+        self._loops: list[asyncio.Task[None]] = []
+        self._stopping = False
+
+    def _collector_auth(self, config: AggregatorConfig) -> CollectorAuth:
+        modes = config.collector_auth_modes
+        kubernetes = None
+        if "kubernetes" in modes:
+            from gpufleet.aggregator.k8s_auth import KubernetesCollectorAuth
+
+            kubernetes = KubernetesCollectorAuth(
+                config.collector_k8s_audience,
+                config.collector_k8s_service_account,
+                config.collector_k8s_kubeconfig,
+            ).check
+        return CollectorAuth(self.auth if "hmac" in modes else None, kubernetes)
 
     def _restore(self) -> bool:
         """Seed the live view from the store; False (logged) if the store is unreachable now."""
@@ -124,7 +147,7 @@ class Aggregator:
             try:
                 written = await asyncio.to_thread(rollups.run_once, self.store)
                 log.debug("roll-ups: %d points written", written)
-            except StoreError as exc:  # the store is down: the next pass catches up
+            except Exception as exc:  # the store is down, or refused a value: the next pass catches up
                 log.warning("roll-up pass failed: %s", exc)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), ROLLUP_EVERY_S)
@@ -138,13 +161,35 @@ class Aggregator:
             self._restored = await asyncio.to_thread(self._restore)
             delay_s = min(60.0, delay_s * 2)
 
+    def unhealthy(self) -> list[str]:
+        """The watchdog: why this aggregator should not be sent collectors now (empty: healthy).
+        Read by /ready, GetStatus, `gpufleet status` and the dashboard."""
+        reasons = []
+        if self.writer.not_acking:
+            reasons.append(f"not acknowledging reports: {self.writer.not_acking}")
+        waited = self.writer.oldest_waiting_s()
+        if waited > self.config.ack_watchdog_s:
+            reasons.append(
+                f"an accepted report has waited {waited:.0f} s for its ack "
+                f"(bound {self.config.ack_watchdog_s:g} s)"
+            )
+        lag = self.fanout.lag_s()
+        if lag > self.config.ack_watchdog_s:
+            reasons.append(f"the fleet view and repair listeners are {lag:.0f} s behind the acks")
+        reasons += self.supervisor.looping()
+        for name, task in self._tasks.items():
+            if task.done() and not self._stopping:
+                reasons.append(f"background task {name} has ended")
+        return reasons
+
     def status(self) -> fleet_pb2.AggregatorStatus:
         spool = self.spool.status()
+        reasons = self.unhealthy()
         return fleet_pb2.AggregatorStatus(
             version=gpufleet.__version__,
             store=self.config.store,
-            store_ok=spool.batches == 0,
-            store_error=self.writer.store_error if spool.batches else "",
+            store_ok=spool.batches == 0 and not self.writer.not_acking,
+            store_error=self.writer.not_acking or (self.writer.store_error if spool.batches else ""),
             spool=fleet_pb2.SpoolStatus(
                 bytes=spool.bytes,
                 batches=spool.batches,
@@ -155,14 +200,30 @@ class Aggregator:
                 max_bytes=spool.max_bytes,
                 near_limit=spool.near_limit,
                 refused_batches_total=spool.refused_total,
+                quarantined_batches=spool.quarantined_batches,
+                quarantined_points=spool.quarantined_points,
+                quarantine_dir=spool.quarantine_dir,
             ),
-            store_points_dropped_total=getattr(self.store, "points_dropped_total", 0),
+            store_points_dropped_total=self.store.points_dropped_total,
             nodes=len(self.fleet.nodes),
             streams_open=self.ingest.streams_open,
+            healthy=not reasons,
+            unhealthy_reasons=reasons,
+            acknowledging=not self.writer.not_acking,
+            not_acknowledging_reason=self.writer.not_acking,
+            oldest_unacked_s=self.writer.oldest_waiting_s(),
+            tasks=[
+                fleet_pb2.TaskStatus(name=r.name, restarts_total=r.restarts_total, last_error=r.last_error)
+                for r in self.supervisor.records.values()
+            ],
+            store_refused_reports_total=self.writer.refused_reports_total,
+            listener_errors_total=self.fanout.errors_total,
+            listener_reports_dropped_total=self.fanout.dropped_total,
         )
 
     async def start(self) -> Bound:
-        self.writer.start()
+        self.writer.start(self.supervisor)
+        self._tasks["fanout"] = self.supervisor.start("fanout", self.fanout.run)
         self.alerts.start()
         ingest_server = grpc.aio.server(options=SERVER_OPTIONS)
         ingest_server.add_generic_rpc_handlers((self.ingest.handler(),))
@@ -176,8 +237,8 @@ class Aggregator:
         metrics_addr = ""
         if self.config.metrics_listen:
             host, port = _split(self.config.metrics_listen)
-            self._http, _thread = start_http_server(port, host, registry=self.metrics.registry)
-            metrics_addr = f"{host}:{self._http.server_port}"
+            self._http = serve_http(host, port, self.metrics.registry, self.unhealthy)
+            metrics_addr = f"{host or '0.0.0.0'}:{self._http.server_port}"
         bound = Bound(ingest_addr, fleet_addr, metrics_addr)
         log.info(
             "aggregator serving: ingest %s, fleet API %s, metrics %s, store %s in %s (%d known nodes)",
@@ -212,9 +273,32 @@ class Aggregator:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), RETENTION_EVERY_S)
 
+    def run_background(self, stop: asyncio.Event) -> None:
+        """The aggregator's periodic loops, each supervised (a crash is logged, counted and the
+        loop restarted; a loop that ends early shows in the watchdog)."""
+        loops = {
+            "retention": lambda: self.retention_loop(stop),
+            "restore": lambda: self.restore_loop(stop),
+            "rollups": lambda: self.rollup_loop(stop),
+            "repair": lambda: self.repair.run(stop, self.config.repair_interval_s),
+        }
+        for name, body in loops.items():
+            task = self.supervisor.start(name, body)
+            self._loops.append(task)
+            if name != "restore":  # restore ends once the live view is seeded
+                self._tasks[name] = task
+
+    async def wait_loops(self, timeout_s: float = 60.0) -> None:
+        """After stop is set: let each loop finish its pass (a repair step is not cut short)."""
+        self._stopping = True
+        if self._loops:
+            await asyncio.wait(self._loops, timeout=timeout_s)
+
     async def stop(self, grace_s: float = 5.0) -> None:
+        self._stopping = True
         await asyncio.gather(*(s.stop(grace_s) for s in self._servers))
         await self.writer.close()
+        await self.supervisor.stop()
         await self.alerts.close()
         self.repair_state.close()
         if self._http is not None:
@@ -230,12 +314,7 @@ async def run_aggregator(config: AggregatorConfig) -> None:
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
     await aggregator.start()
-    background = [
-        asyncio.create_task(aggregator.retention_loop(stop)),
-        asyncio.create_task(aggregator.restore_loop(stop)),
-        asyncio.create_task(aggregator.rollup_loop(stop)),
-        asyncio.create_task(aggregator.repair.run(stop, config.repair_interval_s)),
-    ]
+    aggregator.run_background(stop)
     await stop.wait()
-    await asyncio.gather(*background)
+    await aggregator.wait_loops()
     await aggregator.stop()

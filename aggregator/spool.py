@@ -11,10 +11,18 @@ Bounded by `max_bytes`: past `warn_ratio` of it the spool reports itself near it
 (gauge gpufleet_spool_near_limit, a logged warning — alert on it); at the limit it refuses
 new batches (counted), so the aggregator stops acknowledging and collectors keep the reports
 in their own replay buffers until there is room. Nothing is dropped here.
+
+A disk that cannot take the segment (ENOSPC, EIO) raises SpoolUnavailable: the batch is not
+acknowledged, and the half-written file is removed. A batch the store refuses again and again
+(the writer's POISON_RETRIES) is bisected by the writer; the points the store will not take
+are moved to `quarantine/` beside the segments, one `.seg` (the points, as spooled) and one
+`.json` (why, when, how often) per batch. Quarantined batches are kept, counted and shown in
+`gpufleet status`; a restart does not bring them back into the drain.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -24,13 +32,17 @@ from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
 
-from gpufleet.aggregator.store.base import Point, StoreError
+from gpufleet.aggregator.store.base import Point, StoreUnavailable
 
 log = logging.getLogger("gpufleet.aggregator.spool")
 
 
-class SpoolFull(StoreError):
+class SpoolFull(StoreUnavailable):
     """The spool is at its size limit; the batch was not taken."""
+
+
+class SpoolUnavailable(StoreUnavailable):
+    """The spool's disk cannot take the batch (full, I/O error); the batch was not taken."""
 
 
 @dataclass
@@ -44,6 +56,9 @@ class SpoolStatus:
     max_bytes: int
     near_limit: bool
     refused_total: int
+    quarantined_batches: int
+    quarantined_points: int
+    quarantine_dir: str
 
 
 def _encode(points: list[Point]) -> bytes:
@@ -88,6 +103,21 @@ class Spool:
         self.refused_total = 0
         self._drained: deque[tuple[float, int]] = deque(maxlen=120)  # (monotonic, points) per drain
         self._warned = False
+        self.quarantine_dir = self.directory / "quarantine"
+        self.quarantine_dir.mkdir(exist_ok=True)
+        self.quarantined_batches = 0
+        self.quarantined_points = 0
+        for meta in self.quarantine_dir.glob("*.json"):
+            self.quarantined_batches += 1
+            with contextlib.suppress(OSError, ValueError):  # an unreadable sidecar still counts
+                self.quarantined_points += int(json.loads(meta.read_text()).get("points", 0))
+        if self.quarantined_batches:
+            log.warning(
+                "spool quarantine holds %d batch(es), %d points the store refused, in %s",
+                self.quarantined_batches,
+                self.quarantined_points,
+                self.quarantine_dir,
+            )
         if self._segments:
             log.warning(
                 "spool holds %d batch(es), %d bytes from before the restart; draining them first",
@@ -111,17 +141,13 @@ class Spool:
             n = self._next
             self._next += 1
         path = self.directory / f"{n:016d}.seg"
-        tmp = path.with_suffix(".tmp")
-        with open(tmp, "wb") as fh:
-            fh.write(data)
-            fh.flush()
-            os.fsync(fh.fileno())
-        tmp.replace(path)
-        dir_fd = os.open(self.directory, os.O_RDONLY)
         try:
-            os.fsync(dir_fd)  # the rename itself survives a power cut
-        finally:
-            os.close(dir_fd)
+            _write_durably(path, data)
+        except OSError as exc:
+            raise SpoolUnavailable(
+                f"cannot write spool segment {path} ({len(data)} bytes): {exc.strerror or exc}; "
+                "not acknowledging until the disk takes writes again"
+            ) from exc
         with self._lock:
             self._segments.append((n, path, len(data), len(points), time.time()))
             self._bytes += len(data)
@@ -142,6 +168,44 @@ class Spool:
                 return None
             n, path = self._segments[0][0], self._segments[0][1]
         return n, _decode(path.read_bytes())
+
+    def quarantine(self, n: int, points: list[Point], error: str, refusals: int) -> None:
+        """Keep `points` of segment n (those the store refused) aside, and drop segment n."""
+        base = self.quarantine_dir / f"{n:016d}"
+        _write_durably(base.with_suffix(".seg"), _encode(points))
+        meta = {"segment": n, "points": len(points), "error": error, "refusals": refusals, "at": time.time()}
+        _write_durably(base.with_suffix(".json"), json.dumps(meta).encode())
+        self.quarantined_batches += 1
+        self.quarantined_points += len(points)
+        log.error(
+            "spooled batch %d: the store refused %d point(s) %d times (%s); kept in %s, the rest "
+            "of the spool drains",
+            n,
+            len(points),
+            refusals,
+            error,
+            base.with_suffix(".seg"),
+        )
+        self.remove(n)
+
+    def quarantine_unreadable(self, error: str) -> None:
+        """The oldest segment cannot be read back: move it into the quarantine as it is."""
+        with self._lock:
+            if not self._segments:
+                return
+            n, path = self._segments[0][0], self._segments[0][1]
+        base = self.quarantine_dir / f"{n:016d}"
+        path.replace(base.with_suffix(".seg"))
+        meta = {"segment": n, "points": 0, "error": f"unreadable: {error}", "refusals": 0, "at": time.time()}
+        _write_durably(base.with_suffix(".json"), json.dumps(meta).encode())
+        self.quarantined_batches += 1
+        log.error(
+            "spooled batch %d cannot be read back (%s); moved to %s", n, error, base.with_suffix(".seg")
+        )
+        with self._lock:
+            if self._segments and self._segments[0][0] == n:
+                _, _, size, _, _ = self._segments.popleft()
+                self._bytes -= size
 
     def remove(self, n: int) -> None:
         with self._lock:
@@ -171,4 +235,27 @@ class Spool:
             self.max_bytes,
             size >= self.warn_ratio * self.max_bytes,
             self.refused_total,
+            self.quarantined_batches,
+            self.quarantined_points,
+            str(self.quarantine_dir),
         )
+
+
+def _write_durably(path: Path, data: bytes) -> None:
+    """Write, fsync and rename into place (then fsync the folder): a crash or a full disk
+    never leaves half a file under the final name."""
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    try:
+        with open(tmp, "wb") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+        tmp.replace(path)
+    except OSError:
+        tmp.unlink(missing_ok=True)
+        raise
+    dir_fd = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(dir_fd)  # the rename itself survives a power cut
+    finally:
+        os.close(dir_fd)

@@ -1,183 +1,179 @@
-"""Checks on what collectors send. Each failure names the node, the report, the field and
-the value, and carries the gRPC status the sender gets back plus a short reason label
-for the aggregator's rejection counter."""
+"""Checks on what collectors send. Every field is checked against its rule in
+`wire_rules.RULES` (what both stores can hold and what is sane); on top of that, what only
+the stream knows: the node and boot the stream is authenticated as, the GPUs the hello
+declared, the sequence number and the time window. Each failure names the node, the report,
+the field and the value, and carries the gRPC status the sender gets back plus a short reason
+label for the aggregator's rejection counter."""
 
 from __future__ import annotations
 
 import math
-import re
 import time
 
 import grpc
 
-from gpufleet.aggregator.schema import BadValue, PointConverter
+from gpufleet.aggregator.schema import PointConverter
 from gpufleet.aggregator.store import Point
+from gpufleet.aggregator.wire_rules import (
+    INT64_MAX,
+    MAX_ENGINES_PER_REPORT,
+    MAX_EVENTS_PER_REPORT,
+    MAX_GPUS_PER_NODE,
+    MAX_NAME,
+    RULES,
+    Rejection,
+    WireValidator,
+    text_why,
+)
 from gpufleet.protos import ingest_pb2, telemetry_pb2
 
 SUPPORTED_PROTOCOLS = frozenset({1})
-MAX_GPUS_PER_NODE = 64
-MAX_ENGINES_PER_REPORT = 64
-MAX_EVENTS_PER_REPORT = 1000
-_MAX_NAME = 253
-_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+
+__all__ = [
+    "MAX_ENGINES_PER_REPORT",
+    "MAX_EVENTS_PER_REPORT",
+    "MAX_GPUS_PER_NODE",
+    "Checker",
+    "Rejection",
+]
 
 
-class Rejection(Exception):
-    def __init__(self, code: grpc.StatusCode, reason: str, message: str) -> None:
-        super().__init__(message)
-        self.code = code
-        self.reason = reason  # bounded label: bad_value, gpu_index, node_mismatch, ...
-        self.message = message
+def _invalid(reason: str, message: str) -> Rejection:
+    return Rejection(grpc.StatusCode.INVALID_ARGUMENT, reason, message)
 
 
-def _check_name(what: str, value: str) -> None:
-    if not value or len(value) > _MAX_NAME or _CONTROL.search(value) or value != value.strip():
-        raise Rejection(
-            grpc.StatusCode.INVALID_ARGUMENT,
-            "bad_name",
-            f"{what} {value!r} is not usable: give 1-{_MAX_NAME} characters, no control "
-            "characters or surrounding spaces",
-        )
+class Checker:
+    """The ingest checks, with the wire rules compiled once."""
 
+    def __init__(self, max_report_bytes: int, retention_s: float, max_clock_skew_s: float) -> None:
+        self.max_report_bytes = max_report_bytes
+        self.retention_s = retention_s
+        self.max_clock_skew_s = max_clock_skew_s
+        self._wire = WireValidator()
+        self._converter = PointConverter()
 
-def check_hello(hello: ingest_pb2.Hello) -> None:
-    if hello.protocol_version not in SUPPORTED_PROTOCOLS:
-        raise Rejection(
-            grpc.StatusCode.FAILED_PRECONDITION,
-            "protocol_version",
-            f"node {hello.node!r}: collector speaks protocol version {hello.protocol_version}; "
-            f"this aggregator speaks {', '.join(map(str, sorted(SUPPORTED_PROTOCOLS)))}. "
-            "Run matching collector and aggregator releases.",
-        )
-    _check_name("node name", hello.node)
-    _check_name("cluster name", hello.cluster or "default")
-    if not hello.boot_id or len(hello.boot_id) > 64:
-        raise Rejection(
-            grpc.StatusCode.INVALID_ARGUMENT,
-            "bad_hello",
-            f"node {hello.node!r}: hello needs a boot_id of 1-64 characters",
-        )
-    if not (math.isfinite(hello.interval_s) and 0.05 <= hello.interval_s <= 3600):
-        raise Rejection(
-            grpc.StatusCode.INVALID_ARGUMENT,
-            "bad_hello",
-            f"node {hello.node!r}: interval_s={hello.interval_s} must be 0.05..3600",
-        )
-    if len(hello.gpus) > MAX_GPUS_PER_NODE:
-        raise Rejection(
-            grpc.StatusCode.INVALID_ARGUMENT,
-            "gpu_index",
-            f"node {hello.node!r}: {len(hello.gpus)} GPUs is more than {MAX_GPUS_PER_NODE}",
-        )
+    def check_message(self, msg: ingest_pb2.CollectorMessage, where: str) -> None:
+        """The wire rules alone (a command result, or anything not checked below)."""
+        self._wire.check(msg, where)
 
-
-def check_report(
-    report: telemetry_pb2.NodeReport,
-    hello: ingest_pb2.Hello,
-    max_report_bytes: int,
-    retention_s: float,
-    max_clock_skew_s: float,
-    now_ns: int | None = None,
-) -> None:
-    """Raise Rejection if the report must not be stored."""
-    node = hello.node
-    where = f"node {node!r}: report seq {report.seq}"
-    size = report.ByteSize()
-    if size > max_report_bytes:
-        raise Rejection(
-            grpc.StatusCode.RESOURCE_EXHAUSTED,
-            "oversized",
-            f"{where} is {size} bytes; the limit is {max_report_bytes}",
-        )
-    if report.node != node:
-        raise Rejection(
-            grpc.StatusCode.PERMISSION_DENIED,
-            "node_mismatch",
-            f"{where} names node {report.node!r}, but this stream is authenticated as {node!r}; "
-            "a collector may only report for its own node",
-        )
-    if report.boot_id != hello.boot_id:
-        raise Rejection(
-            grpc.StatusCode.INVALID_ARGUMENT,
-            "boot_id",
-            f"{where} carries boot_id {report.boot_id!r}, the stream's is {hello.boot_id!r}",
-        )
-    if not (math.isfinite(report.interval_s) and 0 <= report.interval_s <= 3600):
-        raise Rejection(
-            grpc.StatusCode.INVALID_ARGUMENT,
-            "bad_value",
-            f"{where}: interval_s={report.interval_s} must be 0..3600",
-        )
-    if report.seq < 1:
-        raise Rejection(grpc.StatusCode.INVALID_ARGUMENT, "bad_seq", f"{where}: seq must be ≥ 1")
-    now_ns = now_ns or time.time_ns()
-    ts = report.time_unix_ns
-    if ts > now_ns + max_clock_skew_s * 1e9 or ts < now_ns - retention_s * 1e9:
-        raise Rejection(
-            grpc.StatusCode.INVALID_ARGUMENT,
-            "timestamp",
-            f"{where} has time_unix_ns={ts} ({(ts - now_ns) / 1e9:+.0f} s from the aggregator's "
-            f"clock); accepted: up to {max_clock_skew_s:g} s ahead and {retention_s:g} s back. "
-            "Check the node's clock (NTP).",
-        )
-    if len(report.engines) > MAX_ENGINES_PER_REPORT or len(report.events) > MAX_EVENTS_PER_REPORT:
-        raise Rejection(
-            grpc.StatusCode.RESOURCE_EXHAUSTED,
-            "oversized",
-            f"{where} has {len(report.engines)} engines and {len(report.events)} "
-            f"events; limits are {MAX_ENGINES_PER_REPORT} and {MAX_EVENTS_PER_REPORT}",
-        )
-    gpu_count = len(hello.gpus)
-    seen: set[int] = set()
-    for gpu in report.gpus:
-        if gpu.index >= gpu_count:
+    def check_hello(self, hello: ingest_pb2.Hello) -> None:
+        where = f"node {hello.node!r}: hello"
+        if hello.protocol_version not in SUPPORTED_PROTOCOLS:
             raise Rejection(
-                grpc.StatusCode.INVALID_ARGUMENT,
-                "gpu_index",
-                f"{where} has GPU index {gpu.index}; the node declared {gpu_count} GPU(s) "
-                f"(indices 0..{gpu_count - 1})",
+                grpc.StatusCode.FAILED_PRECONDITION,
+                "protocol_version",
+                f"node {hello.node!r}: collector speaks protocol version {hello.protocol_version}; "
+                f"this aggregator speaks {', '.join(map(str, sorted(SUPPORTED_PROTOCOLS)))}. "
+                "Run matching collector and aggregator releases.",
             )
-        if gpu.index in seen:
-            raise Rejection(
-                grpc.StatusCode.INVALID_ARGUMENT, "gpu_index", f"{where} has GPU index {gpu.index} twice"
-            )
-        seen.add(gpu.index)
-        if (
-            gpu.HasField("hbm_used_bytes")
-            and gpu.HasField("hbm_total_bytes")
-            and (gpu.hbm_used_bytes > gpu.hbm_total_bytes)
-        ):
-            raise Rejection(
-                grpc.StatusCode.INVALID_ARGUMENT,
-                "bad_value",
-                f"{where} GPU {gpu.index} has hbm_used_bytes={gpu.hbm_used_bytes} above "
-                f"hbm_total_bytes={gpu.hbm_total_bytes}",
-            )
-    for eng in report.engines:
-        for i in eng.gpu_indices:
-            if i >= gpu_count:
-                raise Rejection(
-                    grpc.StatusCode.INVALID_ARGUMENT,
-                    "gpu_index",
-                    f"{where} engine {eng.engine}:{eng.port} names GPU {i}; the node declared {gpu_count}",
+        for what, value in (("node name", hello.node), ("cluster name", hello.cluster or "default")):
+            why = "is empty" if not value else text_why(value, RULES["Hello.node"])  # type: ignore[arg-type]
+            if why:
+                raise _invalid(
+                    "bad_name",
+                    f"{what} {value!r} is not usable ({why}): give 1-{MAX_NAME} characters, no "
+                    "control characters, backslashes or surrounding spaces",
                 )
-    for ev in report.events:
-        if ev.HasField("gpu_index") and ev.gpu_index >= gpu_count:
+        try:
+            self._wire.check(hello, where)
+        except Rejection as r:
+            if r.reason in ("bad_text", "bad_value"):
+                raise _invalid("bad_hello", r.message) from None
+            raise
+        if not hello.boot_id:
+            raise _invalid("bad_hello", f"{where} needs a boot_id of 1-64 characters")
+        if not (math.isfinite(hello.interval_s) and 0.05 <= hello.interval_s <= 3600):
+            raise _invalid("bad_hello", f"{where}: interval_s={hello.interval_s} must be 0.05..3600")
+        indices = [g.index for g in hello.gpus]
+        if len(set(indices)) != len(indices):
+            raise _invalid("gpu_index", f"{where} declares GPU indices {indices}: each at most once")
+
+    def check_report(
+        self, report: telemetry_pb2.NodeReport, hello: ingest_pb2.Hello, now_ns: int | None = None
+    ) -> None:
+        """Raise Rejection if the report must not be stored."""
+        node = hello.node
+        where = f"node {node!r}: report seq {report.seq}"
+        size = report.ByteSize()
+        if size > self.max_report_bytes:
             raise Rejection(
-                grpc.StatusCode.INVALID_ARGUMENT,
-                "gpu_index",
-                f"{where} has an event for GPU {ev.gpu_index}; the node declared {gpu_count}",
+                grpc.StatusCode.RESOURCE_EXHAUSTED,
+                "oversized",
+                f"{where} is {size} bytes; the limit is {self.max_report_bytes}",
             )
+        if report.node != node:
+            raise Rejection(
+                grpc.StatusCode.PERMISSION_DENIED,
+                "node_mismatch",
+                f"{where} names node {report.node!r}, but this stream is authenticated as {node!r}; "
+                "a collector may only report for its own node",
+            )
+        if report.boot_id != hello.boot_id:
+            raise _invalid(
+                "boot_id", f"{where} carries boot_id {report.boot_id!r}, the stream's is {hello.boot_id!r}"
+            )
+        if not 1 <= report.seq <= INT64_MAX:
+            raise _invalid("bad_seq", f"{where}: seq must be 1..{INT64_MAX}")
+        now_ns = now_ns or time.time_ns()
+        oldest_ns = now_ns - int(self.retention_s * 1e9)
+        newest_ns = now_ns + int(self.max_clock_skew_s * 1e9)
+        if not oldest_ns <= report.time_unix_ns <= newest_ns:
+            raise _invalid("timestamp", self._time_message(where, "has", report.time_unix_ns, now_ns))
+        if len(report.engines) > MAX_ENGINES_PER_REPORT or len(report.events) > MAX_EVENTS_PER_REPORT:
+            raise Rejection(
+                grpc.StatusCode.RESOURCE_EXHAUSTED,
+                "oversized",
+                f"{where} has {len(report.engines)} engines and {len(report.events)} "
+                f"events; limits are {MAX_ENGINES_PER_REPORT} and {MAX_EVENTS_PER_REPORT}",
+            )
+        self._wire.check(report, where)
+        gpu_count = len(hello.gpus)
+        seen: set[int] = set()
+        for gpu in report.gpus:
+            if gpu.index >= gpu_count:
+                raise _invalid(
+                    "gpu_index",
+                    f"{where} has GPU index {gpu.index}; the node declared {gpu_count} GPU(s) "
+                    f"(indices 0..{gpu_count - 1})",
+                )
+            if gpu.index in seen:
+                raise _invalid("gpu_index", f"{where} has GPU index {gpu.index} twice")
+            seen.add(gpu.index)
+            if (
+                gpu.HasField("hbm_used_bytes")
+                and gpu.HasField("hbm_total_bytes")
+                and (gpu.hbm_used_bytes > gpu.hbm_total_bytes)
+            ):
+                raise _invalid(
+                    "bad_value",
+                    f"{where} GPU {gpu.index} has hbm_used_bytes={gpu.hbm_used_bytes} above "
+                    f"hbm_total_bytes={gpu.hbm_total_bytes}",
+                )
+        for eng in report.engines:
+            for i in eng.gpu_indices:
+                if i >= gpu_count:
+                    raise _invalid(
+                        "gpu_index",
+                        f"{where} engine {eng.engine}:{eng.port} names GPU {i}; "
+                        f"the node declared {gpu_count}",
+                    )
+        for ev in report.events:
+            if ev.HasField("gpu_index") and ev.gpu_index >= gpu_count:
+                raise _invalid(
+                    "gpu_index", f"{where} has an event for GPU {ev.gpu_index}; the node declared {gpu_count}"
+                )
+            if ev.time_unix_ns and not oldest_ns <= ev.time_unix_ns <= newest_ns:
+                raise _invalid(
+                    "timestamp", self._time_message(where, "has an event at", ev.time_unix_ns, now_ns)
+                )
 
+    def _time_message(self, where: str, verb: str, ts: int, now_ns: int) -> str:
+        return (
+            f"{where} {verb} time_unix_ns={ts} ({(ts - now_ns) / 1e9:+.0f} s from the aggregator's "
+            f"clock); accepted: up to {self.max_clock_skew_s:g} s ahead and {self.retention_s:g} s back. "
+            "Check the node's clock (NTP)."
+        )
 
-def convert(converter: PointConverter, report: telemetry_pb2.NodeReport) -> list[Point]:
-    """The report's points; Rejection if a measurement is implausible (checked as converted,
-    so each field is visited once: this is the ingest hot path)."""
-    try:
-        return converter.convert(report)
-    except BadValue as bad:
-        raise Rejection(
-            grpc.StatusCode.INVALID_ARGUMENT,
-            "bad_value",
-            f"node {report.node!r}: report seq {report.seq} {bad}; report rejected",
-        ) from None
+    def points(self, report: telemetry_pb2.NodeReport) -> list[Point]:
+        """The points a checked report is stored as."""
+        return self._converter.convert(report)

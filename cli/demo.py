@@ -223,6 +223,8 @@ def run_demo(args: argparse.Namespace) -> int:
                     bound["ingest"],
                     "--metrics-listen",
                     "127.0.0.1:0",
+                    "--state-dir",
+                    str(data_dir / "collectors"),
                     *(["--sim-engine", DEMO_ENGINES[i % 4]] if DEMO_ENGINES[i % 4] else []),
                     *(["--sim-scenario", str(Path(args.scenario).resolve())] if args.scenario else []),
                 ),

@@ -363,18 +363,43 @@ def print_status(st: fleet_pb2.AggregatorStatus, as_json: bool) -> None:
     if as_json:
         out = message_fields(st)
         out["spool"] = message_fields(st.spool)
+        out["unhealthy_reasons"] = list(st.unhealthy_reasons)
+        out["tasks"] = [message_fields(t) for t in st.tasks]
         print(json.dumps(out, indent=2))
         return
     sp = st.spool
+    health = "healthy" if st.healthy else "UNHEALTHY"
+    print(
+        f"aggregator {st.version}: {health}; {st.nodes} nodes known, {st.streams_open} collector streams "
+        f"open; oldest report waiting for its ack {st.oldest_unacked_s:.1f}s"
+    )
+    for reason in st.unhealthy_reasons:
+        print(f"  unhealthy: {reason}")
+    if not st.acknowledging:
+        print(f"NOT ACKNOWLEDGING: {st.not_acknowledging_reason} (collectors keep their reports)")
     state = "ok" if st.store_ok else f"NOT TAKING WRITES: {st.store_error or 'unknown error'}"
-    print(f"aggregator {st.version}: {st.nodes} nodes known, {st.streams_open} collector streams open")
-    print(f"store {st.store}: {state}; {st.store_points_dropped_total} points rejected by the store")
+    print(
+        f"store {st.store}: {state}; {st.store_refused_reports_total} reports refused by the store, "
+        f"{st.store_points_dropped_total} points dropped by it"
+    )
     size = f"{sp.bytes / 2**20:.1f} of {sp.max_bytes / 2**20:.0f} MiB"
     print(
         f"spool: {sp.batches} batches, {sp.points} points, {size}"
         f"{' (NEAR ITS LIMIT)' if sp.near_limit else ''}, oldest {sp.oldest_age_s:.0f}s, draining "
         f"{sp.drain_points_per_s:.0f} points/s, {sp.refused_batches_total} batches refused when full"
     )
+    if sp.quarantined_batches:
+        print(
+            f"spool quarantine: {sp.quarantined_batches} batches, {sp.quarantined_points} points the store "
+            f"refused again and again, kept in {sp.quarantine_dir}"
+        )
+    print(
+        f"listeners: {st.listener_errors_total} errors, {st.listener_reports_dropped_total} reports not "
+        "handed to the fleet view (queue full)"
+    )
+    restarted = [t for t in st.tasks if t.restarts_total]
+    for t in restarted:
+        print(f"task {t.name}: restarted {t.restarts_total} times; last error {t.last_error}")
 
 
 def run(client: FleetClient, args: Any) -> None:

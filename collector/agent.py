@@ -20,6 +20,7 @@ from pathlib import Path
 import grpc
 
 import gpufleet
+from gpufleet.collector import carryover
 from gpufleet.collector.commands import run_command
 from gpufleet.collector.config import CollectorConfig
 from gpufleet.collector.replay_buffer import ReplayBuffer
@@ -235,6 +236,8 @@ class CollectorAgent:
         """One connection: hello, replay, then live reports until something breaks."""
         async with open_channel(self.config.aggregator, self.config.tls_ca) as channel:
             stub = ingest_pb2_grpc.IngestStub(channel)
+            # Read again at every connect: a projected Kubernetes token is rotated by the kubelet.
+            self.token = self.config.resolve_token()
             call = stub.Stream(metadata=(("authorization", f"Bearer {self.token}"),))
             await call.write(self._hello())
             first = await call.read()
@@ -371,9 +374,48 @@ class CollectorAgent:
             self.config.aggregator,
             extra={"boot_id": self.boot_id},
         )
+        self._carry_in()
         sampler = asyncio.create_task(self._sample_loop(stop))
         try:
             await self._stream_loop(stop)
         finally:
             stop.set()
             await sampler
+            self._carry_out()
+
+    def _carry_in(self) -> None:
+        """Reports a previous run of this node's collector left unacknowledged go first."""
+        if not self.config.state_dir:
+            return
+        path = carryover.carry_path(self.config.state_dir, self.config.node)
+        try:
+            carried = carryover.load(path, self.config.node, self.config.buffer_reports)
+        except OSError as exc:
+            log.error("cannot read carried-over reports from %s: %s", path, exc)
+            return
+        for report in carried:
+            self.seq += 1
+            report.boot_id, report.seq = self.boot_id, self.seq
+            self.buffer.add(report)
+        if carried:
+            log.info("%d report(s) left unacknowledged by the last run are sent first", len(carried))
+
+    def _carry_out(self) -> None:
+        left = self.buffer.after(0)
+        if not left:
+            return
+        if not self.config.state_dir:
+            log.warning(
+                "exiting with %d unacknowledged report(s), not kept: set state_dir to send them after "
+                "the restart",
+                len(left),
+                extra={"unacked": len(left)},
+            )
+            return
+        path = carryover.carry_path(self.config.state_dir, self.config.node)
+        try:
+            carryover.save(path, left)
+        except OSError as exc:
+            log.error("cannot keep %d unacknowledged report(s) in %s: %s", len(left), path, exc)
+            return
+        log.info("%d unacknowledged report(s) kept in %s for the next start", len(left), path)

@@ -29,9 +29,12 @@ class CollectorConfig:
     token_file: str = _setting("", "file holding the collector credential")
     secret_file: str = _setting(
         "",
-        "file holding the fleet's collector secret: derive this node's credential from it (for "
-        "Kubernetes DaemonSets; any host with the secret can report as any node, so prefer per-node "
-        "tokens where they can be issued)",
+        "file holding the fleet's collector secret: derive this node's credential from it. Any host "
+        "holding the secret can report as every node, so it needs allow_shared_secret = true; prefer a "
+        "per-node token_file (bare metal) or the projected ServiceAccount token (Kubernetes)",
+    )
+    allow_shared_secret: bool = _setting(
+        False, "opt in to secret_file, knowing one compromised node could then report as any other"
     )
     interval_s: float = _setting(5.0, "seconds between samples")
     buffer_reports: int = _setting(
@@ -77,6 +80,11 @@ class CollectorConfig:
         5.0,
         "on SIGTERM, seconds to wait for unacknowledged reports to be acknowledged",
     )
+    state_dir: str = _setting(
+        "",
+        "where reports still unacknowledged at a stop are kept and sent again after the restart "
+        "(empty: not kept; the shipped systemd unit and DaemonSet set it)",
+    )
 
     def __post_init__(self) -> None:
         if not self.node or len(self.node) > 253 or any(c.isspace() or ord(c) < 32 for c in self.node):
@@ -98,6 +106,13 @@ class CollectorConfig:
         if not 0.1 <= self.engine_timeout_s <= 60:
             raise ValueError(f"engine_timeout_s={self.engine_timeout_s} must be between 0.1 and 60")
         parse_endpoints(self.engines)  # raises ValueError naming the bad entry
+        if self.secret_file and not self.allow_shared_secret:
+            raise ValueError(
+                "secret_file derives this node's credential from the fleet-wide collector secret, so "
+                "any host holding it can report as every node; use token_file (a per-node token from "
+                "`gpufleet auth collector-token NODE`, or the projected ServiceAccount token on "
+                "Kubernetes), or set allow_shared_secret = true to accept that risk"
+            )
         if ":" not in self.aggregator:
             raise ValueError(f"aggregator={self.aggregator!r} must be host:port")
 

@@ -9,6 +9,8 @@ flicker); the history explorer runs when its inputs change.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import streamlit as st
 
 from gpufleet.dashboard.fleet import client, try_call
@@ -25,10 +27,31 @@ PAGES = {
 }
 
 
+def health_banner() -> None:
+    """The aggregator's watchdog, on every page: why it is unhealthy (e.g. not acknowledging)."""
+    status, error = try_call("GetStatus", fleet_pb2.StatusRequest())
+    if error or status is None or status.healthy:
+        return
+    st.error("Aggregator UNHEALTHY: " + "; ".join(status.unhealthy_reasons))
+    if status.spool.quarantined_batches:
+        st.warning(
+            f"{status.spool.quarantined_batches} spooled batch(es) quarantined in "
+            f"{status.spool.quarantine_dir}"
+        )
+
+
+def page(render: Callable[[], None]) -> Callable[[], None]:
+    def with_banner() -> None:
+        health_banner()
+        render()
+
+    return with_banner
+
+
 def main() -> None:
     st.set_page_config(page_title="gpufleet", layout="wide")
     st.sidebar.title("gpufleet")
-    page = st.sidebar.radio("page", list(PAGES))
+    chosen = st.sidebar.radio("page", list(PAGES))
     me, error = try_call("WhoAmI", fleet_pb2.WhoAmIRequest())
     where = f"Fleet API {client().settings.fleet}"
     if error:
@@ -36,11 +59,11 @@ def main() -> None:
         st.sidebar.caption(where)
         return
     st.sidebar.caption(f"{where} · {me.name} ({me.role}) · refresh every {REFRESH_S}s")
-    render, live = PAGES[page]
+    render, live = PAGES[chosen]
     if live:
-        st.fragment(render, run_every=REFRESH_S)()
+        st.fragment(page(render), run_every=REFRESH_S)()
     else:
-        render()
+        page(render)()
 
 
 main()

@@ -189,7 +189,7 @@ class StatusRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class SpoolStatus(_message.Message):
-    __slots__ = ("bytes", "batches", "points", "oldest_age_s", "drain_points_per_s", "drained_points_total", "max_bytes", "near_limit", "refused_batches_total")
+    __slots__ = ("bytes", "batches", "points", "oldest_age_s", "drain_points_per_s", "drained_points_total", "max_bytes", "near_limit", "refused_batches_total", "quarantined_batches", "quarantined_points", "quarantine_dir")
     BYTES_FIELD_NUMBER: _ClassVar[int]
     BATCHES_FIELD_NUMBER: _ClassVar[int]
     POINTS_FIELD_NUMBER: _ClassVar[int]
@@ -199,6 +199,9 @@ class SpoolStatus(_message.Message):
     MAX_BYTES_FIELD_NUMBER: _ClassVar[int]
     NEAR_LIMIT_FIELD_NUMBER: _ClassVar[int]
     REFUSED_BATCHES_TOTAL_FIELD_NUMBER: _ClassVar[int]
+    QUARANTINED_BATCHES_FIELD_NUMBER: _ClassVar[int]
+    QUARANTINED_POINTS_FIELD_NUMBER: _ClassVar[int]
+    QUARANTINE_DIR_FIELD_NUMBER: _ClassVar[int]
     bytes: int
     batches: int
     points: int
@@ -208,10 +211,23 @@ class SpoolStatus(_message.Message):
     max_bytes: int
     near_limit: bool
     refused_batches_total: int
-    def __init__(self, bytes: _Optional[int] = ..., batches: _Optional[int] = ..., points: _Optional[int] = ..., oldest_age_s: _Optional[float] = ..., drain_points_per_s: _Optional[float] = ..., drained_points_total: _Optional[int] = ..., max_bytes: _Optional[int] = ..., near_limit: _Optional[bool] = ..., refused_batches_total: _Optional[int] = ...) -> None: ...
+    quarantined_batches: int
+    quarantined_points: int
+    quarantine_dir: str
+    def __init__(self, bytes: _Optional[int] = ..., batches: _Optional[int] = ..., points: _Optional[int] = ..., oldest_age_s: _Optional[float] = ..., drain_points_per_s: _Optional[float] = ..., drained_points_total: _Optional[int] = ..., max_bytes: _Optional[int] = ..., near_limit: _Optional[bool] = ..., refused_batches_total: _Optional[int] = ..., quarantined_batches: _Optional[int] = ..., quarantined_points: _Optional[int] = ..., quarantine_dir: _Optional[str] = ...) -> None: ...
+
+class TaskStatus(_message.Message):
+    __slots__ = ("name", "restarts_total", "last_error")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    RESTARTS_TOTAL_FIELD_NUMBER: _ClassVar[int]
+    LAST_ERROR_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    restarts_total: int
+    last_error: str
+    def __init__(self, name: _Optional[str] = ..., restarts_total: _Optional[int] = ..., last_error: _Optional[str] = ...) -> None: ...
 
 class AggregatorStatus(_message.Message):
-    __slots__ = ("version", "store", "store_ok", "store_error", "spool", "store_points_dropped_total", "nodes", "streams_open")
+    __slots__ = ("version", "store", "store_ok", "store_error", "spool", "store_points_dropped_total", "nodes", "streams_open", "healthy", "unhealthy_reasons", "acknowledging", "not_acknowledging_reason", "oldest_unacked_s", "tasks", "store_refused_reports_total", "listener_errors_total", "listener_reports_dropped_total")
     VERSION_FIELD_NUMBER: _ClassVar[int]
     STORE_FIELD_NUMBER: _ClassVar[int]
     STORE_OK_FIELD_NUMBER: _ClassVar[int]
@@ -220,6 +236,15 @@ class AggregatorStatus(_message.Message):
     STORE_POINTS_DROPPED_TOTAL_FIELD_NUMBER: _ClassVar[int]
     NODES_FIELD_NUMBER: _ClassVar[int]
     STREAMS_OPEN_FIELD_NUMBER: _ClassVar[int]
+    HEALTHY_FIELD_NUMBER: _ClassVar[int]
+    UNHEALTHY_REASONS_FIELD_NUMBER: _ClassVar[int]
+    ACKNOWLEDGING_FIELD_NUMBER: _ClassVar[int]
+    NOT_ACKNOWLEDGING_REASON_FIELD_NUMBER: _ClassVar[int]
+    OLDEST_UNACKED_S_FIELD_NUMBER: _ClassVar[int]
+    TASKS_FIELD_NUMBER: _ClassVar[int]
+    STORE_REFUSED_REPORTS_TOTAL_FIELD_NUMBER: _ClassVar[int]
+    LISTENER_ERRORS_TOTAL_FIELD_NUMBER: _ClassVar[int]
+    LISTENER_REPORTS_DROPPED_TOTAL_FIELD_NUMBER: _ClassVar[int]
     version: str
     store: str
     store_ok: bool
@@ -228,7 +253,16 @@ class AggregatorStatus(_message.Message):
     store_points_dropped_total: int
     nodes: int
     streams_open: int
-    def __init__(self, version: _Optional[str] = ..., store: _Optional[str] = ..., store_ok: _Optional[bool] = ..., store_error: _Optional[str] = ..., spool: _Optional[_Union[SpoolStatus, _Mapping]] = ..., store_points_dropped_total: _Optional[int] = ..., nodes: _Optional[int] = ..., streams_open: _Optional[int] = ...) -> None: ...
+    healthy: bool
+    unhealthy_reasons: _containers.RepeatedScalarFieldContainer[str]
+    acknowledging: bool
+    not_acknowledging_reason: str
+    oldest_unacked_s: float
+    tasks: _containers.RepeatedCompositeFieldContainer[TaskStatus]
+    store_refused_reports_total: int
+    listener_errors_total: int
+    listener_reports_dropped_total: int
+    def __init__(self, version: _Optional[str] = ..., store: _Optional[str] = ..., store_ok: _Optional[bool] = ..., store_error: _Optional[str] = ..., spool: _Optional[_Union[SpoolStatus, _Mapping]] = ..., store_points_dropped_total: _Optional[int] = ..., nodes: _Optional[int] = ..., streams_open: _Optional[int] = ..., healthy: _Optional[bool] = ..., unhealthy_reasons: _Optional[_Iterable[str]] = ..., acknowledging: _Optional[bool] = ..., not_acknowledging_reason: _Optional[str] = ..., oldest_unacked_s: _Optional[float] = ..., tasks: _Optional[_Iterable[_Union[TaskStatus, _Mapping]]] = ..., store_refused_reports_total: _Optional[int] = ..., listener_errors_total: _Optional[int] = ..., listener_reports_dropped_total: _Optional[int] = ...) -> None: ...
 
 class WhoAmIRequest(_message.Message):
     __slots__ = ()

@@ -6,10 +6,17 @@ server would: bearer token, paths, Content-Type of patches (strategic merge for 
 JSON Patch only for lists), the Eviction body, and PodDisruptionBudgets — an eviction that
 would take a budget below minAvailable gets 429, as the real eviction subresource answers.
 Every request is recorded (verb, path, content type, body) for the tests to check, and the
-verbs/resources seen are compared with the RBAC the deploy manifests grant."""
+verbs/resources seen are compared with the RBAC the deploy manifests grant.
+
+It also answers TokenReview (authentication.k8s.io/v1) for the tokens it issued with
+issue_token(), as the real server does for projected ServiceAccount tokens: unknown tokens and
+tokens for another audience are not authenticated (with the real server's error text), a token
+whose pod is gone is not either, and an authenticated review carries the ServiceAccount's
+username and the bound pod's name, uid and node in `extra`; pods can be read by name."""
 
 from __future__ import annotations
 
+import base64
 import copy
 import json
 import re
@@ -46,6 +53,7 @@ class KubeStandin:
         self.pods: dict[tuple[str, str], dict[str, Any]] = {}
         self.pdbs: list[dict[str, Any]] = []  # {"namespace", "selector": {labels}, "min_available"}
         self.requests: list[dict[str, Any]] = []
+        self.tokens: dict[str, dict[str, Any]] = {}  # issued token -> its claims
         self.lock = threading.Lock()
         standin = self
 
@@ -137,6 +145,7 @@ class KubeStandin:
             "metadata": {
                 "name": name,
                 "namespace": namespace,
+                "uid": f"pod-uid-{namespace}-{name}-{len(self.pods)}",
                 "labels": labels or {},
                 "ownerReferences": [
                     {
@@ -150,6 +159,70 @@ class KubeStandin:
             },
             "spec": {"nodeName": node, "containers": [{"name": "main", "image": "busybox"}]},
             "status": {"phase": "Running"},
+        }
+
+    def issue_token(self, namespace: str, service_account: str, pod: str, audiences: list[str]) -> str:
+        """A projected ServiceAccount token for a pod (a JWT in shape; only this stand-in can
+        read it, as only the real API server can verify a real one)."""
+        claims = {
+            "aud": audiences,
+            "sub": f"system:serviceaccount:{namespace}:{service_account}",
+            "kubernetes.io": {
+                "namespace": namespace,
+                "pod": {"name": pod, "uid": self.pods[(namespace, pod)]["metadata"]["uid"]},
+            },
+            "n": len(self.tokens),
+        }
+
+        def part(obj: object) -> str:
+            return base64.urlsafe_b64encode(json.dumps(obj).encode()).decode().rstrip("=")
+
+        token = f"{part({'alg': 'RS256', 'kid': 'standin'})}.{part(claims)}.{part('signature')}"
+        self.tokens[token] = claims
+        return token
+
+    def _token_review(self, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+        spec = (body or {}).get("spec", {})
+        wanted = spec.get("audiences") or []
+        claims = self.tokens.get(spec.get("token", ""))
+        status: dict[str, Any] = {"authenticated": False, "user": {}}
+        if claims is None:
+            status["error"] = "[invalid bearer token, square/go-jose: error in cryptographic primitive]"
+        elif wanted and not set(wanted) & set(claims["aud"]):
+            status["error"] = (
+                f"[invalid bearer token, token audiences {json.dumps(claims['aud'])} is invalid for the "
+                f"target audiences {json.dumps(wanted)}, unknown]"
+            )
+        else:
+            ref = claims["kubernetes.io"]
+            pod = self.pods.get((ref["namespace"], ref["pod"]["name"]))
+            if pod is None or pod["metadata"]["uid"] != ref["pod"]["uid"]:
+                status["error"] = f'[invalid bearer token, pod "{ref["pod"]["name"]}" not found]'
+            else:
+                status = {
+                    "authenticated": True,
+                    "audiences": [a for a in claims["aud"] if not wanted or a in wanted],
+                    "user": {
+                        "username": claims["sub"],
+                        "uid": f"sa-uid-{claims['sub']}",
+                        "groups": [
+                            "system:serviceaccounts",
+                            f"system:serviceaccounts:{ref['namespace']}",
+                            "system:authenticated",
+                        ],
+                        "extra": {
+                            "authentication.kubernetes.io/pod-name": [ref["pod"]["name"]],
+                            "authentication.kubernetes.io/pod-uid": [ref["pod"]["uid"]],
+                            "authentication.kubernetes.io/node-name": [pod["spec"]["nodeName"]],
+                        },
+                    },
+                }
+        return 201, {
+            "apiVersion": "authentication.k8s.io/v1",
+            "kind": "TokenReview",
+            "metadata": {"creationTimestamp": None},
+            "spec": spec,
+            "status": status,
         }
 
     def add_pdb(self, namespace: str, selector: dict[str, str], min_available: int) -> None:
@@ -191,6 +264,13 @@ class KubeStandin:
             return 200, {"apiVersion": "v1", "kind": "PodList", "metadata": {}, "items": items}
         if (m := re.fullmatch(r"/api/v1/namespaces/([^/]+)/pods/([^/]+)/eviction", path)) and verb == "POST":
             return self._evict(m.group(1), m.group(2), r["body"] or {})
+        if (m := re.fullmatch(r"/api/v1/namespaces/([^/]+)/pods/([^/]+)", path)) and verb == "GET":
+            pod = self.pods.get((m.group(1), m.group(2)))
+            if pod is None:
+                return 404, _status(404, "NotFound", f'pods "{m.group(2)}" not found')
+            return 200, pod
+        if path == "/apis/authentication.k8s.io/v1/tokenreviews" and verb == "POST":
+            return self._token_review(r["body"])
         return 404, _status(404, "NotFound", f"the stand-in does not serve {verb} {path}")
 
     def _evict(self, namespace: str, name: str, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
@@ -230,12 +310,13 @@ class KubeStandin:
         verbs = {"GET": "get", "PATCH": "patch", "POST": "create"}
         out = set()
         for r in self.requests:
-            parts = r["path"].split("/")[3:]
+            segments = r["path"].split("/")
+            group, parts = ("", segments[3:]) if segments[1] == "api" else (segments[2], segments[4:])
             if parts[0] == "namespaces":
                 parts = parts[2:]
             resource = parts[0] + (f"/{parts[2]}" if len(parts) > 2 else "")
             verb = "list" if r["verb"] == "GET" and len(parts) == 1 else verbs[r["verb"]]
-            out.add(("", resource, verb))
+            out.add((group, resource, verb))
         return out
 
 

@@ -20,6 +20,7 @@ import yaml
 from conftest import Cluster, free_port, wait_until
 from k8s_standin import KubeStandin
 
+from gpufleet.aggregator.k8s_auth import API_CALLS as K8S_AUTH_CALLS
 from gpufleet.protos import fleet_pb2, fleet_pb2_grpc
 from gpufleet.repair.backends.kubernetes import API_CALLS
 
@@ -56,8 +57,8 @@ def test_every_manifest_validates_against_the_kubernetes_schema() -> None:
     assert component["kind"] == "Component" and component["resources"] == ["influxdb.yaml"]
 
 
-def test_rbac_allows_exactly_what_the_kubernetes_backend_calls() -> None:
-    role = by_kind("ClusterRole", "gpufleet-repair")
+def test_rbac_allows_exactly_what_the_aggregator_calls() -> None:
+    role = by_kind("ClusterRole", "gpufleet-aggregator")
     granted = {
         (g, r, v)
         for rule in role["rules"]
@@ -65,8 +66,8 @@ def test_rbac_allows_exactly_what_the_kubernetes_backend_calls() -> None:
         for r in rule["resources"]
         for v in rule["verbs"]
     }
-    assert granted == API_CALLS
-    binding = by_kind("ClusterRoleBinding", "gpufleet-repair")
+    assert granted == API_CALLS | K8S_AUTH_CALLS
+    binding = by_kind("ClusterRoleBinding", "gpufleet-aggregator")
     aggregator = by_kind("StatefulSet", "gpufleet-aggregator")
     assert binding["subjects"][0]["name"] == aggregator["spec"]["template"]["spec"]["serviceAccountName"]
 
@@ -195,6 +196,7 @@ def test_systemd_units_start_the_components_as_written(cluster: Cluster) -> None
         {
             "GPUFLEET_COLLECTOR_AGGREGATOR": f"127.0.0.1:{ingest}",
             "GPUFLEET_COLLECTOR_TOKEN_FILE": str(token),
+            "GPUFLEET_COLLECTOR_STATE_DIR": str(cluster.tmp / "collector-state"),
             "GPUFLEET_COLLECTOR_METRICS_LISTEN": "127.0.0.1:0",
             "GPUFLEET_COLLECTOR_NODE": "slurm-gpu-01",
             "GPUFLEET_COLLECTOR_INTERVAL_S": "0.5",
@@ -221,6 +223,7 @@ def container_env(container: dict[str, Any], values: dict[str, str]) -> dict[str
 def test_kubernetes_manifests_start_the_components_as_written(cluster: Cluster) -> None:
     kube = KubeStandin()
     kube.add_node("k8s-gpu-node-1")
+    kube.add_pod("gpufleet", "gpufleet-collector-x7k2p", "k8s-gpu-node-1", owner_kind="DaemonSet")
     ingest, fleet = free_port(), free_port()
     toml = by_kind("ConfigMap", "gpufleet-config")["data"]["gpufleet.toml"]
     agg_container = by_kind("StatefulSet", "gpufleet-aggregator")["spec"]["template"]["spec"]["containers"][0]
@@ -234,17 +237,26 @@ def test_kubernetes_manifests_start_the_components_as_written(cluster: Cluster) 
             "GPUFLEET_AGGREGATOR_METRICS_LISTEN": "127.0.0.1:0",
             # The service account's in-cluster credentials, replaced by the API stand-in's.
             "GPUFLEET_AGGREGATOR_REPAIR_KUBECONFIG": str(kube.kubeconfig(cluster.tmp / "kubeconfig")),
+            "GPUFLEET_AGGREGATOR_COLLECTOR_K8S_KUBECONFIG": str(cluster.tmp / "kubeconfig"),
         }
     )
     start(cluster, "aggregator", config_file(agg_container["args"], cluster.tmp, toml), agg_env)
-    col_container = by_kind("DaemonSet", "gpufleet-collector")["spec"]["template"]["spec"]["containers"][0]
-    secret = cluster.tmp / "collector-secret"
-    secret.write_text(cluster.secrets.secret)
+    pod_spec = by_kind("DaemonSet", "gpufleet-collector")["spec"]["template"]["spec"]
+    col_container = pod_spec["containers"][0]
+    # The projected ServiceAccount token the kubelet would mount, issued by the stand-in.
+    (projected,) = [v["projected"] for v in pod_spec["volumes"] if "projected" in v]
+    audience = projected["sources"][0]["serviceAccountToken"]["audience"]
+    token = cluster.tmp / "token"
+    token.write_text(
+        kube.issue_token("gpufleet", pod_spec["serviceAccountName"], "gpufleet-collector-x7k2p", [audience])
+    )
     col_env = container_env(col_container, {"GPUFLEET_COLLECTOR_NODE": "k8s-gpu-node-1"})
-    assert col_env["GPUFLEET_COLLECTOR_SECRET_FILE"] == "/etc/gpufleet/collector/collector-secret"
+    assert col_env["GPUFLEET_COLLECTOR_TOKEN_FILE"] == "/var/run/secrets/gpufleet/token"
+    assert "GPUFLEET_COLLECTOR_SECRET_FILE" not in col_env, "no fleet-wide secret on GPU nodes"
     col_env.update(
         {
-            "GPUFLEET_COLLECTOR_SECRET_FILE": str(secret),  # the mounted Secret, here a file
+            "GPUFLEET_COLLECTOR_TOKEN_FILE": str(token),  # the projected token, here a file
+            "GPUFLEET_COLLECTOR_STATE_DIR": str(cluster.tmp / "collector-state"),
             "GPUFLEET_COLLECTOR_AGGREGATOR": f"127.0.0.1:{ingest}",  # the Service's address, here loopback
             "GPUFLEET_COLLECTOR_METRICS_LISTEN": "127.0.0.1:0",
             "GPUFLEET_COLLECTOR_INTERVAL_S": "0.5",
@@ -261,4 +273,7 @@ def test_kubernetes_manifests_start_the_components_as_written(cluster: Cluster) 
     wait_until(
         lambda: any(r["path"] == "/api/v1/nodes" for r in kube.requests), 30, "the backend's node LIST"
     )
+    # The collector was let in by its pod's token: reviewed, and its pod read, as RBAC allows.
+    assert ("authentication.k8s.io", "tokenreviews", "create") in kube.calls()
+    assert kube.calls() <= API_CALLS | K8S_AUTH_CALLS, kube.calls() - (API_CALLS | K8S_AUTH_CALLS)
     kube.close()

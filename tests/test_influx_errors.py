@@ -13,6 +13,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 
 from gpufleet.aggregator.store import Point
+from gpufleet.aggregator.store.base import PointsRefused, StoreUnavailable
 from gpufleet.aggregator.store.influx import InfluxError, InfluxStore
 
 POINT = Point("gpu", {"node": "n1", "gpu": "0"}, {"util_gpu_pct": 1.0}, 1_790_000_040_000_000_000)
@@ -64,11 +65,11 @@ def test_wrong_credentials_say_so_and_are_not_retried_blindly(
     answer.update(status=401, body=b'{"error":"authorization failed"}', headers={})
     with pytest.raises(InfluxError) as info:
         store(url).write([POINT])
-    assert not info.value.retryable
+    assert not info.value.retryable and isinstance(info.value, StoreUnavailable)
     assert "refused the credentials" in str(info.value) and "influx_token" in str(info.value)
 
 
-def test_partial_write_keeps_the_rest_and_counts_the_dropped(
+def test_partial_write_is_refused_so_the_writer_can_find_the_report(
     fake_influx: tuple[str, dict[str, object]],
 ) -> None:
     url, answer = fake_influx
@@ -81,7 +82,11 @@ def test_partial_write_keeps_the_rest_and_counts_the_dropped(
         ),
     )
     s = store(url)
-    s.write([POINT, POINT, POINT])  # no exception: the batch is written but for the conflicts
+    # Refused (not "done but for the conflicts"): the writer bisects the batch, refuses the
+    # report holding the conflicting points and acknowledges only the rest.
+    with pytest.raises(PointsRefused) as info:
+        s.write([POINT, POINT, POINT])
+    assert "field type conflict" in str(info.value)
     assert s.points_dropped_total == 2
 
 

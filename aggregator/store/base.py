@@ -53,10 +53,27 @@ class StoreError(RuntimeError):
     """The store could not do what was asked; the message says what and why."""
 
 
+class StoreUnavailable(StoreError):
+    """The store cannot take writes now (down, overloaded, disk full, I/O error, credentials):
+    nothing about the points themselves; the same write may succeed later."""
+
+
+class PointsRefused(StoreError):
+    """The store will not take these points (a value it cannot hold, a type conflict): writing
+    them again fails the same way; the writer finds the report(s) that cause it."""
+
+
+def is_unavailable(exc: BaseException) -> bool:
+    """True for a failure of the store or the disk, False for one caused by the data (or by a
+    bug, which retrying the same batch would repeat)."""
+    return isinstance(exc, StoreUnavailable | OSError)
+
+
 class Store(abc.ABC):
     @abc.abstractmethod
     def write(self, points: Sequence[Point]) -> None:
-        """Make points durable; return only once they are. Raises StoreError."""
+        """Make points durable; return only once they are. Raises StoreUnavailable when the
+        store cannot take writes now, PointsRefused when it will not take these points."""
 
     @abc.abstractmethod
     def query_history(self, query: HistoryQuery) -> list[Series]:
@@ -81,6 +98,11 @@ class Store(abc.ABC):
     def apply_retention(self, now_unix_ns: int) -> int | None:
         """Delete what is older than the retention; return how many points went, or None
         for a store that enforces retention itself (InfluxDB retention policies)."""
+
+    @property
+    def points_dropped_total(self) -> int:
+        """Points the store dropped after accepting a write (0 for a store that never does)."""
+        return 0
 
     @abc.abstractmethod
     def close(self) -> None: ...

@@ -24,9 +24,11 @@ from pathlib import Path
 from gpufleet.aggregator.store.base import (
     HistoryQuery,
     Point,
+    PointsRefused,
     Series,
     Store,
     StoreError,
+    StoreUnavailable,
     matches,
 )
 
@@ -34,6 +36,29 @@ log = logging.getLogger("gpufleet.aggregator.store")
 
 _NAME = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
 _SQL_AGG = {"mean": "AVG", "max": "MAX", "min": "MIN", "count": "COUNT"}
+# SQLite result codes (primary, the low byte) that say the database or its disk cannot take a
+# write now; anything else a write raises is about the points themselves.
+_UNAVAILABLE_CODES = {
+    sqlite3.SQLITE_FULL,
+    sqlite3.SQLITE_IOERR,
+    sqlite3.SQLITE_BUSY,
+    sqlite3.SQLITE_LOCKED,
+    sqlite3.SQLITE_CANTOPEN,
+    sqlite3.SQLITE_READONLY,
+    sqlite3.SQLITE_NOMEM,
+    sqlite3.SQLITE_PROTOCOL,
+    sqlite3.SQLITE_NOTADB,
+    sqlite3.SQLITE_CORRUPT,
+}
+
+
+def _write_failure(exc: BaseException, what: str) -> StoreError:
+    """StoreUnavailable for a disk or database failure, PointsRefused for anything else (an
+    integer SQLite cannot hold raises OverflowError, not an sqlite3.Error)."""
+    code = getattr(exc, "sqlite_errorcode", None)
+    if isinstance(exc, OSError) or (code is not None and code & 0xFF in _UNAVAILABLE_CODES):
+        return StoreUnavailable(f"{what} failed: the database or its disk cannot take writes ({exc})")
+    return PointsRefused(f"{what} failed: {type(exc).__name__}: {exc}")
 
 
 def _ident(name: str, what: str) -> str:
@@ -135,6 +160,8 @@ class EmbeddedStore(Store):
         with self._wlock:
             new_series: list[tuple[str, tuple[tuple[str, str], ...]]] = []
             try:
+                if self._w.in_transaction:  # left open by a failure we could not roll back
+                    self._w.execute("ROLLBACK")
                 self._w.execute("BEGIN IMMEDIATE")
                 groups: dict[tuple[str, tuple[str, ...]], list[tuple]] = defaultdict(list)
                 for p in points:
@@ -152,14 +179,16 @@ class EmbeddedStore(Store):
                     )
                     self._w.executemany(sql, rows)
                 self._w.execute("COMMIT")
-            except (sqlite3.Error, StoreError) as exc:
+            except Exception as exc:  # every failure leaves the connection out of its transaction
                 with contextlib.suppress(sqlite3.Error):
-                    self._w.execute("ROLLBACK")
+                    if self._w.in_transaction:
+                        self._w.execute("ROLLBACK")
                 for key in new_series:
                     self._series.pop(key, None)
                 # Columns added inside a rolled-back transaction are gone again.
-                self._load_columns()
-                raise StoreError(f"embedded store write of {len(points)} points failed: {exc}") from exc
+                with contextlib.suppress(sqlite3.Error):
+                    self._load_columns()
+                raise _write_failure(exc, f"embedded store write of {len(points)} points") from exc
             with self._cache_lock:
                 for key in new_series:
                     self._series_tags[self._series[key]] = (key[0], dict(key[1]))

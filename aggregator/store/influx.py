@@ -7,11 +7,13 @@ We use http.client with one kept-alive connection per thread rather than influxd
 that client targets the 2.x API (it cannot write to 1.6), and batching whole group commits
 into one request is all the speed the aggregator needs.
 
-Errors are told apart (the storage issue builds the spool on top of this):
-- a partial write (e.g. a field type conflict): InfluxDB keeps the rest of the batch; the
-  dropped points are counted and logged, and the write counts as done;
-- 401/403: the credentials are wrong — StoreError saying so;
-- 429/503 and connection failures: StoreError marked retryable, with Retry-After if given.
+Errors are told apart (the writer and the spool act on the difference):
+- a partial write (e.g. a field type conflict) and other 4xx answers to a write: the points
+  are refused (PointsRefused): the writer finds the report(s) holding them and refuses those,
+  rewriting the rest (InfluxDB kept them; a rewrite overwrites). The dropped points are counted;
+- 401/403: the credentials are wrong — StoreUnavailable saying so, not retryable blindly;
+- 429/503, other 5xx and connection failures: StoreUnavailable marked retryable, with
+  Retry-After if given.
 """
 
 from __future__ import annotations
@@ -25,7 +27,15 @@ import threading
 import urllib.parse
 from collections.abc import Mapping, Sequence
 
-from gpufleet.aggregator.store.base import HistoryQuery, Point, Series, Store, StoreError
+from gpufleet.aggregator.store.base import (
+    HistoryQuery,
+    Point,
+    PointsRefused,
+    Series,
+    Store,
+    StoreError,
+    StoreUnavailable,
+)
 from gpufleet.aggregator.store.lineproto import LineEncoder, influxql_identifier, influxql_string
 
 log = logging.getLogger("gpufleet.aggregator.influx")
@@ -46,6 +56,14 @@ class InfluxError(StoreError):
         super().__init__(message)
         self.retryable = retryable
         self.retry_after_s = retry_after_s
+
+
+class InfluxUnavailable(InfluxError, StoreUnavailable):
+    """InfluxDB cannot be written now: unreachable, overloaded, failing, or refusing our credentials."""
+
+
+class InfluxRefused(InfluxError, PointsRefused):
+    """InfluxDB answered a write with a 4xx other than 401/403/429: the body was refused."""
 
 
 class InfluxStore(Store):
@@ -80,7 +98,7 @@ class InfluxStore(Store):
             self._headers["Authorization"] = f"Basic {raw}"
         self._local = threading.local()
         self._encoder = LineEncoder()
-        self.points_dropped_total = 0
+        self._points_dropped_total = 0
         self._rollup_rp = {suffix: rp for suffix, (rp, _) in (rollup_policies or {}).items()}
         if create_database:
             try:
@@ -125,26 +143,33 @@ class InfluxStore(Store):
                 conn.close()
                 self._local.conn = None
                 if attempt == 2:
-                    raise InfluxError(f"cannot reach InfluxDB at {self.url}: {exc}", retryable=True) from exc
+                    raise InfluxUnavailable(
+                        f"cannot reach InfluxDB at {self.url}: {exc}", retryable=True
+                    ) from exc
         status = response.status
         if status in (200, 204):
             return data
         text = data.decode(errors="replace")[:500]
         if status in (401, 403):
-            raise InfluxError(
+            raise InfluxUnavailable(
                 f"InfluxDB at {self.url} refused the credentials (HTTP {status}): {text}. "
                 "Check influx_token or influx_username/influx_password."
             )
         if status in (429, 503):
             retry_after = response.getheader("Retry-After")
-            raise InfluxError(
+            raise InfluxUnavailable(
                 f"InfluxDB at {self.url} is overloaded or unavailable (HTTP {status}): {text}",
                 retryable=True,
                 retry_after_s=float(retry_after) if retry_after else None,
             )
         if status == 400 and "partial write" in text:
             raise _PartialWrite(text)
-        raise InfluxError(f"InfluxDB at {self.url} answered HTTP {status}: {text}", retryable=status >= 500)
+        message = f"InfluxDB at {self.url} answered HTTP {status}: {text}"
+        if status >= 500:
+            raise InfluxUnavailable(message, retryable=True)
+        if path == "/write":
+            raise InfluxRefused(message)
+        raise InfluxError(message)
 
     def _query(self, statement: str, method: str = "GET") -> list[dict]:
         params = {"q": statement, "db": self.database, "epoch": "ns"}
@@ -175,24 +200,27 @@ class InfluxStore(Store):
 
     def _write(self, points: list[Point], rp: str) -> None:
         encode = self._encoder.line
-        body = "\n".join(encode(p) for p in points).encode()
+        try:
+            body = "\n".join(encode(p) for p in points).encode()
+        except (ValueError, TypeError, UnicodeError) as exc:  # a value line protocol cannot carry
+            raise InfluxRefused(f"cannot encode {len(points)} points as line protocol: {exc}") from exc
         params = {"db": self.database, "precision": "ns"}
         if rp:
             params["rp"] = rp
         try:
             self._request("POST", "/write", params, body)
         except _PartialWrite as partial:
-            # InfluxDB wrote the rest of the batch; only the conflicting points are gone.
+            # InfluxDB wrote the rest of the batch and dropped the conflicting points: refused,
+            # so the writer finds the report(s) holding them and acknowledges only the rest.
             match = _DROPPED.search(str(partial))
             dropped = int(match.group(1)) if match else 1
-            self.points_dropped_total += dropped
-            log.error(
-                "InfluxDB dropped %d of %d points: %s",
-                dropped,
-                len(points),
-                partial,
-                extra={"dropped": dropped},
-            )
+            self._points_dropped_total += dropped
+            raise
+
+    @property
+    def points_dropped_total(self) -> int:
+        """Points InfluxDB dropped from partial writes (their reports were refused, not acked)."""
+        return self._points_dropped_total
 
     # --- reading ---------------------------------------------------------------------
     def _from(self, measurement: str) -> str:
@@ -279,5 +307,5 @@ class InfluxStore(Store):
             conn.close()
 
 
-class _PartialWrite(InfluxError):
+class _PartialWrite(InfluxRefused):
     pass

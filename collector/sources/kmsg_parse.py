@@ -20,6 +20,9 @@ import re
 from dataclasses import dataclass
 
 XID_FALLEN_OFF_BUS = 79
+MAX_XID = 1_000_000  # what the aggregator accepts; NVIDIA's catalog ends in the hundreds
+MAX_PID = 2**31 - 1  # pid_t; a larger "pid=" is no pid and is reported as unknown (0)
+_CONTROL = re.compile(r"[\x00-\x08\x0a-\x1f\x7f-\x9f]")
 
 _XID = re.compile(
     r"NVRM: Xid \((?:PCI:)?(?P<bus>[0-9a-fA-F]{4,8}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2})(?:\.[0-9a-fA-F])?\):"
@@ -99,10 +102,16 @@ class KernelLogParser:
         if pid_match:
             pid_text = pid_match.group("pid")
             pid = int(pid_text) if pid_text.isdigit() else 0
+            pid = pid if pid <= MAX_PID else 0
             name = (pid_match.group("name") or "").strip()
             name = "" if name == "<unknown>" else name
             rest = rest[pid_match.end() :]
         xid = int(match.group("xid"))
+        if xid > MAX_XID:
+            return Unparsed(line)
+        # /dev/kmsg escapes unprintable bytes, but a log file or a driver may not: control
+        # characters in the free text would make the aggregator refuse the whole report.
+        rest, name = _CONTROL.sub("?", rest), _CONTROL.sub("?", name)
         fields: dict[str, object] = {}
         recovery = _RECOVERY.search(rest)
         if recovery:

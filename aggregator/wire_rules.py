@@ -1,0 +1,338 @@
+"""What every field of every message a collector sends may hold: one table of rules, checked
+against the proto descriptors.
+
+The table says, for each field (`Message.field`), what both stores can hold and what is sane:
+integers within int64 (SQLite cannot hold an integer ≥ 2^63; InfluxDB's integers are int64)
+and within the field's own range, doubles finite and within range, strings bounded and free of
+the characters that break line protocol or a tag, enums one of their defined values, repeated
+fields bounded. Measurement fields take their range from `schema.METRICS`, so a metric's
+plausible range is written once.
+
+`WireValidator` compiles the table against the descriptors at start-up and refuses to start if
+a field has no rule (tests/test_wire_rules.py walks the descriptors for the same reason: a
+field added to a .proto without a rule fails the suite). Checking walks only the fields a
+message actually carries (`ListFields`), so an absent optional field costs nothing.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+import grpc
+from google.protobuf.descriptor import Descriptor, FieldDescriptor
+from google.protobuf.message import Message
+
+from gpufleet.aggregator.schema import INT64_MAX, METRICS
+from gpufleet.protos import ingest_pb2, telemetry_pb2
+
+UINT32_MAX = 2**32 - 1
+MAX_GPUS_PER_NODE = 64
+MAX_ENGINES_PER_REPORT = 64
+MAX_EVENTS_PER_REPORT = 1000
+MAX_PROCESSES_PER_GPU = 4096
+MAX_NAME = 253  # a DNS name: node and cluster names
+_TIB = 1 << 40
+
+# C0 and C1 control characters and DEL: never in a tag (line protocol ends a line at a newline
+# and InfluxDB keeps no escape for the others); a backslash neither (a tag value ending in one
+# escapes the separator after it). Free text may hold a tab, nothing else of these.
+_TAG_BAD = re.compile(r"[\x00-\x1f\x7f-\x9f\\]")
+_TEXT_BAD = re.compile(r"[\x00-\x08\x0a-\x1f\x7f-\x9f]")
+
+
+class Rejection(Exception):
+    def __init__(self, code: grpc.StatusCode, reason: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.reason = reason  # bounded label: bad_value, gpu_index, node_mismatch, ...
+        self.message = message
+
+
+@dataclass(frozen=True)
+class Num:
+    """An integer or double field: finite and within low..high (inclusive)."""
+
+    low: float
+    high: float
+    unit: str = ""
+
+
+@dataclass(frozen=True)
+class Text:
+    """A string of at most max_len characters. tag: stored as a tag or name (no control
+    characters, no backslash, no surrounding spaces); otherwise free text (a tab allowed)."""
+
+    max_len: int
+    tag: bool = False
+
+
+@dataclass(frozen=True)
+class Flag:
+    """A bool: every value is fine."""
+
+
+@dataclass(frozen=True)
+class Known:
+    """An enum: one of its defined values."""
+
+
+@dataclass(frozen=True)
+class Nested:
+    """A message field: its own fields are checked by their own rules."""
+
+
+@dataclass(frozen=True)
+class Many:
+    """A repeated field: at most max_items, each checked by `each`."""
+
+    max_items: int
+    each: Num | Text | Nested
+    code: grpc.StatusCode = grpc.StatusCode.RESOURCE_EXHAUSTED
+    reason: str = "oversized"
+
+
+Rule = Num | Text | Flag | Known | Nested | Many
+
+
+def _metric_rules(message: str, fields: list[str]) -> dict[str, Rule]:
+    """A measurement field's range is the metric's (schema.METRICS); bools are flags."""
+    descriptor = getattr(telemetry_pb2, message).DESCRIPTOR
+    out: dict[str, Rule] = {}
+    for name in fields:
+        if descriptor.fields_by_name[name].type == FieldDescriptor.TYPE_BOOL:
+            out[f"{message}.{name}"] = Flag()
+        else:
+            m = METRICS[name]
+            out[f"{message}.{name}"] = Num(m.low, m.high, m.unit)
+    return out
+
+
+_GPU_METRICS = [
+    f.name for f in telemetry_pb2.GpuSample.DESCRIPTOR.fields if f.name in METRICS and f.name != "lost"
+]
+_ENGINE_METRICS = [f.name for f in telemetry_pb2.EngineSample.DESCRIPTOR.fields if f.name in METRICS]
+_COUNTER = Num(0, INT64_MAX)
+
+# The one table. Keys are `Message.field` of every message reachable from CollectorMessage.
+RULES: dict[str, Rule] = {
+    "CollectorMessage.hello": Nested(),
+    "CollectorMessage.report": Nested(),
+    "CollectorMessage.command_result": Nested(),
+    # Hello
+    "Hello.protocol_version": Num(0, UINT32_MAX),  # which versions are spoken: check_hello
+    "Hello.node": Text(MAX_NAME, tag=True),
+    "Hello.cluster": Text(MAX_NAME, tag=True),
+    "Hello.boot_id": Text(64, tag=True),
+    "Hello.collector_version": Text(64, tag=True),
+    "Hello.interval_s": Num(0.05, 3600, "s"),
+    "Hello.gpus": Many(MAX_GPUS_PER_NODE, Nested(), grpc.StatusCode.INVALID_ARGUMENT, "gpu_count"),
+    "Hello.driver_version": Text(64, tag=True),
+    "Hello.simulated": Flag(),
+    "GpuIdentity.index": Num(0, MAX_GPUS_PER_NODE - 1),
+    "GpuIdentity.uuid": Text(96, tag=True),
+    "GpuIdentity.model": Text(128, tag=True),
+    "GpuIdentity.pci_bus_id": Text(32, tag=True),
+    "GpuIdentity.hbm_total_bytes": Num(0, 16 * _TIB, "bytes"),
+    # NodeReport
+    "NodeReport.node": Text(MAX_NAME, tag=True),
+    "NodeReport.cluster": Text(MAX_NAME, tag=True),
+    "NodeReport.boot_id": Text(64, tag=True),
+    "NodeReport.seq": Num(1, INT64_MAX),
+    "NodeReport.time_unix_ns": Num(1, INT64_MAX, "ns"),  # and within retention: check_report
+    "NodeReport.interval_s": Num(0, 3600, "s"),
+    "NodeReport.gpus": Many(MAX_GPUS_PER_NODE, Nested(), grpc.StatusCode.INVALID_ARGUMENT, "gpu_index"),
+    "NodeReport.engines": Many(MAX_ENGINES_PER_REPORT, Nested()),
+    "NodeReport.events": Many(MAX_EVENTS_PER_REPORT, Nested()),
+    "NodeReport.stats": Nested(),
+    # GpuSample: identity, then every measurement from METRICS
+    "GpuSample.index": Num(0, MAX_GPUS_PER_NODE - 1),
+    "GpuSample.uuid": Text(96, tag=True),
+    "GpuSample.model": Text(128, tag=True),
+    "GpuSample.pci_bus_id": Text(32, tag=True),
+    "GpuSample.lost": Flag(),
+    "GpuSample.processes": Many(MAX_PROCESSES_PER_GPU, Nested()),
+    **_metric_rules("GpuSample", _GPU_METRICS),
+    "GpuProcess.pid": Num(0, UINT32_MAX),
+    "GpuProcess.used_memory_bytes": Num(0, 16 * _TIB, "bytes"),
+    # EngineSample
+    "EngineSample.engine": Text(32, tag=True),
+    "EngineSample.model": Text(MAX_NAME, tag=True),
+    "EngineSample.port": Num(0, 65535),
+    "EngineSample.endpoint": Text(2048),
+    "EngineSample.gpu_indices": Many(
+        MAX_GPUS_PER_NODE, Num(0, MAX_GPUS_PER_NODE - 1), grpc.StatusCode.INVALID_ARGUMENT, "gpu_index"
+    ),
+    "EngineSample.readable": Flag(),
+    "EngineSample.unreadable_reason": Text(1024),
+    **_metric_rules("EngineSample", _ENGINE_METRICS),
+    # Event
+    "Event.kind": Known(),
+    "Event.source": Known(),
+    "Event.time_unix_ns": Num(0, INT64_MAX, "ns"),  # 0: the report's time; else within retention
+    "Event.gpu_index": Num(0, MAX_GPUS_PER_NODE - 1),
+    "Event.pci_bus_id": Text(32),
+    "Event.xid": Num(0, 1_000_000),
+    "Event.message": Text(4096),
+    "Event.pid": Num(0, 2**31 - 1),  # pid_t is a signed 32-bit integer on Linux
+    "Event.process_name": Text(256),
+    # CollectorStats
+    "CollectorStats.reports_dropped_total": _COUNTER,
+    "CollectorStats.reports_rejected_total": _COUNTER,
+    "CollectorStats.unacked_reports": _COUNTER,
+    "CollectorStats.reconnects_total": _COUNTER,
+    "CollectorStats.sample_errors_total": _COUNTER,
+    "CollectorStats.sample_duration_s": Num(0, 3600, "s"),
+    "CollectorStats.kmsg_lines_unparsed_total": _COUNTER,
+    "CollectorStats.xid_unknown_gpu_total": _COUNTER,
+    "CollectorStats.xid_duplicates_total": _COUNTER,
+    "CollectorStats.engine_scrapes_failed_total": _COUNTER,
+    # CommandResult
+    "CommandResult.id": Text(64, tag=True),
+    "CommandResult.outcome": Known(),
+    "CommandResult.detail": Text(4096),
+}
+
+
+def reachable(root: Descriptor) -> Iterator[Descriptor]:
+    """Every message type reachable from root (root included), each once."""
+    seen: set[str] = set()
+    todo = [root]
+    while todo:
+        d = todo.pop()
+        if d.full_name in seen:
+            continue
+        seen.add(d.full_name)
+        yield d
+        todo.extend(f.message_type for f in d.fields if f.message_type is not None)
+
+
+class MissingRule(LookupError):
+    """A wire field without an entry in RULES (a .proto changed without its rule)."""
+
+
+def _fmt(x: float) -> str:
+    return str(int(x)) if float(x).is_integer() else f"{x:g}"
+
+
+def _num_why(value: float, rule: Num) -> str | None:
+    if isinstance(value, float) and not math.isfinite(value):
+        return "is not a finite number"
+    if not rule.low <= value <= rule.high:
+        return f"is outside {_fmt(rule.low)}..{_fmt(rule.high)} {rule.unit}".rstrip()
+    return None
+
+
+def text_why(value: str, rule: Text) -> str | None:
+    if len(value) > rule.max_len:
+        return f"is {len(value)} characters; at most {rule.max_len}"
+    bad = (_TAG_BAD if rule.tag else _TEXT_BAD).search(value)
+    if bad:
+        return f"holds {bad.group()!r} at {bad.start()}: no control characters" + (
+            " or backslashes" if rule.tag else ""
+        )
+    if rule.tag and value != value.strip():
+        return "has surrounding spaces"
+    return None
+
+
+# A check gets (value, path) and returns None or (path, value, why).
+_Check = Callable[[object, str], "tuple[str, object, str] | None"]
+
+
+class WireValidator:
+    """RULES compiled against the descriptors: check(message) finds the first bad field."""
+
+    def __init__(self, root: Descriptor = ingest_pb2.CollectorMessage.DESCRIPTOR) -> None:
+        self._checks: dict[str, dict[str, _Check]] = {}
+        missing = []
+        for d in reachable(root):
+            table: dict[str, _Check] = {}
+            for f in d.fields:
+                rule = RULES.get(f"{d.name}.{f.name}")
+                if rule is None:
+                    missing.append(f"{d.name}.{f.name}")
+                    continue
+                table[f.name] = self._compile(f, rule)
+            self._checks[d.full_name] = table
+        if missing:
+            raise MissingRule(
+                f"wire fields without a rule in aggregator/wire_rules.py RULES: {', '.join(missing)}"
+            )
+
+    def _compile(self, f: FieldDescriptor, rule: Rule) -> _Check:
+        if isinstance(rule, Many):
+            each = self._compile_one(f, rule.each)
+
+            def many(values: object, path: str) -> tuple[str, object, str] | None:
+                items = list(values)  # type: ignore[call-overload]
+                if len(items) > rule.max_items:
+                    return path, f"{len(items)} items", f"is more than {rule.max_items}"
+                for i, item in enumerate(items):
+                    bad = each(item, f"{path}[{i}]")
+                    if bad:
+                        return bad
+                return None
+
+            return many
+        return self._compile_one(f, rule)
+
+    def _compile_one(self, f: FieldDescriptor, rule: Rule) -> _Check:
+        if isinstance(rule, Num):
+            return lambda v, path: (path, v, why) if (why := _num_why(v, rule)) else None  # type: ignore[arg-type]
+        if isinstance(rule, Text):
+            return lambda v, path: (path, v, why) if (why := text_why(v, rule)) else None  # type: ignore[arg-type]
+        if isinstance(rule, Flag):
+            return lambda v, path: None
+        if isinstance(rule, Known):
+            names = f.enum_type.values_by_number
+
+            def known(v: object, path: str) -> tuple[str, object, str] | None:
+                if v in names:
+                    return None
+                return path, v, f"is no {f.enum_type.name} value ({', '.join(map(str, sorted(names)))})"
+
+            return known
+        if isinstance(rule, Nested):
+            return lambda v, path: self.find(v, path)  # type: ignore[arg-type]
+        raise TypeError(f"rule {rule!r} for {f.full_name} cannot apply to one value")
+
+    def find(self, msg: Message, prefix: str = "") -> tuple[str, object, str] | None:
+        """(field path, value, why) of the first field that breaks its rule, or None."""
+        table = self._checks[msg.DESCRIPTOR.full_name]
+        for fd, value in msg.ListFields():
+            path = f"{prefix}.{fd.name}" if prefix else fd.name
+            bad = table[fd.name](value, path)
+            if bad:
+                return bad
+        return None
+
+    def check(self, msg: Message, where: str) -> None:
+        """Raise Rejection naming where, the field, the value and the rule it breaks."""
+        bad = self.find(msg)
+        if bad is None:
+            return
+        path, value, why = bad
+        rule = self._rule_at(msg.DESCRIPTOR, path)
+        code, reason = grpc.StatusCode.INVALID_ARGUMENT, "bad_value"
+        if isinstance(rule, Many) and why.startswith("is more than"):
+            code, reason = rule.code, rule.reason
+        elif isinstance(rule, Text) or (isinstance(rule, Many) and isinstance(rule.each, Text)):
+            reason = "bad_text"
+        if isinstance(value, str) and len(value) > 80:
+            value = value[:80] + "…"
+        raise Rejection(code, reason, f"{where} has {path}={value!r}, which {why}; refused")
+
+    @staticmethod
+    def _rule_at(root: Descriptor, path: str) -> Rule | None:
+        d: Descriptor | None = root
+        rule: Rule | None = None
+        for part in path.split("."):
+            name = part.split("[")[0]
+            if d is None:
+                return None
+            rule = RULES.get(f"{d.name}.{name}")
+            d = d.fields_by_name[name].message_type
+        return rule
