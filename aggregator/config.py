@@ -50,6 +50,7 @@ class AggregatorConfig:
         "largest report accepted; larger ones are rejected with RESOURCE_EXHAUSTED",
     )
     max_clock_skew_s: float = _setting(300.0, "how far ahead of the aggregator's clock a report may be")
+    hello_timeout_s: float = _setting(30.0, "a collector stream that sends no hello within this is refused")
     ack_watchdog_s: float = _setting(
         30.0,
         "an accepted report waiting longer than this for its ack makes the aggregator unhealthy "
@@ -140,6 +141,8 @@ class AggregatorConfig:
             raise ValueError(f"spool_warn_ratio={self.spool_warn_ratio} must be between 0 and 1")
         if self.max_report_bytes < 1024:
             raise ValueError(f"max_report_bytes={self.max_report_bytes} must be at least 1024")
+        if not 0.1 <= self.hello_timeout_s <= 600:
+            raise ValueError(f"hello_timeout_s={self.hello_timeout_s:g} must be between 0.1 and 600")
         if not 1 <= self.ack_watchdog_s <= 3600:
             raise ValueError(f"ack_watchdog_s={self.ack_watchdog_s:g} must be between 1 and 3600")
         modes = self.collector_auth_modes

@@ -32,7 +32,6 @@ from gpufleet.protos import ingest_pb2, telemetry_pb2
 log = logging.getLogger("gpufleet.aggregator.ingest")
 
 SERVICE = "gpufleet.v1.Ingest"
-HELLO_TIMEOUT_S = 30.0
 
 
 @dataclass
@@ -74,6 +73,7 @@ class IngestLimits:
     max_report_bytes: int = 1024 * 1024
     retention_s: float = 14 * 86400
     max_clock_skew_s: float = 300.0
+    hello_timeout_s: float = 30.0
 
 
 class IngestService:
@@ -134,12 +134,12 @@ class IngestService:
         except AuthError as exc:
             return self._refuse("unauthenticated", grpc.StatusCode.UNAUTHENTICATED, str(exc))
         try:
-            first = await asyncio.wait_for(anext(requests), HELLO_TIMEOUT_S)
+            first = await asyncio.wait_for(anext(requests), self._limits.hello_timeout_s)
         except (StopAsyncIteration, TimeoutError):
             return self._refuse(
                 "no_hello",
                 grpc.StatusCode.INVALID_ARGUMENT,
-                f"no hello within {HELLO_TIMEOUT_S:g} s of opening the stream",
+                f"no hello within {self._limits.hello_timeout_s:g} s of opening the stream",
             )
         if isinstance(first, Malformed):
             return self._refuse(

@@ -100,7 +100,9 @@ class Aggregator:
             self.writer,
             self.fleet,
             self.metrics,
-            IngestLimits(config.max_report_bytes, config.retention_s, config.max_clock_skew_s),
+            IngestLimits(
+                config.max_report_bytes, config.retention_s, config.max_clock_skew_s, config.hello_timeout_s
+            ),
             self.fanout,
         )
         self.repair, self.alerts, self.repair_state = build_controller(

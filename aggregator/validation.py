@@ -149,7 +149,12 @@ class Checker:
                     f"{where} GPU {gpu.index} has hbm_used_bytes={gpu.hbm_used_bytes} above "
                     f"hbm_total_bytes={gpu.hbm_total_bytes}",
                 )
+        engines: set[tuple[str, str, int]] = set()
         for eng in report.engines:
+            key = (eng.engine, eng.model, eng.port)
+            if key in engines:  # one point per engine replica and report: a second would overwrite it
+                raise _invalid("engine", f"{where} has engine {eng.engine}:{eng.port} ({eng.model!r}) twice")
+            engines.add(key)
             for i in eng.gpu_indices:
                 if i >= gpu_count:
                     raise _invalid(

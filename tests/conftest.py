@@ -380,3 +380,141 @@ def slurm(slurm_cluster: Any) -> Any:
     """The session's Slurm with every node resumed: each test starts from an idle cluster."""
     slurm_cluster.resume_all()
     return slurm_cluster
+
+
+class InProcessAggregator:
+    """A real Aggregator (real gRPC servers on loopback, real store) run on its own event loop in
+    a thread of the test process, so a test can add a faulty plug-in of its own (a listener that
+    raises) before it starts. Everything else is what `gpufleet aggregator run` runs."""
+
+    def __init__(self, tmp: Path, prepare: Callable[[Any], None] | None = None, **settings: Any) -> None:
+        import asyncio
+        import threading
+
+        from gpufleet.aggregator.config import AggregatorConfig
+        from gpufleet.aggregator.server import Aggregator
+
+        self.secrets_path = tmp / "secrets.toml"
+        tokens = new_secrets_file(self.secrets_path, [("ops", "operator"), ("viewer", "viewer")])
+        secret = tomllib.loads(self.secrets_path.read_text())["collector_secret"]
+        self.secrets = Secrets(self.secrets_path, secret, tokens)
+        config = AggregatorConfig(
+            data_dir=str(tmp / "data"),
+            secrets_file=str(self.secrets_path),
+            ingest_listen="127.0.0.1:0",
+            fleet_listen="127.0.0.1:0",
+            metrics_listen="127.0.0.1:0",
+            **settings,
+        )
+        self.loop = asyncio.new_event_loop()
+        started: dict[str, Any] = {}
+        ready = threading.Event()
+
+        async def main() -> None:
+            try:
+                agg = Aggregator(config)
+                if prepare is not None:
+                    prepare(agg)
+                started["bound"] = await agg.start()
+                started["aggregator"] = agg
+                stop = started["stop"] = asyncio.Event()
+                agg.run_background(stop)
+            except BaseException as exc:
+                started["error"] = exc
+                raise
+            finally:
+                ready.set()
+            await stop.wait()
+            await agg.wait_loops()
+            await agg.stop()
+
+        self._thread = threading.Thread(target=lambda: self.loop.run_until_complete(main()), daemon=True)
+        self._thread.start()
+        if not ready.wait(30) or "error" in started:
+            raise AssertionError(f"the in-process aggregator did not start: {started.get('error')}")
+        self.aggregator = started["aggregator"]
+        self._stop = started["stop"]
+        bound = started["bound"]
+        self.ingest, self.fleet, self.metrics = bound.ingest, bound.fleet, bound.metrics
+        self.data_dir = tmp / "data"
+
+    def metric_value(self, name: str, **labels: str) -> float:
+        return AggregatorHandle.metric_value(self, name, **labels)  # type: ignore[arg-type]
+
+    def close(self) -> None:
+        self.loop.call_soon_threadsafe(self._stop.set)
+        self._thread.join(60)
+
+
+class HealthyNode:
+    """A node that keeps streaming alongside a test's bad input: one report every interval_s on
+    its own stream, each ack's latency recorded. `worst_ack_s` is what the test asserts on."""
+
+    def __init__(self, address: str, token: str, node: str = "healthy-node", interval_s: float = 0.2) -> None:
+        import threading
+
+        self.node = node
+        self.latencies_s: list[float] = []
+        self.errors: list[str] = []
+        self._stop = threading.Event()
+        self._stream = RawStream(address, token)
+        self._stream.send(hello(node))
+        assert self._stream.recv().WhichOneof("body") == "welcome"
+        self._interval_s = interval_s
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        seq = 0
+        while not self._stop.is_set():
+            seq += 1
+            sent = time.monotonic()
+            self._stream.send(report(self.node, seq))
+            try:
+                msg = self._stream.recv(timeout_s=10)
+            except Exception as exc:  # recorded for the test to fail on
+                self.errors.append(f"seq {seq}: {exc!r}")
+                return
+            if msg.WhichOneof("body") != "ack" or list(msg.ack.seqs) != [seq]:
+                self.errors.append(f"seq {seq}: answered {msg}")
+                return
+            self.latencies_s.append(time.monotonic() - sent)
+            self._stop.wait(self._interval_s)
+
+    @property
+    def worst_ack_s(self) -> float:
+        return max(self.latencies_s, default=0.0)
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(15)
+        self._stream.close()
+
+
+def read_points(
+    db_path: Path, measurement: str, start_ns: int = 0, end_ns: int = 2**63 - 1
+) -> list[tuple[dict[str, str], dict[str, Any], int]]:
+    """(tags, fields, time) of an embedded store's points, read-only while the aggregator
+    writes (SQLite WAL: a reader never blocks the writer)."""
+    import sqlite3
+
+    db = sqlite3.connect(f"file:{db_path}?mode=ro", uri=True)
+    try:
+        if not db.execute("SELECT 1 FROM sqlite_master WHERE name = ?", (f"m_{measurement}",)).fetchone():
+            return []
+        cur = db.execute(
+            f'SELECT s.tags, t.* FROM "m_{measurement}" t JOIN series s ON s.id = t.series_id '
+            "WHERE t.ts >= ? AND t.ts < ?",
+            (start_ns, end_ns),
+        )
+        names = [d[0] for d in cur.description]
+        return [
+            (
+                dict(tuple(pair) for pair in json.loads(row[0])),
+                {n: v for n, v in zip(names[3:], row[3:], strict=True) if v is not None},
+                row[2],
+            )
+            for row in cur.fetchall()
+        ]
+    finally:
+        db.close()
