@@ -269,7 +269,7 @@ class WireValidator:
             def many(values: object, path: str) -> tuple[str, object, str] | None:
                 items = list(values)  # type: ignore[call-overload]
                 if len(items) > rule.max_items:
-                    return path, f"{len(items)} items", f"is more than {rule.max_items}"
+                    return path, len(items), f"is more than {rule.max_items}"
                 for i, item in enumerate(items):
                     bad = each(item, f"{path}[{i}]")
                     if bad:
@@ -318,7 +318,11 @@ class WireValidator:
         rule = self._rule_at(msg.DESCRIPTOR, path)
         code, reason = grpc.StatusCode.INVALID_ARGUMENT, "bad_value"
         if isinstance(rule, Many) and why.startswith("is more than"):
-            code, reason = rule.code, rule.reason
+            raise Rejection(
+                rule.code,
+                rule.reason,
+                f"{where} has {value} {path}, more than the {rule.max_items} accepted; refused",
+            )
         elif isinstance(rule, Text) or (isinstance(rule, Many) and isinstance(rule.each, Text)):
             reason = "bad_text"
         if isinstance(value, str) and len(value) > 80:

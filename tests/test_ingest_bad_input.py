@@ -18,7 +18,7 @@ from gpufleet.aggregator.store import EmbeddedStore
 @pytest.fixture(scope="module")
 def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Cluster, AggregatorHandle]]:
     cluster = Cluster(tmp_path_factory.mktemp("badinput"))
-    agg = cluster.aggregator("aggregator", 0, 0, None, "--max-report-bytes", "8192")
+    agg = cluster.aggregator("aggregator", 0, 0, None, "--max-report-bytes", "8192", "--hello-timeout-s", "1")
     cluster.collector("good-node", agg.ingest, "--interval-s", "0.2", "--sim-gpus", "8")
     try:
         yield cluster, agg
@@ -221,3 +221,140 @@ def test_everyone_else_was_served_throughout(env: tuple[Cluster, AggregatorHandl
     wait_until(lambda: good_seqs(agg) >= before + 5, 15, "the good collector's reports to keep landing")
     assert agg.proc.alive()
     assert "rejected" not in (cluster.tmp / "good-node.log").read_text()
+
+
+def _hello(node: str, **changes: object) -> object:
+    msg = hello(node)
+    for name, value in changes.items():
+        if name == "gpus":
+            del msg.hello.gpus[:]
+            for i in range(int(value)):  # type: ignore[call-overload]
+                msg.hello.gpus.add(index=i, uuid=f"GPU-{i}", model="NVIDIA H100 80GB HBM3")
+        else:
+            setattr(msg.hello, name, value)
+    return msg
+
+
+BAD_HELLOS = [
+    ("bad_node_name", _hello("bad node\n"), "node name 'bad node\\n' is not usable", "bad_name"),
+    (
+        "bad_cluster_name",
+        _hello("node-cl", cluster="eu\\west"),
+        "cluster name 'eu\\\\west' is not usable",
+        "bad_name",
+    ),
+    ("no_boot_id", _hello("node-b0", boot_id=""), "needs a boot_id", "bad_hello"),
+    (
+        "long_boot_id",
+        _hello("node-b1", boot_id="b" * 65),
+        "boot_id='" + "b" * 65 + "', which is 65 characters",
+        "bad_hello",
+    ),
+    ("bad_interval", _hello("node-iv", interval_s=0.001),
+     "interval_s=0.001, which is outside 0.05..3600 s", "bad_hello"),
+    ("inf_interval", _hello("node-iv2", interval_s=float("inf")),
+     "interval_s=inf, which is not a finite number", "bad_hello"),
+    ("too_many_gpus", _hello("node-65", gpus=65),
+     "hello has 65 gpus, more than the 64 accepted", "gpu_count"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("name,msg,text,reason", BAD_HELLOS, ids=[b[0] for b in BAD_HELLOS])
+def test_bad_hello_ends_the_stream_with_invalid_argument(
+    env: tuple[Cluster, AggregatorHandle], name: str, msg: object, text: str, reason: str
+) -> None:
+    cluster, agg = env
+    before = agg.metric_value("gpufleet_ingest_rejections_total", reason=reason)
+    s = RawStream(agg.ingest, cluster.secrets.collector_token(msg.hello.node))  # type: ignore[attr-defined]
+    s.send(msg)
+    err = stream_error(s)
+    assert err.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert text in err.details(), err.details()
+    assert agg.metric_value("gpufleet_ingest_rejections_total", reason=reason) == before + 1
+
+
+def test_no_hello_in_time_ends_the_stream(env: tuple[Cluster, AggregatorHandle]) -> None:
+    cluster, agg = env
+    before = agg.metric_value("gpufleet_ingest_rejections_total", reason="no_hello")
+    s = RawStream(agg.ingest, cluster.secrets.collector_token("node-silent"))
+    err = stream_error(s)  # sends nothing
+    assert err.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "no hello within 1 s of opening the stream" in err.details()
+    assert agg.metric_value("gpufleet_ingest_rejections_total", reason="no_hello") == before + 1
+
+
+def test_a_message_other_than_a_report_after_the_hello_ends_the_stream(
+    env: tuple[Cluster, AggregatorHandle],
+) -> None:
+    cluster, agg = env
+    before = agg.metric_value("gpufleet_ingest_rejections_total", reason="protocol")
+    s = stream_for(cluster, agg, "node-twice")
+    s.send(hello("node-twice"))
+    err = stream_error(s)
+    assert err.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "node 'node-twice': unexpected hello message after the hello" in err.details()
+    assert agg.metric_value("gpufleet_ingest_rejections_total", reason="protocol") == before + 1
+
+
+def _engines(r: object, n: int, gpu: int = 0) -> None:
+    for i in range(n):
+        r.engines.add(engine="vllm", port=8000 + i, gpu_indices=[gpu])  # type: ignore[attr-defined]
+
+
+BAD_REPORT_FIELDS = [
+    ("boot_id_mismatch", lambda r: setattr(r, "boot_id", "boot-other"), grpc.StatusCode.INVALID_ARGUMENT,
+     "carries boot_id 'boot-other', the stream's is 'boot-1'", "boot_id"),
+    ("seq_zero", lambda r: setattr(r, "seq", 0), grpc.StatusCode.INVALID_ARGUMENT,
+     "seq must be 1..", "bad_seq"),
+    ("seq_2^64-1", lambda r: setattr(r, "seq", 2**64 - 1), grpc.StatusCode.INVALID_ARGUMENT,
+     "report seq 18446744073709551615: seq must be 1..9223372036854775807", "bad_seq"),
+    ("older_than_retention", lambda r: setattr(r, "time_unix_ns", r.time_unix_ns - 30 * 86400 * 10**9),
+     grpc.StatusCode.INVALID_ARGUMENT, "s from the aggregator's clock); accepted: up to", "timestamp"),
+    ("plus_inf", lambda r: setattr(r.gpus[0], "power_w", float("inf")), grpc.StatusCode.INVALID_ARGUMENT,
+     "gpus[0].power_w=inf, which is not a finite number", "bad_value"),
+    ("minus_inf", lambda r: setattr(r.gpus[0], "temp_gpu_c", float("-inf")), grpc.StatusCode.INVALID_ARGUMENT,
+     "gpus[0].temp_gpu_c=-inf, which is not a finite number", "bad_value"),
+    ("engine_gpu_out_of_range", lambda r: _engines(r, 1, gpu=9), grpc.StatusCode.INVALID_ARGUMENT,
+     "engine vllm:8000 names GPU 9; the node declared 8", "gpu_index"),
+    ("event_gpu_out_of_range", lambda r: r.events.add(gpu_index=9, xid=79), grpc.StatusCode.INVALID_ARGUMENT,
+     "has an event for GPU 9; the node declared 8", "gpu_index"),
+    ("too_many_engines", lambda r: _engines(r, 65), grpc.StatusCode.RESOURCE_EXHAUSTED,
+     "has 65 engines and 0 events; limits are 64 and 1000", "oversized"),
+    ("too_many_events", lambda r: [r.events.add() for _ in range(1001)], grpc.StatusCode.RESOURCE_EXHAUSTED,
+     "has 0 engines and 1001 events; limits are 64 and 1000", "oversized"),
+    ("control_char_in_tag", lambda r: setattr(r.gpus[0], "model", "H100\x1b[31m"),
+     grpc.StatusCode.INVALID_ARGUMENT,
+     "gpus[0].model='H100\\x1b[31m', which holds '\\x1b' at 4: no control characters", "bad_text"),
+    ("stats_counter_2^64-1", lambda r: setattr(r.stats, "reports_dropped_total", 2**64 - 1),
+     grpc.StatusCode.INVALID_ARGUMENT, "stats.reports_dropped_total=18446744073709551615, which is outside",
+     "bad_value"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "name,change,code,text,reason", BAD_REPORT_FIELDS, ids=[b[0] for b in BAD_REPORT_FIELDS]
+)
+def test_each_refusal_names_its_field_and_is_counted_by_reason(
+    env: tuple[Cluster, AggregatorHandle],
+    name: str,
+    change: object,
+    code: grpc.StatusCode,
+    text: str,
+    reason: str,
+) -> None:
+    cluster, agg = env
+    node = f"node-{name}".lower().replace("^", "")
+    before = agg.metric_value("gpufleet_ingest_rejections_total", reason=reason)
+    s = stream_for(cluster, agg, node)
+    msg = report(node, 1)
+    change(msg.report)  # type: ignore[operator]
+    s.send(msg)
+    answer = s.recv()
+    assert answer.WhichOneof("body") == "reject", answer
+    assert answer.reject.code == code.value[0] and answer.reject.seq == msg.report.seq
+    assert answer.reject.message.startswith(f"node '{node}': report seq {msg.report.seq}")
+    assert text in answer.reject.message, answer.reject.message
+    s.send(report(node, 2))
+    assert list(s.recv().ack.seqs) == [2], "the stream goes on"
+    s.close()
+    assert agg.metric_value("gpufleet_ingest_rejections_total", reason=reason) == before + 1

@@ -351,3 +351,89 @@ def test_reports_unacked_at_a_collector_stop_are_sent_after_its_restart(
 
     wait_until(all_stored, 30, "every carried-over report to be stored at its own sampling time")
     assert "left unacknowledged by the last run are sent first" in again.log()
+
+
+# --- a batch the store refuses: bisected ----------------------------------------------------
+def test_bisect_finds_exactly_the_points_the_store_refuses(tmp_path: Path) -> None:
+    from gpufleet.aggregator.writer import isolate
+
+    store = EmbeddedStore(tmp_path / "store.sqlite3", retention_s=86400)
+    now = time.time_ns()
+    batch = [
+        [
+            Point(
+                "gpu",
+                {"node": f"n{i}", "gpu": "0"},
+                {"ecc_dbe_volatile": 2**64 if i in (3, 17, 18) else i},
+                now,
+            )
+        ]
+        for i in range(25)
+    ]
+
+    async def write(entries: object) -> None:
+        await asyncio.to_thread(store.write, [p for e in entries for p in e])  # type: ignore[attr-defined]
+
+    async def main() -> list[tuple[object, BaseException]]:
+        try:
+            await write(batch)
+        except Exception as exc:
+            return await isolate(batch, write, exc)
+        raise AssertionError("the store took an integer it cannot hold")
+
+    bad = asyncio.run(main())
+    assert sorted(e[0].tags["node"] for e, _ in bad) == ["n17", "n18", "n3"]  # type: ignore[index]
+    assert all("OverflowError" in str(exc) for _, exc in bad)
+    stored = {p.tags["node"] for p in store.query_points("gpu", 0, now + 1)}
+    assert stored == {f"n{i}" for i in range(25)} - {"n3", "n17", "n18"}
+    store.close()
+
+
+def test_reports_a_concurrent_writer_made_unstorable_are_refused_alone(
+    cluster: Cluster, influxd: str
+) -> None:
+    database = f"conflict_{time.time_ns()}"
+    agg = cluster.aggregator(
+        "aggregator",
+        0,
+        0,
+        None,
+        "--store",
+        "influxdb",
+        "--influx-url",
+        influxd,
+        "--influx-database",
+        database,
+    )
+    # Another writer got there first: util_gpu_pct is a string field in this shard now.
+    body = f'gpu,node=someone-else util_gpu_pct="busy" {time.time_ns()}'.encode()
+    urllib.request.urlopen(
+        urllib.request.Request(f"{influxd}/write?db={database}", data=body, method="POST"), timeout=10
+    )
+    clash = RawStream(agg.ingest, cluster.secrets.collector_token("clash-node"))
+    clean = RawStream(agg.ingest, cluster.secrets.collector_token("clean-node"))
+    for s, node in ((clash, "clash-node"), (clean, "clean-node")):
+        s.send(hello(node))
+        assert s.recv().WhichOneof("body") == "welcome"
+    for seq in range(1, 6):  # pipelined on both streams, so batches mix the two nodes
+        clash.send(report("clash-node", seq))
+        r = report("clean-node", seq)
+        for g in r.report.gpus:
+            g.ClearField("util_gpu_pct")
+        clean.send(r)
+    answers = {"clash": [clash.recv(15) for _ in range(5)], "clean": [clean.recv(15) for _ in range(5)]}
+    assert [m.WhichOneof("body") for m in answers["clean"]] == ["ack"] * 5
+    for m in answers["clash"]:
+        assert m.WhichOneof("body") == "reject" and m.reject.code == grpc.StatusCode.INVALID_ARGUMENT.value[0]
+        assert "refused by the store" in m.reject.message and "field type conflict" in m.reject.message
+        assert m.reject.message.startswith(f"node 'clash-node': report seq {m.reject.seq}")
+    assert agg.metric_value("gpufleet_ingest_rejections_total", reason="store_refused") == 5
+    assert agg.metric_value("gpufleet_store_refused_reports_total") == 5
+    reader = InfluxStore(influxd, database, create_database=False)
+    try:
+        clean_points = reader.query_points("collector", 0, time.time_ns() + 10**12, {"node": ["clean-node"]})
+    finally:
+        reader.close()
+    assert sorted(p.fields["seq"] for p in clean_points) == [1, 2, 3, 4, 5]
+    for s in (clash, clean):
+        s.close()

@@ -40,12 +40,14 @@ CODES = {
 }
 # How a refusal names what it refuses: a field and its value, or the stream-level fact.
 NAMES_THE_FIELD = re.compile(
-    r"has [\w.\[\]]+=|names node|carries boot_id|seq must be|time_unix_ns=|GPU index|names GPU|"
-    r"event for GPU|is \d+ bytes|engines and \d+ events|twice|above hbm_total_bytes"
+    r"has [\w.\[\]]+=|has \d+ [\w.\[\]]+, more than|names node|carries boot_id|seq must be|"
+    r"time_unix_ns=|GPU index|names GPU|event for GPU|is \d+ bytes|engines and \d+ events|twice|"
+    r"above hbm_total_bytes"
 )
 
 HELLO_NAMES_THE_FIELD = re.compile(
-    r"has [\w.\[\]]+=|protocol version|node name|cluster name|boot_id|interval_s|GPU indices"
+    r"has [\w.\[\]]+=|has \d+ [\w.\[\]]+, more than|protocol version|node name|cluster name|boot_id|"
+    r"interval_s|GPU indices"
 )
 
 # --- values at their edges ------------------------------------------------------------------
