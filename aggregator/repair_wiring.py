@@ -153,6 +153,9 @@ def build_controller(
     Gauge(
         "gpufleet_repair_passes", "repair passes run since the aggregator started", registry=r
     ).set_function(lambda: float(controller.passes))
+    Gauge(
+        "gpufleet_repair_pass_errors", "repair passes that failed with an error (each logged)", registry=r
+    ).set_function(lambda: float(controller.pass_errors))
     Gauge("gpufleet_repair_last_pass_seconds", "how long the last repair pass took", registry=r).set_function(
         lambda: controller.last_pass_s
     )

@@ -86,7 +86,12 @@ class Aggregator:
             config.data_path,
             config.retention_s,
             rollup_retention={"_1m": config.rollup_1m_retention_s, "_1h": config.rollup_1h_retention_s},
-            **{k: getattr(config, k) for k in vars(config) if k.startswith("influx_")},
+            # The influx_* settings are the InfluxDB store's; no other store takes them.
+            **(
+                {k: getattr(config, k) for k in vars(config) if k.startswith("influx_")}
+                if config.store == "influxdb"
+                else {}
+            ),
         )
         self.fleet = FleetState(config.stale_after_intervals, config.silent_after_intervals)
         self._restored = self._restore()
@@ -226,7 +231,7 @@ class Aggregator:
     async def start(self) -> Bound:
         self.writer.start(self.supervisor)
         self._tasks["fanout"] = self.supervisor.start("fanout", self.fanout.run)
-        self.alerts.start()
+        self.alerts.start(self.supervisor.start)
         ingest_server = grpc.aio.server(options=SERVER_OPTIONS)
         ingest_server.add_generic_rpc_handlers((self.ingest.handler(),))
         ingest_addr = _add_port(ingest_server, self.config.ingest_listen, self.config)

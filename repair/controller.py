@@ -111,6 +111,7 @@ class RepairController:
         self._fleet_size = 0
         self._lock = asyncio.Lock()
         self.passes = 0
+        self.pass_errors = 0  # passes that raised (logged with the traceback, counted)
         self.last_pass_s = 0.0
         breaker = json.loads(state.get("breaker") or "{}")
         self.breaker_tripped: bool = breaker.get("tripped", False)
@@ -140,7 +141,8 @@ class RepairController:
             try:
                 await self.pass_once(only)
             except Exception:  # a bug in one pass must not stop repairs for good
-                log.exception("repair pass failed; retrying next interval")
+                self.pass_errors += 1
+                log.exception("repair pass failed (%d so far); retrying next interval", self.pass_errors)
             if self._wake.is_set():
                 continue
             waiters = [asyncio.create_task(self._wake.wait()), asyncio.create_task(stop.wait())]

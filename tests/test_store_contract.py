@@ -258,3 +258,12 @@ def test_rollup_tiers_keep_their_own_retention(tmp_path: Path) -> None:
     (kept,) = s.query_points("gpu_1h", 0, now)
     assert kept.time_unix_ns == now - 100 * 86400 * S
     s.close()
+
+
+def test_a_store_refuses_options_it_does_not_take(tmp_path: Path) -> None:
+    from gpufleet.aggregator.store import StoreError, open_store
+
+    with pytest.raises(StoreError, match=r"store .embedded. does not take influx_url; it takes rollup_"):
+        open_store("embedded", tmp_path, 86400, influx_url="http://127.0.0.1:8086")
+    with pytest.raises(StoreError, match=r"unknown store 'mongodb'"):
+        open_store("mongodb", tmp_path, 86400)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable
 from pathlib import Path
 
@@ -9,9 +10,7 @@ from gpufleet.aggregator.store.base import HistoryQuery, Point, Series, Store, S
 from gpufleet.aggregator.store.embedded import EmbeddedStore
 
 
-def _embedded(
-    data_dir: Path, retention_s: float, rollup_retention: dict[str, float] | None = None, **_: object
-) -> Store:
+def _embedded(data_dir: Path, retention_s: float, rollup_retention: dict[str, float] | None = None) -> Store:
     return EmbeddedStore(data_dir / "store.sqlite3", retention_s, retention_by_suffix=rollup_retention)
 
 
@@ -23,8 +22,11 @@ def _influxdb(
     influx_username: str = "",
     influx_password: str = "",
     rollup_retention: dict[str, float] | None = None,
-    **_: object,
+    data_dir: Path | None = None,
+    retention_s: float | None = None,
 ) -> Store:
+    # data_dir and retention_s are not InfluxDB's to use: the database and its retention
+    # policies are the operator's (roll-up tiers get policies of their own).
     from gpufleet.aggregator.store.influx import InfluxStore
 
     policies = {
@@ -48,10 +50,19 @@ BACKENDS: dict[str, Callable[..., Store]] = {
 
 
 def open_store(kind: str, data_dir: Path, retention_s: float, **options: object) -> Store:
+    """The store named kind, with the options it takes; an option it does not take is an
+    error (a setting meant for another store is a misconfiguration, not something to ignore)."""
     try:
         factory = BACKENDS[kind]
     except KeyError:
         raise StoreError(f"unknown store {kind!r}; choose one of {', '.join(BACKENDS)}") from None
+    takes = inspect.signature(factory).parameters
+    unknown = sorted(set(options) - set(takes))
+    if unknown:
+        raise StoreError(
+            f"store {kind!r} does not take {', '.join(unknown)}; it takes "
+            f"{', '.join(sorted(set(takes) - {'data_dir', 'retention_s'}))}"
+        )
     return factory(data_dir=data_dir, retention_s=retention_s, **options)
 
 

@@ -16,11 +16,13 @@ import logging
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
 from gpufleet.repair.alerts.base import Alert, Request, Sink
 
 log = logging.getLogger("gpufleet.repair.alerts")
+# Starts a named long-running coroutine: (name, body) -> task.
+Spawn = Callable[[str, Callable[[], Awaitable[None]]], "asyncio.Task[None]"]
 
 
 class AlertDispatcher:
@@ -44,11 +46,17 @@ class AlertDispatcher:
         self._held: dict[str, Alert] = {}  # held while the breaker is tripped
         self._breaker_tripped = False
 
-    def start(self) -> None:
+    def start(self, spawn: Spawn | None = None) -> None:
+        """One delivery worker per sink, started with spawn(name, body) when given (the
+        aggregator's supervisor: a crash is logged, counted and restarted), else as a task."""
         for sink in self._sinks:
             queue: asyncio.Queue[Alert] = asyncio.Queue()
             self._queues[sink.name] = queue
-            self._workers.append(asyncio.create_task(self._deliver_forever(sink, queue)))
+
+            def body(sink: Sink = sink, queue: asyncio.Queue[Alert] = queue) -> Awaitable[None]:
+                return self._deliver_forever(sink, queue)
+
+            self._workers.append(spawn(f"alerts-{sink.name}", body) if spawn else asyncio.create_task(body()))
 
     async def close(self) -> None:
         for task in self._workers:
