@@ -518,3 +518,15 @@ def read_points(
         ]
     finally:
         db.close()
+
+
+def influx_flags(url: str, database: str = "") -> tuple[str, ...]:
+    """`gpufleet aggregator run` flags for the InfluxDB store (a fresh database per caller)."""
+    return (
+        "--store",
+        "influxdb",
+        "--influx-url",
+        url,
+        "--influx-database",
+        database or f"db_{time.time_ns()}",
+    )

@@ -29,7 +29,9 @@ from conftest import (
     InProcessAggregator,
     RawStream,
     free_port,
+    gpufleet_argv,
     hello,
+    influx_flags,
     read_points,
     report,
     wait_until,
@@ -215,7 +217,7 @@ def test_a_poison_batch_in_the_spool_is_quarantined_and_the_rest_drains(
     if store == "influxdb":
         url = request.getfixturevalue("influxd")
         database = f"poison_{time.time_ns()}"
-        flags = ("--store", "influxdb", "--influx-url", url, "--influx-database", database)
+        flags = influx_flags(url, database)
     agg = cluster.aggregator("aggregator", 0, 0, data, *flags)
     token = cluster.secrets.tokens["viewer"]
     wait_until(lambda: status(agg.fleet, token).spool.batches == 0, 60, "the spool to drain past the poison")
@@ -252,18 +254,7 @@ def test_a_stalled_store_makes_the_aggregator_unready_until_it_answers(
     influx = InfluxServer(tmp_path / "influxd")
     influx.start()
     try:
-        agg = cluster.aggregator(
-            "aggregator",
-            0,
-            0,
-            None,
-            "--store",
-            "influxdb",
-            "--influx-url",
-            influx.url,
-            "--ack-watchdog-s",
-            "2",
-        )
+        agg = cluster.aggregator("aggregator", 0, 0, None, *influx_flags(influx.url), "--ack-watchdog-s", "2")
         s = RawStream(agg.ingest, cluster.secrets.collector_token("stall-node"))
         s.send(hello("stall-node"))
         assert s.recv().WhichOneof("body") == "welcome"
@@ -393,18 +384,7 @@ def test_reports_a_concurrent_writer_made_unstorable_are_refused_alone(
     cluster: Cluster, influxd: str
 ) -> None:
     database = f"conflict_{time.time_ns()}"
-    agg = cluster.aggregator(
-        "aggregator",
-        0,
-        0,
-        None,
-        "--store",
-        "influxdb",
-        "--influx-url",
-        influxd,
-        "--influx-database",
-        database,
-    )
+    agg = cluster.aggregator("aggregator", 0, 0, None, *influx_flags(influxd, database))
     # Another writer got there first: util_gpu_pct is a string field in this shard now.
     body = f'gpu,node=someone-else util_gpu_pct="busy" {time.time_ns()}'.encode()
     urllib.request.urlopen(
@@ -437,3 +417,51 @@ def test_reports_a_concurrent_writer_made_unstorable_are_refused_alone(
     assert sorted(p.fields["seq"] for p in clean_points) == [1, 2, 3, 4, 5]
     for s in (clash, clean):
         s.close()
+
+
+# --- what an operator sees while nothing is acknowledged ------------------------------------
+@pytest.mark.slow
+def test_cli_and_dashboard_say_why_while_nothing_is_acknowledged(
+    cluster: Cluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The store is down (nothing listens on its port) and the 1 MiB spool fills up.
+    dead = f"http://127.0.0.1:{free_port()}"
+    agg = cluster.aggregator("aggregator", 0, 0, None, *influx_flags(dead), "--spool-max-bytes", "1048576")
+    token = cluster.secrets.tokens["viewer"]
+    s = RawStream(agg.ingest, cluster.secrets.collector_token("full-node"))
+    s.send(hello("full-node"))
+    assert s.recv().WhichOneof("body") == "welcome"
+    for seq in range(1, 2000):
+        s.send(report("full-node", seq))
+    wait_until(lambda: not status(agg.fleet, token).acknowledging, 60, "the spool to fill and acks to stop")
+    s.close()
+
+    env = {
+        **os.environ,
+        "GPUFLEET_FLEET": agg.fleet,
+        "GPUFLEET_TOKEN": token,
+        "GPUFLEET_CLIENT_CONFIG": "/none",
+    }
+    out = subprocess.run(gpufleet_argv("status"), env=env, capture_output=True, text=True, timeout=30)
+    assert out.returncode == 0, out.stderr
+    assert "UNHEALTHY" in out.stdout and "NOT ACKNOWLEDGING: the spool is full" in out.stdout, out.stdout
+
+    pytest.importorskip("streamlit")
+    import streamlit as st
+    from streamlit.testing.v1 import AppTest
+
+    st.cache_resource.clear()
+    for name, value in (
+        ("GPUFLEET_FLEET", agg.fleet),
+        ("GPUFLEET_TOKEN", token),
+        ("GPUFLEET_CLIENT_CONFIG", "/none"),
+    ):
+        monkeypatch.setenv(name, value)
+    page = AppTest.from_file(
+        str(Path(__file__).resolve().parent.parent / "dashboard" / "app.py"), default_timeout=60
+    )
+    page.run()
+    banners = [e.value for e in page.error]
+    assert any(
+        b.startswith("Aggregator UNHEALTHY: not acknowledging reports: the spool is full") for b in banners
+    ), banners

@@ -21,7 +21,16 @@ from typing import Any
 
 import grpc
 import pytest
-from conftest import AggregatorHandle, Cluster, HealthyNode, RawStream, hello, read_points, wait_until
+from conftest import (
+    AggregatorHandle,
+    Cluster,
+    HealthyNode,
+    RawStream,
+    hello,
+    influx_flags,
+    read_points,
+    wait_until,
+)
 from google.protobuf.descriptor import Descriptor, FieldDescriptor
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
@@ -341,8 +350,9 @@ def env(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
     else:
         url = request.getfixturevalue("influxd")
         database = f"fuzz_{time.time_ns()}"
-        flags = ("--store", "influxdb", "--influx-url", url, "--influx-database", database)
-        yield from _env(cluster, flags, lambda agg: ReadBack("influxdb", f"{url}#{database}"))
+        yield from _env(
+            cluster, influx_flags(url, database), lambda agg: ReadBack("influxdb", f"{url}#{database}")
+        )
 
 
 def send(env: Env, r: telemetry_pb2.NodeReport) -> Any:
