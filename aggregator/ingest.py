@@ -330,8 +330,7 @@ class IngestService:
 
     async def _accept(self, session: _Session, report: telemetry_pb2.NodeReport) -> None:
         try:
-            self._checker.check_report(report, session.hello)
-            points = self._checker.points(report)
+            points = self._checker.check_report(report, session.hello)
         except Rejection as r:
             self._reject(session, report.seq, r)
             return

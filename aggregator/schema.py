@@ -135,7 +135,6 @@ ENGINE_VALUE_FIELDS = [
 ]
 
 
-_GPU_VALUES = frozenset(GPU_VALUE_FIELDS)
 _ENGINE_VALUES = frozenset(ENGINE_VALUE_FIELDS)
 _TAG_CACHE_MAX = 200_000
 
@@ -170,13 +169,15 @@ class PointConverter:
             }
         return tags
 
-    def convert(self, report: telemetry_pb2.NodeReport) -> list[Point]:
-        """The points a report is stored as. Absent fields stay absent."""
+    def convert(
+        self, report: telemetry_pb2.NodeReport, gpu_values: list[dict[str, float | int | str | bool]]
+    ) -> list[Point]:
+        """The points a checked report is stored as; gpu_values holds each GPU sample's
+        measurement fields as the check copied them. Absent fields stay absent."""
         ts = report.time_unix_ns
         node, cluster = report.node, report.cluster
         points: list[Point] = []
-        for gpu in report.gpus:
-            fields = _present(gpu, _GPU_VALUES)
+        for gpu, fields in zip(report.gpus, gpu_values, strict=True):
             fields["lost"] = gpu.lost
             points.append(Point("gpu", self._tags(node, cluster, gpu), fields, ts))
         points.extend(_engine_event_collector_points(report, node, cluster, ts))

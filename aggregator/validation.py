@@ -12,7 +12,7 @@ import time
 
 import grpc
 
-from gpufleet.aggregator.schema import PointConverter
+from gpufleet.aggregator.schema import GPU_VALUE_FIELDS, PointConverter
 from gpufleet.aggregator.store import Point
 from gpufleet.aggregator.wire_rules import (
     INT64_MAX,
@@ -28,6 +28,7 @@ from gpufleet.aggregator.wire_rules import (
 from gpufleet.protos import ingest_pb2, telemetry_pb2
 
 SUPPORTED_PROTOCOLS = frozenset({1})
+GPU_VALUES = frozenset(GPU_VALUE_FIELDS)
 
 __all__ = [
     "MAX_ENGINES_PER_REPORT",
@@ -90,8 +91,9 @@ class Checker:
 
     def check_report(
         self, report: telemetry_pb2.NodeReport, hello: ingest_pb2.Hello, now_ns: int | None = None
-    ) -> None:
-        """Raise Rejection if the report must not be stored."""
+    ) -> list[Point]:
+        """The points the report is stored as; Rejection if it must not be stored. Every GPU
+        sample's fields are checked and copied in one pass (this is the ingest hot path)."""
         node = hello.node
         where = f"node {node!r}: report seq {report.seq}"
         size = report.ByteSize()
@@ -126,7 +128,14 @@ class Checker:
                 f"{where} has {len(report.engines)} engines and {len(report.events)} "
                 f"events; limits are {MAX_ENGINES_PER_REPORT} and {MAX_EVENTS_PER_REPORT}",
             )
-        self._wire.check(report, where)
+        if len(report.gpus) > MAX_GPUS_PER_NODE or not self._wire.ok(report, skip="gpus"):
+            self._wire.check(report, where)
+        gpu_values = []
+        for gpu in report.gpus:
+            values = self._wire.values(gpu, GPU_VALUES)
+            if values is None:
+                self._wire.check(report, where)  # names the GPU, the field and the value
+            gpu_values.append(values)
         gpu_count = len(hello.gpus)
         seen: set[int] = set()
         for gpu in report.gpus:
@@ -171,6 +180,7 @@ class Checker:
                 raise _invalid(
                     "timestamp", self._time_message(where, "has an event at", ev.time_unix_ns, now_ns)
                 )
+        return self._converter.convert(report, gpu_values)  # type: ignore[arg-type]
 
     def _time_message(self, where: str, verb: str, ts: int, now_ns: int) -> str:
         return (
@@ -178,7 +188,3 @@ class Checker:
             f"clock); accepted: up to {self.max_clock_skew_s:g} s ahead and {self.retention_s:g} s back. "
             "Check the node's clock (NTP)."
         )
-
-    def points(self, report: telemetry_pb2.NodeReport) -> list[Point]:
-        """The points a checked report is stored as."""
-        return self._converter.convert(report)

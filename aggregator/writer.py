@@ -144,8 +144,9 @@ class GroupCommitWriter:
         """Queue points; done(None) runs once they are durable, done(error) if they are not:
         PointsRefused when the store will not take this report's points, another StoreError
         when it cannot take writes now."""
+        n = len(points)  # before anything is queued: a bad argument fails here, not in the writer
         self._pending.append(_Entry(points, done))
-        self._pending_points += len(points)
+        self._pending_points += n
         if self._pending_points >= self._max_pending_points:
             self._room.clear()
         self._wake.set()

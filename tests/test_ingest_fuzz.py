@@ -10,7 +10,6 @@ examples that once stopped ingest are kept below as explicit regression cases.
 
 from __future__ import annotations
 
-import itertools
 import math
 import re
 import time
@@ -31,17 +30,14 @@ from conftest import (
     read_points,
     wait_until,
 )
-from google.protobuf.descriptor import Descriptor, FieldDescriptor
 from hypothesis import HealthCheck, event, given, settings
-from hypothesis import strategies as st
 from hypothesis.control import currently_in_test_context
+from wire_strategies import BOOT, GPUS, NODE, Case, hellos, next_report_time_ns, reports
 
 from gpufleet.aggregator.schema import ENGINE_VALUE_FIELDS, GPU_VALUE_FIELDS
 from gpufleet.aggregator.store.influx import InfluxStore
-from gpufleet.aggregator.wire_rules import RULES, Many, Num, Text
 from gpufleet.protos import ingest_pb2, telemetry_pb2, vocabulary_pb2
 
-NODE, BOOT, GPUS = "fuzz-node", "fuzz-boot", 8
 CODES = {
     grpc.StatusCode.INVALID_ARGUMENT,
     grpc.StatusCode.RESOURCE_EXHAUSTED,
@@ -58,155 +54,6 @@ HELLO_NAMES_THE_FIELD = re.compile(
     r"has [\w.\[\]]+=|has \d+ [\w.\[\]]+, more than|protocol version|node name|cluster name|boot_id|"
     r"interval_s|GPU indices"
 )
-
-# --- values at their edges ------------------------------------------------------------------
-INT_EDGES = [0, 1, 7, 8, 63, 64, 65535, 2**31 - 1, 2**31, 2**32 - 1, 2**63 - 1, 2**63, 2**64 - 1]
-INT64_EDGES = [0, 1, -1, 2**62, 2**63 - 1, -(2**63)]
-DOUBLE_EDGES = [
-    0.0, -0.0, 5e-324, 2.2250738585072014e-308, 0.5, 1.0, 99.999, 100.0, 1e15, 1e308, -1.0, -1e308,
-    math.nan, math.inf, -math.inf,
-]  # fmt: skip
-STRING_EDGES = [
-    "", "GPU-0", "NVIDIA H100 80GB HBM3", "ünïcødé 🚀 ☃", "tab\there", "new\nline", "nul\x00byte",
-    "back\\slash", " padded ", "x" * 300, "y" * 5000, "del\x7f", "c1\x85", 'comma, space =equals"quote\'',
-]  # fmt: skip
-UINT_MAX = {FieldDescriptor.TYPE_UINT32: 2**32 - 1, FieldDescriptor.TYPE_UINT64: 2**64 - 1}
-TAG_ALPHABET = st.characters(codec="utf-8", exclude_categories=("Cc", "Cs"), exclude_characters="\\")
-TEXT_ALPHABET = st.characters(codec="utf-8", exclude_categories=("Cs",)).filter(
-    lambda c: c == "\t" or not (ord(c) < 32 or 0x7F <= ord(c) <= 0x9F)
-)
-
-
-def rule_of(field: FieldDescriptor) -> Any:
-    rule = RULES[f"{field.containing_type.name}.{field.name}"]
-    return rule.each if isinstance(rule, Many) else rule
-
-
-def edge_value(field: FieldDescriptor) -> st.SearchStrategy[Any]:
-    t = field.type
-    if t in UINT_MAX:
-        top = UINT_MAX[t]
-        return st.one_of(st.sampled_from([v for v in INT_EDGES if v <= top]), st.integers(0, top))
-    if t == FieldDescriptor.TYPE_INT64:
-        return st.one_of(st.sampled_from(INT64_EDGES), st.integers(-(2**63), 2**63 - 1))
-    if t == FieldDescriptor.TYPE_DOUBLE:
-        return st.one_of(st.sampled_from(DOUBLE_EDGES), st.floats())
-    if t == FieldDescriptor.TYPE_STRING:
-        return st.one_of(st.sampled_from(STRING_EDGES), st.text(max_size=40))
-    if t == FieldDescriptor.TYPE_BOOL:
-        return st.booleans()
-    if t == FieldDescriptor.TYPE_ENUM:
-        return st.one_of(
-            st.sampled_from([v.number for v in field.enum_type.values]), st.integers(0, 2**31 - 1)
-        )
-    raise AssertionError(f"no edge strategy for {field.full_name}")
-
-
-def valid_value(field: FieldDescriptor) -> st.SearchStrategy[Any]:
-    """Values the wire rules accept (what a correct collector sends)."""
-    rule = rule_of(field)
-    t = field.type
-    if t == FieldDescriptor.TYPE_BOOL:
-        return st.booleans()
-    if t == FieldDescriptor.TYPE_ENUM:
-        return st.sampled_from([v.number for v in field.enum_type.values])
-    if isinstance(rule, Num):
-        if t == FieldDescriptor.TYPE_DOUBLE:
-            return st.floats(rule.low, rule.high, allow_nan=False, allow_infinity=False)
-        return st.integers(int(rule.low), int(rule.high))
-    assert isinstance(rule, Text), field.full_name
-    alphabet = TAG_ALPHABET if rule.tag else TEXT_ALPHABET
-    text = st.text(alphabet, max_size=min(rule.max_len, 40))
-    return text.map(str.strip) if rule.tag else text
-
-
-@st.composite
-def message(draw: st.DrawFn, descriptor: Descriptor, valid: bool, skip: frozenset[str] = frozenset()) -> Any:
-    """A message of this type with any subset of its scalar fields set, valid or at the edges."""
-    msg = getattr(telemetry_pb2, descriptor.name, None) or getattr(ingest_pb2, descriptor.name)
-    out = msg()
-    for field in descriptor.fields:
-        if field.name in skip or field.type == FieldDescriptor.TYPE_MESSAGE or not draw(st.booleans()):
-            continue
-        value = valid_value(field) if valid else st.one_of(valid_value(field), edge_value(field))
-        if field.is_repeated:
-            getattr(out, field.name).extend(draw(st.lists(value, max_size=4)))
-        else:
-            setattr(out, field.name, draw(value))
-    return out
-
-
-@dataclass
-class Case:
-    report: telemetry_pb2.NodeReport
-    valid: bool  # built only from values the rules accept: must be acknowledged
-
-
-_times = itertools.count()
-BASE_NS = time.time_ns() - 600 * 10**9
-
-
-@st.composite
-def reports(draw: st.DrawFn) -> Case:
-    valid = draw(st.booleans())
-    ts = BASE_NS + next(_times) * 100_000  # unique per example: read-back sees only this one
-    r = draw(
-        message(telemetry_pb2.NodeReport.DESCRIPTOR, valid, frozenset({"node", "boot_id", "time_unix_ns"}))
-    )
-    r.node, r.boot_id, r.time_unix_ns = NODE, BOOT, ts
-    if valid:
-        r.seq = max(r.seq, 1)
-    elif draw(st.integers(0, 9)) == 0:  # now and then, the stream-level identity at its edges
-        r.node = draw(st.sampled_from(["other-node", ""]))
-        r.boot_id = draw(st.sampled_from(["other-boot", ""]))
-        r.time_unix_ns = draw(st.sampled_from([0, -1, 1, 2**63 - 1, ts - 30 * 86400 * 10**9]))
-    indices = draw(st.lists(st.integers(0, GPUS - 1), unique=True, max_size=GPUS)) if valid else None
-    for i in indices if valid else draw(st.lists(edge_value(_field("GpuSample", "index")), max_size=3)):
-        gpu = draw(message(telemetry_pb2.GpuSample.DESCRIPTOR, valid, frozenset({"index", "processes"})))
-        gpu.index = i
-        for _ in range(draw(st.integers(0, 2))):
-            gpu.processes.append(draw(message(telemetry_pb2.GpuProcess.DESCRIPTOR, valid)))
-        if valid and gpu.HasField("hbm_used_bytes") and gpu.HasField("hbm_total_bytes"):
-            gpu.hbm_used_bytes = min(gpu.hbm_used_bytes, gpu.hbm_total_bytes)
-        r.gpus.append(gpu)
-    seen: set[tuple[str, str, int]] = set()
-    for _ in range(draw(st.integers(0, 2))):
-        eng = draw(message(telemetry_pb2.EngineSample.DESCRIPTOR, valid, frozenset({"gpu_indices"})))
-        eng.gpu_indices.extend(
-            draw(
-                st.lists(
-                    st.integers(0, GPUS - 1) if valid else edge_value(_field("EngineSample", "gpu_indices"))
-                )
-            )
-        )
-        if valid and (eng.engine, eng.model, eng.port) in seen:
-            continue
-        seen.add((eng.engine, eng.model, eng.port))
-        r.engines.append(eng)
-    for _ in range(draw(st.integers(0, 3))):
-        ev = draw(message(telemetry_pb2.Event.DESCRIPTOR, valid, frozenset({"time_unix_ns", "gpu_index"})))
-        if draw(st.booleans()):
-            ev.gpu_index = draw(
-                st.integers(0, GPUS - 1) if valid else edge_value(_field("Event", "gpu_index"))
-            )
-        ev.time_unix_ns = (
-            draw(st.sampled_from([0, ts + draw(st.integers(0, 999))]))
-            if valid or draw(st.booleans())
-            else draw(edge_value(_field("Event", "time_unix_ns")))
-        )
-        r.events.append(ev)
-    if draw(st.booleans()):
-        r.stats.CopyFrom(draw(message(telemetry_pb2.CollectorStats.DESCRIPTOR, valid)))
-    if not valid and draw(st.integers(0, 14)) == 0:  # repeated fields past their bound
-        which = draw(st.sampled_from(["engines", "events"]))
-        getattr(r, which).extend(
-            [getattr(telemetry_pb2, "EngineSample" if which == "engines" else "Event")()] * 1001
-        )
-    return Case(r, valid)
-
-
-def _field(message_name: str, field: str) -> FieldDescriptor:
-    return getattr(telemetry_pb2, message_name).DESCRIPTOR.fields_by_name[field]
 
 
 # --- reading back ---------------------------------------------------------------------------
@@ -406,9 +253,7 @@ def test_every_report_is_stored_exactly_or_refused_by_field(env: Env, case: Case
 
 
 def _regression(build: Callable[[telemetry_pb2.NodeReport], None]) -> Case:
-    r = telemetry_pb2.NodeReport(
-        node=NODE, boot_id=BOOT, seq=1, time_unix_ns=BASE_NS + next(_times) * 100_000
-    )
+    r = telemetry_pb2.NodeReport(node=NODE, boot_id=BOOT, seq=1, time_unix_ns=next_report_time_ns())
     r.gpus.add(index=0, uuid="GPU-0", model="NVIDIA H100 80GB HBM3", util_gpu_pct=10.0)
     build(r)
     return Case(r, valid=False)
@@ -435,26 +280,6 @@ def test_reports_that_once_stopped_ingest_are_refused_alone(env: Env, name: str)
     good = _regression(lambda r: None)
     good.valid = True
     check_outcome(env, good)  # the same stream goes on
-
-
-@st.composite
-def hellos(draw: st.DrawFn) -> ingest_pb2.Hello:
-    valid = draw(st.booleans())
-    h = draw(message(ingest_pb2.Hello.DESCRIPTOR, valid, frozenset({"protocol_version"})))
-    h.protocol_version = (
-        1
-        if valid or draw(st.booleans())
-        else draw(edge_value(_field_of(ingest_pb2.Hello, "protocol_version")))
-    )
-    for i in range(draw(st.integers(0, 3)) if draw(st.integers(0, 9)) else 65):
-        gpu = draw(message(telemetry_pb2.GpuIdentity.DESCRIPTOR, valid, frozenset({"index"})))
-        gpu.index = i if valid else draw(edge_value(_field("GpuIdentity", "index")))
-        h.gpus.append(gpu)
-    return h
-
-
-def _field_of(cls: Any, field: str) -> FieldDescriptor:
-    return cls.DESCRIPTOR.fields_by_name[field]
 
 
 @settings(FUZZ, max_examples=40)

@@ -8,7 +8,10 @@ import math
 import pytest
 from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 from google.protobuf.descriptor import FieldDescriptor
+from hypothesis import HealthCheck, given, settings
+from wire_strategies import Case, hellos, reports
 
+from gpufleet.aggregator.schema import GPU_VALUE_FIELDS
 from gpufleet.aggregator.wire_rules import (
     INT64_MAX,
     RULES,
@@ -128,3 +131,19 @@ def test_a_valid_report_passes() -> None:
     report.gpus.add(index=0, uuid="GPU-0", model="NVIDIA H100 80GB HBM3", util_gpu_pct=-0.0, power_w=5e-324)
     report.events.add(message="tab\tis fine; ünïcode too 🚀", pid=2**31 - 1)
     assert WireValidator().find(ingest_pb2.CollectorMessage(report=report)) is None
+
+
+@settings(max_examples=200, deadline=None, derandomize=True, database=None,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])  # fmt: skip
+@given(case=reports(), h=hellos())
+def test_the_fast_check_and_the_explaining_check_always_agree(case: Case, h: ingest_pb2.Hello) -> None:
+    """ok() decides for every report; find() only explains a refusal: they must never differ,
+    and values() must copy exactly the measurement fields a GPU sample carries."""
+    validator = WireValidator()
+    for msg in (ingest_pb2.CollectorMessage(report=case.report), ingest_pb2.CollectorMessage(hello=h)):
+        assert validator.ok(msg) == (validator.find(msg) is None), msg
+    for gpu in case.report.gpus:
+        values = validator.values(gpu, frozenset(GPU_VALUE_FIELDS))
+        assert (values is not None) == (validator.find(gpu) is None)
+        if values is not None:
+            assert values == {fd.name: v for fd, v in gpu.ListFields() if fd.name in GPU_VALUE_FIELDS}
