@@ -243,6 +243,7 @@ _Check = Callable[[object, str], "tuple[str, object, str] | None"]
 
 
 _NUM, _TEXT, _TAG, _FLAG, _ENUM, _MSG = range(6)
+_TYPE_RANGE = {FieldDescriptor.TYPE_UINT32: (0, UINT32_MAX)}
 _GOOD_TEXT_MAX = 100_000
 # (kind, repeated, max items, a, b, field name): Num a..b; Text/tag max length a; enum values a.
 _Spec = tuple[int, bool, int, object, object, str]
@@ -263,6 +264,7 @@ class WireValidator:
         # Tag and text values seen to pass (bounded): the same GPU model, uuid and bus id come
         # in every report, so their character checks run once, not once per report.
         self._good_text: set[tuple[int, str]] = set()
+        self._numbers: dict[tuple[str, frozenset[str]], dict[FieldDescriptor, tuple[float, float, str]]] = {}
         missing = []
         for d in reachable(root):
             table: dict[str, _Check] = {}
@@ -287,6 +289,8 @@ class WireValidator:
         max_items = rule.max_items if isinstance(rule, Many) else 0
         one = rule.each if isinstance(rule, Many) else rule
         if isinstance(one, Num):
+            if f.type in _TYPE_RANGE and (one.low, one.high) == _TYPE_RANGE[f.type]:
+                return (_FLAG, many, max_items, None, None, f.name)  # every value its type holds is fine
             return (_NUM, many, max_items, one.low, one.high, f.name)
         if isinstance(one, Text):
             return (_TAG if one.tag else _TEXT, many, max_items, one.max_len, None, f.name)
@@ -323,6 +327,10 @@ class WireValidator:
             return self._value_ok(kind, a, b, value)
         if len(value) > max_items:  # type: ignore[arg-type]
             return False
+        if kind == _MSG:
+            return all(map(self.ok, value))  # type: ignore[call-overload]
+        if kind == _FLAG:
+            return True
         return all(self._value_ok(kind, a, b, v) for v in value)  # type: ignore[attr-defined]
 
     def ok(self, msg: Message, skip: str = "") -> bool:
@@ -338,14 +346,37 @@ class WireValidator:
                 return False
         return True
 
+    def _stored_numbers(
+        self, full_name: str, wanted: frozenset[str]
+    ) -> dict[FieldDescriptor, tuple[float, float, str]]:
+        """The scalar number fields of a message that values() copies: (low, high, name)."""
+        key = (full_name, wanted)
+        found = self._numbers.get(key)
+        if found is None:
+            found = self._numbers[key] = {
+                fd: (spec[3], spec[4], spec[5])  # type: ignore[misc]
+                for fd, spec in self._specs[full_name].items()
+                if spec[0] == _NUM and not spec[1] and spec[5] in wanted
+            }
+        return found
+
     def values(self, msg: Message, wanted: frozenset[str]) -> dict[str, object] | None:
         """ok(msg), and in the same pass over its fields the values of those in wanted (what
         is stored of it); None if a field breaks its rule. Each GPU sample of every report
-        goes through here once: checking and copying share one ListFields."""
-        specs = self._specs[msg.DESCRIPTOR.full_name]
+        goes through here once: checking and copying share one ListFields, and the stored
+        numbers (most fields) take the shortest path."""
+        full_name = msg.DESCRIPTOR.full_name
+        numbers = self._stored_numbers(full_name, wanted)
+        specs = self._specs[full_name]
         good = self._good_text
         out: dict[str, object] = {}
         for fd, value in msg.ListFields():
+            number = numbers.get(fd)
+            if number is not None:
+                if not number[0] <= value <= number[1]:  # False for NaN too
+                    return None
+                out[number[2]] = value
+                continue
             spec = specs[fd]
             kind = spec[0]
             if spec[1]:
