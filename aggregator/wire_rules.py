@@ -261,8 +261,9 @@ class WireValidator:
         # Keyed by the field descriptor ListFields hands back (the same object every time):
         # no field-name string is made per field checked.
         self._specs: dict[str, dict[FieldDescriptor, _Spec]] = {}
-        # Tag and text values seen to pass (bounded): the same GPU model, uuid and bus id come
-        # in every report, so their character checks run once, not once per report.
+        # Tag and text values whose characters passed (bounded; lengths are checked every time,
+        # per field): the same GPU model, uuid and bus id come in every report, so their
+        # character checks run once, not once per report.
         self._good_text: set[tuple[int, str]] = set()
         self._numbers: dict[tuple[str, frozenset[str]], dict[FieldDescriptor, tuple[float, float, str]]] = {}
         missing = []
@@ -301,6 +302,10 @@ class WireValidator:
         return (_FLAG, many, max_items, None, None, f.name)
 
     def _text_ok(self, kind: int, max_len: object, value: str) -> bool:
+        # The length is the field's own; the characters allowed depend only on the kind, so
+        # that is what the cache of good values remembers.
+        if len(value) > max_len:  # type: ignore[operator]
+            return False
         if (kind, value) in self._good_text:
             return True
         if text_why(value, Text(max_len, tag=kind == _TAG)) is not None:  # type: ignore[arg-type]
@@ -386,7 +391,9 @@ class WireValidator:
                 if not spec[3] <= value <= spec[4]:  # type: ignore[operator]  # False for NaN too
                     return None
             elif kind in (_TAG, _TEXT):
-                if (kind, value) not in good and not self._text_ok(kind, spec[3], value):
+                if len(value) > spec[3] or (
+                    (kind, value) not in good and not self._text_ok(kind, spec[3], value)
+                ):
                     return None
             elif kind != _FLAG and not self._value_ok(kind, spec[3], spec[4], value):
                 return None

@@ -133,13 +133,17 @@ def test_a_valid_report_passes() -> None:
     assert WireValidator().find(ingest_pb2.CollectorMessage(report=report)) is None
 
 
+SHARED = WireValidator()
+
+
 @settings(max_examples=200, deadline=None, derandomize=True, database=None,
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])  # fmt: skip
 @given(case=reports(), h=hellos())
 def test_the_fast_check_and_the_explaining_check_always_agree(case: Case, h: ingest_pb2.Hello) -> None:
     """ok() decides for every report; find() only explains a refusal: they must never differ,
-    and values() must copy exactly the measurement fields a GPU sample carries."""
-    validator = WireValidator()
+    and values() must copy exactly the measurement fields a GPU sample carries. One validator
+    serves every example, as in the aggregator: its cache of good strings is exercised too."""
+    validator = SHARED
     for msg in (ingest_pb2.CollectorMessage(report=case.report), ingest_pb2.CollectorMessage(hello=h)):
         assert validator.ok(msg) == (validator.find(msg) is None), msg
     for gpu in case.report.gpus:
@@ -147,3 +151,17 @@ def test_the_fast_check_and_the_explaining_check_always_agree(case: Case, h: ing
         assert (values is not None) == (validator.find(gpu) is None)
         if values is not None:
             assert values == {fd.name: v for fd, v in gpu.ListFields() if fd.name in GPU_VALUE_FIELDS}
+
+
+def test_a_string_good_for_one_field_is_still_too_long_for_a_shorter_one() -> None:
+    validator = WireValidator()
+    model = "M" * 100  # a fine GPU model (tag, at most 128), remembered as good characters
+    first = telemetry_pb2.NodeReport(node="n", boot_id="b", seq=1, time_unix_ns=1)
+    first.gpus.add(index=0, model=model)
+    assert validator.ok(ingest_pb2.CollectorMessage(report=first))
+    second = telemetry_pb2.NodeReport(node="n", boot_id="b", seq=2, time_unix_ns=1)
+    second.gpus.add(index=0, pci_bus_id=model)  # a tag of at most 32
+    gpu = second.gpus[0]
+    assert validator.values(gpu, frozenset(GPU_VALUE_FIELDS)) is None
+    assert not validator.ok(ingest_pb2.CollectorMessage(report=second))
+    assert validator.find(gpu) == ("pci_bus_id", model, "is 100 characters; at most 32")
