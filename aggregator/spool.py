@@ -9,8 +9,9 @@ store oldest first, deleting each once the store has it, backing off between fai
 
 Bounded by `max_bytes`: past `warn_ratio` of it the spool reports itself near its limit
 (gauge gpufleet_spool_near_limit, a logged warning — alert on it); at the limit it refuses
-new batches (counted), so the aggregator stops acknowledging and collectors keep the reports
-in their own replay buffers until there is room. Nothing is dropped here.
+new batches (counted), and goes on refusing until the drain has taken it below RESUME_RATIO
+(90 %) of the limit, so the aggregator stops acknowledging and collectors keep the reports in
+their own replay buffers until there is room. Nothing is dropped here.
 
 A disk that cannot take the segment (ENOSPC, EIO) raises SpoolUnavailable: the batch is not
 acknowledged, and the half-written file is removed. A batch the store refuses again and again
@@ -35,6 +36,9 @@ from pathlib import Path
 from gpufleet.aggregator.store.base import Point, StoreUnavailable
 
 log = logging.getLogger("gpufleet.aggregator.spool")
+
+
+RESUME_RATIO = 0.9
 
 
 class SpoolFull(StoreUnavailable):
@@ -101,6 +105,7 @@ class Spool:
         self._bytes = sum(s[2] for s in self._segments)
         self.drained_points_total = 0
         self.refused_total = 0
+        self._refusing = False
         self._drained: deque[tuple[float, int]] = deque(maxlen=120)  # (monotonic, points) per drain
         self._warned = False
         self.quarantine_dir = self.directory / "quarantine"
@@ -132,12 +137,18 @@ class Spool:
         """Make the batch durable in the spool (raises SpoolFull at the size limit)."""
         data = _encode(points)
         with self._lock:
-            if self._bytes + len(data) > self.max_bytes:
+            # Once full, it stays full until the drain has made real room (below RESUME_RATIO):
+            # acks stop and resume once, not batch by batch as small batches squeeze in.
+            if self._bytes + len(data) > self.max_bytes or (
+                self._refusing and self._bytes > RESUME_RATIO * self.max_bytes
+            ):
+                self._refusing = True
                 self.refused_total += 1
                 raise SpoolFull(
                     f"the spool is full ({self._bytes} of {self.max_bytes} bytes); not "
-                    "acknowledging until the store takes some of it back"
+                    f"acknowledging until the store takes it back below {RESUME_RATIO:.0%}"
                 )
+            self._refusing = False
             n = self._next
             self._next += 1
         path = self.directory / f"{n:016d}.seg"
