@@ -51,7 +51,12 @@ def test_kubernetes_cordon_taint_condition_and_evictions_that_respect_budgets(cl
     wait_until(lambda: node["spec"].get("unschedulable"), 30, "the node cordoned")
     assert {"key": TAINT_KEY, "value": "automation", "effect": "NoSchedule"} in node["spec"]["taints"]
     assert node["metadata"]["annotations"]["gpufleet.io/cordoned-by"] == "automation"
-    condition = next(c for c in node["status"]["conditions"] if c["type"] == "GpufleetHealthy")
+    # The condition is a second request (the status subresource), right after the cordon's.
+    condition = wait_until(
+        lambda: next((c for c in node["status"]["conditions"] if c["type"] == "GpufleetHealthy"), None),
+        30,
+        "the GpufleetHealthy condition",
+    )
     assert condition["status"] == "False" and condition["message"].startswith("gpufleet: xid_79")
     patches = [r for r in kube.requests if r["verb"] == "PATCH"]
     assert {r["content_type"] for r in patches} == {"application/strategic-merge-patch+json"}
