@@ -107,6 +107,11 @@ class Authenticator:
         return principal
 
 
+def is_service_account_token(token: str) -> bool:
+    """A Kubernetes ServiceAccount token is a JWT: three base64url parts, the header 'eyJ...'."""
+    return token.startswith("eyJ") and token.count(".") == 2
+
+
 class CollectorAuth:
     """Which collector credentials this aggregator takes (setting collector_auth): per-node HMAC
     tokens, Kubernetes ServiceAccount tokens bound to their pod's node (k8s_auth.py), or both.
@@ -122,7 +127,7 @@ class CollectorAuth:
 
     async def check(self, token: str, node: str) -> None:
         """Raise AuthError unless token proves it is node's collector."""
-        if self._kubernetes is not None and token.startswith("eyJ") and token.count(".") == 2:
+        if self._kubernetes is not None and is_service_account_token(token):
             await asyncio.to_thread(self._kubernetes, token, node)
             return
         if self._hmac is None:

@@ -19,7 +19,7 @@ import grpc
 from google.protobuf.message import DecodeError
 
 import gpufleet
-from gpufleet.aggregator.auth import AuthError, CollectorAuth, bearer
+from gpufleet.aggregator.auth import AuthError, CollectorAuth, bearer, is_service_account_token
 from gpufleet.aggregator.fanout import Fanout
 from gpufleet.aggregator.fleet_state import FleetState
 from gpufleet.aggregator.metrics import AggregatorMetrics
@@ -167,7 +167,7 @@ class IngestService:
                 f"{exc}"
                 + (
                     ""
-                    if token.startswith("eyJ")
+                    if is_service_account_token(token)
                     else f"; issue one with `gpufleet auth collector-token {hello.node}`"
                 ),
                 hello.node,
