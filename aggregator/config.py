@@ -97,6 +97,11 @@ class AggregatorConfig:
     )
     repair_breaker_window_s: float = _setting(600.0, "the breaker's window, in seconds")
     repair_interval_s: float = _setting(1.0, "seconds between repair passes (events trigger one at once)")
+    repair_observe_interval_s: float = _setting(
+        15.0,
+        "the whole fleet's scheduler state is read at most this often; nodes with a workflow under "
+        "way are read every pass (the polling budget: one small read per pass, one full read per interval)",
+    )
     repair_reboot_command: str = _setting(
         "", "command that reboots a node ({node}, {incident}, {gpus}, {reason}); empty: skip reboots"
     )
@@ -172,6 +177,11 @@ class AggregatorConfig:
             )
         if not 0.05 <= self.repair_interval_s <= 60:
             raise ValueError(f"repair_interval_s={self.repair_interval_s:g} must be between 0.05 and 60")
+        if not 0 <= self.repair_observe_interval_s <= 3600:
+            raise ValueError(
+                f"repair_observe_interval_s={self.repair_observe_interval_s:g} must be between 0 and 3600 "
+                "(seconds between whole-fleet scheduler reads)"
+            )
         if self.repair_backend == "hook" and not (self.repair_hook_cordon and self.repair_hook_uncordon):
             raise ValueError("repair_backend=hook needs repair_hook_cordon and repair_hook_uncordon")
 

@@ -19,6 +19,7 @@ from gpufleet.repair.backends import open_backend
 from gpufleet.repair.controller import Hooks, Rails, RepairController
 from gpufleet.repair.model import NodeSnapshot
 from gpufleet.repair.policy import load_policy
+from gpufleet.repair.rules import WATCH_FIELDS
 from gpufleet.repair.state import RepairState
 
 
@@ -49,17 +50,7 @@ class HealthWatch:
     signals changed, so a sampled fault is acted on at its report, not at the next full pass.
     The check reads a handful of fields per GPU: cheap enough for every report."""
 
-    FIELDS = (
-        "remap_pending",
-        "remap_failure",
-        "ecc_dbe_volatile",
-        "retired_pages_pending",
-        "retired_pages_dbe",
-        "retired_pages_sbe",
-        "throttle_thermal",
-        "throttle_power",
-        "nvlink_links_inactive",
-    )
+    FIELDS = WATCH_FIELDS  # declared by the rules themselves (repair/rules/__init__.py)
 
     def __init__(self, controller: RepairController) -> None:
         self._controller = controller
@@ -103,6 +94,7 @@ def build_controller(
     actions = Counter(
         "gpufleet_repair_actions", "repair actions by action and outcome", ["action", "outcome"], registry=r
     )
+    state = RepairState(config.data_path / "repair.sqlite3")
     dispatcher = AlertDispatcher(
         open_sinks(
             [u.strip() for u in config.alert_webhooks.split(",") if u.strip()],
@@ -113,8 +105,8 @@ def build_controller(
         group_wait_s=config.alert_group_wait_s,
         max_age_s=config.alert_max_age_s,
         count=lambda sink, outcome: alerts.labels(sink=sink, outcome=outcome).inc(),
+        store=state,
     )
-    state = RepairState(config.data_path / "repair.sqlite3")
     controller = RepairController(
         policy,
         state,
@@ -133,6 +125,7 @@ def build_controller(
         on_action=lambda node, action, outcome: actions.labels(
             action=action, outcome=outcome.split(":")[0]
         ).inc(),
+        observe_interval_s=config.repair_observe_interval_s,
     )
     ingest.fanout.on_command_result("repair", controller.on_command_result)
     health_watch = HealthWatch(controller)
@@ -156,6 +149,11 @@ def build_controller(
     Gauge(
         "gpufleet_repair_pass_errors", "repair passes that failed with an error (each logged)", registry=r
     ).set_function(lambda: float(controller.pass_errors))
+    Gauge(
+        "gpufleet_repair_scheduler_reads",
+        "reads of the scheduler's view since the aggregator started",
+        registry=r,
+    ).set_function(lambda: float(controller.scheduler_reads))
     Gauge("gpufleet_repair_last_pass_seconds", "how long the last repair pass took", registry=r).set_function(
         lambda: controller.last_pass_s
     )

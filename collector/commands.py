@@ -4,12 +4,41 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import shlex
 from collections.abc import Callable
 
 from gpufleet.protos import ingest_pb2, telemetry_pb2, vocabulary_pb2
 
 log = logging.getLogger("gpufleet.collector.commands")
+
+CAP_SYS_ADMIN = 21  # linux/capability.h
+PRIVILEGE_HINT = (
+    "install the opt-in drop-in deploy/systemd/gpufleet-collector.service.d/gpu-reset.conf "
+    "(bare metal) or the Kubernetes component deploy/kubernetes/components/gpu-reset"
+)
+
+
+def reset_privilege_problem(status_text: str | None = None, uid: int | None = None) -> str:
+    """Why this process cannot reset a GPU (an NVML reset needs root with CAP_SYS_ADMIN), or ""."""
+    if status_text is None:
+        try:
+            with open("/proc/self/status") as f:
+                status_text = f.read()
+        except OSError:
+            return ""
+    uid = os.getuid() if uid is None else uid
+    effective = next(
+        (line.split()[1] for line in status_text.splitlines() if line.startswith("CapEff:")), "0"
+    )
+    has_sys_admin = bool(int(effective, 16) >> CAP_SYS_ADMIN & 1)
+    if uid == 0 and has_sys_admin:
+        return ""
+    missing = [what for what, ok in (("root", uid == 0), ("CAP_SYS_ADMIN", has_sys_admin)) if not ok]
+    return (
+        f"a GPU reset needs root with CAP_SYS_ADMIN and this collector lacks {' and '.join(missing)} "
+        f"(uid {uid}, effective capabilities {effective}): {PRIVILEGE_HINT}"
+    )
 
 
 async def run_command(
@@ -47,7 +76,7 @@ async def run_command(
         return result
     if not reset_command:
         result.outcome = vocabulary_pb2.COMMAND_OUTCOME_REFUSED
-        result.detail = "no reset_command is configured on this collector"
+        result.detail = f"no reset_command is configured on this collector: {PRIVILEGE_HINT}"
         return result
     argv = [a.format(gpu_index=gpu.index, gpu_uuid=gpu.uuid) for a in shlex.split(reset_command)]
     log.warning(
@@ -76,7 +105,10 @@ async def run_command(
     tail = output.decode(errors="replace")[-2000:]
     if proc.returncode == 0:
         result.outcome = vocabulary_pb2.COMMAND_OUTCOME_SUCCEEDED
-    else:
-        result.outcome = vocabulary_pb2.COMMAND_OUTCOME_FAILED
-    result.detail = f"exit status {proc.returncode}: {tail}".strip()
+        result.detail = f"exit status 0: {tail}".strip()
+        return result
+    result.outcome = vocabulary_pb2.COMMAND_OUTCOME_FAILED
+    # The likeliest cause first: the unit without the gpu-reset drop-in cannot reset a GPU.
+    problem = reset_privilege_problem()
+    result.detail = (f"{problem}; " if problem else "") + f"exit status {proc.returncode}: {tail}".strip()
     return result

@@ -14,7 +14,7 @@ SEVERITIES = {
     "warning": vocabulary_pb2.SEVERITY_WARNING,
     "critical": vocabulary_pb2.SEVERITY_CRITICAL,
 }
-LADDER_STEPS = ("reset_gpu", "reboot", "ticket")
+LADDER_STEPS = ("reset_gpu", "reboot", "ticket")  # the Step values a ladder may hold
 
 
 @dataclass

@@ -17,21 +17,16 @@ from gpufleet.protos.names import ACTIONS
 from gpufleet.repair import xid_catalog
 from gpufleet.repair.model import LADDER_STEPS, SEVERITIES, Finding
 
-RULE_NAMES = (
-    "ecc_uncorrected",
-    "remap_pending",
-    "remap_failure",
-    "retired_pages",
-    "retired_pages_pending",
-    "nvlink_errors",
-    "nvlink_down",
-    "pcie_replays",
-    "thermal_slowdown",
-    "power_slowdown",
-    "gpu_lost",
-    "gpu_missing",
-    "collector_silent",
-)
+
+def rule_names() -> tuple[str, ...]:
+    """The rules with a [rules.NAME] table: every registered rule but xid (which reads
+    [buckets], [xid] and [[xid_workflow]]). Imported here, not at the top: the rules import
+    this module for Entry and Policy."""
+    from gpufleet.repair.rules import RULES
+
+    return tuple(name for name in RULES if name != "xid")
+
+
 _ENTRY_KEYS = {"severity", "cordon", "ladder", "reason", "window_s", "action", "threshold", "enabled"}
 _WORKFLOW_DEFAULTS = {
     "validate_s": 60.0,
@@ -258,8 +253,8 @@ def _apply(policy: Policy, data: dict[str, Any], source: str) -> None:
         policy.workflows = [w for w in policy.workflows if (w.xid, w.with_xids) != (xid, wf.with_xids)]
         policy.workflows.append(wf)
     for name, raw in data.get("rules", {}).items():
-        if name not in RULE_NAMES:
-            raise PolicyError(f"{source}: [rules.{name}] is not a rule; rules: {', '.join(RULE_NAMES)}")
+        if name not in rule_names():
+            raise PolicyError(f"{source}: [rules.{name}] is not a rule; rules: {', '.join(rule_names())}")
         policy.rules[name] = _entry(f"{source}: [rules.{name}]", raw, policy.rules.get(name), None)
 
 
@@ -268,7 +263,7 @@ def load_policy(override: str | Path | None = None) -> Policy:
     policy = Policy(buckets={}, xids={}, workflows=[], rules={})
     _apply(policy, tomllib.loads(_default_text()), "default_policy.toml")
     missing = [b for b in set(xid_catalog.BUCKET.values()) if b not in policy.buckets]
-    missing += [r for r in RULE_NAMES if r not in policy.rules]
+    missing += [r for r in rule_names() if r not in policy.rules]
     if missing:
         raise PolicyError(f"default_policy.toml: no entry for {', '.join(sorted(missing))}")
     policy.sources = ("default_policy.toml",)

@@ -27,7 +27,14 @@ CREATE TABLE IF NOT EXISTS audit (
 CREATE INDEX IF NOT EXISTS audit_node ON audit (node, seq);
 CREATE TABLE IF NOT EXISTS action (key TEXT PRIMARY KEY, started_ns INTEGER NOT NULL, outcome TEXT);
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS first_seen (
+    node TEXT NOT NULL, gpu INTEGER NOT NULL, code TEXT NOT NULL, seen_ns INTEGER NOT NULL,
+    PRIMARY KEY (node, gpu, code));
+CREATE TABLE IF NOT EXISTS alert_identity (key TEXT PRIMARY KEY, status TEXT NOT NULL, body TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS alert_outbox (
+    seq INTEGER PRIMARY KEY AUTOINCREMENT, sink TEXT NOT NULL, body TEXT NOT NULL, outcome TEXT);
 """
+_NO_GPU = -1  # first_seen.gpu for a finding about the whole node
 
 
 @dataclass
@@ -46,6 +53,7 @@ class Workflow:
     detail: str = ""
     suppressed: list[str] = field(default_factory=list)  # finding ids a person overrode
     cleared_before_ns: int = 0  # XIDs before this were dealt with (incident closed)
+    held: str = ""  # "step:hold kind" of the step the rails hold back (audited once), "" when none
 
     @classmethod
     def from_json(cls, text: str) -> Workflow:
@@ -194,6 +202,55 @@ class RepairState:
         if row is None:
             return None
         return row[0] or ""
+
+    # --- persistence windows -----------------------------------------------------------
+    def first_seen(self) -> dict[tuple[str, int | None, str], int]:
+        rows = self._db.execute("SELECT node, gpu, code, seen_ns FROM first_seen")
+        return {(n, None if g == _NO_GPU else g, c): t for n, g, c, t in rows}
+
+    def put_first_seen(
+        self, node: str, gone: list[tuple[str, int | None, str]], new: dict[tuple[str, int | None, str], int]
+    ) -> None:
+        with self._db:
+            self._db.execute("BEGIN")
+            self._db.executemany(
+                "DELETE FROM first_seen WHERE node = ? AND gpu = ? AND code = ?",
+                [(n, _NO_GPU if g is None else g, c) for n, g, c in gone],
+            )
+            self._db.executemany(
+                "INSERT OR REPLACE INTO first_seen VALUES (?, ?, ?, ?)",
+                [(n, _NO_GPU if g is None else g, c, t) for (n, g, c), t in new.items()],
+            )
+
+    # --- alert delivery (repair/alerts/dispatcher.py) ------------------------------------
+    def alert_identities(self) -> list[tuple[str, str, str]]:
+        """(key, status, alert body) of every alert identity: waiting, held or sent."""
+        return list(self._db.execute("SELECT key, status, body FROM alert_identity"))
+
+    def put_alert_identity(self, key: str, status: str, body: str) -> None:
+        self._db.execute("INSERT OR REPLACE INTO alert_identity VALUES (?, ?, ?)", (key, status, body))
+
+    def drop_alert_identity(self, key: str) -> None:
+        self._db.execute("DELETE FROM alert_identity WHERE key = ?", (key,))
+
+    def queue_alert(self, sink: str, body: str) -> int:
+        """An alert to deliver to one sink; kept until delivered or dropped."""
+        cur = self._db.execute("INSERT INTO alert_outbox (sink, body) VALUES (?, ?)", (sink, body))
+        return int(cur.lastrowid or 0)
+
+    def finish_alert(self, seq: int, outcome: str) -> None:
+        self._db.execute("UPDATE alert_outbox SET outcome = ? WHERE seq = ?", (outcome, seq))
+
+    def queued_alerts(self) -> list[tuple[int, str, str]]:
+        """(seq, sink, body) of alerts not yet delivered, oldest first."""
+        return list(
+            self._db.execute("SELECT seq, sink, body FROM alert_outbox WHERE outcome IS NULL ORDER BY seq")
+        )
+
+    def alert_deliveries(self, key: str = "") -> list[tuple[str, str, str]]:
+        """(sink, outcome, body) of every alert queued, in order (for `gpufleet` and tests)."""
+        rows = self._db.execute("SELECT sink, COALESCE(outcome, ''), body FROM alert_outbox ORDER BY seq")
+        return [r for r in rows if not key or json.loads(r[2]).get("key") == key]
 
     # --- small values (the breaker) -----------------------------------------------------
     def get(self, key: str) -> str | None:

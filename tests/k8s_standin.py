@@ -3,8 +3,16 @@
 No Kubernetes API server can run on this machine, so this serves the part of the core/v1
 and policy/v1 API that the backend uses, over real HTTP, and checks each request as the real
 server would: bearer token, paths, Content-Type of patches (strategic merge for objects,
-JSON Patch only for lists), the Eviction body, and PodDisruptionBudgets — an eviction that
-would take a budget below minAvailable gets 429, as the real eviction subresource answers.
+JSON Patch only for lists), the Eviction body, and PodDisruptionBudgets (minAvailable or
+maxUnavailable, counting only Ready pods that are not terminating) — an eviction the budget
+does not allow gets 429, as the real eviction subresource answers.
+
+It has the teeth the real one has for a controller: every object carries a resourceVersion,
+bumped on each write, and a patch that names an older one gets 409 Conflict; a second writer
+can change a node between a client's read and its write (interfere_once); an evicted pod stays
+Terminating (deletionTimestamp set) for its grace period; and every request is authorised
+against the ClusterRole in deploy/kubernetes/rbac.yaml, so a call the manifest does not allow
+gets 403 Forbidden with the real server's message.
 Every request is recorded (verb, path, content type, body) for the tests to check, and the
 verbs/resources seen are compared with the RBAC the deploy manifests grant.
 
@@ -23,11 +31,28 @@ import re
 import threading
 import time
 import urllib.parse
+from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 TOKEN = "standin-token"
+USER = "system:serviceaccount:gpufleet:gpufleet-aggregator"
+RBAC = Path(__file__).resolve().parent.parent / "deploy" / "kubernetes" / "rbac.yaml"
+
+
+def cluster_role(name: str = "gpufleet-aggregator") -> set[tuple[str, str, str]]:
+    """(API group, resource, verb) the named ClusterRole in deploy/kubernetes/rbac.yaml grants."""
+    granted = set()
+    for doc in yaml.safe_load_all(RBAC.read_text()):
+        if doc and doc.get("kind") == "ClusterRole" and doc["metadata"]["name"] == name:
+            for rule in doc["rules"]:
+                for group in rule["apiGroups"]:
+                    for resource in rule["resources"]:
+                        granted |= {(group, resource, verb) for verb in rule["verbs"]}
+    return granted
 
 
 def _strategic_merge(target: dict[str, Any], patch: dict[str, Any], merge_keys: dict[str, str]) -> None:
@@ -54,6 +79,10 @@ class KubeStandin:
         self.pdbs: list[dict[str, Any]] = []  # {"namespace", "selector": {labels}, "min_available"}
         self.requests: list[dict[str, Any]] = []
         self.tokens: dict[str, dict[str, Any]] = {}  # issued token -> its claims
+        self.granted = cluster_role()  # what the aggregator's ServiceAccount may do
+        self.forbidden: list[tuple[str, str, str]] = []  # requests RBAC refused
+        self._interfere: dict[str, Callable[[dict[str, Any]], None]] = {}
+        self._rv = 1
         self.lock = threading.Lock()
         standin = self
 
@@ -83,7 +112,19 @@ class KubeStandin:
                     if self.headers.get("Authorization") != f"Bearer {TOKEN}":
                         self._reply(401, _status(401, "Unauthorized", "Unauthorized"))
                         return
-                    code, body = standin.route(record)
+                    standin._expire_terminating()
+                    attribute = _attribute(record)
+                    if attribute not in standin.granted:
+                        standin.forbidden.append(attribute)
+                        code, body = 403, _forbidden(record, attribute)
+                    else:
+                        code, body = standin.route(record)
+                        body = copy.deepcopy(body)  # the reply is what was read, not a live view
+                        if verb == "GET" and code == 200 and body.get("kind") == "Node":
+                            second = standin._interfere.pop(body["metadata"]["name"], None)
+                            if second is not None:  # another writer, right after this read
+                                second(standin.nodes[body["metadata"]["name"]])
+                                standin.bump(standin.nodes[body["metadata"]["name"]])
                 self._reply(code, body)
 
             def do_GET(self) -> None:
@@ -122,6 +163,22 @@ class KubeStandin:
         return path
 
     # --- objects --------------------------------------------------------------------
+    def bump(self, obj: dict[str, Any]) -> None:
+        """A write: the object gets the next resourceVersion (callers hold the lock or own it)."""
+        self._rv += 1
+        obj["metadata"]["resourceVersion"] = str(self._rv)
+
+    def edit_node(self, name: str, change: Callable[[dict[str, Any]], None]) -> None:
+        """A person's or another controller's write to a node (kubectl), as the server does it."""
+        with self.lock:
+            change(self.nodes[name])
+            self.bump(self.nodes[name])
+
+    def interfere_once(self, name: str, change: Callable[[dict[str, Any]], None]) -> None:
+        """The next time someone reads this node, another writer changes it right after."""
+        with self.lock:
+            self._interfere[name] = change
+
     def add_node(self, name: str) -> None:
         self.nodes[name] = {
             "apiVersion": "v1",
@@ -130,6 +187,7 @@ class KubeStandin:
             "spec": {},
             "status": {"conditions": [{"type": "Ready", "status": "True"}]},
         }
+        self.bump(self.nodes[name])
 
     def add_pod(
         self,
@@ -138,6 +196,8 @@ class KubeStandin:
         node: str,
         labels: dict[str, str] | None = None,
         owner_kind: str = "ReplicaSet",
+        grace_s: float = 0.0,
+        ready: bool = True,
     ) -> None:
         self.pods[(namespace, name)] = {
             "apiVersion": "v1",
@@ -157,9 +217,25 @@ class KubeStandin:
                     }
                 ],
             },
-            "spec": {"nodeName": node, "containers": [{"name": "main", "image": "busybox"}]},
-            "status": {"phase": "Running"},
+            "spec": {
+                "nodeName": node,
+                "containers": [{"name": "main", "image": "busybox"}],
+                "terminationGracePeriodSeconds": grace_s,
+            },
+            "status": {
+                "phase": "Running",
+                "conditions": [{"type": "Ready", "status": "True" if ready else "False"}],
+            },
         }
+        self.bump(self.pods[(namespace, name)])
+
+    def _expire_terminating(self) -> None:
+        """Pods whose grace period after eviction is over are gone (the kubelet's part)."""
+        now = time.time()
+        for key, pod in list(self.pods.items()):
+            gone_at = pod["metadata"].get("_gone_at")
+            if gone_at is not None and now >= gone_at:
+                del self.pods[key]
 
     def issue_token(self, namespace: str, service_account: str, pod: str, audiences: list[str]) -> str:
         """A projected ServiceAccount token for a pod (a JWT in shape; only this stand-in can
@@ -225,8 +301,21 @@ class KubeStandin:
             "status": status,
         }
 
-    def add_pdb(self, namespace: str, selector: dict[str, str], min_available: int) -> None:
-        self.pdbs.append({"namespace": namespace, "selector": selector, "min_available": min_available})
+    def add_pdb(
+        self,
+        namespace: str,
+        selector: dict[str, str],
+        min_available: int | None = None,
+        max_unavailable: int | None = None,
+    ) -> None:
+        self.pdbs.append(
+            {
+                "namespace": namespace,
+                "selector": selector,
+                "min_available": min_available,
+                "max_unavailable": max_unavailable,
+            }
+        )
 
     # --- the API ----------------------------------------------------------------------
     def route(self, r: dict[str, Any]) -> tuple[int, dict[str, Any]]:
@@ -242,11 +331,21 @@ class KubeStandin:
                 if problem:
                     return 415 if "Content-Type" in problem else 400, _status(400, "BadRequest", problem)
                 patch = r["body"]
+                wanted = (patch.get("metadata") or {}).get("resourceVersion")
+                if wanted is not None and wanted != node["metadata"]["resourceVersion"]:
+                    return 409, _status(
+                        409,
+                        "Conflict",
+                        f'Operation cannot be fulfilled on nodes "{m.group(1)}": the object has been '
+                        "modified; please apply your changes to the latest version and try again",
+                    )
                 if m.group(2):  # the status subresource changes only status
                     patch = {"status": patch.get("status", {})}
                 else:
                     patch = {k: v for k, v in patch.items() if k != "status"}
+                patch.get("metadata", {}).pop("resourceVersion", None)
                 _strategic_merge(node, patch, {"conditions": "type"})
+                self.bump(node)
                 return 200, node
         if path == "/api/v1/nodes" and verb == "GET":
             return 200, {
@@ -286,38 +385,74 @@ class KubeStandin:
         pod = self.pods.get((namespace, name))
         if pod is None:
             return 404, _status(404, "NotFound", f'pods "{name}" not found')
+        if pod["metadata"].get("deletionTimestamp"):
+            return 200, _status(200, "Success", "the pod is already terminating")
         labels = pod["metadata"]["labels"]
         for pdb in self.pdbs:
             if pdb["namespace"] != namespace or any(labels.get(k) != v for k, v in pdb["selector"].items()):
                 continue
-            healthy = sum(
-                1
+            covered = [
+                p
                 for p in self.pods.values()
                 if p["metadata"]["namespace"] == namespace
                 and all(p["metadata"]["labels"].get(k) == v for k, v in pdb["selector"].items())
-            )
-            if healthy - 1 < pdb["min_available"]:
+            ]
+            healthy = sum(1 for p in covered if _ready(p))
+            if pdb["min_available"] is not None:
+                desired = pdb["min_available"]
+            else:
+                desired = len(covered) - pdb["max_unavailable"]
+            # The eviction API's rule: a Ready pod goes only if the budget still holds without
+            # it; a pod that is not Ready only while the budget holds at all.
+            after = healthy - 1 if _ready(pod) else healthy
+            if after < desired:
                 return 429, _status(
                     429,
                     "TooManyRequests",
                     "Cannot evict pod as it would violate the pod's disruption budget.",
                 )
-        del self.pods[(namespace, name)]
+        grace = float(pod["spec"].get("terminationGracePeriodSeconds") or 0)
+        if grace <= 0:
+            del self.pods[(namespace, name)]
+        else:  # Terminating for its grace period, then gone
+            pod["metadata"]["deletionTimestamp"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+            pod["metadata"]["_gone_at"] = time.time() + grace
+            self.bump(pod)
         return 201, _status(201, "Success", "evicted")
 
     def calls(self) -> set[tuple[str, str, str]]:
         """(API group, resource[/subresource], verb) of every request, as RBAC names them."""
-        verbs = {"GET": "get", "PATCH": "patch", "POST": "create"}
-        out = set()
-        for r in self.requests:
-            segments = r["path"].split("/")
-            group, parts = ("", segments[3:]) if segments[1] == "api" else (segments[2], segments[4:])
-            if parts[0] == "namespaces":
-                parts = parts[2:]
-            resource = parts[0] + (f"/{parts[2]}" if len(parts) > 2 else "")
-            verb = "list" if r["verb"] == "GET" and len(parts) == 1 else verbs[r["verb"]]
-            out.add((group, resource, verb))
-        return out
+        return {_attribute(r) for r in self.requests}
+
+
+def _attribute(r: dict[str, Any]) -> tuple[str, str, str]:
+    """A request's RBAC attributes: (API group, resource[/subresource], verb)."""
+    verbs = {"GET": "get", "PATCH": "patch", "POST": "create", "PUT": "update", "DELETE": "delete"}
+    segments = r["path"].split("/")
+    group, parts = ("", segments[3:]) if segments[1] == "api" else (segments[2], segments[4:])
+    if parts and parts[0] == "namespaces" and len(parts) > 2:
+        parts = parts[2:]
+    resource = parts[0] + (f"/{parts[2]}" if len(parts) > 2 else "")
+    verb = "list" if r["verb"] == "GET" and len(parts) == 1 else verbs[r["verb"]]
+    return group, resource, verb
+
+
+def _forbidden(r: dict[str, Any], attribute: tuple[str, str, str]) -> dict[str, Any]:
+    group, resource, verb = attribute
+    name = r["path"].rstrip("/").split("/")[-1]
+    return _status(
+        403,
+        "Forbidden",
+        f'{resource.split("/")[0]} "{name}" is forbidden: User "{USER}" cannot {verb} resource '
+        f'"{resource}" in API group "{group}" at the cluster scope',
+    )
+
+
+def _ready(pod: dict[str, Any]) -> bool:
+    if pod["metadata"].get("deletionTimestamp"):
+        return False
+    conditions = pod.get("status", {}).get("conditions", [])
+    return any(c["type"] == "Ready" and c["status"] == "True" for c in conditions)
 
 
 def _check_patch(r: dict[str, Any]) -> str:

@@ -6,6 +6,10 @@
 - A new incident's first alert waits group_wait_s (as Alertmanager's group_wait does). If the
   breaker trips meanwhile (a storm), those alerts are held and the one breaker alert lists
   their nodes: a storm pages once. Held alerts go out when the breaker is reset.
+- With a store (the repair state), all of that survives a restart: which identities were sent
+  (so the "resolved" of an incident whose "firing" went out is sent too), the alerts waiting or
+  held, and each sink's queue (an alert is kept until delivered or dropped, and a restart
+  delivers what was queued, in order).
 """
 
 from __future__ import annotations
@@ -17,12 +21,33 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Awaitable, Callable
+from dataclasses import asdict
+from typing import Protocol
 
 from gpufleet.repair.alerts.base import Alert, Request, Sink
 
 log = logging.getLogger("gpufleet.repair.alerts")
 # Starts a named long-running coroutine: (name, body) -> task.
 Spawn = Callable[[str, Callable[[], Awaitable[None]]], "asyncio.Task[None]"]
+
+
+class AlertStore(Protocol):
+    """Where delivery state is kept (repair/state.py's RepairState implements it)."""
+
+    def alert_identities(self) -> list[tuple[str, str, str]]: ...
+    def put_alert_identity(self, key: str, status: str, body: str) -> None: ...
+    def drop_alert_identity(self, key: str) -> None: ...
+    def queue_alert(self, sink: str, body: str) -> int: ...
+    def finish_alert(self, seq: int, outcome: str) -> None: ...
+    def queued_alerts(self) -> list[tuple[int, str, str]]: ...
+
+
+def _body(alert: Alert) -> str:
+    return json.dumps(asdict(alert))
+
+
+def _alert(body: str) -> Alert:
+    return Alert(**json.loads(body))
 
 
 class AlertDispatcher:
@@ -33,30 +58,66 @@ class AlertDispatcher:
         max_age_s: float = 3600.0,
         timeout_s: float = 10.0,
         count: Callable[[str, str], None] = lambda sink, outcome: None,
+        store: AlertStore | None = None,
     ) -> None:
         self._sinks = sinks
         self._group_wait_s = group_wait_s
         self._max_age_s = max_age_s
         self._timeout_s = timeout_s
         self._count = count
-        self._queues: dict[str, asyncio.Queue[Alert]] = {}
+        self._store = store
+        self._queues: dict[str, asyncio.Queue[tuple[int, Alert]]] = {}
         self._workers: list[asyncio.Task[None]] = []
         self._sent_keys: set[str] = set()
         self._waiting: dict[str, Alert] = {}  # first alerts in their group wait
         self._held: dict[str, Alert] = {}  # held while the breaker is tripped
         self._breaker_tripped = False
+        self.restored_waiting: list[str] = []
+        for key, status, body in store.alert_identities() if store else []:
+            if status == "sent":
+                self._sent_keys.add(key)
+            elif status == "held":
+                self._held[key] = _alert(body)
+            else:
+                self._waiting[key] = _alert(body)
+                self.restored_waiting.append(key)
+
+    def restore_breaker(self, tripped: bool) -> None:
+        """The breaker as the repair state says it stands (after a restart)."""
+        self._breaker_tripped = tripped
+        if tripped:
+            for key in list(self._waiting):
+                self._hold(key, self._waiting.pop(key))
+
+    def _remember(self, key: str, status: str, alert: Alert) -> None:
+        if self._store is not None:
+            self._store.put_alert_identity(key, status, _body(alert))
+
+    def _hold(self, key: str, alert: Alert) -> None:
+        self._held[key] = alert
+        self._remember(key, "held", alert)
 
     def start(self, spawn: Spawn | None = None) -> None:
         """One delivery worker per sink, started with spawn(name, body) when given (the
         aggregator's supervisor: a crash is logged, counted and restarted), else as a task."""
         for sink in self._sinks:
-            queue: asyncio.Queue[Alert] = asyncio.Queue()
+            queue: asyncio.Queue[tuple[int, Alert]] = asyncio.Queue()
             self._queues[sink.name] = queue
 
-            def body(sink: Sink = sink, queue: asyncio.Queue[Alert] = queue) -> Awaitable[None]:
+            def body(sink: Sink = sink, queue: asyncio.Queue[tuple[int, Alert]] = queue) -> Awaitable[None]:
                 return self._deliver_forever(sink, queue)
 
             self._workers.append(spawn(f"alerts-{sink.name}", body) if spawn else asyncio.create_task(body()))
+        # What an earlier process queued and did not deliver goes first, in order.
+        for seq, sink_name, body_text in self._store.queued_alerts() if self._store else []:
+            if sink_name in self._queues:
+                self._queues[sink_name].put_nowait((seq, _alert(body_text)))
+            else:  # the sink was removed from the configuration meanwhile
+                self._store.finish_alert(seq, "dropped: the sink is no longer configured")  # type: ignore[union-attr]
+        loop = asyncio.get_running_loop()
+        for key in self.restored_waiting:
+            loop.call_later(self._group_wait_s, self._flush, key)
+        self.restored_waiting = []
 
     async def close(self) -> None:
         for task in self._workers:
@@ -72,13 +133,17 @@ class AlertDispatcher:
         if key in self._sent_keys:
             self._send(alert)
         elif self._breaker_tripped:
-            self._held[key] = alert
+            if alert.status == "resolved" and key not in self._held:
+                return  # resolved before anyone was told: nothing to say
+            self._hold(key, alert)
         elif key in self._waiting:
             self._waiting[key] = alert  # still waiting: the newest state goes out
+            self._remember(key, "waiting", alert)
         elif alert.status == "resolved":
             return  # resolved before anyone was told: nothing to say
         else:
             self._waiting[key] = alert
+            self._remember(key, "waiting", alert)
             asyncio.get_running_loop().call_later(self._group_wait_s, self._flush, key)
 
     def _flush(self, key: str) -> None:
@@ -86,37 +151,54 @@ class AlertDispatcher:
         if alert is None:
             return
         if self._breaker_tripped:
-            self._held[key] = alert
+            self._hold(key, alert)
         elif alert.status != "resolved":
             self._send(alert)
+        elif self._store is not None:
+            self._store.drop_alert_identity(key)  # resolved within its group wait: never told
 
     def breaker(self, alert: Alert) -> None:
         """The breaker tripped (alert.status firing) or was reset (resolved)."""
         if alert.status == "firing":
             self._breaker_tripped = True
-            self._held.update(self._waiting)
-            self._waiting.clear()
+            for key in list(self._waiting):
+                self._hold(key, self._waiting.pop(key))
             alert.details["held_incidents"] = {k: a.node for k, a in self._held.items()}
             self._send(alert)
             return
         self._breaker_tripped = False
         self._send(alert)
         held, self._held = self._held, {}
-        for held_alert in held.values():
+        for key, held_alert in held.items():
             if held_alert.status != "resolved":
                 self._send(held_alert)
+            elif self._store is not None:
+                self._store.drop_alert_identity(key)
 
     def _send(self, alert: Alert) -> None:
-        self._sent_keys.add(alert.key)
-        for queue in self._queues.values():
-            queue.put_nowait(alert)
+        body = _body(alert)
+        if alert.status == "resolved":
+            # Its last word: the identity is done once this is queued (it is kept in the outbox
+            # until delivered). A later "firing" with the same key starts afresh.
+            self._sent_keys.discard(alert.key)
+            if self._store is not None:
+                self._store.drop_alert_identity(alert.key)
+        else:
+            self._sent_keys.add(alert.key)
+            if self._store is not None:
+                self._store.put_alert_identity(alert.key, "sent", body)
+        for name, queue in self._queues.items():
+            seq = self._store.queue_alert(name, body) if self._store else 0
+            queue.put_nowait((seq, alert))
 
-    async def _deliver_forever(self, sink: Sink, queue: asyncio.Queue[Alert]) -> None:
+    async def _deliver_forever(self, sink: Sink, queue: asyncio.Queue[tuple[int, Alert]]) -> None:
         while True:
-            alert = await queue.get()
-            await self._deliver(sink, alert)
+            seq, alert = await queue.get()
+            outcome = await self._deliver(sink, alert)
+            if self._store is not None and seq:
+                self._store.finish_alert(seq, outcome)
 
-    async def _deliver(self, sink: Sink, alert: Alert) -> None:
+    async def _deliver(self, sink: Sink, alert: Alert) -> str:
         request = sink.request(alert)
         delay_s, first = 1.0, time.monotonic()
         while True:
@@ -131,7 +213,7 @@ class AlertDispatcher:
                     sink.name,
                     extra={"node": alert.node},
                 )
-                return
+                return "sent"
             self._count(sink.name, "failed_attempt")
             if time.monotonic() - first + delay_s > self._max_age_s:
                 self._count(sink.name, "dropped")
@@ -143,7 +225,7 @@ class AlertDispatcher:
                     error,
                     extra={"node": alert.node},
                 )
-                return
+                return f"dropped: {error}"
             log.warning(
                 "alert %s to %s failed (%s); retrying in %.0f s",
                 alert.key,

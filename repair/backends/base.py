@@ -13,6 +13,15 @@ class BackendError(Exception):
     """The scheduler refused or could not be reached; the message says which and why."""
 
 
+class NotOurs(BackendError):
+    """Read right before acting: the node is cordoned by someone else (a person, another
+    tool). The automation leaves it exactly as it is."""
+
+    def __init__(self, node: str, reason: str) -> None:
+        super().__init__(f"{node} is cordoned by someone else ({reason or 'no reason given'}); not touched")
+        self.node, self.reason = node, reason
+
+
 @dataclass(frozen=True)
 class Observed:
     """A node as the scheduler sees it."""
@@ -36,17 +45,23 @@ class Backend(abc.ABC):
     observes = True
 
     @abc.abstractmethod
-    async def observe(self, nodes: list[str]) -> dict[str, Observed]:
-        """The scheduler's view of these nodes; a node it does not know is left out."""
+    async def observe(self, nodes: list[str], whole_fleet: bool = True) -> dict[str, Observed]:
+        """The scheduler's view of these nodes; a node it does not know is left out. With
+        whole_fleet the backend may read every node in one request (one LIST, one `scontrol
+        show node`) instead of asking for each."""
 
     @abc.abstractmethod
     async def cordon(self, node: str, reason: str, automation: bool) -> None:
-        """Take the node out of scheduling; `automation` marks it as gpufleet's own cordon."""
+        """Take the node out of scheduling; `automation` marks it as gpufleet's own cordon.
+        With automation the node is read first and NotOurs raised when someone else has it
+        cordoned: a cordon never overwrites a person's."""
 
     @abc.abstractmethod
     async def drain(self, node: str) -> DrainProgress:
         """Start or continue moving workloads off; called each pass until done."""
 
     @abc.abstractmethod
-    async def uncordon(self, node: str) -> None:
-        """Return the node to scheduling."""
+    async def uncordon(self, node: str, automation: bool = True) -> None:
+        """Return the node to scheduling. With automation the node is read first: only a
+        cordon the automation made is undone (NotOurs otherwise); a node already in service
+        is left as it is. A person's uncordon through gpufleet (automation False) undoes any."""

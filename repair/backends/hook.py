@@ -22,7 +22,7 @@ class HookBackend(Backend):
         self._cordon, self._uncordon, self._drain = cordon_command, uncordon_command, drain_command
         self._timeout_s = timeout_s
 
-    async def observe(self, nodes: list[str]) -> dict[str, Observed]:
+    async def observe(self, nodes: list[str], whole_fleet: bool = True) -> dict[str, Observed]:
         return {}
 
     async def cordon(self, node: str, reason: str, automation: bool) -> None:
@@ -36,7 +36,7 @@ class HookBackend(Backend):
         result = await run_hook(self._drain, self._timeout_s, node=node, reason="")
         return DrainProgress(result.ok, result.detail or ("drained" if result.ok else "draining"))
 
-    async def uncordon(self, node: str) -> None:
+    async def uncordon(self, node: str, automation: bool = True) -> None:
         result = await run_hook(self._uncordon, self._timeout_s, node=node, reason="")
         if not result.ok:
             raise BackendError(f"uncordon hook for {node}: {result.detail}")

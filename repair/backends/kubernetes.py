@@ -6,6 +6,11 @@ The automation marks what it did with the taint gpufleet.io/unhealthy and the an
 gpufleet.io/cordoned-by; it only uncordons a node that carries them. A node cordoned by
 `kubectl cordon` (no marker) is a person's, and stays as it is.
 
+Every write is read-modify-write on a fresh GET with the node's resourceVersion in the patch:
+the API server answers 409 Conflict when someone changed the node in between, and the write is
+redone on a fresh read (up to CONFLICT_RETRIES times). Taints are merged: ours is added to, or
+removed from, the node's current list; taints others put there stay.
+
 API calls made (the RBAC in deploy/ must allow exactly these):
   nodes: get, list, patch  nodes/status: patch
   pods: list               pods/eviction: create
@@ -17,11 +22,20 @@ import asyncio
 import datetime as dt
 from typing import Any
 
-from gpufleet.repair.backends.base import AUTOMATION_PREFIX, Backend, BackendError, DrainProgress, Observed
+from gpufleet.repair.backends.base import (
+    AUTOMATION_PREFIX,
+    Backend,
+    BackendError,
+    DrainProgress,
+    NotOurs,
+    Observed,
+)
 
 TAINT_KEY = "gpufleet.io/unhealthy"
 ANNOTATION = "gpufleet.io/cordoned-by"
 CONDITION = "GpufleetHealthy"
+REASON_ANNOTATION = "gpufleet.io/reason"
+CONFLICT_RETRIES = 5
 API_CALLS = {
     ("", "nodes", "get"),
     ("", "nodes", "list"),
@@ -55,52 +69,79 @@ class KubernetesBackend(Backend):
         self._k8s = k8s
         self._core = k8s.client.CoreV1Api(api_client)
         self._timeout_s = timeout_s
-        self._taints: dict[str, list[Any]] = {}
 
     async def _call(self, what: str, fn: Any, *args: Any, **kwargs: Any) -> Any:
         try:
             return await asyncio.to_thread(fn, *args, _request_timeout=self._timeout_s, **kwargs)
         except self._k8s.client.exceptions.ApiException as exc:
-            raise BackendError(
+            error = BackendError(
                 f"Kubernetes {what}: HTTP {exc.status} {exc.reason}: {(exc.body or '')[:300]}"
-            ) from exc
+            )
+            error.status = exc.status  # type: ignore[attr-defined]
+            raise error from exc
         except Exception as exc:  # urllib3 connection errors and the like
             raise BackendError(f"Kubernetes {what}: {exc}") from exc
 
-    async def observe(self, nodes: list[str]) -> dict[str, Observed]:
-        # One LIST per pass rather than a GET per node: a pass costs one request at any fleet size.
-        listed = await self._call("list nodes", self._core.list_node)
-        self._taints = {n.metadata.name: list(n.spec.taints or []) for n in listed.items}
+    def _seen(self, node: Any) -> Observed:
+        annotations = node.metadata.annotations or {}
+        ours = any(t.key == TAINT_KEY for t in node.spec.taints or []) and (
+            annotations.get(ANNOTATION) == "automation"
+        )
+        reason = annotations.get(REASON_ANNOTATION, "") or ("" if ours else "cordoned outside gpufleet")
+        return Observed(cordoned=bool(node.spec.unschedulable), ours=ours, reason=reason)
+
+    async def observe(self, nodes: list[str], whole_fleet: bool = True) -> dict[str, Observed]:
+        if not nodes:
+            return {}
+        if whole_fleet:  # one LIST rather than a GET per node
+            listed = (await self._call("list nodes", self._core.list_node)).items
+        else:
+            listed = []
+            for name in nodes:
+                try:
+                    listed.append(await self._call(f"get node {name}", self._core.read_node, name))
+                except BackendError as exc:
+                    if getattr(exc, "status", 0) != 404:
+                        raise
         wanted = set(nodes)
-        seen = {}
-        for node in listed.items:
-            if node.metadata.name not in wanted:
-                continue
-            taints = node.spec.taints or []
-            ours = any(t.key == TAINT_KEY for t in taints) and (
-                (node.metadata.annotations or {}).get(ANNOTATION) == "automation"
-            )
-            reason = (node.metadata.annotations or {}).get("gpufleet.io/reason", "")
-            seen[node.metadata.name] = Observed(
-                cordoned=bool(node.spec.unschedulable), ours=ours, reason=reason
-            )
-        return seen
+        return {n.metadata.name: self._seen(n) for n in listed if n.metadata.name in wanted}
+
+    async def _write(self, node: str, change: Any) -> None:
+        """change(current node) → the patch body, or None for nothing to do; sent with the
+        resourceVersion it was read at, and redone on a fresh read after a 409 Conflict."""
+        for attempt in range(CONFLICT_RETRIES):
+            current = await self._call(f"get node {node}", self._core.read_node, node)
+            body = change(current)
+            if body is None:
+                return
+            body.setdefault("metadata", {})["resourceVersion"] = current.metadata.resource_version
+            try:
+                await self._call(f"patch node {node}", self._core.patch_node, node, body)
+                return
+            except BackendError as exc:
+                if getattr(exc, "status", 0) != 409 or attempt == CONFLICT_RETRIES - 1:
+                    raise
+        raise BackendError(f"node {node} kept changing under gpufleet: {CONFLICT_RETRIES} conflicts")
+
+    def _taints(self, node: Any, add: Any = None) -> list[Any]:
+        kept = [t for t in node.spec.taints or [] if t.key != TAINT_KEY]
+        ser = self._core.api_client.sanitize_for_serialization
+        return [ser(t) for t in kept] + ([ser(add)] if add is not None else [])
 
     async def cordon(self, node: str, reason: str, automation: bool) -> None:
-        known = self._taints.pop(node, None)  # from this pass's LIST; else read the node now
-        if known is None:
-            known = (await self._call(f"get node {node}", self._core.read_node, node)).spec.taints or []
-        taints = [t for t in known if t.key != TAINT_KEY]
         value = "automation" if automation else "manual"
-        taints.append(self._k8s.client.V1Taint(key=TAINT_KEY, value=value, effect="NoSchedule"))
-        body = {
-            "metadata": {"annotations": {ANNOTATION: value, "gpufleet.io/reason": reason[:1000]}},
-            "spec": {
-                "unschedulable": True,
-                "taints": [self._core.api_client.sanitize_for_serialization(t) for t in taints],
-            },
-        }
-        await self._call(f"cordon node {node}", self._core.patch_node, node, body)
+        taint = self._k8s.client.V1Taint(key=TAINT_KEY, value=value, effect="NoSchedule")
+
+        def change(current: Any) -> dict[str, Any]:
+            seen = self._seen(current)
+            if automation and seen.cordoned and not seen.ours:
+                raise NotOurs(node, seen.reason)
+            return {
+                "metadata": {"annotations": {ANNOTATION: value, REASON_ANNOTATION: reason[:1000]}},
+                "spec": {"unschedulable": True, "taints": self._taints(current, taint)},
+            }
+
+        await self._write(node, change)
         await self._set_condition(node, healthy=False, reason=reason)
 
     async def _set_condition(self, node: str, healthy: bool, reason: str) -> None:
@@ -126,7 +167,7 @@ class KubernetesBackend(Backend):
             self._core.list_pod_for_all_namespaces,
             field_selector=f"spec.nodeName={node}",
         )
-        blocked, evicted = [], 0
+        blocked, evicted, terminating = [], 0, 0
         for pod in pods.items:
             owners = pod.metadata.owner_references or []
             if any(o.kind == "DaemonSet" for o in owners):
@@ -134,6 +175,9 @@ class KubernetesBackend(Backend):
             if (pod.metadata.annotations or {}).get("kubernetes.io/config.mirror"):
                 continue  # static pods are the kubelet's
             if pod.status and pod.status.phase in ("Succeeded", "Failed"):
+                continue
+            if pod.metadata.deletion_timestamp is not None:
+                terminating += 1  # evicted: still in its grace period
                 continue
             eviction = self._k8s.client.V1Eviction(
                 api_version="policy/v1",
@@ -152,28 +196,33 @@ class KubernetesBackend(Backend):
                 )
                 evicted += 1
             except BackendError as exc:
-                if "HTTP 404" in str(exc):
+                status = getattr(exc, "status", 0)
+                if status == 404:
                     continue  # already gone
-                if "HTTP 429" in str(exc):
+                if status == 429:
                     blocked.append(f"{pod.metadata.namespace}/{pod.metadata.name}")
                     continue  # a PodDisruptionBudget says not now: try again next pass
                 raise
         if blocked:
             return DrainProgress(False, f"eviction refused by a disruption budget for {', '.join(blocked)}")
-        if evicted:
-            return DrainProgress(False, f"{evicted} pod(s) being evicted")
+        if evicted or terminating:
+            return DrainProgress(
+                False, f"{evicted} pod(s) evicted now, {terminating} terminating within their grace period"
+            )
         return DrainProgress(True, "no pods left to evict")
 
-    async def uncordon(self, node: str) -> None:
-        current = await self._call(f"get node {node}", self._core.read_node, node)
-        taints = [
-            self._core.api_client.sanitize_for_serialization(t)
-            for t in (current.spec.taints or [])
-            if t.key != TAINT_KEY
-        ]
-        body = {
-            "metadata": {"annotations": {ANNOTATION: None, "gpufleet.io/reason": None}},
-            "spec": {"unschedulable": False, "taints": taints},
-        }
-        await self._call(f"uncordon node {node}", self._core.patch_node, node, body)
+    async def uncordon(self, node: str, automation: bool = True) -> None:
+        def change(current: Any) -> dict[str, Any] | None:
+            seen = self._seen(current)
+            mine = any(t.key == TAINT_KEY for t in current.spec.taints or [])
+            if not seen.cordoned and not mine:
+                return None  # already in service
+            if automation and seen.cordoned and not seen.ours:
+                raise NotOurs(node, seen.reason)
+            return {
+                "metadata": {"annotations": {ANNOTATION: None, REASON_ANNOTATION: None}},
+                "spec": {"unschedulable": False, "taints": self._taints(current)},
+            }
+
+        await self._write(node, change)
         await self._set_condition(node, healthy=True, reason=f"{AUTOMATION_PREFIX} returned to service")

@@ -10,7 +10,7 @@ class NoBackend(Backend):
     name = "none"
     observes = False
 
-    async def observe(self, nodes: list[str]) -> dict[str, Observed]:
+    async def observe(self, nodes: list[str], whole_fleet: bool = True) -> dict[str, Observed]:
         return {}
 
     async def cordon(self, node: str, reason: str, automation: bool) -> None:
@@ -19,5 +19,5 @@ class NoBackend(Backend):
     async def drain(self, node: str) -> DrainProgress:
         return DrainProgress(True, "no scheduler to drain")
 
-    async def uncordon(self, node: str) -> None:
+    async def uncordon(self, node: str, automation: bool = True) -> None:
         return None

@@ -2,6 +2,16 @@
 DRAIN both stops new jobs and lets running ones finish, so it is cordon and drain at once),
 `State=RESUME` to return. gpufleet only resumes a node whose drain reason it wrote.
 
+Ownership is checked at the point of action: right before a cordon or a resume the node is
+read again (`scontrol -o show node NAME`), and the automation neither drains over someone
+else's drain reason nor resumes a node whose reason is not its own. (scontrol has no
+conditional update, so a person's change in the milliseconds between that read and the update
+can still be lost; the next pass sees and audits it.)
+
+Load: the whole cluster (`scontrol -o show node`) is read at most every
+repair_observe_interval_s; in between, only nodes with a workflow under way, in one call
+(`scontrol -o show node a,b,c`).
+
 Node names in gpufleet are the Slurm NodeNames. scontrol is run as a subprocess: Slurm has
 no maintained Python client, and scontrol is the interface its admins script against."""
 
@@ -11,7 +21,14 @@ import asyncio
 import os
 import re
 
-from gpufleet.repair.backends.base import AUTOMATION_PREFIX, Backend, BackendError, DrainProgress, Observed
+from gpufleet.repair.backends.base import (
+    AUTOMATION_PREFIX,
+    Backend,
+    BackendError,
+    DrainProgress,
+    NotOurs,
+    Observed,
+)
 
 _BUSY = {"ALLOCATED", "ALLOC", "MIXED", "COMPLETING"}
 _REASON = re.compile(r"\bReason=(.*?)(?: \[[^\]]*@[^\]]*\])?(?= \w+=|$)")
@@ -60,8 +77,18 @@ class SlurmBackend(Backend):
             raise BackendError(f"scontrol {' '.join(args)} failed: {err.decode(errors='replace').strip()}")
         return out.decode(errors="replace")
 
-    async def observe(self, nodes: list[str]) -> dict[str, Observed]:
-        parsed = parse_nodes(await self._run("-o", "show", "node"))
+    async def observe(self, nodes: list[str], whole_fleet: bool = True) -> dict[str, Observed]:
+        if not nodes:
+            return {}
+        if whole_fleet:
+            text = await self._run("-o", "show", "node")
+        else:
+            try:
+                text = await self._run("-o", "show", "node", ",".join(nodes))
+            except BackendError:
+                # One name Slurm does not know fails the whole list: read everything instead.
+                text = await self._run("-o", "show", "node")
+        parsed = parse_nodes(text)
         seen = {}
         for name in nodes:
             if name not in parsed:
@@ -76,16 +103,29 @@ class SlurmBackend(Backend):
             )
         return seen
 
+    async def _read(self, node: str) -> Observed:
+        seen = (await self.observe([node], whole_fleet=False)).get(node)
+        if seen is None:
+            raise BackendError(f"node {node} is not a Slurm node (scontrol show node does not list it)")
+        return seen
+
     async def cordon(self, node: str, reason: str, automation: bool) -> None:
+        if automation:
+            seen = await self._read(node)
+            if seen.cordoned and not seen.ours:
+                raise NotOurs(node, seen.reason)
         await self._run("update", f"NodeName={node}", "State=DRAIN", f"Reason={reason}")
 
     async def drain(self, node: str) -> DrainProgress:
-        seen = (await self.observe([node])).get(node)
-        if seen is None:
-            raise BackendError(f"node {node} is not a Slurm node (scontrol show node does not list it)")
+        seen = await self._read(node)
         if seen.drained:
             return DrainProgress(True, "no jobs left")
         return DrainProgress(False, "jobs still running (Slurm lets them finish)")
 
-    async def uncordon(self, node: str) -> None:
+    async def uncordon(self, node: str, automation: bool = True) -> None:
+        seen = await self._read(node)
+        if not seen.cordoned:
+            return
+        if automation and not seen.ours:
+            raise NotOurs(node, seen.reason)
         await self._run("update", f"NodeName={node}", "State=RESUME")

@@ -33,3 +33,8 @@ RULES: dict[str, Callable[[], Rule]] = {
     "gpu_missing": GpuMissing,
     "collector_silent": CollectorSilent,
 }
+
+# The GpuSample fields the aggregator's health watch compares report to report.
+WATCH_FIELDS: tuple[str, ...] = tuple(
+    dict.fromkeys(f for factory in RULES.values() for f in getattr(factory, "watch_fields", ()))
+)

@@ -13,6 +13,9 @@ from gpufleet.repair.policy import Entry, Policy
 
 class Rule(abc.ABC):
     name = ""
+    # GpuSample fields whose change in a report means "evaluate this node now" (the health
+    # watch pokes the controller); rate rules wait for the next full pass.
+    watch_fields: tuple[str, ...] = ()
 
     @abc.abstractmethod
     def evaluate(self, snap: NodeSnapshot, entry: Entry, policy: Policy, now_ns: int) -> list[Finding]:

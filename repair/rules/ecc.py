@@ -9,6 +9,7 @@ from gpufleet.repair.rules.base import GpuCheck
 
 class EccUncorrected(GpuCheck):
     name = "ecc_uncorrected"
+    watch_fields = ("ecc_dbe_volatile",)
 
     def check(self, gpu: telemetry_pb2.GpuSample, entry: Entry) -> str | None:
         if gpu.HasField("ecc_dbe_volatile") and gpu.ecc_dbe_volatile >= max(entry.threshold, 1):

@@ -23,6 +23,7 @@ class NvlinkErrors(RateCheck):
 
 class NvlinkDown(GpuCheck):
     name = "nvlink_down"
+    watch_fields = ("nvlink_links_inactive",)
 
     def check(self, gpu: telemetry_pb2.GpuSample, entry: Entry) -> str | None:
         down = gpu.nvlink_links_inactive if gpu.HasField("nvlink_links_inactive") else 0

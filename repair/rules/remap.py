@@ -9,6 +9,7 @@ from gpufleet.repair.rules.base import GpuCheck
 
 class RemapPending(GpuCheck):
     name = "remap_pending"
+    watch_fields = ("remap_pending",)
 
     def check(self, gpu: telemetry_pb2.GpuSample, entry: Entry) -> str | None:
         return "remap_pending=true" if gpu.HasField("remap_pending") and gpu.remap_pending else None
@@ -16,6 +17,7 @@ class RemapPending(GpuCheck):
 
 class RemapFailure(GpuCheck):
     name = "remap_failure"
+    watch_fields = ("remap_failure",)
 
     def check(self, gpu: telemetry_pb2.GpuSample, entry: Entry) -> str | None:
         return "remap_failure=true" if gpu.HasField("remap_failure") and gpu.remap_failure else None

@@ -9,6 +9,7 @@ from gpufleet.repair.rules.base import GpuCheck
 
 class RetiredPages(GpuCheck):
     name = "retired_pages"
+    watch_fields = ("retired_pages_sbe", "retired_pages_dbe")
 
     def check(self, gpu: telemetry_pb2.GpuSample, entry: Entry) -> str | None:
         if not (gpu.HasField("retired_pages_sbe") or gpu.HasField("retired_pages_dbe")):
@@ -21,6 +22,7 @@ class RetiredPages(GpuCheck):
 
 class RetiredPagesPending(GpuCheck):
     name = "retired_pages_pending"
+    watch_fields = ("retired_pages_pending",)
 
     def check(self, gpu: telemetry_pb2.GpuSample, entry: Entry) -> str | None:
         pending = gpu.HasField("retired_pages_pending") and gpu.retired_pages_pending

@@ -9,6 +9,7 @@ from gpufleet.repair.rules.base import GpuCheck
 
 class ThermalSlowdown(GpuCheck):
     name = "thermal_slowdown"
+    watch_fields = ("throttle_thermal",)
 
     def check(self, gpu: telemetry_pb2.GpuSample, entry: Entry) -> str | None:
         if gpu.HasField("throttle_thermal") and gpu.throttle_thermal:
@@ -19,6 +20,7 @@ class ThermalSlowdown(GpuCheck):
 
 class PowerSlowdown(GpuCheck):
     name = "power_slowdown"
+    watch_fields = ("throttle_power",)
 
     def check(self, gpu: telemetry_pb2.GpuSample, entry: Entry) -> str | None:
         if gpu.HasField("throttle_power") and gpu.throttle_power:

@@ -1,0 +1,153 @@
+"""Incidents, the audit log and the alerts that follow them: what the repair controller tells
+people. One incident per node's trouble, from its first notable finding to its close; one
+alert identity per incident (firing through its states, then resolved)."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+
+from gpufleet.repair.alerts.base import Alert
+from gpufleet.repair.alerts.dispatcher import AlertDispatcher
+from gpufleet.repair.evaluator import finding_id
+from gpufleet.repair.health import Health
+from gpufleet.repair.model import Finding
+from gpufleet.repair.state import AuditRecord, Incident, RepairState, Workflow
+
+log = logging.getLogger("gpufleet.repair")
+
+AUTOMATION = "automation"
+
+
+class IncidentDesk:
+    def __init__(
+        self,
+        state: RepairState,
+        alerts: AlertDispatcher,
+        on_action: Callable[[str, str, str], None],
+    ) -> None:
+        self._state = state
+        self.alerts = alerts
+        self._on_action = on_action
+
+    # --- the audit log ----------------------------------------------------------------
+    def audit(
+        self, wf: Workflow, action: str, reason: str, outcome: str, now: int, actor: str = AUTOMATION
+    ) -> None:
+        self._state.audit(AuditRecord(now, actor, wf.node, action, reason, outcome, wf.incident_id))
+        log.warning(
+            "%s %s by %s: %s (%s)",
+            action,
+            wf.node,
+            actor,
+            reason,
+            outcome,
+            extra={"node": wf.node, "incident": wf.incident_id, "action": action},
+        )
+        self._on_action(wf.node, action, outcome)
+
+    def observed(self, wf: Workflow, action: str, reason: str, now: int) -> None:
+        """Audit what a person did in the scheduler, as gpufleet saw it there."""
+        self.audit(wf, action, reason, "observed", now, actor="scheduler")
+
+    # --- incidents --------------------------------------------------------------------
+    def note(self, wf: Workflow, findings: list[Finding]) -> Incident:
+        """The node's open incident with these findings in it, opened if there is none."""
+        incident = self._state.incident(wf.incident_id) if wf.incident_id else None
+        if incident is None or not incident.open:
+            incident = self._state.open_incident(wf.node, findings, wf.state)
+            wf.incident_id = incident.id
+            log.warning(
+                "incident %s opened: %s",
+                incident.id,
+                "; ".join(f"{f.code}: {f.evidence}" for f in findings),
+                extra={"node": wf.node, "incident": incident.id},
+            )
+            self.alert(incident, "firing", wf)
+            return incident
+        known = {finding_id(f) for f in incident.findings}
+        new = [f for f in findings if finding_id(f) not in known]
+        if new:
+            incident.findings += new
+            self._state.put_incident(incident)
+        return incident
+
+    def close(self, wf: Workflow, outcome: str, now: int, handed_to_person: bool = False) -> None:
+        if not wf.incident_id:
+            return
+        wf.cleared_before_ns = now  # the XIDs behind this incident are dealt with
+        incident = self._state.incident(wf.incident_id)
+        wf.incident_id = ""
+        wf.ladder, wf.step, wf.step_key, wf.gpus = [], 0, "", []
+        if incident is None or not incident.open:
+            return
+        incident.closed_ns = now
+        incident.outcome = outcome
+        incident.state = Health.HUMAN_CORDONED if handed_to_person else Health.HEALTHY
+        self._state.put_incident(incident)
+        log.warning(
+            "incident %s closed: %s", incident.id, outcome, extra={"node": wf.node, "incident": incident.id}
+        )
+        self.alert(incident, "resolved", wf)
+
+    def moved(self, wf: Workflow) -> None:
+        """The workflow changed state: its open incident follows, and its alert says so."""
+        incident = self._state.incident(wf.incident_id) if wf.incident_id else None
+        if incident is not None and incident.open:
+            incident.state = wf.state
+            incident.attempts = wf.step
+            self._state.put_incident(incident)
+            self.alert(incident, "firing", wf)
+
+    def summary(self, wf: Workflow) -> str:
+        incident = self._state.incident(wf.incident_id) if wf.incident_id else None
+        return "; ".join(f"{f.code}: {f.evidence}" for f in (incident.findings if incident else []))[:500]
+
+    # --- alerts -----------------------------------------------------------------------
+    def alert(self, incident: Incident, status: str, wf: Workflow) -> None:
+        worst = max(incident.findings, key=lambda f: f.severity_rank, default=None)
+        if status == "resolved":
+            summary = incident.outcome
+        elif worst:
+            where = f" on GPU {worst.gpu}" if worst.gpu is not None else ""
+            summary = f"{worst.code}{where}: {worst.reason}"
+        else:
+            summary = wf.detail
+        self.alerts.notify(
+            Alert(
+                key=incident.id,
+                status=status,
+                node=incident.node,
+                state=incident.state,
+                severity=worst.severity if worst else "warning",
+                summary=summary,
+                time_ns=time.time_ns(),
+                details={
+                    "findings": [f.to_json() for f in incident.findings],
+                    "detail": wf.detail,
+                    "outcome": incident.outcome,
+                },
+            )
+        )
+
+    def breaker_tripped(self, reason: str, now: int) -> None:
+        self._on_action("", "breaker_trip", "ok")
+        self.alerts.breaker(
+            Alert("breaker", "firing", "", "tripped", "critical", f"repair breaker tripped: {reason}", now)
+        )
+
+    def breaker_reset(self, actor: str, reason: str, was: str, now: int) -> None:
+        self._state.audit(AuditRecord(now, actor, "", "breaker_reset", reason, "ok", ""))
+        log.warning("circuit breaker reset by %s: %s", actor, reason)
+        self.alerts.breaker(
+            Alert(
+                "breaker",
+                "resolved",
+                "",
+                "reset",
+                "critical",
+                f"repair breaker reset by {actor}: {reason} (was: {was})",
+                now,
+            )
+        )

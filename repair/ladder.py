@@ -1,0 +1,142 @@
+"""Carrying out the ladder's non-idempotent steps: a GPU reset (a command down the node's
+ingest stream, done by its collector), a reboot and a hardware ticket (operator hooks).
+
+Each goes through the action ledger in RepairState: recorded before it is carried out, so a
+restart never repeats one; an outcome a dead process never learned is "unknown", and the
+workflow validates instead of trying again."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from gpufleet.protos import ingest_pb2, vocabulary_pb2
+from gpufleet.repair.health import Step
+from gpufleet.repair.hooks import run_hook
+from gpufleet.repair.incidents import IncidentDesk
+from gpufleet.repair.model import NodeSnapshot
+from gpufleet.repair.policy import Policy
+from gpufleet.repair.state import RepairState, Workflow
+
+log = logging.getLogger("gpufleet.repair")
+
+
+@dataclass
+class Hooks:
+    reboot_command: str = ""
+    ticket_command: str = ""
+    timeout_s: float = 600.0
+
+
+@dataclass
+class _Pending:
+    """A reset command in flight: GPU index → outcome (None until the collector answers)."""
+
+    results: dict[int, str | None] = field(default_factory=dict)
+
+
+class StepRunner:
+    def __init__(
+        self,
+        policy: Policy,
+        state: RepairState,
+        hooks: Hooks,
+        desk: IncidentDesk,
+        send_command: Callable[[str, ingest_pb2.Command], bool],
+        poke: Callable[[str], None],
+    ) -> None:
+        self._policy, self._state, self._hooks, self._desk = policy, state, hooks, desk
+        self._send_command = send_command
+        self._poke = poke
+        self._pending: dict[str, _Pending] = {}  # ledger key → reset results
+        self._tasks: dict[str, asyncio.Task[None]] = {}
+
+    def close(self) -> None:
+        for task in self._tasks.values():
+            task.cancel()
+
+    def on_command_result(self, node: str, result: ingest_pb2.CommandResult) -> None:
+        key, _, gpu = result.id.rpartition("#")
+        pending = self._pending.get(key)
+        if pending is None or not gpu.isdigit():
+            log.warning("result of unknown command %s ignored", result.id, extra={"node": node})
+            return
+        outcome = vocabulary_pb2.CommandOutcome.Name(result.outcome).removeprefix("COMMAND_OUTCOME_").lower()
+        pending.results[int(gpu)] = "ok" if outcome == "succeeded" else f"{outcome}: {result.detail[:300]}"
+        self._poke(node)
+
+    def begin(self, wf: Workflow, step: Step, key: str, snap: NodeSnapshot | None, now: int) -> None:
+        wf.step_key, wf.step_started_ns = key, now
+        wf.boot_id_at_step = snap.boot_id if snap else ""
+        if step is Step.RESET_GPU:
+            self._begin_reset(wf, key, snap, now)
+            return
+        template = self._hooks.reboot_command if step is Step.REBOOT else self._hooks.ticket_command
+        self._state.begin_action(key)
+        if not template:
+            self._state.finish_action(key, f"skipped: no {step} command configured")
+            self._desk.audit(wf, step, f"no repair_{step}_command configured", "skipped", now)
+            return
+        summary = self._desk.summary(wf)
+        self._desk.audit(wf, step, summary or step, "started", now)
+        wf.detail = f"{step} in progress"
+        node, incident, gpus = wf.node, wf.incident_id, ",".join(map(str, wf.gpus))
+
+        async def run() -> None:
+            result = await run_hook(
+                template, self._hooks.timeout_s, node=node, reason=summary, incident=incident, gpus=gpus
+            )
+            outcome = ("ok" if result.ok else "failed") + (f": {result.detail}" if result.detail else "")
+            self._state.finish_action(key, outcome)
+            self._desk.audit(wf, step, summary or step, outcome[:300], time.time_ns())
+            self._tasks.pop(key, None)
+            self._poke(node)
+
+        self._tasks[key] = asyncio.create_task(run())
+
+    def _begin_reset(self, wf: Workflow, key: str, snap: NodeSnapshot | None, now: int) -> None:
+        if not wf.gpus:
+            self._state.begin_action(key)
+            self._state.finish_action(key, "skipped: the finding is not about one GPU")
+            return
+        uuids = {i: g.uuid for i, g in (snap.gpus.items() if snap else [])}
+        self._state.begin_action(key)  # before sending: a restart must not send it again
+        pending = self._pending[key] = _Pending()
+        for gpu in wf.gpus:
+            command = ingest_pb2.Command(
+                id=f"{key}#{gpu}",
+                reason=f"gpufleet {wf.incident_id}",
+                reset_gpu=ingest_pb2.ResetGpu(gpu_index=gpu, gpu_uuid=uuids.get(gpu, "")),
+            )
+            sent = self._send_command(wf.node, command)
+            pending.results[gpu] = None if sent else "failed: the node's collector is not connected"
+        self._desk.audit(wf, Step.RESET_GPU, f"GPU(s) {', '.join(map(str, wf.gpus))}", "started", now)
+        wf.detail = f"resetting GPU(s) {', '.join(map(str, wf.gpus))}"
+        self.check_running(wf, Step.RESET_GPU, key, now)
+
+    def check_running(self, wf: Workflow, step: Step, key: str, now: int) -> None:
+        """Record the outcome of a step begun earlier, once it is known."""
+        if key in self._tasks:
+            return  # the hook is still running
+        pending = self._pending.get(key)
+        if step is not Step.RESET_GPU or pending is None:
+            # Begun by an aggregator process that died before it learned the outcome. Not
+            # repeated: validation will show whether it worked.
+            self._state.finish_action(key, "ok: outcome unknown (the aggregator restarted); validating")
+            self._desk.audit(wf, step, "resumed after a restart; not repeated", "unknown", now)
+            return
+        results = pending.results
+        if None in results.values():
+            if now - wf.step_started_ns > self._policy.workflow["reset_timeout_s"] * 1e9:
+                outcome = "failed: no answer from the collector in time"
+            else:
+                return
+        else:
+            failed = [f"GPU {g}: {r}" for g, r in results.items() if r != "ok"]
+            outcome = f"failed: {'; '.join(failed)}" if failed else "ok"
+        self._state.finish_action(key, outcome)
+        self._desk.audit(wf, Step.RESET_GPU, f"GPU(s) {', '.join(map(str, wf.gpus))}", outcome[:300], now)
+        self._pending.pop(key, None)
