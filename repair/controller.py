@@ -257,7 +257,8 @@ class RepairController:
 
     def _held(self, wf: Workflow, step: Step, view: SchedulerView, now: int, what: str) -> bool:
         """Ask the rails; a held step is audited once (per step and rail) and said in detail."""
-        hold = self.gate.check(step, wf, self.workflows, view)
+        cordoned = frozenset(n for n, o in self._seen.items() if o.cordoned)
+        hold = self.gate.check(step, wf, self.workflows, view, cordoned)
         if hold is None:
             wf.held = ""
             return False
@@ -334,6 +335,8 @@ class RepairController:
         if self._held(wf, Step.CORDON, view, now, reason):
             self._move(wf, Health.WAITING, wf.detail)
             return
+        # Audited before the scheduler is changed: a process killed in between leaves a row.
+        self.desk.audit(wf, Step.CORDON, reason, "started", now)
         try:
             await self.backend.cordon(wf.node, reason, automation=True)
         except NotOurs as exc:
@@ -455,6 +458,7 @@ class RepairController:
         why = f"clean for {validate_ns / 1e9:g} s after {step}"
         if self._held(wf, Step.UNCORDON, view, now, why):
             return
+        self.desk.audit(wf, Step.UNCORDON, why, "started", now)
         try:
             await self.backend.uncordon(wf.node, automation=True)
         except NotOurs as exc:

@@ -104,6 +104,7 @@ class StepRunner:
             return
         uuids = {i: g.uuid for i, g in (snap.gpus.items() if snap else [])}
         self._state.begin_action(key)  # before sending: a restart must not send it again
+        self._desk.audit(wf, Step.RESET_GPU, f"GPU(s) {', '.join(map(str, wf.gpus))}", "started", now)
         pending = self._pending[key] = _Pending()
         for gpu in wf.gpus:
             command = ingest_pb2.Command(
@@ -113,7 +114,6 @@ class StepRunner:
             )
             sent = self._send_command(wf.node, command)
             pending.results[gpu] = None if sent else "failed: the node's collector is not connected"
-        self._desk.audit(wf, Step.RESET_GPU, f"GPU(s) {', '.join(map(str, wf.gpus))}", "started", now)
         wf.detail = f"resetting GPU(s) {', '.join(map(str, wf.gpus))}"
         self.check_running(wf, Step.RESET_GPU, key, now)
 

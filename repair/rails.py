@@ -134,8 +134,16 @@ class Gate:
         return max(1, min(self.rails.max_out_of_service, by_fraction))
 
     def check(
-        self, step: Step, wf: Workflow, workflows: dict[str, Workflow], view: SchedulerView
+        self,
+        step: Step,
+        wf: Workflow,
+        workflows: dict[str, Workflow],
+        view: SchedulerView,
+        cordoned_in_scheduler: frozenset[str] = frozenset(),
     ) -> Hold | None:
+        """None to go ahead, else what holds the step back. cordoned_in_scheduler: nodes the
+        scheduler shows cordoned (by anyone), counted out of service whatever our records say
+        (a process killed between its cordon and its record of it)."""
         if self.breaker.tripped:
             return Hold(HoldKind.BREAKER, "breaker tripped (`gpufleet breaker reset`)")
         if self.rails.dry_run:
@@ -143,7 +151,8 @@ class Gate:
         if step in SCHEDULER_STEPS and not view.readable:
             return Hold(HoldKind.SCHEDULER, f"the scheduler cannot be read: {view.error[:300]}")
         if step is Step.CORDON:
-            out = sum(1 for w in workflows.values() if w.state in OUT_OF_SERVICE and w.node != wf.node)
+            out_nodes = {w.node for w in workflows.values() if w.state in OUT_OF_SERVICE}
+            out = len((out_nodes | cordoned_in_scheduler) - {wf.node})
             if out >= self.cap():
                 return Hold(HoldKind.CAP, f"{out} nodes are out of service, the cap is {self.cap()}")
         if (

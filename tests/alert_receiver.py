@@ -10,7 +10,7 @@ from typing import Any
 
 
 class AlertReceiver:
-    def __init__(self, fail_first: int = 0) -> None:
+    def __init__(self, fail_first: int = 0, port: int = 0) -> None:
         self.received: list[dict[str, Any]] = []  # accepted deliveries, in order
         self.attempts = 0
         self._fail_left = fail_first
@@ -34,7 +34,7 @@ class AlertReceiver:
             def log_message(self, *args: object) -> None:
                 pass
 
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self._server = ThreadingHTTPServer(("127.0.0.1", port), Handler)
         self.url = f"http://127.0.0.1:{self._server.server_port}"
         threading.Thread(target=self._server.serve_forever, daemon=True).start()
 

@@ -359,12 +359,12 @@ def influxd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         server.kill()
 
 
-SLURM_NODES = [f"gpu-node-{i:02d}" for i in range(1, 11)]
+SLURM_NODES = [f"gpu-node-{i:02d}" for i in range(1, 21)]
 
 
 @pytest.fixture(scope="session")
 def slurm_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
-    """A real slurmctld with ten slurmd nodes (gpu-node-01..10) for the session."""
+    """A real slurmctld with twenty slurmd nodes (gpu-node-01..20) for the session."""
     from slurm_harness import SlurmCluster
 
     cluster = SlurmCluster(tmp_path_factory.mktemp("slurm"), SLURM_NODES)
@@ -378,6 +378,7 @@ def slurm_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
 @pytest.fixture
 def slurm(slurm_cluster: Any) -> Any:
     """The session's Slurm with every node resumed: each test starts from an idle cluster."""
+    slurm_cluster.cancel_all()
     slurm_cluster.resume_all()
     return slurm_cluster
 

@@ -110,6 +110,7 @@ class KubeStandin:
                 with standin.lock:
                     standin.requests.append(record)
                     if self.headers.get("Authorization") != f"Bearer {TOKEN}":
+                        record["code"] = 401
                         self._reply(401, _status(401, "Unauthorized", "Unauthorized"))
                         return
                     standin._expire_terminating()
@@ -125,6 +126,7 @@ class KubeStandin:
                             if second is not None:  # another writer, right after this read
                                 second(standin.nodes[body["metadata"]["name"]])
                                 standin.bump(standin.nodes[body["metadata"]["name"]])
+                    record["code"] = code
                 self._reply(code, body)
 
             def do_GET(self) -> None:
@@ -196,7 +198,7 @@ class KubeStandin:
         node: str,
         labels: dict[str, str] | None = None,
         owner_kind: str = "ReplicaSet",
-        grace_s: float = 0.0,
+        grace_s: int = 0,
         ready: bool = True,
     ) -> None:
         self.pods[(namespace, name)] = {
@@ -220,7 +222,7 @@ class KubeStandin:
             "spec": {
                 "nodeName": node,
                 "containers": [{"name": "main", "image": "busybox"}],
-                "terminationGracePeriodSeconds": grace_s,
+                "terminationGracePeriodSeconds": grace_s,  # an integer, as the API has it
             },
             "status": {
                 "phase": "Running",
@@ -330,7 +332,7 @@ class KubeStandin:
                 problem = _check_patch(r)
                 if problem:
                     return 415 if "Content-Type" in problem else 400, _status(400, "BadRequest", problem)
-                patch = r["body"]
+                patch = copy.deepcopy(r["body"])  # the recorded request stays as sent
                 wanted = (patch.get("metadata") or {}).get("resourceVersion")
                 if wanted is not None and wanted != node["metadata"]["resourceVersion"]:
                     return 409, _status(

@@ -120,7 +120,63 @@ class SlurmCluster:
         words = set(re.split(r"[+*~#!%$@^-]+", state.group(1).upper())) - {""} if state else set()
         return words, reason.group(1).strip() if reason else ""
 
+    def run(self, exe: str, *args: str) -> str:
+        return subprocess.run(
+            [exe, *args], env=self.env, check=True, capture_output=True, text=True, timeout=30
+        ).stdout
+
+    def submit(self, node: str, seconds: int) -> str:
+        """A real batch job (a sleep) on the node; its job id."""
+        out = self.run("sbatch", "--parsable", "-w", node, "-o", "/dev/null", "--wrap", f"sleep {seconds}")
+        job = out.strip().split(";")[0]
+        wait_until(
+            lambda: "ALLOCATED" in self.state(node)[0] or "MIXED" in self.state(node)[0],
+            30,
+            f"job {job} running",
+        )
+        return job
+
+    def cancel_all(self) -> None:
+        for job in self.run("squeue", "-h", "-o", "%i").split():
+            self.run("scancel", job)
+        wait_until(lambda: not self.run("squeue", "-h", "-o", "%i").split(), 30, "every job to end")
+
+    def wrapper(self, home: Path) -> FlakyScontrol:
+        """An scontrol that logs each call and fails reads while told to (a scheduler that
+        does not answer), for the aggregator's --repair-slurm-scontrol."""
+        return FlakyScontrol(home, self.env)
+
     def resume_all(self) -> None:
         for node in self.nodes:
             if self.state(node)[0] & {"DRAIN", "DRAINED", "DRAINING"}:
                 self.scontrol("update", f"NodeName={node}", "State=RESUME")
+
+
+class FlakyScontrol:
+    """A wrapper around the real scontrol: every call is logged (one line of arguments); while
+    fail_reads(pct) is set, that percentage of reads (`show node`) fail as slurmctld does when
+    it does not answer in time. Updates always go through: a read failing is the fault here."""
+
+    def __init__(self, home: Path, env: dict[str, str]) -> None:
+        home.mkdir(parents=True, exist_ok=True)
+        self.path, self.log, self._pct = home / "scontrol", home / "scontrol.calls", home / "fail.pct"
+        real = shutil.which("scontrol", path=env.get("PATH"))
+        self.path.write_text(
+            "#!/bin/sh\n"
+            f'echo "$*" >> {self.log}\n'
+            'case "$*" in *"show node"*)\n'
+            f"  pct=$(cat {self._pct} 2>/dev/null || echo 0)\n"
+            "  r=$(od -An -N2 -tu2 /dev/urandom | tr -d ' ')\n"
+            '  if [ "$((r % 100))" -lt "$pct" ]; then\n'
+            '    echo "slurm_load_node error: Socket timed out on send/recv operation" >&2; exit 1\n'
+            "  fi;;\n"
+            "esac\n"
+            f'exec {real} "$@"\n'
+        )
+        self.path.chmod(0o755)
+
+    def fail_reads(self, pct: int) -> None:
+        self._pct.write_text(str(pct))
+
+    def calls(self) -> list[str]:
+        return self.log.read_text().splitlines() if self.log.exists() else []

@@ -120,6 +120,72 @@ def test_systemd_units_verify(tmp_path: Path) -> None:
             assert option in text, f"{unit.name} lacks {option}"
 
 
+def test_the_gpu_reset_drop_in_verifies_and_grants_what_a_reset_needs(tmp_path: Path) -> None:
+    if shutil.which("systemd-analyze") is None:
+        pytest.fail("systemd-analyze is missing: scripts/install-test-deps.sh installs Debian's systemd")
+    gpufleet = Path(sys.executable).with_name("gpufleet")
+    units = tmp_path / "units"
+    (units / "gpufleet-collector.service.d").mkdir(parents=True)
+    unit = units / "gpufleet-collector.service"
+    unit.write_text(
+        (SYSTEMD / "gpufleet-collector.service")
+        .read_text()
+        .replace("/opt/gpufleet/venv/bin/gpufleet", str(gpufleet))
+    )
+    drop_in = SYSTEMD / "gpufleet-collector.service.d" / "gpu-reset.conf"
+    (units / "gpufleet-collector.service.d" / drop_in.name).write_text(drop_in.read_text())
+    # verify reads drop-ins from the unit path: the directory is put on it, and a drop-in with
+    # a typo is reported (so the real one is read, not skipped).
+    env = {**os.environ, "SYSTEMD_UNIT_PATH": f"{units}:"}
+    out = subprocess.run(["systemd-analyze", "verify", str(unit)], capture_output=True, text=True, env=env)
+    assert out.returncode == 0 and not out.stderr.strip(), out.stderr
+    typo = units / "gpufleet-collector.service.d" / "typo.conf"
+    typo.write_text("[Service]\nAmbientCapability=CAP_SYS_ADMIN\n")
+    out = subprocess.run(["systemd-analyze", "verify", str(unit)], capture_output=True, text=True, env=env)
+    assert "Unknown key" in out.stderr, out.stderr
+    service = configparser.ConfigParser(strict=False, interpolation=None)
+    service.read_string(drop_in.read_text())
+    granted = service["Service"]
+    assert granted["User"] == "root" and "CAP_SYS_ADMIN" in granted["CapabilityBoundingSet"]
+    assert (
+        "CAP_SYS_ADMIN" in granted["AmbientCapabilities"] and "CAP_SYSLOG" in granted["AmbientCapabilities"]
+    )
+    assert "--gpu-reset -i {gpu_index}" in granted["Environment"]
+
+
+def _json_patch(doc: dict[str, Any], ops: list[dict[str, Any]]) -> dict[str, Any]:
+    """The two RFC 6902 operations the component uses (kustomize applies them for real)."""
+    for op in ops:
+        *parents, last = op["path"].lstrip("/").split("/")
+        target: Any = doc
+        for part in parents:
+            target = target[int(part)] if isinstance(target, list) else target[part]
+        if op["op"] == "add" and last == "-":
+            target.append(op["value"])
+        elif op["op"] in ("add", "replace"):
+            target[int(last) if isinstance(target, list) else last] = op["value"]
+        else:
+            raise AssertionError(f"unsupported op {op['op']}")
+    return doc
+
+
+def test_the_gpu_reset_component_patches_the_collector_into_a_valid_daemonset() -> None:
+    import kubernetes_validate
+
+    component = yaml.safe_load((K8S / "components" / "gpu-reset" / "kustomization.yaml").read_text())
+    assert component["kind"] == "Component"
+    (patch,) = component["patches"]
+    daemonset = by_kind("DaemonSet", "gpufleet-collector")
+    assert patch["target"] == {"kind": "DaemonSet", "name": "gpufleet-collector"}
+    patched = _json_patch(daemonset, yaml.safe_load(patch["patch"]))
+    kubernetes_validate.validate(patched, "1.33.0", strict=True)
+    (container,) = patched["spec"]["template"]["spec"]["containers"]
+    assert container["securityContext"]["capabilities"]["add"] == ["SYSLOG", "SYS_ADMIN"]
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    assert env["GPUFLEET_COLLECTOR_RESET_COMMAND"] == "nvidia-smi --gpu-reset -i {gpu_index}"
+    assert env["NVIDIA_DRIVER_CAPABILITIES"] == "utility", "nvidia-smi is mounted by the toolkit"
+
+
 def test_dockerfile_passes_hadolint() -> None:
     hadolint = Path(sys.executable).with_name("hadolint")
     out = subprocess.run([str(hadolint), str(DEPLOY / "Dockerfile")], capture_output=True, text=True)

@@ -87,7 +87,9 @@ def test_overridden_findings_stay_overridden_across_later_uncordons(tmp_path: Pa
         # Neither the ECC error (overridden first) nor XID 95 brings the automation back.
         assert repair.workflows["n1"].state == "healthy"
         cordons = [
-            a for a in repair.state.audit_log("n1") if a.action == "cordon" and a.actor == "automation"
+            a
+            for a in repair.state.audit_log("n1")
+            if a.action == "cordon" and a.actor == "automation" and a.outcome == "ok"
         ]
         assert len(cordons) == 2
         # Once the ECC error clears (e.g. after a reset), a new one is acted on again: a third

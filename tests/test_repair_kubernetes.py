@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import json
+import time
 from typing import Any
 
 import pytest
@@ -17,6 +19,24 @@ def node_state(agg: Any, cluster: Cluster, node: str) -> dict[str, Any] | None:
     return next((n for n in repair_status(agg, cluster)["nodes"] if n["node"] == node), None)
 
 
+def k8s_aggregator(cluster: Cluster, kube: KubeStandin) -> Any:
+    return repair_aggregator(
+        cluster,
+        "--repair-backend",
+        "kubernetes",
+        "--repair-kubeconfig",
+        str(kube.kubeconfig(cluster.tmp / "kc")),
+        "--repair-max-out-of-service-fraction",
+        "1",
+        policy=FAST_POLICY + '\n[buckets.RESTART_BM]\nladder = ["ticket"]\n',
+    )
+
+
+def faulty(cluster: Cluster, agg: Any, node: str) -> None:
+    scenario = xid_scenario(cluster.tmp / f"{node}.toml", 79, gpu=0, lost=True)
+    cluster.collector(node, agg.ingest, "--interval-s", "1", "--sim-scenario", str(scenario))
+
+
 @pytest.mark.slow
 def test_kubernetes_cordon_taint_condition_and_evictions_that_respect_budgets(cluster: Cluster) -> None:
     kube = KubeStandin()
@@ -26,25 +46,8 @@ def test_kubernetes_cordon_taint_condition_and_evictions_that_respect_budgets(cl
     kube.add_pod("default", "web-1", "k8s-gpu-1")
     kube.add_pod("ml", "trainer-0", "k8s-gpu-1", labels={"app": "trainer"})
     kube.add_pdb("ml", {"app": "trainer"}, min_available=1)  # trainer-0 may not go yet
-    policy = FAST_POLICY + '\n[buckets.RESTART_BM]\nladder = ["ticket"]\n'
-    agg = repair_aggregator(
-        cluster,
-        "--repair-backend",
-        "kubernetes",
-        "--repair-kubeconfig",
-        str(kube.kubeconfig(cluster.tmp / "kc")),
-        "--repair-max-out-of-service-fraction",
-        "1",
-        policy=policy,
-    )
-    cluster.collector(
-        "k8s-gpu-1",
-        agg.ingest,
-        "--interval-s",
-        "1",
-        "--sim-scenario",
-        str(xid_scenario(cluster.tmp / "x.toml", 79, gpu=0, lost=True)),
-    )
+    agg = k8s_aggregator(cluster, kube)
+    faulty(cluster, agg, "k8s-gpu-1")
     cluster.collector("k8s-gpu-2", agg.ingest, "--interval-s", "1")
 
     node = kube.nodes["k8s-gpu-1"]
@@ -104,4 +107,114 @@ def test_kubernetes_cordon_taint_condition_and_evictions_that_respect_budgets(cl
     assert kube.nodes["k8s-gpu-2"]["spec"]["unschedulable"] is True
     # Every call the backend made is one its documented RBAC (API_CALLS) allows.
     assert kube.calls() <= API_CALLS, kube.calls() - API_CALLS
+    kube.close()
+
+
+@pytest.mark.slow
+def test_a_taint_someone_adds_between_our_read_and_write_survives(cluster: Cluster) -> None:
+    kube = KubeStandin()
+    kube.add_node("k8s-gpu-1")
+    maintenance = {"key": "example.com/maintenance", "value": "bios", "effect": "NoSchedule"}
+    # The next read of the node is followed, before our write, by another writer's taint: our
+    # patch carries the resourceVersion it read, gets 409 Conflict, and is redone on a fresh read.
+    kube.interfere_once("k8s-gpu-1", lambda node: node["spec"].setdefault("taints", []).append(maintenance))
+    agg = k8s_aggregator(cluster, kube)
+    faulty(cluster, agg, "k8s-gpu-1")
+    node = kube.nodes["k8s-gpu-1"]
+    wait_until(lambda: node["spec"].get("unschedulable"), 30, "the node cordoned")
+    keys = [t["key"] for t in node["spec"]["taints"]]
+    assert sorted(keys) == sorted(["example.com/maintenance", TAINT_KEY]), keys
+    writes = [r for r in kube.requests if r["verb"] == "PATCH" and not r["path"].endswith("/status")]
+    assert [r["code"] for r in writes[:2]] == [409, 200], "refused once, redone on a fresh read"
+    assert all(r["body"]["metadata"]["resourceVersion"] for r in writes)
+
+    # Returned to service: only our taint goes; theirs stays.
+    out = gpufleet_cli(agg, cluster, "ops", "uncordon", "k8s-gpu-1", "--reason", "GPU replaced")
+    assert out.returncode == 0, out.stderr
+    assert [t["key"] for t in node["spec"]["taints"]] == ["example.com/maintenance"]
+    assert kube.calls() <= API_CALLS and not kube.forbidden
+    kube.close()
+
+
+@pytest.mark.slow
+def test_a_kubectl_cordon_between_our_read_and_write_is_never_overwritten(cluster: Cluster) -> None:
+    kube = KubeStandin()
+    kube.add_node("k8s-gpu-1")
+    kube.interfere_once("k8s-gpu-1", lambda node: node["spec"].update(unschedulable=True))
+    agg = k8s_aggregator(cluster, kube)
+    faulty(cluster, agg, "k8s-gpu-1")
+    wait_until(
+        lambda: (node_state(agg, cluster, "k8s-gpu-1") or {}).get("state") == "human_cordoned",
+        30,
+        "the person's cordon found at the point of action",
+    )
+    node = kube.nodes["k8s-gpu-1"]
+    assert node["spec"]["unschedulable"] is True and not node["spec"].get("taints")
+    assert "gpufleet.io/cordoned-by" not in node["metadata"]["annotations"]
+    writes = [r for r in kube.requests if r["verb"] == "PATCH"]
+    assert all(r["code"] == 409 and r["body"]["metadata"]["resourceVersion"] for r in writes), writes
+
+    out = gpufleet_cli(agg, cluster, "viewer", "incidents", "--all", "--json")
+    (incident,) = json.loads(out.stdout)
+    assert not incident["open"] and incident["outcome"].startswith("taken over by a person")
+    kube.close()
+
+
+@pytest.mark.slow
+def test_drain_waits_for_terminating_pods_and_budgets_that_count_ready_pods(cluster: Cluster) -> None:
+    kube = KubeStandin()
+    kube.add_node("k8s-gpu-1")
+    kube.add_node("k8s-gpu-2")
+    kube.add_pod("default", "web-1", "k8s-gpu-1", grace_s=4)  # stays Terminating for 4 s
+    # Two serving replicas, one of them not Ready: maxUnavailable 1 is already used up, so
+    # the Ready one on the faulty node may not go until the other is Ready again.
+    kube.add_pod("serve", "llm-0", "k8s-gpu-1", labels={"app": "llm"})
+    kube.add_pod("serve", "llm-1", "k8s-gpu-2", labels={"app": "llm"}, ready=False)
+    kube.add_pdb("serve", {"app": "llm"}, max_unavailable=1)
+    agg = k8s_aggregator(cluster, kube)
+    faulty(cluster, agg, "k8s-gpu-1")
+    wait_until(
+        lambda: (
+            "disruption budget for serve/llm-0"
+            in (node_state(agg, cluster, "k8s-gpu-1") or {}).get("detail", "")
+        ),
+        30,
+        "the budget holding llm-0",
+    )
+    assert ("serve", "llm-0") in kube.pods and node_state(agg, cluster, "k8s-gpu-1")["state"] == "draining"
+    with kube.lock:
+        kube.pods[("serve", "llm-1")]["status"]["conditions"][0]["status"] = "True"
+    wait_until(
+        lambda: (
+            kube.pods.get(("serve", "llm-0"), {}).get("metadata", {}).get("deletionTimestamp")
+            or ("serve", "llm-0") not in kube.pods
+        ),
+        30,
+        "llm-0 evicted",
+    )
+    evicted_at = time.monotonic()
+    wait_until(lambda: node_state(agg, cluster, "k8s-gpu-1")["state"] == "quarantined", 30, "drained")
+    assert time.monotonic() - evicted_at >= 2.5 or ("default", "web-1") not in kube.pods
+    assert ("default", "web-1") not in kube.pods, "the drain waited out web-1's grace period"
+    evictions = [r for r in kube.requests if r["path"].endswith("/web-1/eviction")]
+    assert len(evictions) == 1, "a Terminating pod is not evicted again"
+    kube.close()
+
+
+@pytest.mark.slow
+def test_a_call_the_clusterrole_does_not_allow_fails_as_in_a_cluster(cluster: Cluster) -> None:
+    kube = KubeStandin()
+    kube.granted.discard(("", "pods/eviction", "create"))  # a manifest that forgot evictions
+    kube.add_node("k8s-gpu-1")
+    kube.add_pod("default", "web-1", "k8s-gpu-1")
+    agg = k8s_aggregator(cluster, kube)
+    faulty(cluster, agg, "k8s-gpu-1")
+    detail = wait_until(
+        lambda: "HTTP 403" in (d := (node_state(agg, cluster, "k8s-gpu-1") or {}).get("detail", "")) and d,
+        30,
+        "the drain failing on RBAC",
+    )
+    assert 'cannot create resource \\"pods/eviction\\"' in detail or "cannot create resource" in detail
+    assert ("default", "web-1") in kube.pods
+    assert kube.forbidden and set(kube.forbidden) == {("", "pods/eviction", "create")}
     kube.close()

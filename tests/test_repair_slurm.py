@@ -273,7 +273,11 @@ def test_a_persons_cordon_wins_and_their_uncordon_cancels_the_workflow(cluster: 
     wait_until(lambda: agg.metric_value("gpufleet_repair_passes") > passes + 10, 30, "more repair passes")
     assert not drained(slurm, auto), "the automation does not fight the person's decision"
     assert drained(slurm, human) and slurm.state(human)[1] == "alice: checking cables"
-    cordons = [a for a in audit(agg, cluster) if a["action"] == "cordon" and a["actor"] == "automation"]
+    cordons = [
+        a
+        for a in audit(agg, cluster)
+        if a["action"] == "cordon" and a["actor"] == "automation" and a["outcome"] == "ok"
+    ]
     assert [a["node"] for a in cordons] == [auto]
 
 
