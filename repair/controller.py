@@ -80,6 +80,7 @@ class RepairController:
         self._observe_interval_s = observe_interval_s
         self._next_fleet_read = 0.0  # monotonic time of the next whole-fleet scheduler read
         self._seen: dict[str, Observed] = {}  # the scheduler's view, as last read
+        self._last_view = SchedulerView()  # whether the last read worked
         self.scheduler_reads = 0  # whole-fleet and per-node reads (observe calls)
         self._wake = asyncio.Event()
         self._dirty: set[str] | None = set()  # nodes poked since the last pass; None: all
@@ -186,16 +187,18 @@ class RepairController:
             else [n for n in nodes if n in self.workflows and self.workflows[n].state in WATCHED]
         )
         if not ask:
-            return SchedulerView(), set()
+            return self._last_view, set()  # nothing read this pass: as readable as the last read
         try:
             seen = await self.backend.observe(ask, whole_fleet=fleet_read)
         except BackendError as exc:
             log.warning("cannot read the scheduler's view this pass: %s", exc)
             for node in ask:
                 self._seen.pop(node, None)  # unknown now: nothing is decided from an old view
-            return SchedulerView(readable=False, error=str(exc)), set()
+            self._last_view = SchedulerView(readable=False, error=str(exc))
+            return self._last_view, set()
         finally:
             self.scheduler_reads += 1
+        self._last_view = SchedulerView()
         if fleet_read:
             self._next_fleet_read = time.monotonic() + self._observe_interval_s
         for node in ask:

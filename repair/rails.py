@@ -74,11 +74,13 @@ class Breaker:
 
     def record_failure(self, node: str, now: int) -> str:
         """Count a node that needs taking out; the trip reason when this trips the breaker."""
-        if not any(n == node for _, n in self._failures):
-            self._failures.append((now, node))
         window_ns = self._rails.breaker_window_s * 1e9
-        self._failures = [(t, n) for t, n in self._failures if now - t <= window_ns]
-        self._state.put("failures", json.dumps(self._failures))
+        failures = [(t, n) for t, n in self._failures if now - t <= window_ns]
+        if not any(n == node for _, n in failures):
+            failures.append((now, node))
+        if failures != self._failures:  # a node held back pass after pass writes nothing
+            self._failures = failures
+            self._state.put("failures", json.dumps(failures))
         failing = {n for t, n in self._failures if t > self._floor_ns}
         if len(failing) < self._rails.breaker_nodes:
             return ""

@@ -4,11 +4,13 @@ its persistence window."""
 
 from __future__ import annotations
 
+import asyncio
 import time
+from pathlib import Path
 
 import pytest
 from alert_receiver import AlertReceiver
-from conftest import Cluster, wait_until
+from conftest import Cluster, free_port, wait_until
 from test_repair_slurm import FAST_POLICY, gpufleet_cli, lines, repair_aggregator, repair_status
 
 THERMAL = """
@@ -104,4 +106,58 @@ def test_sustained_thermal_slowdown_is_cordoned_by_hook_and_alerted_everywhere(c
     assert resolved[0]["dedup_key"] == f"gpufleet-{incident_id}", "the same page is resolved, not a new one"
     webhook = [a for a in receiver.received if a["path"] == "/hook" and a["key"] == incident_id]
     assert webhook[-1]["status"] == "resolved" and "fans replaced" in webhook[-1]["summary"]
+    receiver.close()
+
+
+def test_delivery_state_survives_a_restart_of_the_dispatcher(tmp_path: Path) -> None:
+    """In-process, on the real repair state and a real HTTP receiver: an alert queued while the
+    receiver is down, a firing waiting out its group wait, and one held by the breaker are all
+    still there for the next process; each firing that went out gets its resolved."""
+    from gpufleet.repair.alerts.base import Alert
+    from gpufleet.repair.alerts.dispatcher import AlertDispatcher
+    from gpufleet.repair.alerts.webhook import WebhookSink
+    from gpufleet.repair.state import RepairState
+
+    port = free_port()
+    url = f"http://127.0.0.1:{port}/hook"
+
+    def alert(key: str, status: str) -> Alert:
+        return Alert(key, status, f"node-{key}", "cordoned", "critical", f"{key} {status}", time.time_ns())
+
+    async def first_process() -> None:
+        store = RepairState(tmp_path / "repair.sqlite3")
+        quick = AlertDispatcher([WebhookSink(url)], group_wait_s=0.05, store=store)
+        quick.start()
+        quick.notify(alert("queued", "firing"))  # out after its group wait: the receiver is down
+        deadline = time.monotonic() + 20
+        while not store.queued_alerts() and time.monotonic() < deadline:
+            await asyncio.sleep(0.02)
+        assert store.queued_alerts(), "the alert is in the sink's outbox"
+        await quick.close()
+        slow = AlertDispatcher([WebhookSink(url)], group_wait_s=60.0, store=store)
+        slow.start()
+        slow.notify(alert("waiting", "firing"))  # still in its group wait when the process dies
+        await slow.close()
+        store.close()
+
+    async def second_process(receiver: AlertReceiver) -> None:
+        store = RepairState(tmp_path / "repair.sqlite3")
+        alerts = AlertDispatcher([WebhookSink(url)], group_wait_s=0.05, store=store)
+        alerts.start()
+        deadline = time.monotonic() + 20
+        while len(receiver.received) < 2 and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        alerts.notify(alert("queued", "resolved"))
+        alerts.notify(alert("waiting", "resolved"))
+        while len(receiver.received) < 4 and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        await alerts.close()
+        store.close()
+
+    asyncio.run(first_process())
+    receiver = AlertReceiver(port=port)
+    asyncio.run(second_process(receiver))
+    got = [(a["key"], a["status"]) for a in receiver.received]
+    assert sorted(got[:2]) == [("queued", "firing"), ("waiting", "firing")], got
+    assert sorted(got[2:]) == [("queued", "resolved"), ("waiting", "resolved")], got
     receiver.close()

@@ -153,3 +153,31 @@ def test_a_finding_waits_out_its_persistence_window(tmp_path: Path) -> None:
         assert repair2.workflows["n2"].state == "healthy"
 
     asyncio.run(scenario())
+
+
+def test_a_persistence_window_does_not_restart_with_the_aggregator(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        fleet = Fleet(["n1"])
+        window = (
+            load_policy()
+            .rules["nvlink_down"]
+            .__class__(**{**vars(load_policy().rules["nvlink_down"]), "window_s": 0.3})
+        )
+        first = controller(tmp_path, fleet)
+        first.policy.rules["nvlink_down"] = window
+        fleet.snaps["n1"].gpus[4].nvlink_links_inactive = 1
+        fleet.tick()
+        await first.pass_once()
+        assert first.workflows["n1"].state == "suspect"
+        seen_at = time.monotonic()
+        first.state.close()  # the aggregator dies inside the window
+        while time.monotonic() - seen_at < 0.35:  # the window runs out while it is down
+            await asyncio.sleep(0.01)
+        second = controller(tmp_path, fleet)
+        second.policy.rules["nvlink_down"] = window
+        fleet.tick()
+        await second.pass_once()
+        # Its first pass after the restart: the window counted from the first sighting is over.
+        assert second.workflows["n1"].state == "cordoned"
+
+    asyncio.run(scenario())
