@@ -31,6 +31,7 @@ from gpufleet.repair.health import BY_AUTOMATION, OUT_OF_SERVICE, WATCHED, Healt
 from gpufleet.repair.incidents import AUTOMATION, IncidentDesk
 from gpufleet.repair.ladder import Hooks, StepRunner
 from gpufleet.repair.model import Finding, NodeSnapshot
+from gpufleet.repair.observe import SchedulerWatch
 from gpufleet.repair.policy import Policy
 from gpufleet.repair.rails import Breaker, Gate, Rails, SchedulerView
 from gpufleet.repair.state import RepairState, Workflow
@@ -77,11 +78,7 @@ class RepairController:
         self.workflows: dict[str, Workflow] = state.workflows()
         self.gate.fleet_size = len(self.workflows)
         self.findings: dict[str, list[Finding]] = {}  # active findings per node, last pass
-        self._observe_interval_s = observe_interval_s
-        self._next_fleet_read = 0.0  # monotonic time of the next whole-fleet scheduler read
-        self._seen: dict[str, Observed] = {}  # the scheduler's view, as last read
-        self._last_view = SchedulerView()  # whether the last read worked
-        self.scheduler_reads = 0  # whole-fleet and per-node reads (observe calls)
+        self.scheduler = SchedulerWatch(backend, observe_interval_s)
         self._wake = asyncio.Event()
         self._dirty: set[str] | None = set()  # nodes poked since the last pass; None: all
         self._lock = asyncio.Lock()
@@ -110,6 +107,10 @@ class RepairController:
 
     def cap(self) -> int:
         return self.gate.cap()
+
+    @property
+    def scheduler_reads(self) -> int:
+        return self.scheduler.reads
 
     # --- running ----------------------------------------------------------------------
     def poke(self, node: str | None = None) -> None:
@@ -157,7 +158,8 @@ class RepairController:
             nodes = sorted(set(snaps) | (set(self.workflows) if only is None else only & set(self.workflows)))
             if only is None:
                 self.gate.fleet_size = len(nodes)
-            view, fresh = await self._read_scheduler(nodes, whole=only is None)
+            watched = [n for n in nodes if n in self.workflows and self.workflows[n].state in WATCHED]
+            view, fresh = await self.scheduler.read(nodes, only is None, watched)
             for node in nodes:
                 wf = self.workflows.get(node) or Workflow(node)
                 snap = snaps.get(node)
@@ -166,47 +168,13 @@ class RepairController:
                 # A shallow copy is enough: the controller replaces a workflow's lists, never
                 # changes them in place.
                 before = dict(vars(wf))
-                seen = self._seen.get(node) if node in fresh or wf.state not in WATCHED else None
+                seen = self.scheduler.get(node) if node in fresh or wf.state not in WATCHED else None
                 await self._reconcile(wf, snap, findings, seen, view, now)
                 if vars(wf) != before or node not in self.workflows:
                     self.workflows[node] = wf
                     self.state.save(wf)
             self.passes += 1
             self.last_pass_s = time.monotonic() - started
-
-    async def _read_scheduler(self, nodes: list[str], whole: bool) -> tuple[SchedulerView, set[str]]:
-        """The scheduler's view for this pass, within the polling budget: the whole fleet at
-        most every observe_interval_s, the nodes with a workflow under way on every pass.
-        Returns whether the read worked and which nodes it covered."""
-        if not self.backend.observes or not nodes:
-            return SchedulerView(), set()
-        fleet_read = whole and time.monotonic() >= self._next_fleet_read
-        ask = (
-            nodes
-            if fleet_read
-            else [n for n in nodes if n in self.workflows and self.workflows[n].state in WATCHED]
-        )
-        if not ask:
-            return self._last_view, set()  # nothing read this pass: as readable as the last read
-        try:
-            seen = await self.backend.observe(ask, whole_fleet=fleet_read)
-        except BackendError as exc:
-            log.warning("cannot read the scheduler's view this pass: %s", exc)
-            for node in ask:
-                self._seen.pop(node, None)  # unknown now: nothing is decided from an old view
-            self._last_view = SchedulerView(readable=False, error=str(exc))
-            return self._last_view, set()
-        finally:
-            self.scheduler_reads += 1
-        self._last_view = SchedulerView()
-        if fleet_read:
-            self._next_fleet_read = time.monotonic() + self._observe_interval_s
-        for node in ask:
-            if node in seen:
-                self._seen[node] = seen[node]
-            else:
-                self._seen.pop(node, None)
-        return SchedulerView(), set(ask)
 
     # --- the state machine ---------------------------------------------------------------
     async def _reconcile(
@@ -260,8 +228,7 @@ class RepairController:
 
     def _held(self, wf: Workflow, step: Step, view: SchedulerView, now: int, what: str) -> bool:
         """Ask the rails; a held step is audited once (per step and rail) and said in detail."""
-        cordoned = frozenset(n for n, o in self._seen.items() if o.cordoned)
-        hold = self.gate.check(step, wf, self.workflows, view, cordoned)
+        hold = self.gate.check(step, wf, self.workflows, view, self.scheduler.cordoned())
         if hold is None:
             wf.held = ""
             return False
@@ -350,7 +317,7 @@ class RepairController:
             self._move(wf, Health.WAITING, f"cordon failed, retrying: {exc}")
             return
         finally:
-            self._seen.pop(wf.node, None)  # changed (or maybe changed): read it again
+            self.scheduler.forget(wf.node)  # changed (or maybe changed): read it again
         self.desk.audit(wf, Step.CORDON, reason, "ok", now)
         wf.cordoned_by_us = True
         wf.ladder = list(worst.ladder)
@@ -472,7 +439,7 @@ class RepairController:
             self.desk.audit(wf, Step.UNCORDON, why, f"failed: {exc}", now)
             return
         finally:
-            self._seen.pop(wf.node, None)
+            self.scheduler.forget(wf.node)
         self.desk.audit(wf, Step.UNCORDON, why, "ok", now)
         wf.cordoned_by_us = False
         self.desk.close(wf, f"repaired by {step}", now)
@@ -508,7 +475,7 @@ class RepairController:
                 self.desk.audit(wf, "cordon", reason, f"failed: {exc}", now, actor=actor)
                 raise RepairRefused("failed", f"cordon {node} failed: {exc}") from exc
             finally:
-                self._seen.pop(node, None)
+                self.scheduler.forget(node)
             self.desk.audit(wf, "cordon", reason, "ok", now, actor=actor)
             if wf.state in BY_AUTOMATION or wf.incident_id:
                 self.desk.close(wf, f"taken over by {actor}: {reason}", now, handed_to_person=True)
@@ -528,7 +495,7 @@ class RepairController:
                 self.desk.audit(wf, "uncordon", reason, f"failed: {exc}", now, actor=actor)
                 raise RepairRefused("failed", f"uncordon {node} failed: {exc}") from exc
             finally:
-                self._seen.pop(node, None)
+                self.scheduler.forget(node)
             self.desk.audit(wf, "uncordon", reason, "ok", now, actor=actor)
             self._cancel(wf, self.findings.get(node, []), f"cancelled by {actor}: {reason}", now)
             self._save(wf)

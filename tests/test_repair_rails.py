@@ -317,3 +317,32 @@ def test_a_persons_drain_first_seen_after_an_unreadable_pass_is_theirs_with_no_i
     wait_until(lambda: incidents(agg, cluster) == [], 30, "the incident closed as the person's")
     assert slurm.state(node)[1] == "alice: checking cables"
     assert not [c for c in scontrol.calls() if c.startswith("update")], "the person's node was never written"
+
+
+@pytest.mark.slow
+def test_a_real_job_holds_the_drain_and_no_reset_happens_while_it_runs(cluster: Cluster, slurm: Any) -> None:
+    node = "gpu-node-13"
+    agg = start_aggregator(cluster, slurm, cluster.tmp / "data", (0, 0))
+    resets = cluster.tmp / "resets.txt"
+    job = slurm.submit(node, 600)
+    cluster.collector(
+        node,
+        agg.ingest,
+        "--interval-s",
+        "1",
+        "--sim-scenario",
+        str(xid_scenario(cluster.tmp / "x.toml", 79, gpu=6)),
+        "--reset-command",
+        f"sh -c 'echo {{gpu_index}} >> {resets}'",
+    )
+    wait_until(lambda: state_of(agg, cluster, node) == "draining", 30, "draining")
+    passes = agg.metric_value("gpufleet_repair_passes")
+    wait_until(lambda: agg.metric_value("gpufleet_repair_passes") > passes + 10, 30, "more passes")
+    words = slurm.state(node)[0]
+    assert "DRAIN" in words and words & {"ALLOCATED", "MIXED"}, f"DRAINING: the job still runs ({words})"
+    assert lines(resets) == [] and state_of(agg, cluster, node) == "draining"
+    slurm.run("scancel", job)
+    wait_until(lambda: lines(resets) == ["6"], 30, "the reset once the job is gone (DRAINED)")
+    steps = [(a["action"], a["outcome"]) for a in audit_rows(agg.data_dir) if a["node"] == node]
+    drain_rows = [i for i, step in enumerate(steps) if step == ("drain", "ok")]  # started, then done
+    assert len(drain_rows) == 2 and drain_rows[-1] < steps.index(("reset_gpu", "started")), steps
