@@ -92,7 +92,7 @@ def person_acts(
     return 1
 
 
-def started(rows: list[dict[str, Any]], node: str, action: str) -> int:
+def begun(rows: list[dict[str, Any]], node: str, action: str) -> int:
     """Audit rows of automatic steps begun on the node (written before the step is done)."""
     return sum(
         1
@@ -228,12 +228,12 @@ def test_chaos_rails_hold_under_kills_scheduler_faults_and_a_person(cluster: Clu
     for node in nodes:
         drains = sum(1 for c in calls if c.startswith(f"update NodeName={node} State=DRAIN Reason=gpufleet:"))
         resumes = sum(1 for c in calls if c == f"update NodeName={node} State=RESUME")
-        cordon_rows, uncordon_rows = started(rows, node, "cordon"), started(rows, node, "uncordon")
+        cordon_rows, uncordon_rows = begun(rows, node, "cordon"), begun(rows, node, "uncordon")
         if drains > cordon_rows or resumes > uncordon_rows:
             violations.append(
                 f"{node}: {drains} drains / {resumes} resumes, audited {cordon_rows} / {uncordon_rows}"
             )
-        reset_rows = started(rows, node, "reset_gpu")
+        reset_rows = begun(rows, node, "reset_gpu")
         done = len(lines(resets / node))
         if done > reset_rows:
             violations.append(f"{node}: {done} GPU resets carried out, {reset_rows} begun: one was repeated")
