@@ -80,6 +80,7 @@ class KubeStandin:
         self.requests: list[dict[str, Any]] = []
         self.tokens: dict[str, dict[str, Any]] = {}  # issued token -> its claims
         self.granted = cluster_role()  # what the aggregator's ServiceAccount may do
+        self.unavailable = False  # while True every request gets 503
         self.forbidden: list[tuple[str, str, str]] = []  # requests RBAC refused
         self._interfere: dict[str, Callable[[dict[str, Any]], None]] = {}
         self._rv = 1
@@ -115,7 +116,16 @@ class KubeStandin:
                         return
                     standin._expire_terminating()
                     attribute = _attribute(record)
-                    if attribute not in standin.granted:
+                    if standin.unavailable:  # an API server that cannot serve (etcd down, overload)
+                        code, body = (
+                            503,
+                            _status(
+                                503,
+                                "ServiceUnavailable",
+                                "the server is currently unable to handle the request",
+                            ),
+                        )
+                    elif attribute not in standin.granted:
                         standin.forbidden.append(attribute)
                         code, body = 403, _forbidden(record, attribute)
                     else:

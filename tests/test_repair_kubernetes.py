@@ -218,3 +218,24 @@ def test_a_call_the_clusterrole_does_not_allow_fails_as_in_a_cluster(cluster: Cl
     assert ("default", "web-1") in kube.pods
     assert kube.forbidden and set(kube.forbidden) == {("", "pods/eviction", "create")}
     kube.close()
+
+
+@pytest.mark.slow
+def test_an_api_server_that_cannot_answer_means_no_cordon_until_it_does(cluster: Cluster) -> None:
+    kube = KubeStandin()
+    kube.add_node("k8s-gpu-1")
+    kube.unavailable = True
+    agg = k8s_aggregator(cluster, kube)
+    faulty(cluster, agg, "k8s-gpu-1")
+    detail = wait_until(
+        lambda: (
+            "cannot be read" in (d := (node_state(agg, cluster, "k8s-gpu-1") or {}).get("detail", "")) and d
+        ),
+        30,
+        "the cordon held",
+    )
+    assert "HTTP 503" in detail and node_state(agg, cluster, "k8s-gpu-1")["state"] == "waiting"
+    assert not [r for r in kube.requests if r["verb"] == "PATCH"], "no write was even tried"
+    kube.unavailable = False
+    wait_until(lambda: kube.nodes["k8s-gpu-1"]["spec"].get("unschedulable"), 30, "the cordon once it answers")
+    kube.close()
