@@ -181,3 +181,36 @@ def test_a_persistence_window_does_not_restart_with_the_aggregator(tmp_path: Pat
         assert second.workflows["n1"].state == "cordoned"
 
     asyncio.run(scenario())
+
+
+def test_the_demo_storm_after_the_trip_no_automatic_action_happens(tmp_path: Path) -> None:
+    """As a new user found it: 12 nodes, breaker at 3, one node's uncorrectable-ECC repair under
+    way, then six nodes lose a GPU. After the trip nothing automatic happens, in any state."""
+
+    async def scenario() -> None:
+        fleet = Fleet([f"n{i:02d}" for i in range(12)])
+        repair = controller(tmp_path, fleet, Rails(max_out_of_service_fraction=1, breaker_nodes=3))
+        fleet.snaps["n00"].gpus[2].ecc_dbe_volatile = 1
+        for _ in range(3):
+            fleet.tick()
+            await repair.pass_once()
+        assert repair.workflows["n00"].state in ("repairing", "validating")
+        for i in range(1, 7):
+            fleet.snaps[f"n{i:02d}"].gpus[5].lost = True
+        for _ in range(10):  # ten passes over the storm, the ECC node's repair due meanwhile
+            fleet.tick()
+            await repair.pass_once()
+        assert repair.breaker_tripped
+        log = repair.state.audit_log(limit=1000)
+        trip = next(i for i, a in enumerate(log) if a.action == "breaker_trip")
+        after = [a for a in log[trip + 1 :] if a.actor == "automation"]
+        assert after and all(a.outcome.startswith("held: breaker tripped") for a in after), after
+        assert len({(a.node, a.action) for a in after}) == len(after), "each held step audited once"
+        # Until a person resets it: then the held workflows carry on.
+        await repair.reset_breaker("storm understood", "alice")
+        fleet.tick()
+        await repair.pass_once()
+        resumed = [a for a in repair.state.audit_log(limit=1000)[len(log) :] if a.actor == "automation"]
+        assert any(not a.outcome.startswith("held") for a in resumed)
+
+    asyncio.run(scenario())
