@@ -11,6 +11,9 @@ the API server answers 409 Conflict when someone changed the node in between, an
 redone on a fresh read (up to CONFLICT_RETRIES times). Taints are merged: ours is added to, or
 removed from, the node's current list; taints others put there stay.
 
+Load: one LIST of nodes at most every repair_observe_interval_s; in between, one GET per node
+with a workflow under way, and one GET before each write.
+
 API calls made (the RBAC in deploy/ must allow exactly these):
   nodes: get, list, patch  nodes/status: patch
   pods: list               pods/eviction: create
