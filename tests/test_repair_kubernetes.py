@@ -239,3 +239,33 @@ def test_an_api_server_that_cannot_answer_means_no_cordon_until_it_does(cluster:
     kube.unavailable = False
     wait_until(lambda: kube.nodes["k8s-gpu-1"]["spec"].get("unschedulable"), 30, "the cordon once it answers")
     kube.close()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("rail", ["--repair-dry-run", "--repair-breaker-nodes=1"])
+def test_dry_run_and_a_tripped_breaker_write_nothing_to_the_api_server(cluster: Cluster, rail: str) -> None:
+    kube = KubeStandin()
+    kube.add_node("k8s-gpu-1")
+    kube.add_pod("default", "web-1", "k8s-gpu-1")
+    agg = repair_aggregator(
+        cluster,
+        "--repair-backend",
+        "kubernetes",
+        "--repair-kubeconfig",
+        str(kube.kubeconfig(cluster.tmp / "kc")),
+        "--repair-max-out-of-service-fraction",
+        "1",
+        rail,
+    )
+    faulty(cluster, agg, "k8s-gpu-1")
+    expected = "dry-run: would cordon" if "dry" in rail else "breaker tripped"
+    wait_until(
+        lambda: expected in (node_state(agg, cluster, "k8s-gpu-1") or {}).get("detail", ""),
+        30,
+        "the cordon held",
+    )
+    passes = agg.metric_value("gpufleet_repair_passes")
+    wait_until(lambda: agg.metric_value("gpufleet_repair_passes") > passes + 10, 30, "more passes")
+    assert not [r for r in kube.requests if r["verb"] in ("PATCH", "POST")], "nothing written"
+    assert not kube.nodes["k8s-gpu-1"]["spec"].get("unschedulable") and ("default", "web-1") in kube.pods
+    kube.close()
