@@ -216,7 +216,7 @@ class RepairController:
         if wf.state == Health.CORDONED:
             if self._held(wf, Step.DRAIN, view, now, "start moving workloads off"):
                 return
-            self.desk.audit(wf, Step.DRAIN, "start moving workloads off", "ok", now)
+            self.desk.audit(wf, Step.DRAIN, "start moving workloads off", "started", now)
             self._move(wf, Health.DRAINING, "draining")
             await self._drain(wf, view, now)
         elif wf.state == Health.DRAINING:
