@@ -19,7 +19,7 @@ def node_state(agg: Any, cluster: Cluster, node: str) -> dict[str, Any] | None:
     return next((n for n in repair_status(agg, cluster)["nodes"] if n["node"] == node), None)
 
 
-def k8s_aggregator(cluster: Cluster, kube: KubeStandin) -> Any:
+def k8s_aggregator(cluster: Cluster, kube: KubeStandin, *extra: str) -> Any:
     return repair_aggregator(
         cluster,
         "--repair-backend",
@@ -28,6 +28,7 @@ def k8s_aggregator(cluster: Cluster, kube: KubeStandin) -> Any:
         str(kube.kubeconfig(cluster.tmp / "kc")),
         "--repair-max-out-of-service-fraction",
         "1",
+        *extra,
         policy=FAST_POLICY + '\n[buckets.RESTART_BM]\nladder = ["ticket"]\n',
     )
 
@@ -247,16 +248,7 @@ def test_dry_run_and_a_tripped_breaker_write_nothing_to_the_api_server(cluster: 
     kube = KubeStandin()
     kube.add_node("k8s-gpu-1")
     kube.add_pod("default", "web-1", "k8s-gpu-1")
-    agg = repair_aggregator(
-        cluster,
-        "--repair-backend",
-        "kubernetes",
-        "--repair-kubeconfig",
-        str(kube.kubeconfig(cluster.tmp / "kc")),
-        "--repair-max-out-of-service-fraction",
-        "1",
-        rail,
-    )
+    agg = k8s_aggregator(cluster, kube, rail)
     faulty(cluster, agg, "k8s-gpu-1")
     expected = "dry-run: would cordon" if "dry" in rail else "breaker tripped"
     wait_until(

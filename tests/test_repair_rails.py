@@ -41,6 +41,24 @@ def xid_collector(cluster: Cluster, agg: AggregatorHandle, node: str, xid: int =
     return cluster.collector(node, agg.ingest, "--interval-s", "1", "--sim-scenario", str(scenario))
 
 
+def job_and_fault(
+    cluster: Cluster, slurm: Any, agg: AggregatorHandle, node: str, gpu: int, resets: Path
+) -> str:
+    """A real batch job on the node, then XID 79 on one of its GPUs; resets are logged to `resets`."""
+    job = slurm.submit(node, 600)
+    cluster.collector(
+        node,
+        agg.ingest,
+        "--interval-s",
+        "1",
+        "--sim-scenario",
+        str(xid_scenario(cluster.tmp / "x.toml", 79, gpu=gpu)),
+        "--reset-command",
+        f"sh -c 'echo {{gpu_index}} >> {resets}'",
+    )
+    return job
+
+
 def read_failing_aggregator(cluster: Cluster, slurm: Any, scontrol: Any, **kwargs: Any) -> AggregatorHandle:
     return start_aggregator(
         cluster, slurm, cluster.tmp / "data", (0, 0), "--repair-slurm-scontrol", str(scontrol.path), **kwargs
@@ -155,17 +173,7 @@ def test_restart_into_dry_run_touches_nothing(cluster: Cluster, slurm: Any) -> N
     ports, data = (free_port(), free_port()), cluster.tmp / "data"
     agg = start_aggregator(cluster, slurm, data, ports)
     resets = cluster.tmp / "resets.txt"
-    job = slurm.submit(node, 600)
-    cluster.collector(
-        node,
-        agg.ingest,
-        "--interval-s",
-        "1",
-        "--sim-scenario",
-        str(xid_scenario(cluster.tmp / "x.toml", 79, gpu=0)),
-        "--reset-command",
-        f"sh -c 'echo {{gpu_index}} >> {resets}'",
-    )
+    job = job_and_fault(cluster, slurm, agg, node, 0, resets)
     wait_until(lambda: state_of(agg, cluster, node) == "draining", 30, "draining behind the job")
     reason = slurm.state(node)[1]
     agg.proc.stop(signal.SIGKILL)
@@ -324,17 +332,7 @@ def test_a_real_job_holds_the_drain_and_no_reset_happens_while_it_runs(cluster: 
     node = "gpu-node-13"
     agg = start_aggregator(cluster, slurm, cluster.tmp / "data", (0, 0))
     resets = cluster.tmp / "resets.txt"
-    job = slurm.submit(node, 600)
-    cluster.collector(
-        node,
-        agg.ingest,
-        "--interval-s",
-        "1",
-        "--sim-scenario",
-        str(xid_scenario(cluster.tmp / "x.toml", 79, gpu=6)),
-        "--reset-command",
-        f"sh -c 'echo {{gpu_index}} >> {resets}'",
-    )
+    job = job_and_fault(cluster, slurm, agg, node, 6, resets)
     wait_until(lambda: state_of(agg, cluster, node) == "draining", 30, "draining")
     passes = agg.metric_value("gpufleet_repair_passes")
     wait_until(lambda: agg.metric_value("gpufleet_repair_passes") > passes + 10, 30, "more passes")
