@@ -33,6 +33,9 @@ SlurmdLogFile={home}/log/slurmd-%n.log
 ProctrackType=proctrack/linuxproc
 TaskPlugin=task/none
 SchedulerType=sched/builtin
+# Pending jobs are tried every 2 s, not every 60 (the default): a job submitted the moment a
+# node comes back (resumed, "now responding") is not left waiting a minute.
+SchedulerParameters=sched_interval=2
 SelectType=select/cons_tres
 ReturnToService=2
 SlurmdTimeout=300
@@ -127,6 +130,9 @@ class SlurmCluster:
 
     def submit(self, node: str, seconds: int) -> str:
         """A real batch job (a sleep) on the node; its job id."""
+        # Submitted once the node is plainly IDLE (not "IDLE*", not responding, nor completing
+        # the previous test's job), so the job starts at once.
+        wait_until(lambda: self.raw_state(node) == "IDLE", 60, f"{node} idle and responding")
         out = self.run("sbatch", "--parsable", "-w", node, "-o", "/dev/null", "--wrap", f"sleep {seconds}")
         job = out.strip().split(";")[0]
         wait_until(
@@ -135,6 +141,11 @@ class SlurmCluster:
             f"job {job} running",
         )
         return job
+
+    def raw_state(self, node: str) -> str:
+        """The node's State= as scontrol prints it (IDLE, IDLE*, MIXED+DRAIN, ...)."""
+        state = re.search(r"\bState=(\S+)", self.scontrol("-o", "show", "node", node))
+        return state.group(1) if state else ""
 
     def cancel_all(self) -> None:
         for job in self.run("squeue", "-h", "-o", "%i").split():
