@@ -29,7 +29,7 @@ from gpufleet.repair.backends.base import AUTOMATION_PREFIX, Backend, BackendErr
 from gpufleet.repair.evaluator import Evaluator, finding_id
 from gpufleet.repair.health import BY_AUTOMATION, OUT_OF_SERVICE, WATCHED, Health, Step
 from gpufleet.repair.incidents import AUTOMATION, IncidentDesk
-from gpufleet.repair.ladder import Hooks, StepRunner
+from gpufleet.repair.ladder import Hooks, StepRunner, reset_target
 from gpufleet.repair.model import Finding, NodeSnapshot
 from gpufleet.repair.observe import SchedulerWatch
 from gpufleet.repair.policy import Policy
@@ -71,14 +71,14 @@ class RepairController:
         self._snapshots = snapshots
         self.desk = IncidentDesk(state, dispatcher, on_action)
         self.breaker = Breaker(state, rails)
-        self.gate = Gate(rails, self.breaker)
+        self.scheduler = SchedulerWatch(backend, observe_interval_s)
+        self.gate = Gate(rails, self.breaker, self.scheduler.cordoned)
         self.evaluator = Evaluator(policy, state)
         self.steps = StepRunner(policy, state, hooks, self.desk, send_command, self.poke)
         dispatcher.restore_breaker(self.breaker.tripped)
         self.workflows: dict[str, Workflow] = state.workflows()
         self.gate.fleet_size = len(self.workflows)
         self.findings: dict[str, list[Finding]] = {}  # active findings per node, last pass
-        self.scheduler = SchedulerWatch(backend, observe_interval_s)
         self._wake = asyncio.Event()
         self._dirty: set[str] | None = set()  # nodes poked since the last pass; None: all
         self._lock = asyncio.Lock()
@@ -196,17 +196,16 @@ class RepairController:
         if wf.state in (Health.HEALTHY, Health.SUSPECT, Health.WAITING):
             if ready:
                 await self._take_out(wf, ready, view, now)
-            elif cordon:
+                return
+            wf.held = ""  # nothing is due: no step is held back
+            if cordon:
                 worst = cordon[0]
                 left = self.evaluator.left_s(worst, now)
-                wf.held = ""
                 self._move(wf, Health.SUSPECT, f"{worst.code} must persist {left:.0f} s more before action")
             elif notable:
-                wf.held = ""
                 self.desk.note(wf, notable)
                 self._move(wf, Health.HEALTHY, f"watching: {', '.join(f.code for f in notable)}")
             else:
-                wf.held = ""
                 self.desk.close(wf, "cleared by itself", now)
                 self._move(wf, Health.HEALTHY, "")
             # A node just cordoned drains from the next pass: every cordon due now goes out first.
@@ -220,6 +219,8 @@ class RepairController:
             self._move(wf, Health.DRAINING, "draining")
             await self._drain(wf, view, now)
         elif wf.state == Health.DRAINING:
+            if self._held(wf, Step.DRAIN, view, now, "move workloads off"):
+                return
             await self._drain(wf, view, now)
         elif wf.state == Health.REPAIRING:
             await self._repair(wf, snap, view, now)
@@ -228,7 +229,7 @@ class RepairController:
 
     def _held(self, wf: Workflow, step: Step, view: SchedulerView, now: int, what: str) -> bool:
         """Ask the rails; a held step is audited once (per step and rail) and said in detail."""
-        hold = self.gate.check(step, wf, self.workflows, view, self.scheduler.cordoned())
+        hold = self.gate.check(step, wf, self.workflows, view)
         if hold is None:
             wf.held = ""
             return False
@@ -283,7 +284,7 @@ class RepairController:
             self._move(wf, Health.CORDONED, seen.reason)
         else:  # nothing wrong any more: validate it back into service
             wf.ladder, wf.step = [], 0
-            self._start_validation(wf, "adopted after a restart", now, force=True)
+            self._validating(wf, "adopted after a restart", now)
 
     def _handed_over(self, wf: Workflow, reason: str, now: int, audit_reason: str) -> None:
         """A person has the node: stop, close any incident as theirs, keep hands off."""
@@ -339,8 +340,7 @@ class RepairController:
         self._move(wf, Health.CORDONED, reason)
 
     async def _drain(self, wf: Workflow, view: SchedulerView, now: int) -> None:
-        if self._held(wf, Step.DRAIN, view, now, "move workloads off"):
-            return
+        """One drain check; the rails were asked by the caller."""
         try:
             progress = await self.backend.drain(wf.node)
         except BackendError as exc:
@@ -369,7 +369,7 @@ class RepairController:
         key = f"{wf.incident_id}:{wf.step}:{step}"
         outcome = self.state.action_outcome(key)
         if outcome is None:
-            target = f"GPU(s) {', '.join(map(str, wf.gpus))}" if step is Step.RESET_GPU else wf.node
+            target = reset_target(wf) if step is Step.RESET_GPU else wf.node
             if self._held(wf, step, view, now, target):
                 return
             self.steps.begin(wf, step, key, snap, now)
@@ -396,11 +396,11 @@ class RepairController:
             return
         self._start_validation(wf, f"{step} done", now, view)
 
-    def _start_validation(
-        self, wf: Workflow, why: str, now: int, view: SchedulerView | None = None, force: bool = False
-    ) -> None:
-        if not force and self._held(wf, Step.VALIDATE, view or SchedulerView(), now, why):
-            return
+    def _start_validation(self, wf: Workflow, why: str, now: int, view: SchedulerView) -> None:
+        if not self._held(wf, Step.VALIDATE, view, now, why):
+            self._validating(wf, why, now)
+
+    def _validating(self, wf: Workflow, why: str, now: int) -> None:
         wf.validate_since_ns = now
         self._move(
             wf,

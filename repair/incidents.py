@@ -132,6 +132,10 @@ class IncidentDesk:
         )
 
     def breaker_tripped(self, reason: str, now: int) -> None:
+        self._state.audit(AuditRecord(now, AUTOMATION, "", "breaker_trip", reason, "ok", ""))
+        log.error(
+            "circuit breaker tripped: %s; all automatic action halted until `gpufleet breaker reset`", reason
+        )
         self._on_action("", "breaker_trip", "ok")
         self.alerts.breaker(
             Alert("breaker", "firing", "", "tripped", "critical", f"repair breaker tripped: {reason}", now)

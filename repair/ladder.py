@@ -31,6 +31,11 @@ class Hooks:
     timeout_s: float = 600.0
 
 
+def reset_target(wf: Workflow) -> str:
+    """What a GPU reset step is about, as the audit log says it ("GPU(s) 2, 6")."""
+    return f"GPU(s) {', '.join(map(str, wf.gpus))}"
+
+
 @dataclass
 class _Pending:
     """A reset command in flight: GPU index → outcome (None until the collector answers)."""
@@ -104,7 +109,7 @@ class StepRunner:
             return
         uuids = {i: g.uuid for i, g in (snap.gpus.items() if snap else [])}
         self._state.begin_action(key)  # before sending: a restart must not send it again
-        self._desk.audit(wf, Step.RESET_GPU, f"GPU(s) {', '.join(map(str, wf.gpus))}", "started", now)
+        self._desk.audit(wf, Step.RESET_GPU, reset_target(wf), "started", now)
         pending = self._pending[key] = _Pending()
         for gpu in wf.gpus:
             command = ingest_pb2.Command(
@@ -114,7 +119,7 @@ class StepRunner:
             )
             sent = self._send_command(wf.node, command)
             pending.results[gpu] = None if sent else "failed: the node's collector is not connected"
-        wf.detail = f"resetting GPU(s) {', '.join(map(str, wf.gpus))}"
+        wf.detail = f"resetting {reset_target(wf)}"
         self.check_running(wf, Step.RESET_GPU, key, now)
 
     def check_running(self, wf: Workflow, step: Step, key: str, now: int) -> None:
@@ -138,5 +143,5 @@ class StepRunner:
             failed = [f"GPU {g}: {r}" for g, r in results.items() if r != "ok"]
             outcome = f"failed: {'; '.join(failed)}" if failed else "ok"
         self._state.finish_action(key, outcome)
-        self._desk.audit(wf, Step.RESET_GPU, f"GPU(s) {', '.join(map(str, wf.gpus))}", outcome[:300], now)
+        self._desk.audit(wf, Step.RESET_GPU, reset_target(wf), outcome[:300], now)
         self._pending.pop(key, None)

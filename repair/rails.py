@@ -16,15 +16,13 @@ scheduler's view, and by the backend right before it acts (repair/backends/base.
 from __future__ import annotations
 
 import json
-import logging
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from enum import StrEnum
 
-from gpufleet.repair.health import BY_AUTOMATION, OUT_OF_SERVICE, SCHEDULER_STEPS, Health, Step
-from gpufleet.repair.state import AuditRecord, RepairState, Workflow
-
-log = logging.getLogger("gpufleet.repair.rails")
+from gpufleet.repair.health import OUT_OF_SERVICE, SCHEDULER_STEPS, Health, Step
+from gpufleet.repair.state import RepairState, Workflow
 
 
 @dataclass
@@ -90,10 +88,6 @@ class Breaker:
         )
         self.tripped, self.reason, self.since_ns = True, reason, now
         self._save()
-        self._state.audit(AuditRecord(now, "automation", "", "breaker_trip", reason, "ok", ""))
-        log.error(
-            "circuit breaker tripped: %s; all automatic action halted until `gpufleet breaker reset`", reason
-        )
         return reason
 
     def reset(self, now: int) -> str:
@@ -126,9 +120,15 @@ class SchedulerView:
 
 
 class Gate:
-    def __init__(self, rails: Rails, breaker: Breaker) -> None:
+    def __init__(
+        self, rails: Rails, breaker: Breaker, cordoned_in_scheduler: Callable[[], frozenset[str]]
+    ) -> None:
+        """cordoned_in_scheduler: nodes the scheduler last showed cordoned (by anyone), counted
+        out of service whatever our records say (a process killed between its cordon and its
+        record of it); asked only when a cordon is checked against the cap."""
         self.rails = rails
         self.breaker = breaker
+        self._cordoned_in_scheduler = cordoned_in_scheduler
         self.fleet_size = 0
 
     def cap(self) -> int:
@@ -136,16 +136,9 @@ class Gate:
         return max(1, min(self.rails.max_out_of_service, by_fraction))
 
     def check(
-        self,
-        step: Step,
-        wf: Workflow,
-        workflows: dict[str, Workflow],
-        view: SchedulerView,
-        cordoned_in_scheduler: frozenset[str] = frozenset(),
+        self, step: Step, wf: Workflow, workflows: dict[str, Workflow], view: SchedulerView
     ) -> Hold | None:
-        """None to go ahead, else what holds the step back. cordoned_in_scheduler: nodes the
-        scheduler shows cordoned (by anyone), counted out of service whatever our records say
-        (a process killed between its cordon and its record of it)."""
+        """None to go ahead, else what holds the step back."""
         if self.breaker.tripped:
             return Hold(HoldKind.BREAKER, "breaker tripped (`gpufleet breaker reset`)")
         if self.rails.dry_run:
@@ -154,9 +147,10 @@ class Gate:
             return Hold(HoldKind.SCHEDULER, f"the scheduler cannot be read: {view.error[:300]}")
         if step is Step.CORDON:
             out_nodes = {w.node for w in workflows.values() if w.state in OUT_OF_SERVICE}
-            out = len((out_nodes | cordoned_in_scheduler) - {wf.node})
-            if out >= self.cap():
-                return Hold(HoldKind.CAP, f"{out} nodes are out of service, the cap is {self.cap()}")
+            out = len((out_nodes | self._cordoned_in_scheduler()) - {wf.node})
+            cap = self.cap()
+            if out >= cap:
+                return Hold(HoldKind.CAP, f"{out} nodes are out of service, the cap is {cap}")
         if (
             step is Step.DRAIN
             and wf.state != Health.DRAINING
@@ -164,7 +158,3 @@ class Gate:
         ):
             return Hold(HoldKind.DRAIN_SLOT, "waiting for the drain slot (one drain at a time)")
         return None
-
-
-def out_by_automation(workflows: dict[str, Workflow]) -> int:
-    return sum(1 for w in workflows.values() if w.state in BY_AUTOMATION)

@@ -247,11 +247,6 @@ class RepairState:
             self._db.execute("SELECT seq, sink, body FROM alert_outbox WHERE outcome IS NULL ORDER BY seq")
         )
 
-    def alert_deliveries(self, key: str = "") -> list[tuple[str, str, str]]:
-        """(sink, outcome, body) of every alert queued, in order (for `gpufleet` and tests)."""
-        rows = self._db.execute("SELECT sink, COALESCE(outcome, ''), body FROM alert_outbox ORDER BY seq")
-        return [r for r in rows if not key or json.loads(r[2]).get("key") == key]
-
     # --- small values (the breaker) -----------------------------------------------------
     def get(self, key: str) -> str | None:
         row = self._db.execute("SELECT value FROM meta WHERE key = ?", (key,)).fetchone()

@@ -72,26 +72,31 @@ class AlertDispatcher:
         self._waiting: dict[str, Alert] = {}  # first alerts in their group wait
         self._held: dict[str, Alert] = {}  # held while the breaker is tripped
         self._breaker_tripped = False
-        self.restored_waiting: list[str] = []
         for key, status, body in store.alert_identities() if store else []:
             if status == "sent":
                 self._sent_keys.add(key)
             elif status == "held":
                 self._held[key] = _alert(body)
             else:
-                self._waiting[key] = _alert(body)
-                self.restored_waiting.append(key)
+                self._waiting[key] = _alert(body)  # its group wait starts again at start()
 
     def restore_breaker(self, tripped: bool) -> None:
         """The breaker as the repair state says it stands (after a restart)."""
         self._breaker_tripped = tripped
         if tripped:
-            for key in list(self._waiting):
-                self._hold(key, self._waiting.pop(key))
+            self._hold_waiting()
 
-    def _remember(self, key: str, status: str, alert: Alert) -> None:
+    def _remember(self, key: str, status: str, alert: Alert, body: str = "") -> None:
         if self._store is not None:
-            self._store.put_alert_identity(key, status, _body(alert))
+            self._store.put_alert_identity(key, status, body or _body(alert))
+
+    def _forget(self, key: str) -> None:
+        if self._store is not None:
+            self._store.drop_alert_identity(key)
+
+    def _hold_waiting(self) -> None:
+        for key in list(self._waiting):
+            self._hold(key, self._waiting.pop(key))
 
     def _hold(self, key: str, alert: Alert) -> None:
         self._held[key] = alert
@@ -109,15 +114,15 @@ class AlertDispatcher:
 
             self._workers.append(spawn(f"alerts-{sink.name}", body) if spawn else asyncio.create_task(body()))
         # What an earlier process queued and did not deliver goes first, in order.
-        for seq, sink_name, body_text in self._store.queued_alerts() if self._store else []:
+        store = self._store
+        for seq, sink_name, body_text in store.queued_alerts() if store else []:
             if sink_name in self._queues:
                 self._queues[sink_name].put_nowait((seq, _alert(body_text)))
-            else:  # the sink was removed from the configuration meanwhile
-                self._store.finish_alert(seq, "dropped: the sink is no longer configured")  # type: ignore[union-attr]
+            elif store is not None:  # the sink was removed from the configuration meanwhile
+                store.finish_alert(seq, "dropped: the sink is no longer configured")
         loop = asyncio.get_running_loop()
-        for key in self.restored_waiting:
+        for key in list(self._waiting):  # restored ones (a second flush of a key is a no-op)
             loop.call_later(self._group_wait_s, self._flush, key)
-        self.restored_waiting = []
 
     async def close(self) -> None:
         for task in self._workers:
@@ -154,15 +159,14 @@ class AlertDispatcher:
             self._hold(key, alert)
         elif alert.status != "resolved":
             self._send(alert)
-        elif self._store is not None:
-            self._store.drop_alert_identity(key)  # resolved within its group wait: never told
+        else:
+            self._forget(key)  # resolved within its group wait: never told
 
     def breaker(self, alert: Alert) -> None:
         """The breaker tripped (alert.status firing) or was reset (resolved)."""
         if alert.status == "firing":
             self._breaker_tripped = True
-            for key in list(self._waiting):
-                self._hold(key, self._waiting.pop(key))
+            self._hold_waiting()
             alert.details["held_incidents"] = {k: a.node for k, a in self._held.items()}
             self._send(alert)
             return
@@ -172,8 +176,8 @@ class AlertDispatcher:
         for key, held_alert in held.items():
             if held_alert.status != "resolved":
                 self._send(held_alert)
-            elif self._store is not None:
-                self._store.drop_alert_identity(key)
+            else:
+                self._forget(key)
 
     def _send(self, alert: Alert) -> None:
         body = _body(alert)
@@ -181,12 +185,10 @@ class AlertDispatcher:
             # Its last word: the identity is done once this is queued (it is kept in the outbox
             # until delivered). A later "firing" with the same key starts afresh.
             self._sent_keys.discard(alert.key)
-            if self._store is not None:
-                self._store.drop_alert_identity(alert.key)
+            self._forget(alert.key)
         else:
             self._sent_keys.add(alert.key)
-            if self._store is not None:
-                self._store.put_alert_identity(alert.key, "sent", body)
+            self._remember(alert.key, "sent", alert, body)
         for name, queue in self._queues.items():
             seq = self._store.queue_alert(name, body) if self._store else 0
             queue.put_nowait((seq, alert))

@@ -10,7 +10,12 @@ AUTOMATION_PREFIX = "gpufleet:"
 
 
 class BackendError(Exception):
-    """The scheduler refused or could not be reached; the message says which and why."""
+    """The scheduler refused or could not be reached; the message says which and why.
+    status: the API's HTTP status where there is one (Kubernetes), else 0."""
+
+    def __init__(self, message: str, status: int = 0) -> None:
+        super().__init__(message)
+        self.status = status
 
 
 class NotOurs(BackendError):

@@ -77,11 +77,9 @@ class KubernetesBackend(Backend):
         try:
             return await asyncio.to_thread(fn, *args, _request_timeout=self._timeout_s, **kwargs)
         except self._k8s.client.exceptions.ApiException as exc:
-            error = BackendError(
-                f"Kubernetes {what}: HTTP {exc.status} {exc.reason}: {(exc.body or '')[:300]}"
-            )
-            error.status = exc.status  # type: ignore[attr-defined]
-            raise error from exc
+            raise BackendError(
+                f"Kubernetes {what}: HTTP {exc.status} {exc.reason}: {(exc.body or '')[:300]}", exc.status
+            ) from exc
         except Exception as exc:  # urllib3 connection errors and the like
             raise BackendError(f"Kubernetes {what}: {exc}") from exc
 
@@ -104,7 +102,7 @@ class KubernetesBackend(Backend):
                 try:
                     listed.append(await self._call(f"get node {name}", self._core.read_node, name))
                 except BackendError as exc:
-                    if getattr(exc, "status", 0) != 404:
+                    if exc.status != 404:
                         raise
         wanted = set(nodes)
         return {n.metadata.name: self._seen(n) for n in listed if n.metadata.name in wanted}
@@ -122,7 +120,7 @@ class KubernetesBackend(Backend):
                 await self._call(f"patch node {node}", self._core.patch_node, node, body)
                 return
             except BackendError as exc:
-                if getattr(exc, "status", 0) != 409 or attempt == CONFLICT_RETRIES - 1:
+                if exc.status != 409 or attempt == CONFLICT_RETRIES - 1:
                     raise
         raise BackendError(f"node {node} kept changing under gpufleet: {CONFLICT_RETRIES} conflicts")
 
@@ -199,10 +197,9 @@ class KubernetesBackend(Backend):
                 )
                 evicted += 1
             except BackendError as exc:
-                status = getattr(exc, "status", 0)
-                if status == 404:
+                if exc.status == 404:
                     continue  # already gone
-                if status == 429:
+                if exc.status == 429:
                     blocked.append(f"{pod.metadata.namespace}/{pod.metadata.name}")
                     continue  # a PodDisruptionBudget says not now: try again next pass
                 raise
