@@ -7,6 +7,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from gpufleet.aggregator.store import Store, open_store
+
 
 def _setting(default: Any, help_text: str) -> Any:
     return field(default=default, metadata={"help": help_text})
@@ -51,6 +53,11 @@ class AggregatorConfig:
     )
     max_clock_skew_s: float = _setting(300.0, "how far ahead of the aggregator's clock a report may be")
     hello_timeout_s: float = _setting(30.0, "a collector stream that sends no hello within this is refused")
+    ingest_workers: int = _setting(
+        0,
+        "processes that decode, validate and store reports (0: the main process does it; N: N "
+        "worker processes beside it, for more than one core; a node's reports always go to one)",
+    )
     ack_watchdog_s: float = _setting(
         30.0,
         "an accepted report waiting longer than this for its ack makes the aggregator unhealthy "
@@ -148,6 +155,10 @@ class AggregatorConfig:
             raise ValueError(f"max_report_bytes={self.max_report_bytes} must be at least 1024")
         if not 0.1 <= self.hello_timeout_s <= 600:
             raise ValueError(f"hello_timeout_s={self.hello_timeout_s:g} must be between 0.1 and 600")
+        if not 0 <= self.ingest_workers <= 64:
+            raise ValueError(
+                f"ingest_workers={self.ingest_workers} must be between 0 (in the main process) and 64"
+            )
         if not 1 <= self.ack_watchdog_s <= 3600:
             raise ValueError(f"ack_watchdog_s={self.ack_watchdog_s:g} must be between 1 and 3600")
         modes = self.collector_auth_modes
@@ -184,6 +195,21 @@ class AggregatorConfig:
             )
         if self.repair_backend == "hook" and not (self.repair_hook_cordon and self.repair_hook_uncordon):
             raise ValueError("repair_backend=hook needs repair_hook_cordon and repair_hook_uncordon")
+
+    def open_store(self) -> Store:
+        """The history store these settings name (the main process and each ingest worker)."""
+        return open_store(
+            self.store,
+            self.data_path,
+            self.retention_s,
+            rollup_retention={"_1m": self.rollup_1m_retention_s, "_1h": self.rollup_1h_retention_s},
+            # The influx_* settings are the InfluxDB store's; no other store takes them.
+            **(
+                {k: getattr(self, k) for k in vars(self) if k.startswith("influx_")}
+                if self.store == "influxdb"
+                else {}
+            ),
+        )
 
     @property
     def collector_auth_modes(self) -> set[str]:

@@ -137,6 +137,11 @@ class FleetState:
             return vocabulary_pb2.LIVENESS_STALE
         return vocabulary_pb2.LIVENESS_REPORTING
 
+    def liveness_by_node(self) -> dict[str, int]:
+        """Every known node's liveness now (what the repair controller compares tick to tick)."""
+        now_ns = time.time_ns()
+        return {node: self.liveness(live, now_ns) for node, live in self.nodes.items()}
+
     def summary(self, live: NodeLive, now_ns: int | None = None) -> fleet_pb2.NodeSummary:
         now_ns = now_ns or time.time_ns()
         return fleet_pb2.NodeSummary(

@@ -26,6 +26,7 @@ from gpufleet.aggregator.metrics import AggregatorMetrics
 from gpufleet.aggregator.store import StoreError
 from gpufleet.aggregator.store.base import PointsRefused
 from gpufleet.aggregator.validation import Checker, Rejection
+from gpufleet.aggregator.workers import WorkerPool
 from gpufleet.aggregator.writer import GroupCommitWriter
 from gpufleet.protos import ingest_pb2, telemetry_pb2
 
@@ -62,6 +63,7 @@ class _Session:
     hello: ingest_pb2.Hello
     peer: str
     out: asyncio.Queue[ingest_pb2.AggregatorMessage | _End | None]
+    stream_id: int = 0  # this stream's number, as the ingest workers know it
     last_message_monotonic: float = field(default_factory=time.monotonic)
     inflight: int = 0  # reports submitted to the writer, not yet durable
     drained: asyncio.Event = field(default_factory=asyncio.Event)  # set when inflight is 0
@@ -85,6 +87,7 @@ class IngestService:
         metrics: AggregatorMetrics,
         limits: IngestLimits,
         fanout: Fanout,
+        pool: WorkerPool | None = None,
     ) -> None:
         self._auth = auth
         self._writer = writer
@@ -96,6 +99,10 @@ class IngestService:
         # Told of every durable report and every command result, from its own task: the fleet
         # view, the health watch and the repair controller never run on the ack path.
         self.fanout = fanout
+        # With ingest workers, each report's checks and its store write happen in a worker
+        # process (aggregator/workers.py); this process keeps the streams.
+        self._pool = pool
+        self._next_stream_id = 0
 
     @property
     def streams_open(self) -> int:
@@ -191,8 +198,13 @@ class IngestService:
             existing.out.put_nowait(
                 _End(grpc.StatusCode.ABORTED, "superseded by a newer stream for this node")
             )
-        session = _Session(hello=hello, peer=context.peer(), out=asyncio.Queue())
+        self._next_stream_id += 1
+        session = _Session(
+            hello=hello, peer=context.peer(), out=asyncio.Queue(), stream_id=self._next_stream_id
+        )
         self._streams[hello.node] = session
+        if self._pool is not None:
+            self._pool.open_stream(session.stream_id, hello)
         self._fleet.on_hello(hello)
         return session
 
@@ -234,6 +246,8 @@ class IngestService:
             reader.cancel()
             await asyncio.gather(reader, return_exceptions=True)
             session.closed = True
+            if self._pool is not None:
+                self._pool.close_stream(session.stream_id)
             self._metrics.streams_open.dec()
             if self._streams.get(node) is session:
                 del self._streams[node]
@@ -329,6 +343,17 @@ class IngestService:
             )
 
     async def _accept(self, session: _Session, report: telemetry_pb2.NodeReport) -> None:
+        if self._pool is not None:
+            if not self._pool.has_room:
+                await self._pool.wait_for_room()
+            session.inflight += 1
+            self._pool.submit(
+                session.stream_id,
+                session.hello.node,
+                report.SerializeToString(),
+                lambda error: self._durable(session, report, error),
+            )
+            return
         try:
             points = self._checker.check_report(report, session.hello)
         except Rejection as r:
@@ -339,12 +364,18 @@ class IngestService:
         session.inflight += 1
         self._writer.submit(points, lambda error: self._durable(session, report, error))
 
-    def _durable(self, session: _Session, report: telemetry_pb2.NodeReport, error: StoreError | None) -> None:
-        """Called by the writer once the report is durable (error None) or could not be made so.
-        Only acknowledges: the listeners get the report through the fanout's queue."""
+    def _durable(
+        self, session: _Session, report: telemetry_pb2.NodeReport, error: StoreError | Rejection | None
+    ) -> None:
+        """Called by the writer (or an ingest worker) once the report is durable (error None),
+        refused (a Rejection from a worker's checks, or PointsRefused) or could not be made
+        durable. Only acknowledges: the listeners get the report through the fanout's queue."""
         session.inflight -= 1
         if not session.inflight:
             session.drained.set()
+        if isinstance(error, Rejection):
+            self._reject(session, report.seq, error)
+            return
         if isinstance(error, PointsRefused):
             self._reject(
                 session,

@@ -3,6 +3,7 @@ down the ingest streams, the backend, alert sinks and metrics from the configura
 
 from __future__ import annotations
 
+import operator
 import time
 
 from prometheus_client import Counter, Gauge
@@ -55,13 +56,13 @@ class HealthWatch:
     def __init__(self, controller: RepairController) -> None:
         self._controller = controller
         self._last: dict[str, tuple[object, ...]] = {}
+        # One C call per GPU for every watched field (an absent field reads as its default: a
+        # field going absent is seen at the next full pass, not at its report).
+        self._fingerprint = operator.attrgetter("index", "lost", *self.FIELDS)
 
     def on_report(self, report: telemetry_pb2.NodeReport) -> None:
         if report.gpus:
-            fingerprint = tuple(
-                (g.index, g.lost, *(getattr(g, f) if g.HasField(f) else None for f in self.FIELDS))
-                for g in report.gpus
-            )
+            fingerprint = tuple(map(self._fingerprint, report.gpus))
             changed = self._last.get(report.node) != fingerprint
             self._last[report.node] = fingerprint
         else:
@@ -126,6 +127,7 @@ def build_controller(
             action=action, outcome=outcome.split(":")[0]
         ).inc(),
         observe_interval_s=config.repair_observe_interval_s,
+        liveness=fleet.liveness_by_node,
     )
     ingest.fanout.on_command_result("repair", controller.on_command_result)
     health_watch = HealthWatch(controller)

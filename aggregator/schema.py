@@ -10,9 +10,10 @@ Tags hold only bounded values (no PIDs, no free text).
 
 from __future__ import annotations
 
+import operator
 from dataclasses import dataclass
 
-from gpufleet.aggregator.store.base import Point
+from gpufleet.aggregator.store.base import FieldValue, Point, SharedTags
 from gpufleet.protos import telemetry_pb2, vocabulary_pb2
 
 
@@ -135,7 +136,12 @@ ENGINE_VALUE_FIELDS = [
 ]
 
 
+# What a GPU point's tags and its `lost` field are made of, with proto3's value for "not set".
+GPU_IDENTITY: tuple[tuple[str, object], ...] = (("index", 0), ("uuid", ""), ("model", ""), ("lost", False))
 _ENGINE_VALUES = frozenset(ENGINE_VALUE_FIELDS)
+# The collector's own counters, stored with every report (0 when the collector sent none).
+_STATS_NAMES = tuple(f.name for f in telemetry_pb2.CollectorStats.DESCRIPTOR.fields)
+_stats_values = operator.attrgetter(*_STATS_NAMES)
 _TAG_CACHE_MAX = 200_000
 
 
@@ -152,40 +158,41 @@ class PointConverter:
     object across reports (less to build per report; bounded, cleared when full)."""
 
     def __init__(self) -> None:
-        self._gpu_tags: dict[tuple[str, str, int, str, str], dict[str, str]] = {}
-
-    def _tags(self, node: str, cluster: str, gpu: telemetry_pb2.GpuSample) -> dict[str, str]:
-        key = (node, cluster, gpu.index, gpu.uuid, gpu.model)
-        tags = self._gpu_tags.get(key)
-        if tags is None:
-            if len(self._gpu_tags) >= _TAG_CACHE_MAX:
-                self._gpu_tags.clear()
-            tags = self._gpu_tags[key] = {
-                "node": node,
-                "gpu": str(gpu.index),
-                "uuid": gpu.uuid,
-                "model": gpu.model,
-                "cluster": cluster,
-            }
-        return tags
+        self._gpu_tags: dict[tuple[str, str, int, str, str], SharedTags] = {}
+        self._node_tags: dict[tuple[str, str], SharedTags] = {}
 
     def convert(
-        self, report: telemetry_pb2.NodeReport, gpu_values: list[dict[str, float | int | str | bool]]
+        self, report: telemetry_pb2.NodeReport, gpu_rows: list[tuple[dict[str, FieldValue], tuple]]
     ) -> list[Point]:
-        """The points a checked report is stored as; gpu_values holds each GPU sample's
-        measurement fields as the check copied them. Absent fields stay absent."""
+        """The points a checked report is stored as; gpu_rows holds each GPU sample's
+        measurement fields as the check copied them and its GPU_IDENTITY values. Absent
+        fields stay absent."""
         ts = report.time_unix_ns
         node, cluster = report.node, report.cluster
         points: list[Point] = []
-        for gpu, fields in zip(report.gpus, gpu_values, strict=True):
-            fields["lost"] = gpu.lost
-            points.append(Point("gpu", self._tags(node, cluster, gpu), fields, ts))
-        points.extend(_engine_event_collector_points(report, node, cluster, ts))
+        cache = self._gpu_tags
+        for fields, (index, uuid, model, lost) in gpu_rows:
+            fields["lost"] = lost
+            key = (node, cluster, index, uuid, model)
+            tags = cache.get(key)
+            if tags is None:
+                if len(cache) >= _TAG_CACHE_MAX:
+                    cache.clear()
+                tags = cache[key] = SharedTags(
+                    node=node, gpu=str(index), uuid=uuid, model=model, cluster=cluster
+                )
+            points.append(Point("gpu", tags, fields, ts))
+        node_tags = self._node_tags.get((node, cluster))
+        if node_tags is None:
+            if len(self._node_tags) >= _TAG_CACHE_MAX:
+                self._node_tags.clear()
+            node_tags = self._node_tags[(node, cluster)] = SharedTags(node=node, cluster=cluster)
+        points.extend(_engine_event_collector_points(report, node, cluster, ts, node_tags))
         return points
 
 
 def _engine_event_collector_points(
-    report: telemetry_pb2.NodeReport, node: str, cluster: str, ts: int
+    report: telemetry_pb2.NodeReport, node: str, cluster: str, ts: int, node_tags: SharedTags
 ) -> list[Point]:
     points: list[Point] = []
     for eng in report.engines:
@@ -226,29 +233,12 @@ def _engine_event_collector_points(
             event_ts += 1
         taken.add((key, event_ts))
         points.append(Point("event", tags, fields, event_ts))
-    stats = report.stats
-    points.append(
-        Point(
-            "collector",
-            {"node": node, "cluster": cluster},
-            {
-                "seq": report.seq,
-                "boot_id": report.boot_id,
-                "interval_s": report.interval_s,
-                "reports_dropped_total": stats.reports_dropped_total,
-                "reports_rejected_total": stats.reports_rejected_total,
-                "unacked_reports": stats.unacked_reports,
-                "reconnects_total": stats.reconnects_total,
-                "sample_errors_total": stats.sample_errors_total,
-                "sample_duration_s": stats.sample_duration_s,
-                "kmsg_lines_unparsed_total": stats.kmsg_lines_unparsed_total,
-                "xid_unknown_gpu_total": stats.xid_unknown_gpu_total,
-                "xid_duplicates_total": stats.xid_duplicates_total,
-                "engine_scrapes_failed_total": stats.engine_scrapes_failed_total,
-                # An event-only report (XIDs pushed between ticks) says nothing of the GPU count.
-                **({"gpu_count": len(report.gpus)} if report.gpus else {}),
-            },
-            ts,
-        )
-    )
+    fields = dict(zip(_STATS_NAMES, _stats_values(report.stats), strict=True))
+    fields["seq"] = report.seq
+    fields["boot_id"] = report.boot_id
+    fields["interval_s"] = report.interval_s
+    # An event-only report (XIDs pushed between ticks) says nothing of the GPU count.
+    if report.gpus:
+        fields["gpu_count"] = len(report.gpus)
+    points.append(Point("collector", node_tags, fields, ts))
     return points

@@ -26,9 +26,10 @@ from gpufleet.aggregator.http_endpoints import serve as serve_http
 from gpufleet.aggregator.ingest import IngestLimits, IngestService
 from gpufleet.aggregator.metrics import AggregatorMetrics
 from gpufleet.aggregator.repair_wiring import build_controller
-from gpufleet.aggregator.spool import Spool
-from gpufleet.aggregator.store import Store, StoreError, open_store
+from gpufleet.aggregator.spool import Spool, adopt_orphans
+from gpufleet.aggregator.store import Store, StoreError
 from gpufleet.aggregator.supervise import Supervisor
+from gpufleet.aggregator.workers import WorkerPool
 from gpufleet.aggregator.writer import GroupCommitWriter
 from gpufleet.protos import fleet_pb2, fleet_pb2_grpc
 
@@ -81,23 +82,22 @@ class Aggregator:
         self.metrics = AggregatorMetrics()
         self.supervisor = Supervisor(self.metrics.registry)
         self.auth = Authenticator.from_file(config.secrets_path)
-        self.store: Store = open_store(
-            config.store,
-            config.data_path,
-            config.retention_s,
-            rollup_retention={"_1m": config.rollup_1m_retention_s, "_1h": config.rollup_1h_retention_s},
-            # The influx_* settings are the InfluxDB store's; no other store takes them.
-            **(
-                {k: getattr(config, k) for k in vars(config) if k.startswith("influx_")}
-                if config.store == "influxdb"
-                else {}
-            ),
-        )
+        self.store: Store = config.open_store()
         self.fleet = FleetState(config.stale_after_intervals, config.silent_after_intervals)
         self._restored = self._restore()
         self.spool = Spool(config.data_path / "spool", config.spool_max_bytes, config.spool_warn_ratio)
+        # Batches spooled by ingest workers that this configuration no longer runs drain from here.
+        adopt_orphans(config.data_path, config.ingest_workers, self.spool)
         self.metrics.watch_spool(self.spool, self.store)
         self.writer = GroupCommitWriter(self.store, self.metrics, self.spool)
+        self.pool = (
+            WorkerPool(config, self.metrics, logging.getLevelName(logging.getLogger().getEffectiveLevel()))
+            if config.ingest_workers
+            else None
+        )
+        # Who makes reports durable: the worker processes, or this process's writer. The
+        # watchdog and the status read it the same way.
+        self.sink: GroupCommitWriter | WorkerPool = self.pool or self.writer
         self.fanout = Fanout(self.metrics)
         self.fanout.on_report("fleet_view", self.fleet.on_report)
         self.ingest = IngestService(
@@ -109,6 +109,7 @@ class Aggregator:
                 config.max_report_bytes, config.retention_s, config.max_clock_skew_s, config.hello_timeout_s
             ),
             self.fanout,
+            self.pool,
         )
         self.repair, self.alerts, self.repair_state = build_controller(
             config, self.fleet, self.ingest, self.metrics
@@ -121,6 +122,7 @@ class Aggregator:
         self._tasks: dict[str, asyncio.Task[None]] = {}  # watched: one that ends is unhealthy
         self._loops: list[asyncio.Task[None]] = []
         self._stopping = False
+        self._started = False
 
     def _collector_auth(self, config: AggregatorConfig) -> CollectorAuth:
         modes = config.collector_auth_modes
@@ -172,9 +174,9 @@ class Aggregator:
         """The watchdog: why this aggregator should not be sent collectors now (empty: healthy).
         Read by /ready, GetStatus, `gpufleet status` and the dashboard."""
         reasons = []
-        if self.writer.not_acking:
-            reasons.append(f"not acknowledging reports: {self.writer.not_acking}")
-        waited = self.writer.oldest_waiting_s()
+        if self.sink.not_acking:
+            reasons.append(f"not acknowledging reports: {self.sink.not_acking}")
+        waited = self.sink.oldest_waiting_s()
         if waited > self.config.ack_watchdog_s:
             reasons.append(
                 f"an accepted report has waited {waited:.0f} s for its ack "
@@ -183,6 +185,8 @@ class Aggregator:
         lag = self.fanout.lag_s()
         if lag > self.config.ack_watchdog_s:
             reasons.append(f"the fleet view and repair listeners are {lag:.0f} s behind the acks")
+        if self.pool is not None and self._started:
+            reasons += self.pool.not_running()
         reasons += self.supervisor.looping()
         for name, task in self._tasks.items():
             if task.done() and not self._stopping:
@@ -191,16 +195,22 @@ class Aggregator:
 
     def status(self) -> fleet_pb2.AggregatorStatus:
         spool = self.spool.status()
+        batches, size, points = spool.batches, spool.bytes, spool.points
+        if self.pool is not None:  # the workers' spools too
+            more = self.pool.spool_totals()
+            batches, size, points = batches + more[0], size + more[1], points + more[2]
         reasons = self.unhealthy()
+        not_acking = self.sink.not_acking
+        store_error = self.sink.store_error or self.writer.store_error
         return fleet_pb2.AggregatorStatus(
             version=gpufleet.__version__,
             store=self.config.store,
-            store_ok=spool.batches == 0 and not self.writer.not_acking,
-            store_error=self.writer.not_acking or (self.writer.store_error if spool.batches else ""),
+            store_ok=batches == 0 and not not_acking,
+            store_error=not_acking or (store_error if batches else ""),
             spool=fleet_pb2.SpoolStatus(
-                bytes=spool.bytes,
-                batches=spool.batches,
-                points=spool.points,
+                bytes=size,
+                batches=batches,
+                points=points,
                 oldest_age_s=spool.oldest_age_s,
                 drain_points_per_s=spool.drain_points_per_s,
                 drained_points_total=spool.drained_points_total,
@@ -211,26 +221,31 @@ class Aggregator:
                 quarantined_points=spool.quarantined_points,
                 quarantine_dir=spool.quarantine_dir,
             ),
-            store_points_dropped_total=self.store.points_dropped_total,
+            store_points_dropped_total=self.store.points_dropped_total
+            + (self.pool.points_dropped_total if self.pool else 0),
             nodes=len(self.fleet.nodes),
             streams_open=self.ingest.streams_open,
             healthy=not reasons,
             unhealthy_reasons=reasons,
-            acknowledging=not self.writer.not_acking,
-            not_acknowledging_reason=self.writer.not_acking,
-            oldest_unacked_s=self.writer.oldest_waiting_s(),
+            acknowledging=not not_acking,
+            not_acknowledging_reason=not_acking,
+            oldest_unacked_s=self.sink.oldest_waiting_s(),
             tasks=[
                 fleet_pb2.TaskStatus(name=r.name, restarts_total=r.restarts_total, last_error=r.last_error)
                 for r in self.supervisor.records.values()
             ],
-            store_refused_reports_total=self.writer.refused_reports_total,
+            store_refused_reports_total=self.sink.refused_reports_total,
             listener_errors_total=self.fanout.errors_total,
             listener_reports_dropped_total=self.fanout.dropped_total,
         )
 
     async def start(self) -> Bound:
-        self.writer.start(self.supervisor)
+        self.writer.start(self.supervisor)  # with workers too: it drains this process's spool
+        if self.pool is not None:
+            for task in self.pool.start(self.supervisor):
+                self._tasks[task.get_name()] = task
         self._tasks["fanout"] = self.supervisor.start("fanout", self.fanout.run)
+        self._started = True
         self.alerts.start(self.supervisor.start)
         ingest_server = grpc.aio.server(options=SERVER_OPTIONS)
         ingest_server.add_generic_rpc_handlers((self.ingest.handler(),))
@@ -304,6 +319,8 @@ class Aggregator:
     async def stop(self, grace_s: float = 5.0) -> None:
         self._stopping = True
         await asyncio.gather(*(s.stop(grace_s) for s in self._servers))
+        if self.pool is not None:
+            await self.pool.close()
         await self.writer.close()
         await self.supervisor.stop()
         await self.alerts.close()

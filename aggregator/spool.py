@@ -270,3 +270,41 @@ def _write_durably(path: Path, data: bytes) -> None:
         os.fsync(dir_fd)  # the rename itself survives a power cut
     finally:
         os.close(dir_fd)
+
+
+def adopt_orphans(data_path: Path, workers: int, into: Spool) -> int:
+    """Move what the spools of ingest workers that no longer exist hold (ingest_workers was
+    lowered, or set to 0) into `into`, oldest first: each batch is made durable there before it
+    is removed from the old spool, so a crash in between replays it (writes are idempotent).
+    Returns how many batches moved; an unreadable batch is left where it is, logged."""
+    moved = 0
+    for directory in sorted(data_path.glob("spool-worker-*")):
+        suffix = directory.name.removeprefix("spool-worker-")
+        if not suffix.isdigit() or int(suffix) < workers or not directory.is_dir():
+            continue
+        orphan = Spool(directory, 1 << 62)
+        while (oldest := _oldest_or_none(orphan, directory)) is not None:
+            n, points = oldest
+            try:
+                into.append(points)
+            except (SpoolFull, SpoolUnavailable) as exc:
+                log.error("cannot move spooled batches out of %s now (%s); they stay there", directory, exc)
+                return moved
+            orphan.remove(n)
+            moved += 1
+    if moved:
+        log.warning(
+            "moved %d spooled batches of ingest workers that no longer run into %s; they drain "
+            "to the store from there",
+            moved,
+            into.directory,
+        )
+    return moved
+
+
+def _oldest_or_none(spool: Spool, directory: Path) -> tuple[int, list[Point]] | None:
+    try:
+        return spool.oldest()
+    except Exception as exc:  # a segment that does not decode: left for a person to look at
+        log.error("cannot read a spooled batch in %s (%s); left there", directory, exc)
+        return None

@@ -12,7 +12,7 @@ import time
 
 import grpc
 
-from gpufleet.aggregator.schema import GPU_VALUE_FIELDS, PointConverter
+from gpufleet.aggregator.schema import GPU_IDENTITY, GPU_VALUE_FIELDS, PointConverter
 from gpufleet.aggregator.store import Point
 from gpufleet.aggregator.wire_rules import (
     INT64_MAX,
@@ -51,6 +51,8 @@ class Checker:
         self.retention_s = retention_s
         self.max_clock_skew_s = max_clock_skew_s
         self._wire = WireValidator()
+        # Each GPU sample: its stored values and (index, uuid, model, lost), checked in one pass.
+        self._gpu_values = self._wire.values_for(telemetry_pb2.GpuSample.DESCRIPTOR, GPU_VALUES, GPU_IDENTITY)
         self._converter = PointConverter()
 
     def check_message(self, msg: ingest_pb2.CollectorMessage, where: str) -> None:
@@ -90,13 +92,19 @@ class Checker:
             raise _invalid("gpu_index", f"{where} declares GPU indices {indices}: each at most once")
 
     def check_report(
-        self, report: telemetry_pb2.NodeReport, hello: ingest_pb2.Hello, now_ns: int | None = None
+        self,
+        report: telemetry_pb2.NodeReport,
+        hello: ingest_pb2.Hello,
+        now_ns: int | None = None,
+        size: int | None = None,
     ) -> list[Point]:
         """The points the report is stored as; Rejection if it must not be stored. Every GPU
-        sample's fields are checked and copied in one pass (this is the ingest hot path)."""
+        sample's fields are checked and copied in one pass (this is the ingest hot path).
+        size: the report's serialized size when the caller has its bytes (else computed)."""
         node = hello.node
         where = f"node {node!r}: report seq {report.seq}"
-        size = report.ByteSize()
+        if size is None:
+            size = report.ByteSize()
         if size > self.max_report_bytes:
             raise Rejection(
                 grpc.StatusCode.RESOURCE_EXHAUSTED,
@@ -130,34 +138,34 @@ class Checker:
             )
         if len(report.gpus) > MAX_GPUS_PER_NODE or not self._wire.ok(report, skip="gpus"):
             self._wire.check(report, where)
-        gpu_values = []
-        for gpu in report.gpus:
-            values = self._wire.values(gpu, GPU_VALUES)
-            if values is None:
-                self._wire.check(report, where)  # names the GPU, the field and the value
-            gpu_values.append(values)
+        gpu_rows = []
         gpu_count = len(hello.gpus)
-        seen: set[int] = set()
         for gpu in report.gpus:
-            if gpu.index >= gpu_count:
+            row = self._gpu_values(gpu)
+            if row is None:
+                self._wire.check(report, where)  # names the GPU, the field and the value
+                raise AssertionError("unreachable: check() raises when values() says no")
+            gpu_rows.append(row)
+            values = row[0]
+            if "hbm_used_bytes" in values and "hbm_total_bytes" in values:
+                used, total = values["hbm_used_bytes"], values["hbm_total_bytes"]
+                if used > total:
+                    raise _invalid(
+                        "bad_value",
+                        f"{where} GPU {row[1][0]} has hbm_used_bytes={used} above hbm_total_bytes={total}",
+                    )
+        if gpu_rows:
+            indices = [row[1][0] for row in gpu_rows]
+            if max(indices) >= gpu_count:
+                index = next(i for i in indices if i >= gpu_count)
                 raise _invalid(
                     "gpu_index",
-                    f"{where} has GPU index {gpu.index}; the node declared {gpu_count} GPU(s) "
+                    f"{where} has GPU index {index}; the node declared {gpu_count} GPU(s) "
                     f"(indices 0..{gpu_count - 1})",
                 )
-            if gpu.index in seen:
-                raise _invalid("gpu_index", f"{where} has GPU index {gpu.index} twice")
-            seen.add(gpu.index)
-            if (
-                gpu.HasField("hbm_used_bytes")
-                and gpu.HasField("hbm_total_bytes")
-                and (gpu.hbm_used_bytes > gpu.hbm_total_bytes)
-            ):
-                raise _invalid(
-                    "bad_value",
-                    f"{where} GPU {gpu.index} has hbm_used_bytes={gpu.hbm_used_bytes} above "
-                    f"hbm_total_bytes={gpu.hbm_total_bytes}",
-                )
+            if len(set(indices)) != len(indices):
+                twice = next(i for i in indices if indices.count(i) > 1)
+                raise _invalid("gpu_index", f"{where} has GPU index {twice} twice")
         engines: set[tuple[str, str, int]] = set()
         for eng in report.engines:
             key = (eng.engine, eng.model, eng.port)
@@ -180,7 +188,7 @@ class Checker:
                 raise _invalid(
                     "timestamp", self._time_message(where, "has an event at", ev.time_unix_ns, now_ns)
                 )
-        return self._converter.convert(report, gpu_values)  # type: ignore[arg-type]
+        return self._converter.convert(report, gpu_rows)
 
     def _time_message(self, where: str, verb: str, ts: int, now_ns: int) -> str:
         return (

@@ -17,6 +17,7 @@ message actually carries (`ListFields`), so an absent optional field costs nothi
 from __future__ import annotations
 
 import math
+import operator
 import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -249,6 +250,120 @@ _GOOD_TEXT_MAX = 100_000
 _Spec = tuple[int, bool, int, object, object, str]
 
 
+_SHAPES_MAX = 4096
+ValuesFn = Callable[[Message], "tuple[dict, tuple] | None"]  # see WireValidator.values_for
+_GOOD_TAGS_MAX = 400_000  # about 50,000 nodes x 8 GPUs; cleared when full (then only slower)
+
+
+def _getter(indices: list[int]) -> Callable[[tuple], tuple]:
+    """A tuple of the items at indices (itemgetter returns a bare item for one index)."""
+    if not indices:
+        return lambda _values: ()
+    if len(indices) == 1:
+        i = indices[0]
+        return lambda values: (values[i],)
+    return operator.itemgetter(*indices)
+
+
+class _Shape:
+    """The checks and copy for messages of one type carrying one set of fields."""
+
+    __slots__ = (
+        "_defaults",
+        "_highs",
+        "_ident",
+        "_lows",
+        "_nums",
+        "_other",
+        "_out",
+        "_out_names",
+        "_tag_max",
+        "_tags",
+        "_text_max",
+        "_texts",
+        "_validator",
+    )
+
+    def __init__(
+        self,
+        validator: WireValidator,
+        specs: list[_Spec],
+        wanted: frozenset[str],
+        identity: tuple[tuple[str, object], ...] = (),
+    ) -> None:
+        self._validator = validator
+        # identity: (field, default) pairs read out as a tuple beside the values, the default
+        # standing in for a field the message does not carry (proto3 leaves zeros unset).
+        names = [spec[5] for spec in specs]
+        absent = [(n, d) for n, d in identity if n not in names]
+        self._defaults = tuple(d for _, d in absent)
+        where = {n: i for i, n in enumerate(names)} | {n: len(names) + k for k, (n, _) in enumerate(absent)}
+        self._ident = _getter([where[n] for n, _ in identity])
+        nums, tags, texts, other, out = [], [], [], [], []
+        self._lows: list[object] = []
+        self._highs: list[object] = []
+        self._tag_max: list[object] = []
+        self._text_max: list[object] = []
+        for i, spec in enumerate(specs):
+            kind, many, _, a, b, name = spec
+            if name in wanted:
+                out.append(i)
+            if many or kind in (_ENUM, _MSG):
+                other.append((i, spec))
+            elif kind == _NUM:
+                nums.append(i)
+                self._lows.append(a)
+                self._highs.append(b)
+            elif kind == _TAG:
+                tags.append(i)
+                self._tag_max.append(a)
+            elif kind == _TEXT:
+                texts.append(i)
+                self._text_max.append(a)
+        self._nums, self._tags, self._texts = _getter(nums), _getter(tags), _getter(texts)
+        self._other = other
+        self._out = _getter(out)
+        self._out_names = [specs[i][5] for i in out]
+
+    def values(self, vals: tuple) -> dict | None:
+        nums = self._nums(vals)
+        # False for NaN too: every comparison with NaN is False.
+        if not (all(map(operator.le, self._lows, nums)) and all(map(operator.le, nums, self._highs))):
+            return None
+        tags = self._tags(vals)
+        if tags:
+            # The same GPU sends the same uuid, model and bus id in every report: a tuple of tags
+            # that passed for this shape passes again (one set lookup). Otherwise text_why's
+            # tests, a C-level loop each: the length, a bad character, surrounding spaces.
+            known = (self, tags)
+            good = self._validator._good_tags
+            if known not in good:
+                if (
+                    not all(map(operator.ge, self._tag_max, map(len, tags)))
+                    or any(map(_TAG_BAD.search, tags))
+                    or tuple(map(str.strip, tags)) != tags
+                ):
+                    return None
+                if len(good) >= _GOOD_TAGS_MAX:
+                    good.clear()
+                good.add(known)
+        texts = self._texts(vals)
+        if texts and (
+            not all(map(operator.ge, self._text_max, map(len, texts))) or any(map(_TEXT_BAD.search, texts))
+        ):
+            return None
+        for i, spec in self._other:
+            if not self._validator._field_ok(spec, vals[i]):
+                return None
+        return dict(zip(self._out_names, self._out(vals)))  # noqa: B905 (equal lengths by construction)
+
+    def checked(self, vals: tuple) -> tuple[dict, tuple] | None:
+        """(values, identity fields in the order asked for, defaults for those not carried),
+        or None if a field breaks its rule."""
+        found = self.values(vals)
+        return None if found is None else (found, self._ident(vals + self._defaults))
+
+
 class WireValidator:
     """RULES compiled against the descriptors. check(message) answers in two steps: `ok`, a
     tight loop over the fields a message carries (this runs for every report: no function
@@ -265,7 +380,8 @@ class WireValidator:
         # per field): the same GPU model, uuid and bus id come in every report, so their
         # character checks run once, not once per report.
         self._good_text: set[tuple[int, str]] = set()
-        self._numbers: dict[tuple[str, frozenset[str]], dict[FieldDescriptor, tuple[float, float, str]]] = {}
+        self._good_tags: set[tuple[_Shape, tuple[str, ...]]] = set()
+        self._values_fns: dict[tuple[str, frozenset[str]], ValuesFn] = {}
         missing = []
         for d in reachable(root):
             table: dict[str, _Check] = {}
@@ -351,55 +467,40 @@ class WireValidator:
                 return False
         return True
 
-    def _stored_numbers(
-        self, full_name: str, wanted: frozenset[str]
-    ) -> dict[FieldDescriptor, tuple[float, float, str]]:
-        """The scalar number fields of a message that values() copies: (low, high, name)."""
-        key = (full_name, wanted)
-        found = self._numbers.get(key)
-        if found is None:
-            found = self._numbers[key] = {
-                fd: (spec[3], spec[4], spec[5])  # type: ignore[misc]
-                for fd, spec in self._specs[full_name].items()
-                if spec[0] == _NUM and not spec[1] and spec[5] in wanted
-            }
-        return found
+    def values_for(
+        self, descriptor: Descriptor, wanted: frozenset[str], identity: tuple[tuple[str, object], ...] = ()
+    ) -> ValuesFn:
+        """A function doing ok(msg) for messages of this type and, in the same pass, copying the
+        values of the fields in wanted (what is stored of it) and reading the identity fields
+        ((name, default) pairs); it returns (values, identity), or None if a field breaks its
+        rule. Each GPU sample of every report goes through it, so it does no Python work per
+        field: the fields a message carries (its *shape*: which fields are set) are compiled once
+        into getters and bound tuples, and a message of a known shape is checked with C-level
+        loops (`map` over `operator.le`, one regex search per string) and copied with one zip."""
+        specs = self._specs[descriptor.full_name]
+        shapes: dict[tuple[FieldDescriptor, ...], _Shape] = {}
+        empty: tuple = ()
+
+        def values(msg: Message) -> tuple[dict, tuple] | None:
+            listed = msg.ListFields()
+            fds, vals = zip(*listed) if listed else (empty, empty)  # noqa: B905 (pairs)
+            shape = shapes.get(fds)
+            if shape is None:
+                if len(shapes) >= _SHAPES_MAX:  # bounded: an attacker varying shapes costs only speed
+                    shapes.clear()
+                shape = shapes[fds] = _Shape(self, [specs[fd] for fd in fds], wanted, identity)
+            return shape.checked(vals)
+
+        return values
 
     def values(self, msg: Message, wanted: frozenset[str]) -> dict[str, object] | None:
-        """ok(msg), and in the same pass over its fields the values of those in wanted (what
-        is stored of it); None if a field breaks its rule. Each GPU sample of every report
-        goes through here once: checking and copying share one ListFields, and the stored
-        numbers (most fields) take the shortest path."""
-        full_name = msg.DESCRIPTOR.full_name
-        numbers = self._stored_numbers(full_name, wanted)
-        specs = self._specs[full_name]
-        good = self._good_text
-        out: dict[str, object] = {}
-        for fd, value in msg.ListFields():
-            number = numbers.get(fd)
-            if number is not None:
-                if not number[0] <= value <= number[1]:  # False for NaN too
-                    return None
-                out[number[2]] = value
-                continue
-            spec = specs[fd]
-            kind = spec[0]
-            if spec[1]:
-                if not self._field_ok(spec, value):
-                    return None
-            elif kind == _NUM:
-                if not spec[3] <= value <= spec[4]:  # type: ignore[operator]  # False for NaN too
-                    return None
-            elif kind in (_TAG, _TEXT):
-                if len(value) > spec[3] or (
-                    (kind, value) not in good and not self._text_ok(kind, spec[3], value)
-                ):
-                    return None
-            elif kind != _FLAG and not self._value_ok(kind, spec[3], spec[4], value):
-                return None
-            if spec[5] in wanted:
-                out[spec[5]] = value
-        return out
+        """ok(msg), and the values of the fields in wanted; None if a field breaks its rule."""
+        key = (msg.DESCRIPTOR.full_name, wanted)
+        fn = self._values_fns.get(key)
+        if fn is None:
+            fn = self._values_fns[key] = self.values_for(msg.DESCRIPTOR, wanted)
+        found = fn(msg)
+        return None if found is None else found[0]
 
     def _compile(self, f: FieldDescriptor, rule: Rule) -> _Check:
         if isinstance(rule, Many):

@@ -18,20 +18,15 @@ from __future__ import annotations
 
 import argparse
 import http.client
-import json
 import statistics
 import subprocess
-import sys
 import tempfile
 import time
 import tomllib
 from pathlib import Path
 
-from ingest_bench import (
-    HERE,
-    aggregator_argv,
-    wait_for_file,
-)  # bench/ is on sys.path when a bench script runs
+from ingest_bench import aggregator_argv, wait_for_file  # bench/ is on sys.path when a bench script runs
+from loadgen import Load, drive, machine
 
 from gpufleet.aggregator import rollups
 from gpufleet.aggregator.auth import new_secrets_file
@@ -127,7 +122,7 @@ def bare_writer(url: str, database: str, nodes: int, reports: int) -> float:
     return total / (time.perf_counter() - start)
 
 
-def through_aggregator(url: str, database: str, nodes: int, seconds: float, tmp: Path) -> float:
+def through_aggregator(url: str, database: str, nodes: int, seconds: float, tmp: Path, workers: int) -> float:
     secrets = tmp / "secrets.toml"
     new_secrets_file(secrets, [])
     secret = tomllib.loads(secrets.read_text())["collector_secret"]
@@ -143,34 +138,15 @@ def through_aggregator(url: str, database: str, nodes: int, seconds: float, tmp:
             url,
             "--influx-database",
             database,
+            "--ingest-workers",
+            str(workers),
         )
     )
     try:
         address = wait_for_file(ready, agg, 60)["ingest"]
-        gen = subprocess.run(
-            [
-                sys.executable,
-                str(HERE / "loadgen.py"),
-                "--address",
-                address,
-                "--secret",
-                secret,
-                "--nodes",
-                str(nodes),
-                "--mode",
-                "flood",
-                "--window",
-                "16",
-                "--seconds",
-                str(seconds),
-            ],
-            capture_output=True,
-            text=True,
-            timeout=seconds + 300,
+        result = drive(
+            Load(address=address, secret=secret, nodes=nodes, mode="flood", window=16, seconds=seconds)
         )
-        if gen.returncode:
-            raise SystemExit(gen.stderr[-2000:])
-        result = json.loads(gen.stdout.strip().splitlines()[-1])
         return result["acked"] * 9 / result["seconds"]
     finally:
         agg.terminate()
@@ -249,14 +225,20 @@ def main() -> None:
     p.add_argument("--reports", type=int, default=10, help="reports per node for the bare writer")
     p.add_argument("--seconds", type=float, default=15.0, help="aggregator measurement window")
     p.add_argument("--repeat", type=int, default=1)
+    p.add_argument("--ingest-workers", type=int, default=2, help="the aggregator's ingest_workers")
     args = p.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="gpufleet-influx-bench-"))
+    print(f"machine: {machine()}", flush=True)
     influxd, url = start_influxd(tmp / "influx")
     try:
         bare, agg = [], []
         for i in range(args.repeat):
             bare.append(bare_writer(url, f"bare{i}", args.nodes, args.reports))
-            agg.append(through_aggregator(url, f"agg{i}", min(args.nodes, 500), args.seconds, tmp))
+            agg.append(
+                through_aggregator(
+                    url, f"agg{i}", min(args.nodes, 500), args.seconds, tmp, args.ingest_workers
+                )
+            )
             print(
                 f"  run {i + 1}: bare writer {bare[-1]:,.0f} points/s, "
                 f"through the aggregator {agg[-1]:,.0f} points/s",
@@ -266,7 +248,8 @@ def main() -> None:
         streams = min(args.nodes, 500)
         print(
             f"InfluxDB ingest ({args.nodes} nodes x 8 GPUs; aggregator driven by {streams} streams in flood "
-            f"mode): bare {b:,.0f} points/s, aggregator {a:,.0f} points/s, ratio {a / b:.2f} (target 0.8)"
+            f"mode, ingest_workers = {args.ingest_workers}): bare {b:,.0f} points/s, "
+            f"aggregator {a:,.0f} points/s, ratio {a / b:.2f} (target 0.8)"
         )
         raw_1h, raw_30d, rolled_30d, raw_1h_5s = history_latency(url, "history")
         print(

@@ -15,17 +15,15 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 import tomllib
 from pathlib import Path
 
-import psutil
+from loadgen import CpuSampler, Load, drive, machine  # bench/ is on sys.path when a bench script runs
 
 from gpufleet.aggregator.auth import new_secrets_file
 
@@ -69,35 +67,6 @@ def aggregator_argv(data_dir: Path, secrets: Path, ready: Path, *extra: str) -> 
     ]
 
 
-class Sampler(threading.Thread):
-    """Samples a process's CPU time and RSS twice a second."""
-
-    def __init__(self, pid: int) -> None:
-        super().__init__(daemon=True)
-        self.proc = psutil.Process(pid)
-        self.samples: list[tuple[float, float, int]] = []  # (wall, cpu seconds, rss bytes)
-        self.stop = threading.Event()
-
-    def run(self) -> None:
-        while not self.stop.is_set():
-            try:
-                t = self.proc.cpu_times()
-                rss = self.proc.memory_info().rss
-            except psutil.Error:
-                return
-            self.samples.append((time.time(), t.user + t.system, rss))
-            self.stop.wait(0.5)
-
-    def cpu_pct(self, start: float, end: float) -> float:
-        window = [s for s in self.samples if start <= s[0] <= end]
-        if len(window) < 2:
-            return float("nan")
-        return 100 * (window[-1][1] - window[0][1]) / (window[-1][0] - window[0][0])
-
-    def peak_rss_mib(self) -> float:
-        return max((s[2] for s in self.samples), default=0) / 2**20
-
-
 def run_target(target: str, args: argparse.Namespace, tmp: Path, secrets: Path, secret: str) -> dict:
     ready = tmp / f"{target}.ready.json"
     ready.unlink(missing_ok=True)
@@ -106,42 +75,27 @@ def run_target(target: str, args: argparse.Namespace, tmp: Path, secrets: Path, 
         argv = [sys.executable, str(HERE / "bare_server.py"), "--ready-file", str(ready)]
     else:
         data = tmp / f"data-{time.monotonic_ns()}"
-        argv = aggregator_argv(data, secrets, ready)
+        argv = aggregator_argv(data, secrets, ready, "--ingest-workers", str(args.ingest_workers))
     server = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
     try:
         bound = wait_for_file(ready, server, 60)
-        sampler = Sampler(server.pid)
+        sampler = CpuSampler([server.pid], children=True)
         sampler.start()
-        gen = subprocess.run(
-            [
-                sys.executable,
-                str(HERE / "loadgen.py"),
-                "--address",
-                str(bound["ingest"]),
-                "--secret",
-                secret,
-                "--nodes",
-                str(args.nodes),
-                "--gpus",
-                str(args.gpus),
-                "--interval",
-                str(args.interval),
-                "--mode",
-                args.mode,
-                "--seconds",
-                str(args.seconds),
-                "--window",
-                str(args.window),
-            ],
-            capture_output=True,
-            text=True,
-            timeout=args.seconds + 300,
+        result = drive(
+            Load(
+                address=str(bound["ingest"]),
+                secret=secret,
+                nodes=args.nodes,
+                gpus=args.gpus,
+                interval=args.interval,
+                mode=args.mode,
+                seconds=args.seconds,
+                window=args.window,
+                procs=args.loadgen_procs,
+            )
         )
         sampler.stop.set()
         sampler.join()
-        if gen.returncode != 0:
-            raise SystemExit(f"load generator failed against {target}:\n{gen.stderr[-3000:]}")
-        result = json.loads(gen.stdout.strip().splitlines()[-1])
         result["cpu_pct"] = sampler.cpu_pct(result["window_wall_start"], result["window_wall_end"])
         result["peak_rss_mib"] = sampler.peak_rss_mib()
         result["reports_per_s"] = result["acked"] / result["seconds"]
@@ -156,6 +110,84 @@ def run_target(target: str, args: argparse.Namespace, tmp: Path, secrets: Path, 
         log.close()
 
 
+def run_pair(args: argparse.Namespace, tmp: Path, secrets: Path, secret: str, label: str) -> dict[str, list]:
+    runs: dict[str, list[dict]] = {"bare": [], "aggregator": []}
+    offered = args.nodes / args.interval if args.mode == "paced" else 0.0
+    for i in range(args.repeat):
+        for target in ("bare", "aggregator"):
+            r = run_target(target, args, tmp, secrets, secret)
+            r["acked_fraction"] = r["acked"] / max(1, r["sent"])
+            runs[target].append(r)
+            print(
+                f"  {label}run {i + 1} {target:10s}: {r['reports_per_s']:8.0f} reports/s"
+                + (f" ({r['acked'] / (offered * args.seconds):.1%} of offered)" if offered else "")
+                + f", CPU {r['cpu_pct']:5.0f}%, load generator CPU {r['loadgen_cpu_pct']:4.0f}%, "
+                f"p99 ack {r['ack_latency_p99_ms'] or float('nan'):7.1f} ms, "
+                f"RSS {r['peak_rss_mib']:4.0f} MiB, errors {r['error_count']}, rejected {r['rejected']}",
+                flush=True,
+            )
+    return runs
+
+
+KEYS = (
+    "reports_per_s",
+    "gpu_samples_per_s",
+    "cpu_pct",
+    "loadgen_cpu_pct",
+    "peak_rss_mib",
+    "ack_latency_p50_ms",
+    "ack_latency_p99_ms",
+)
+
+
+def _median(values: list[float]) -> float:
+    return statistics.median(values) if values else float("nan")
+
+
+def medians(runs: dict[str, list[dict]]) -> dict[str, dict[str, float]]:
+    return {t: {k: _median([r[k] for r in rs if r[k] is not None]) for k in KEYS} for t, rs in runs.items()}
+
+
+def kept_up(runs: list[dict], offered: float, seconds: float) -> int:
+    """Runs in which >= 99 % of the offered reports were acknowledged in the window."""
+    return sum(1 for r in runs if r["acked"] >= 0.99 * offered * seconds)
+
+
+def capacity(args: argparse.Namespace, tmp: Path, secrets: Path, secret: str) -> None:
+    """The largest node count (args.gpus GPUs each) at args.interval that the aggregator keeps
+    >= 99 % acknowledged in every one of args.repeat runs: doubling, then bisecting."""
+    ok, bad = 0, 0
+    nodes = args.nodes
+    while True:
+        args.nodes = nodes
+        offered = nodes / args.interval
+        runs = [run_target("aggregator", args, tmp, secrets, secret) for _ in range(args.repeat)]
+        good = kept_up(runs, offered, args.seconds) == args.repeat
+        p99 = _median([r["ack_latency_p99_ms"] or float("nan") for r in runs])
+        print(
+            f"  {nodes:6d} nodes ({nodes * args.gpus:6d} GPUs, offered {offered:.0f} reports/s): "
+            f"{'kept up' if good else 'fell behind'} ({kept_up(runs, offered, args.seconds)} of "
+            f"{args.repeat} runs >= 99 %), ack p99 {p99:.0f} ms, "
+            f"CPU {_median([r['cpu_pct'] for r in runs]):.0f}%, "
+            f"load generator CPU {_median([r['loadgen_cpu_pct'] for r in runs]):.0f}%",
+            flush=True,
+        )
+        if good:
+            ok = nodes
+        else:
+            bad = nodes
+        if bad and bad - ok <= max(250, ok // 20):
+            break
+        nodes = nodes * 2 if not bad else (ok + bad) // 2
+        if not ok and not bad:
+            break
+    print(
+        f"\ncapacity at a {args.interval:g} s interval: {ok} nodes x {args.gpus} GPUs = "
+        f"{ok * args.gpus} GPUs per box (>= 99 % acknowledged in {args.repeat} of {args.repeat} runs); "
+        + (f"100,000 GPUs need {-(-100_000 // (ok * args.gpus))} such boxes" if ok else "none kept up")
+    )
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--nodes", type=int, default=2000)
@@ -165,64 +197,63 @@ def main() -> None:
     p.add_argument("--window", type=int, default=32, help="unacked reports per stream in flood mode")
     p.add_argument("--seconds", type=float, default=20.0, help="measurement window per run")
     p.add_argument("--repeat", type=int, default=1, help="runs of each target; medians are reported")
+    p.add_argument("--loadgen-procs", type=int, default=2, help="load generator processes")
+    p.add_argument(
+        "--ingest-workers", type=int, default=2, help="the aggregator's ingest_workers (0: in one process)"
+    )
+    p.add_argument(
+        "--capacity",
+        action="store_true",
+        help="find the largest --nodes (from the given one up) kept >= 99%% acknowledged at --interval",
+    )
     args = p.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="gpufleet-bench-"))
     secrets = tmp / "secrets.toml"
     new_secrets_file(secrets, [])
     secret = tomllib.loads(secrets.read_text())["collector_secret"]
+    print(f"machine: {machine()}", flush=True)
+    if args.capacity:
+        print(
+            f"capacity search: {args.gpus} GPUs a node, {args.interval:g} s interval, "
+            f"{args.seconds:g} s window, {args.repeat} run(s) a size, {args.loadgen_procs} load "
+            "generator processes on the same cores",
+            flush=True,
+        )
+        capacity(args, tmp, secrets, secret)
+        return
     offered = args.nodes / args.interval if args.mode == "paced" else float("nan")
     print(
         f"ingest benchmark: {args.nodes} nodes x {args.gpus} GPUs, mode {args.mode}"
         + (f", {args.interval:g}s interval (offered {offered:.0f} reports/s)" if args.mode == "paced" else "")
-        + f", {args.seconds:g}s window, {args.repeat} run(s) each, {os.cpu_count()} CPUs",
+        + f", {args.seconds:g}s window, {args.repeat} run(s) each, "
+        f"{args.loadgen_procs} load generator processes on the same cores, "
+        f"ingest_workers = {args.ingest_workers}",
         flush=True,
     )
-    runs: dict[str, list[dict]] = {"bare": [], "aggregator": []}
-    for i in range(args.repeat):
-        for target in ("bare", "aggregator"):
-            r = run_target(target, args, tmp, secrets, secret)
-            runs[target].append(r)
-            print(
-                f"  run {i + 1} {target:10s}: {r['reports_per_s']:8.0f} reports/s, "
-                f"CPU {r['cpu_pct']:5.0f}%, p99 ack {r['ack_latency_p99_ms'] or float('nan'):7.1f} ms, "
-                f"errors {r['error_count']}, rejected {r['rejected']}",
-                flush=True,
-            )
-    med = {
-        t: {
-            k: statistics.median(r[k] for r in rs if r[k] is not None)
-            for k in (
-                "reports_per_s",
-                "gpu_samples_per_s",
-                "cpu_pct",
-                "peak_rss_mib",
-                "ack_latency_p50_ms",
-                "ack_latency_p99_ms",
-            )
-        }
-        for t, rs in runs.items()
-    }
+    runs = run_pair(args, tmp, secrets, secret, "")
+    med = medians(runs)
     print()
     print(
-        f"{'':12s}{'reports/s':>12s}{'GPU samples/s':>15s}{'CPU %':>8s}{'peak RSS MiB':>14s}"
-        f"{'ack p50 ms':>12s}{'ack p99 ms':>12s}"
+        f"{'':12s}{'reports/s':>12s}{'GPU samples/s':>15s}{'CPU %':>8s}{'loadgen %':>11s}"
+        f"{'peak RSS MiB':>14s}{'ack p50 ms':>12s}{'ack p99 ms':>12s}"
     )
     for t, m in med.items():
         print(
             f"{t:12s}{m['reports_per_s']:12.0f}{m['gpu_samples_per_s']:15.0f}{m['cpu_pct']:8.0f}"
-            f"{m['peak_rss_mib']:14.0f}{m['ack_latency_p50_ms']:12.1f}{m['ack_latency_p99_ms']:12.1f}"
+            f"{m['loadgen_cpu_pct']:11.0f}{m['peak_rss_mib']:14.0f}{m['ack_latency_p50_ms']:12.1f}"
+            f"{m['ack_latency_p99_ms']:12.1f}"
         )
     a, b = med["aggregator"], med["bare"]
     print(
-        f"\nratio aggregator/bare: throughput {a['reports_per_s'] / b['reports_per_s']:.2f}, "
+        f"\nratio aggregator/bare (medians): throughput {a['reports_per_s'] / b['reports_per_s']:.2f}, "
         f"CPU {a['cpu_pct'] / b['cpu_pct']:.2f}, CPU per report "
         f"{(a['cpu_pct'] / a['reports_per_s']) / (b['cpu_pct'] / b['reports_per_s']):.2f}"
     )
     if args.mode == "paced":
-        kept_up = a["reports_per_s"] >= 0.99 * offered
+        n = kept_up(runs["aggregator"], offered, args.seconds)
         print(
-            f"aggregator {'kept up with' if kept_up else 'FELL BEHIND'} the offered "
-            f"{offered:.0f} reports/s ({a['reports_per_s'] / offered:.1%} acknowledged in the window)"
+            f"aggregator kept >= 99 % of the offered {offered:.0f} reports/s acknowledged in {n} of "
+            f"{args.repeat} runs (median {a['reports_per_s'] / offered:.1%})"
         )
     print(f"(logs and data in {tmp})")
 

@@ -62,6 +62,7 @@ class RepairController:
         send_command: Callable[[str, ingest_pb2.Command], bool],
         on_action: Callable[[str, str, str], None] = lambda node, action, outcome: None,
         observe_interval_s: float = 15.0,
+        liveness: Callable[[], dict[str, int]] | None = None,
     ) -> None:
         self.policy = policy
         self.state = state
@@ -69,6 +70,11 @@ class RepairController:
         self.rails = rails
         self.alerts = dispatcher
         self._snapshots = snapshots
+        # Every known node's liveness now (cheap: no snapshot is built); None: take it from the
+        # snapshots, which builds one per node.
+        self._liveness = liveness or (lambda: {s.node: s.liveness for s in snapshots(None)})
+        self._full_pass_s = observe_interval_s
+        self._seen_liveness: dict[str, int] = {}  # as each node's last evaluation saw it
         self.desk = IncidentDesk(state, dispatcher, on_action)
         self.breaker = Breaker(state, rails)
         self.scheduler = SchedulerWatch(backend, observe_interval_s)
@@ -122,24 +128,54 @@ class RepairController:
             self._dirty.add(node)
         self._wake.set()
 
+    def needs_attention(self) -> set[str]:
+        """Nodes evaluated on every tick, whatever their reports say: a workflow under way or
+        an incident open (steps, windows and timeouts run on the clock), a finding waiting out
+        its persistence window, or a liveness that changed since the node was last evaluated."""
+        nodes = {
+            n
+            for n, wf in self.workflows.items()
+            if wf.state != Health.HEALTHY or wf.incident_id or wf.held or wf.suppressed
+        }
+        nodes.update(n for n, found in self.findings.items() if found)
+        nodes.update(n for n, lv in self._liveness().items() if self._seen_liveness.get(n) != lv)
+        return nodes
+
     async def run(self, stop: asyncio.Event, interval_s: float = 1.0) -> None:
-        """A full pass every interval_s; between them, passes over just the nodes poked."""
-        next_full = 0.0
+        """Work proportional to change (docs/architecture.md "Repair at fleet scale"): a full
+        pass over every node each repair_observe_interval_s (when the scheduler's whole-fleet
+        view is read again); every interval_s between them, a pass over just the nodes that
+        changed or need attention (`needs_attention`); and as soon as a node is poked (an XID,
+        or one of the health fields the rules read changed), a pass over that node."""
+        next_full = next_tick = 0.0
         while not stop.is_set():
             self._wake.clear()
             only, self._dirty = self._dirty, set()
-            if time.monotonic() >= next_full:
-                only, next_full = None, time.monotonic() + interval_s
+            now = time.monotonic()
+            full = now >= next_full
+            if full:
+                only, next_tick = None, now + interval_s
+            elif now >= next_tick:
+                next_tick = now + interval_s
+                if only is not None:
+                    only |= self.needs_attention()
             try:
-                await self.pass_once(only)
+                if only is None or only:
+                    await self.pass_once(only)
             except Exception:  # a bug in one pass must not stop repairs for good
                 self.pass_errors += 1
                 log.exception("repair pass failed (%d so far); retrying next interval", self.pass_errors)
+            if full:
+                # From the pass's end: the next full pass finds the whole-fleet read due again
+                # (repair/observe.py counts its interval from the end of the read).
+                next_full = time.monotonic() + max(self._full_pass_s, interval_s)
             if self._wake.is_set():
                 continue
             waiters = [asyncio.create_task(self._wake.wait()), asyncio.create_task(stop.wait())]
             await asyncio.wait(
-                waiters, timeout=max(0.0, next_full - time.monotonic()), return_when=asyncio.FIRST_COMPLETED
+                waiters,
+                timeout=max(0.0, min(next_full, next_tick) - time.monotonic()),
+                return_when=asyncio.FIRST_COMPLETED,
             )
             for w in waiters:
                 w.cancel()
@@ -165,6 +201,8 @@ class RepairController:
                 snap = snaps.get(node)
                 findings = self.evaluator.evaluate(wf, snap, now) if snap else []
                 self.findings[node] = findings
+                if snap is not None:
+                    self._seen_liveness[node] = snap.liveness
                 # A shallow copy is enough: the controller replaces a workflow's lists, never
                 # changes them in place.
                 before = dict(vars(wf))

@@ -23,7 +23,11 @@ class Evaluator:
         self.policy = policy
         self._state = state
         self.rules = {name: factory() for name, factory in RULES.items()}
-        self._first_seen = state.first_seen()
+        # node -> finding key -> first seen (ns): by node, so a node's evaluation touches only
+        # its own entries, not the whole fleet's.
+        self._first_seen: dict[str, dict[tuple[str, int | None, str], int]] = {}
+        for key, seen_ns in state.first_seen().items():
+            self._first_seen.setdefault(key[0], {})[key] = seen_ns
 
     def evaluate(self, wf: Workflow, snap: NodeSnapshot, now: int) -> list[Finding]:
         """The node's active findings, less those overridden or already dealt with."""
@@ -41,26 +45,36 @@ class Evaluator:
         wf.suppressed = [s for s in wf.suppressed if s in active_ids or not _gpu_present(s, present)]
         found = [f for f in found if finding_id(f) not in wf.suppressed and f.seen_ns >= wf.cleared_before_ns]
         keys = {f.key for f in found}
-        gone = [k for k in self._first_seen if k[0] == snap.node and k not in keys]
+        mine = self._first_seen.get(snap.node)
+        if mine is None:
+            if not found:
+                return found
+            mine = self._first_seen[snap.node] = {}
+        gone = [k for k in mine if k not in keys]
         for key in gone:
-            del self._first_seen[key]
+            del mine[key]
         new = {}
         for f in found:
-            if f.key not in self._first_seen:
-                new[f.key] = self._first_seen[f.key] = min(f.seen_ns or now, now)
+            if f.key not in mine:
+                new[f.key] = mine[f.key] = min(f.seen_ns or now, now)
+        if not mine:
+            del self._first_seen[snap.node]
         if gone or new:
             self._state.put_first_seen(snap.node, gone, new)
         return found
 
+    def _seen(self, f: Finding, default: int) -> int:
+        return self._first_seen.get(f.node, {}).get(f.key, default)
+
     def first_seen_ns(self, f: Finding) -> int:
         """When this finding was first seen active (its persistence window's start)."""
-        return self._first_seen.get(f.key, f.seen_ns)
+        return self._seen(f, f.seen_ns)
 
     def persisted(self, f: Finding, now: int) -> bool:
-        return now - self._first_seen.get(f.key, now) >= f.window_s * 1e9
+        return now - self._seen(f, now) >= f.window_s * 1e9
 
     def left_s(self, f: Finding, now: int) -> float:
-        return f.window_s - (now - self._first_seen.get(f.key, now)) / 1e9
+        return f.window_s - (now - self._seen(f, now)) / 1e9
 
 
 def _gpu_present(finding: str, present: set[int]) -> bool:

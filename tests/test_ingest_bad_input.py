@@ -15,10 +15,24 @@ from conftest import AggregatorHandle, Cluster, RawStream, hello, report, wait_u
 from gpufleet.aggregator.store import EmbeddedStore
 
 
-@pytest.fixture(scope="module")
-def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Cluster, AggregatorHandle]]:
-    cluster = Cluster(tmp_path_factory.mktemp("badinput"))
-    agg = cluster.aggregator("aggregator", 0, 0, None, "--max-report-bytes", "8192", "--hello-timeout-s", "1")
+# Every refusal, with reports checked in the main process and in two ingest worker processes.
+@pytest.fixture(scope="module", params=[0, 2], ids=["in-process", "workers"])
+def env(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[tuple[Cluster, AggregatorHandle]]:
+    cluster = Cluster(tmp_path_factory.mktemp(f"badinput-{request.param}"))
+    agg = cluster.aggregator(
+        "aggregator",
+        0,
+        0,
+        None,
+        "--max-report-bytes",
+        "8192",
+        "--hello-timeout-s",
+        "1",
+        "--ingest-workers",
+        str(request.param),
+    )
     cluster.collector("good-node", agg.ingest, "--interval-s", "0.2", "--sim-gpus", "8")
     try:
         yield cluster, agg

@@ -187,18 +187,28 @@ def _env(
         cluster.stop_all()
 
 
-@pytest.fixture(scope="module", params=["embedded", "influxdb"])
+# Both stores, and both ingest paths: in the main process, and through two ingest worker
+# processes (aggregator/workers.py), where the same checks and writer run in another process.
+@pytest.fixture(
+    scope="module",
+    params=[("embedded", 0), ("influxdb", 0), ("embedded", 2), ("influxdb", 2)],
+    ids=["embedded", "influxdb", "embedded-workers", "influxdb-workers"],
+)
 def env(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
-    cluster = Cluster(tmp_path_factory.mktemp(f"fuzz-{request.param}"))
-    if request.param == "embedded":
+    store, workers = request.param
+    cluster = Cluster(tmp_path_factory.mktemp(f"fuzz-{store}-{workers}"))
+    flags: tuple[str, ...] = ("--ingest-workers", str(workers))
+    if store == "embedded":
         yield from _env(
-            cluster, (), lambda agg: ReadBack("embedded", str(Path(agg.data_dir) / "store.sqlite3"))
+            cluster, flags, lambda agg: ReadBack("embedded", str(Path(agg.data_dir) / "store.sqlite3"))
         )
     else:
         url = request.getfixturevalue("influxd")
         database = f"fuzz_{time.time_ns()}"
         yield from _env(
-            cluster, influx_flags(url, database), lambda agg: ReadBack("influxdb", f"{url}#{database}")
+            cluster,
+            (*flags, *influx_flags(url, database)),
+            lambda agg: ReadBack("influxdb", f"{url}#{database}"),
         )
 
 

@@ -214,3 +214,65 @@ def test_the_demo_storm_after_the_trip_no_automatic_action_happens(tmp_path: Pat
         assert any(not a.outcome.startswith("held") for a in resumed)
 
     asyncio.run(scenario())
+
+
+class CountingFleet(Fleet):
+    """The same snapshots, counting which nodes each pass asked for."""
+
+    def __init__(self, nodes: list[str]) -> None:
+        super().__init__(nodes)
+        self.asked: list[set[str] | None] = []
+
+    def snapshots(self, only: set[str] | None) -> list[NodeSnapshot]:
+        self.asked.append(None if only is None else set(only))
+        return super().snapshots(only)
+
+
+def test_between_full_passes_only_what_changed_is_evaluated(tmp_path: Path) -> None:
+    """A 500-node healthy fleet: one full pass per observe interval; the 1 s ticks between look
+    only at nodes that changed. A node gone silent and a node whose health field moved are acted
+    on at the next tick or at once, not at the next full pass."""
+
+    async def scenario() -> None:
+        fleet = CountingFleet([f"n{i}" for i in range(500)])
+        fleet.tick()
+        ticks: list[int] = []  # one per tick: the controller asks for the fleet's liveness
+        repair = RepairController(
+            load_policy(),
+            RepairState(tmp_path / "repair.sqlite3"),
+            NoBackend(),
+            Rails(max_out_of_service_fraction=1),
+            Hooks(),
+            AlertDispatcher([]),
+            fleet.snapshots,
+            lambda node, command: False,
+            observe_interval_s=3600.0,  # one full pass in this test: the first
+            liveness=lambda: ticks.append(1) or {n: s.liveness for n, s in fleet.snaps.items()},
+        )
+        stop = asyncio.Event()
+        loop = asyncio.create_task(repair.run(stop, interval_s=0.05))
+
+        async def until(check: object, what: str) -> None:
+            deadline = time.monotonic() + 10
+            while not check():  # type: ignore[operator]
+                assert time.monotonic() < deadline, what
+                await asyncio.sleep(0.01)  # polling the controller's state, with a deadline
+
+        await until(lambda: len(ticks) >= 10, "ten ticks")
+        assert fleet.asked == [None]  # the first pass read the whole fleet; a quiet fleet needs no more
+
+        silent = fleet.snaps["n17"]
+        silent.liveness, silent.seconds_since_report = vocabulary_pb2.LIVENESS_SILENT, 120.0
+        await until(lambda: any(f.code == "collector_silent" for f in repair.findings.get("n17", [])), "n17")
+
+        fleet.snaps["n42"].gpus[3].ecc_dbe_volatile = 1
+        repair.poke("n42")  # what the health watch does when a watched field changes
+        await until(
+            lambda: repair.workflows.get("n42") and repair.workflows["n42"].state == "cordoned", "n42"
+        )
+        assert None not in fleet.asked[1:]  # no full pass was needed for either
+        assert max(len(only or ()) for only in fleet.asked[1:]) <= 2
+        stop.set()
+        await loop
+
+    asyncio.run(scenario())

@@ -250,15 +250,16 @@ def test_the_scheduler_is_read_within_its_polling_budget(cluster: Cluster, slurm
     )
     for node in nodes:
         cluster.collector(node, agg.ingest, "--interval-s", "1")
-    wait_until(lambda: agg.metric_value("gpufleet_repair_passes") > 5, 30, "passes over the fleet")
+    wait_until(lambda: agg.metric_value("gpufleet_repair_passes") >= 2, 30, "passes over the fleet")
     start_calls, started = len(scontrol.calls()), time.monotonic()
     passes = agg.metric_value("gpufleet_repair_passes")
     wait_until(lambda: time.monotonic() - started > 9, 12, "nine seconds of passes")
     calls = scontrol.calls()[start_calls:]
     passes = agg.metric_value("gpufleet_repair_passes") - passes
     whole = [c for c in calls if c == "-o show node"]
-    # ~45 passes in 9 s; the whole fleet read every 3 s: at most 4 reads (one may straddle).
-    assert passes > 20 and 2 <= len(whole) <= 4, (passes, calls)
+    # A quiet, healthy fleet: a full pass, with its whole-fleet read, every 3 s (one may
+    # straddle the window) and nothing between them: repair work proportional to change.
+    assert 2 <= len(whole) <= 4 and 2 <= passes <= 4, (passes, calls)
     assert len(calls) == len(whole), f"healthy nodes are not read one by one: {calls}"
 
 

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from gpufleet.aggregator.spool import Spool, SpoolFull
+from gpufleet.aggregator.spool import Spool, SpoolFull, adopt_orphans
 from gpufleet.aggregator.store import Point
 
 
@@ -59,3 +59,20 @@ def test_near_the_limit_it_warns_and_at_the_limit_it_refuses(tmp_path: Path) -> 
         n, _ = spool.oldest()
         spool.remove(n)
     spool.append(batch(10))  # room again once the store takes it back below 90 %
+
+
+def test_the_spools_of_workers_no_longer_run_are_moved_into_the_main_spool(tmp_path: Path) -> None:
+    """ingest_workers lowered from 3 to 1: what workers 1 and 2 spooled is not stranded."""
+    for k, batches in ((0, 1), (1, 2), (2, 1)):
+        spool = Spool(tmp_path / f"spool-worker-{k}", 1 << 20)
+        for b in range(batches):
+            spool.append(batch(2, f"w{k}-{b}"))
+    main = Spool(tmp_path / "spool", 1 << 20)
+    assert adopt_orphans(tmp_path, 1, main) == 3
+    moved = []
+    while (oldest := main.oldest()) is not None:
+        moved.append(oldest[1][0].tags["node"])
+        main.remove(oldest[0])
+    assert moved == ["w1-0", "w1-1", "w2-0"]  # oldest first, worker by worker
+    assert len(Spool(tmp_path / "spool-worker-1", 1 << 20)) == 0
+    assert len(Spool(tmp_path / "spool-worker-0", 1 << 20)) == 1  # worker 0 still runs: its own

@@ -17,6 +17,14 @@ FieldValue = float | int | str | bool
 AGGREGATES = ("mean", "max", "min", "p95", "last", "count")
 
 
+class SharedTags(dict[str, str]):
+    """A point's tags, one object for every point of its series, never changed once made (the
+    point converter keeps one per GPU): a store may remember the series by the object itself
+    instead of hashing the tags for every point."""
+
+    __slots__ = ()
+
+
 class Point(NamedTuple):
     # A NamedTuple rather than a frozen dataclass: built 16,000 times a second at fleet
     # scale, and tuple construction is several times cheaper than a frozen __init__.

@@ -14,7 +14,9 @@ from gpufleet.repair.policy import Entry, Policy
 class Rule(abc.ABC):
     name = ""
     # GpuSample fields whose change in a report means "evaluate this node now" (the health
-    # watch pokes the controller); rate rules wait for the next full pass.
+    # watch pokes the controller). Every field a rule reads must be here: between full passes
+    # (repair_observe_interval_s apart) a node is evaluated only when one of them changed, its
+    # liveness changed, or it needs attention (repair/controller.py `run`).
     watch_fields: tuple[str, ...] = ()
 
     @abc.abstractmethod

@@ -16,6 +16,9 @@ def _nvlink_errors(gpu: telemetry_pb2.GpuSample) -> int | None:
 
 class NvlinkErrors(RateCheck):
     name = "nvlink_errors"
+    # A counter that moved: evaluated at that report (the rate needs its samples), not only when
+    # the node's turn in a full pass comes.
+    watch_fields = ("nvlink_replay_total", "nvlink_recovery_total", "nvlink_crc_total")
 
     def __init__(self) -> None:
         super().__init__(_nvlink_errors)

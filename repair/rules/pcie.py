@@ -12,6 +12,7 @@ def _pcie_replays(gpu: telemetry_pb2.GpuSample) -> int | None:
 
 class PcieReplays(RateCheck):
     name = "pcie_replays"
+    watch_fields = ("pcie_replay_total",)  # a counter that moved: evaluated at that report
 
     def __init__(self) -> None:
         super().__init__(_pcie_replays)
