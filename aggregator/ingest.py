@@ -64,6 +64,7 @@ class _Session:
     peer: str
     out: asyncio.Queue[ingest_pb2.AggregatorMessage | _End | None]
     stream_id: int = 0  # this stream's number, as the ingest workers know it
+    acks: list[int] = field(default_factory=list)  # seqs durable this turn of the loop, not yet sent
     last_message_monotonic: float = field(default_factory=time.monotonic)
     inflight: int = 0  # reports submitted to the writer, not yet durable
     drained: asyncio.Event = field(default_factory=asyncio.Event)  # set when inflight is 0
@@ -307,6 +308,7 @@ class IngestService:
         if session.inflight:
             session.drained.clear()
             await session.drained.wait()
+        self._send_acks(session)
         session.out.put_nowait(None)
 
     def _command_result(self, session: _Session, msg: ingest_pb2.CollectorMessage) -> None:
@@ -335,6 +337,7 @@ class IngestService:
             extra={"node": session.hello.node, "seq": seq, "reason": r.reason},
         )
         if not session.closed:
+            self._send_acks(session)  # in order: what was durable before this refusal first
             session.out.put_nowait(
                 ingest_pb2.AggregatorMessage(
                     # seq as sent, clamped to the field: a Reject for an out-of-range seq still encodes
@@ -390,6 +393,7 @@ class IngestService:
             return
         if error is not None:
             # Not acknowledged: the collector keeps the report and replays it on reconnect.
+            self._send_acks(session)
             session.out.put_nowait(
                 _End(
                     grpc.StatusCode.UNAVAILABLE,
@@ -402,4 +406,13 @@ class IngestService:
         self._metrics.reports_accepted.inc()
         self._metrics.gpu_samples.inc(len(report.gpus))
         if not session.closed:
-            session.out.put_nowait(ingest_pb2.AggregatorMessage(ack=ingest_pb2.Ack(seqs=[report.seq])))
+            # Every report of this stream made durable in this turn of the event loop (a group
+            # commit completes many at once) goes out in one Ack: one gRPC write, not one each.
+            if not session.acks:
+                asyncio.get_running_loop().call_soon(self._send_acks, session)
+            session.acks.append(report.seq)
+
+    def _send_acks(self, session: _Session) -> None:
+        if session.acks and not session.closed:
+            session.out.put_nowait(ingest_pb2.AggregatorMessage(ack=ingest_pb2.Ack(seqs=session.acks)))
+        session.acks = []

@@ -19,6 +19,7 @@ import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import grpc
 import pytest
@@ -380,6 +381,18 @@ def test_bisect_finds_exactly_the_points_the_store_refuses(tmp_path: Path) -> No
     store.close()
 
 
+def answered(s: RawStream, n: int) -> dict[int, tuple[str, Any]]:
+    """seq -> (ack or reject, the message) for the next n reports answered on a stream (one Ack
+    may carry several seqs: all those its batch made durable)."""
+    out: dict[int, tuple[str, Any]] = {}
+    while len(out) < n:
+        m = s.recv(15)
+        body = m.WhichOneof("body")
+        for seq in m.ack.seqs if body == "ack" else [m.reject.seq]:
+            out[seq] = (body, m)
+    return out
+
+
 def test_reports_a_concurrent_writer_made_unstorable_are_refused_alone(
     cluster: Cluster, influxd: str
 ) -> None:
@@ -401,12 +414,13 @@ def test_reports_a_concurrent_writer_made_unstorable_are_refused_alone(
         for g in r.report.gpus:
             g.ClearField("util_gpu_pct")
         clean.send(r)
-    answers = {"clash": [clash.recv(15) for _ in range(5)], "clean": [clean.recv(15) for _ in range(5)]}
-    assert [m.WhichOneof("body") for m in answers["clean"]] == ["ack"] * 5
-    for m in answers["clash"]:
-        assert m.WhichOneof("body") == "reject" and m.reject.code == grpc.StatusCode.INVALID_ARGUMENT.value[0]
+    clean_answers, clash_answers = answered(clean, 5), answered(clash, 5)
+    assert sorted(clean_answers) == [1, 2, 3, 4, 5] and {a for a, _ in clean_answers.values()} == {"ack"}
+    assert sorted(clash_answers) == [1, 2, 3, 4, 5]
+    for seq, (kind, m) in clash_answers.items():
+        assert kind == "reject" and m.reject.code == grpc.StatusCode.INVALID_ARGUMENT.value[0]
         assert "refused by the store" in m.reject.message and "field type conflict" in m.reject.message
-        assert m.reject.message.startswith(f"node 'clash-node': report seq {m.reject.seq}")
+        assert m.reject.message.startswith(f"node 'clash-node': report seq {seq}")
     assert agg.metric_value("gpufleet_ingest_rejections_total", reason="store_refused") == 5
     assert agg.metric_value("gpufleet_store_refused_reports_total") == 5
     reader = InfluxStore(influxd, database, create_database=False)
