@@ -37,6 +37,7 @@ from gpufleet.repair.rails import Breaker, Gate, Rails, SchedulerView
 from gpufleet.repair.state import RepairState, Workflow
 
 log = logging.getLogger("gpufleet.repair")
+_YIELD_EVERY = 64  # nodes evaluated between two returns to the event loop in one pass
 
 __all__ = ["AUTOMATION", "Hooks", "Rails", "RepairController", "RepairRefused"]
 
@@ -196,7 +197,11 @@ class RepairController:
                 self.gate.fleet_size = len(nodes)
             watched = [n for n in nodes if n in self.workflows and self.workflows[n].state in WATCHED]
             view, fresh = await self.scheduler.read(nodes, only is None, watched)
-            for node in nodes:
+            for i, node in enumerate(nodes):
+                if i % _YIELD_EVERY == _YIELD_EVERY - 1:
+                    # A full pass over thousands of nodes must not hold the event loop: acks and
+                    # reports go on between slices of it (the pass works on its snapshots).
+                    await asyncio.sleep(0)
                 wf = self.workflows.get(node) or Workflow(node)
                 snap = snaps.get(node)
                 findings = self.evaluator.evaluate(wf, snap, now) if snap else []
@@ -208,9 +213,14 @@ class RepairController:
                 before = dict(vars(wf))
                 seen = self.scheduler.get(node) if node in fresh or wf.state not in WATCHED else None
                 await self._reconcile(wf, snap, findings, seen, view, now)
-                if vars(wf) != before or node not in self.workflows:
+                changed = vars(wf) != before
+                if changed or node not in self.workflows:
                     self.workflows[node] = wf
-                    self.state.save(wf)
+                    # Only a change is written (one fsync each): a node seen for the first time
+                    # and still healthy is the default, and 2,000 of them appearing at once
+                    # must not hold the event loop for 2,000 fsyncs.
+                    if changed:
+                        self.state.save(wf)
             self.passes += 1
             self.last_pass_s = time.monotonic() - started
 
