@@ -129,17 +129,18 @@ class RepairController:
             self._dirty.add(node)
         self._wake.set()
 
-    def needs_attention(self) -> set[str]:
+    def needs_attention(self, liveness: dict[str, int]) -> set[str]:
         """Nodes evaluated on every tick, whatever their reports say: a workflow under way or
         an incident open (steps, windows and timeouts run on the clock), a finding waiting out
-        its persistence window, or a liveness that changed since the node was last evaluated."""
+        its persistence window, or a liveness that changed since the node was last evaluated
+        (liveness: every known node's now)."""
         nodes = {
             n
             for n, wf in self.workflows.items()
             if wf.state != Health.HEALTHY or wf.incident_id or wf.held or wf.suppressed
         }
         nodes.update(n for n, found in self.findings.items() if found)
-        nodes.update(n for n, lv in self._liveness().items() if self._seen_liveness.get(n) != lv)
+        nodes.update(n for n, lv in liveness.items() if self._seen_liveness.get(n) != lv)
         return nodes
 
     async def run(self, stop: asyncio.Event, interval_s: float = 1.0) -> None:
@@ -158,8 +159,12 @@ class RepairController:
                 only, next_tick = None, now + interval_s
             elif now >= next_tick:
                 next_tick = now + interval_s
+                known = self._liveness()
+                # The cap's fraction is of the fleet as it is now, not as the last full pass saw
+                # it (at start that pass may have seen no node at all).
+                self.gate.fleet_size = len(known.keys() | self.workflows.keys())
                 if only is not None:
-                    only |= self.needs_attention()
+                    only |= self.needs_attention(known)
             try:
                 if only is None or only:
                     await self.pass_once(only)
