@@ -26,7 +26,7 @@ import grpc
 
 from gpufleet.aggregator.config import AggregatorConfig
 from gpufleet.aggregator.metrics import AggregatorMetrics
-from gpufleet.aggregator.spool import Spool
+from gpufleet.aggregator.spool import Spool, worker_spool_dir
 from gpufleet.aggregator.store import StoreError
 from gpufleet.aggregator.store.base import PointsRefused
 from gpufleet.aggregator.supervise import Supervisor
@@ -40,11 +40,6 @@ Outcome = worker_pb2.ReportOutcome
 STATS_EVERY_S = 1.0
 
 
-def worker_spool_dir(config: AggregatorConfig, index: int) -> os.PathLike[str]:
-    """Each worker spools on its own: a spool has one writer."""
-    return config.data_path / f"spool-worker-{index}"
-
-
 class Worker:
     def __init__(self, config: AggregatorConfig, index: int, out: asyncio.StreamWriter) -> None:
         self.index = index
@@ -53,7 +48,7 @@ class Worker:
         self.store = config.open_store()
         workers = max(1, config.ingest_workers)
         self.spool = Spool(
-            worker_spool_dir(config, index),
+            worker_spool_dir(config.data_path, index),
             max(1, config.spool_max_bytes // workers),
             config.spool_warn_ratio,
         )

@@ -272,14 +272,22 @@ def _write_durably(path: Path, data: bytes) -> None:
         os.close(dir_fd)
 
 
+WORKER_SPOOL_PREFIX = "spool-worker-"  # DATA_DIR/spool-worker-K: ingest worker K's own spool
+
+
+def worker_spool_dir(data_path: Path, index: int) -> Path:
+    """Each ingest worker spools on its own: a spool has one writer."""
+    return data_path / f"{WORKER_SPOOL_PREFIX}{index}"
+
+
 def adopt_orphans(data_path: Path, workers: int, into: Spool) -> int:
     """Move what the spools of ingest workers that no longer exist hold (ingest_workers was
     lowered, or set to 0) into `into`, oldest first: each batch is made durable there before it
     is removed from the old spool, so a crash in between replays it (writes are idempotent).
     Returns how many batches moved; an unreadable batch is left where it is, logged."""
     moved = 0
-    for directory in sorted(data_path.glob("spool-worker-*")):
-        suffix = directory.name.removeprefix("spool-worker-")
+    for directory in sorted(data_path.glob(f"{WORKER_SPOOL_PREFIX}*")):
+        suffix = directory.name.removeprefix(WORKER_SPOOL_PREFIX)
         if not suffix.isdigit() or int(suffix) < workers or not directory.is_dir():
             continue
         orphan = Spool(directory, 1 << 62)
