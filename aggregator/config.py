@@ -132,6 +132,30 @@ class AggregatorConfig:
         10.0, "a new incident's first alert waits this long, so a storm folds into one breaker alert"
     )
     alert_max_age_s: float = _setting(3600.0, "failed alert deliveries are retried for this long")
+    control_plane: str = _setting(
+        "sqlite",
+        "where repair state and the fleet's live view are kept: sqlite (DATA_DIR/repair.sqlite3, one "
+        "box) or a postgresql://USER@HOST:5432/DB URL that every replica shares (password in the URL, "
+        "PGPASSWORD or ~/.pgpass); replicas elect one repair leader through it",
+    )
+    replica_id: str = _setting(
+        "", "this aggregator's name among replicas (empty: the host name); each replica needs its own"
+    )
+    replica_advertise: str = _setting(
+        "",
+        "the Fleet API address other replicas reach this one at, to forward repair actions to the "
+        "leader (empty: the bound fleet address, with the host name for 0.0.0.0)",
+    )
+    leader_lease_s: float = _setting(
+        10.0,
+        "the repair leader's lease with control_plane = postgresql: a leader that stops renewing it "
+        "(killed, paused, cut off) is replaced within this, and its later writes are refused",
+    )
+    live_sync_s: float = _setting(
+        1.0,
+        "how often a replica writes the live state of the nodes it holds to the control plane, "
+        "reads the other replicas' and passes on commands for its streams",
+    )
     ready_file: str = _setting(
         "",
         "write the bound addresses as JSON here once serving (for supervisors and tests)",
@@ -195,6 +219,36 @@ class AggregatorConfig:
             )
         if self.repair_backend == "hook" and not (self.repair_hook_cordon and self.repair_hook_uncordon):
             raise ValueError("repair_backend=hook needs repair_hook_cordon and repair_hook_uncordon")
+
+        if not self.replicated and self.control_plane != "sqlite":
+            raise ValueError(
+                f"control_plane={self.control_plane!r}: use sqlite or a postgresql://USER@HOST:PORT/DB URL"
+            )
+        if self.replicated and self.store != "influxdb":
+            raise ValueError(
+                "control_plane = postgresql (replicas) needs store = influxdb: every replica writes its "
+                "streams' telemetry to one shared history (the embedded store is one box's)"
+            )
+        if not 1 <= self.leader_lease_s <= 300:
+            raise ValueError(f"leader_lease_s={self.leader_lease_s:g} must be between 1 and 300 seconds")
+        if not 0.05 <= self.live_sync_s <= min(60.0, self.leader_lease_s):
+            raise ValueError(
+                f"live_sync_s={self.live_sync_s:g} must be between 0.05 and 60 seconds and at most "
+                f"leader_lease_s ({self.leader_lease_s:g})"
+            )
+        if self.replica_advertise and ":" not in self.replica_advertise:
+            raise ValueError(f"replica_advertise={self.replica_advertise!r} must be host:port or empty")
+
+    @property
+    def replicated(self) -> bool:
+        """Replicas share a PostgreSQL control plane (else one box, SQLite)."""
+        return self.control_plane.startswith(("postgresql://", "postgres://"))
+
+    @property
+    def replica_name(self) -> str:
+        import socket
+
+        return self.replica_id or socket.gethostname()
 
     def open_store(self) -> Store:
         """The history store these settings name (the main process and each ingest worker)."""

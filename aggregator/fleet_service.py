@@ -6,7 +6,8 @@ import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import grpc
 
@@ -19,11 +20,24 @@ from gpufleet.aggregator.store import HistoryQuery, Store, StoreError
 from gpufleet.protos import fleet_pb2, fleet_pb2_grpc
 from gpufleet.protos.names import health_value
 from gpufleet.repair.controller import RepairController, RepairRefused
-from gpufleet.repair.state import AuditRecord, Incident
+from gpufleet.repair.state import AuditRecord, Incident, RepairState, StateError, Workflow
+
+if TYPE_CHECKING:
+    from gpufleet.aggregator.control_plane import ControlPlane
+    from gpufleet.aggregator.repair_wiring import RepairWiring
 
 log = logging.getLogger("gpufleet.aggregator.fleet")
 
 MAX_BUCKETS = 20_000
+_FORWARDED = "x-gpufleet-forwarded-by"  # set on a repair call a replica passed to the leader
+
+
+def _channel(address: str, tls_ca: bytes | None) -> grpc.aio.Channel:
+    if tls_ca is not None:
+        return grpc.aio.secure_channel(address, grpc.ssl_channel_credentials(tls_ca))
+    return grpc.aio.insecure_channel(address)
+
+
 _AGGREGATES = {
     fleet_pb2.AGGREGATE_UNSPECIFIED: "mean",
     fleet_pb2.AGGREGATE_MEAN: "mean",
@@ -52,15 +66,20 @@ class _Refused(Exception):
         self.message = message
 
 
-def _rpc(role: str) -> Callable[[Callable[..., Awaitable[Any]]], Callable[..., Awaitable[Any]]]:
-    """Authenticate, require role, count and log; turn _Refused into its gRPC status."""
+def _rpc(
+    role: str, forward: bool = False
+) -> Callable[[Callable[..., Awaitable[Any]]], Callable[..., Awaitable[Any]]]:
+    """Authenticate, require role, count and log; turn _Refused into its gRPC status. forward:
+    on a replica that is not the repair leader, the leader answers (`_on_leader`)."""
 
     def wrap(fn: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[Any]]:
         async def method(self: FleetService, request: Any, context: grpc.aio.ServicerContext) -> Any:
             name = fn.__name__
             try:
                 principal = self._authorize(context, role)
-                result = await fn(self, request, principal)
+                result = await self._on_leader(name, request, context) if forward else None
+                if result is None:
+                    result = await fn(self, request, principal)
             except _Refused as r:
                 self._metrics.fleet_requests.labels(method=name, code=r.code.name).inc()
                 log.info("fleet %s refused: %s", name, r.message, extra={"code": r.code.name})
@@ -82,14 +101,21 @@ class FleetService(fleet_pb2_grpc.FleetServicer):
         store: Store,
         metrics: AggregatorMetrics,
         status: Callable[[], fleet_pb2.AggregatorStatus] | None = None,
-        repair: RepairController | None = None,
+        repair: RepairWiring | None = None,
+        shared: ControlPlane | None = None,
     ) -> None:
-        self._repair = repair
+        self._wiring = repair
+        self._shared = shared
         self._auth = auth
         self._fleet = fleet
         self._store = store
         self._metrics = metrics
         self._status = status or fleet_pb2.AggregatorStatus
+        # Replicas serve with TLS when configured: the leader is dialled trusting the same
+        # certificate (one certificate for every replica, or a chain its file completes).
+        self._tls_ca: bytes | None = None
+        if shared is not None and shared.tls_cert:
+            self._tls_ca = Path(shared.tls_cert).read_bytes()
 
     def _authorize(self, context: grpc.aio.ServicerContext, role: str) -> Principal:
         try:
@@ -213,10 +239,23 @@ class FleetService(fleet_pb2_grpc.FleetServicer):
         )
 
     # --- repair -----------------------------------------------------------------------
+    @property
+    def _repair(self) -> RepairController | None:
+        """The repair controller running here: on one box always; with replicas, only on the
+        leader (the other replicas forward repair actions to it: `_on_leader`)."""
+        return self._wiring.controller if self._wiring else None
+
+    def _workflows(self) -> dict[str, Workflow]:
+        if self._repair is not None:
+            return self._repair.workflows
+        return self._shared.workflows if self._shared else {}
+
     def _with_health(self, summary: fleet_pb2.NodeSummary) -> fleet_pb2.NodeSummary:
-        wf = self._repair.workflows.get(summary.node) if self._repair else None
+        wf = self._workflows().get(summary.node)
         summary.health = health_value(wf.state if wf else "healthy")
         summary.health_detail = wf.detail if wf else ""
+        if self._shared is not None and not summary.replica:
+            summary.replica = self._shared.replica
         return summary
 
     def _controller(self) -> RepairController:
@@ -224,22 +263,59 @@ class FleetService(fleet_pb2_grpc.FleetServicer):
             raise _Refused(grpc.StatusCode.UNIMPLEMENTED, "repair is not running in this aggregator")
         return self._repair
 
+    def _repair_records(self) -> RepairState:
+        """Incidents and audit: the controller's, or (on a replica that does not lead) the
+        shared store's, which hold the same."""
+        if self._repair is not None:
+            return self._repair.state
+        if self._shared is not None:
+            return self._shared.state
+        raise _Refused(grpc.StatusCode.UNIMPLEMENTED, "repair is not running in this aggregator")
+
+    async def _on_leader(self, name: str, request: Any, context: grpc.aio.ServicerContext) -> Any | None:
+        """On a replica that does not lead: the answer of the leader to the same call, with the
+        caller's credentials (every replica shares the secrets file). None: this one leads."""
+        if self._repair is not None or self._shared is None:
+            return None
+        holder, address = self._shared.leader_address()
+        if any(k == _FORWARDED for k, _ in context.invocation_metadata()):
+            raise _Refused(
+                grpc.StatusCode.UNAVAILABLE,
+                f"replica {self._shared.replica} was forwarded a repair call but is not the leader "
+                f"(the lease is moving); try again in a few seconds",
+            )
+        if not address:
+            raise _Refused(
+                grpc.StatusCode.UNAVAILABLE,
+                f"no repair leader right now (the lease is "
+                f"{self._shared.lease_info.describe() if self._shared.lease_info else 'unknown'}); "
+                f"a replica takes it within leader_lease_s: try again in a few seconds",
+            )
+        metadata = [(k, v) for k, v in context.invocation_metadata() if k == "authorization"]
+        metadata.append((_FORWARDED, self._shared.replica))
+        try:
+            async with _channel(address, self._tls_ca) as channel:
+                stub = fleet_pb2_grpc.FleetStub(channel)
+                return await getattr(stub, name)(request, metadata=metadata, timeout=60)
+        except grpc.aio.AioRpcError as exc:
+            raise _Refused(
+                exc.code(), f"{exc.details()} (answered by the repair leader {holder} at {address})"
+            ) from exc
+
     @_rpc("viewer")
     async def ListIncidents(self, request: fleet_pb2.ListIncidentsRequest, principal: Principal) -> Any:
-        repair = self._controller()
-        incidents = repair.state.incidents(request.open_only, request.node, request.limit or 100)
+        records = self._repair_records()
+        incidents = records.incidents(request.open_only, request.node, request.limit or 100)
         return fleet_pb2.ListIncidentsResponse(
-            incidents=[
-                _incident_pb(i, repair.state.audit_log(incident_id=i.id, limit=100)) for i in incidents
-            ]
+            incidents=[_incident_pb(i, records.audit_log(incident_id=i.id, limit=100)) for i in incidents]
         )
 
     @_rpc("viewer")
     async def ListAudit(self, request: fleet_pb2.ListAuditRequest, principal: Principal) -> Any:
-        entries = self._controller().state.audit_log(request.node, request.limit or 200)
+        entries = self._repair_records().audit_log(request.node, request.limit or 200)
         return fleet_pb2.ListAuditResponse(entries=[_audit_pb(e) for e in entries])
 
-    @_rpc("viewer")
+    @_rpc("viewer", forward=True)
     async def GetRepairStatus(self, request: fleet_pb2.RepairStatusRequest, principal: Principal) -> Any:
         return self._repair_status()
 
@@ -283,6 +359,8 @@ class FleetService(fleet_pb2_grpc.FleetServicer):
             )
         try:
             wf = await getattr(repair, action)(request.node, request.reason.strip(), principal.name)
+        except StateError as exc:  # fenced (no longer the leader) or the store is down
+            raise _Refused(grpc.StatusCode.UNAVAILABLE, f"{action} {request.node} not done: {exc}") from exc
         except RepairRefused as exc:
             code = {"not_found": grpc.StatusCode.NOT_FOUND, "invalid": grpc.StatusCode.INVALID_ARGUMENT}.get(
                 exc.kind, grpc.StatusCode.FAILED_PRECONDITION
@@ -290,19 +368,22 @@ class FleetService(fleet_pb2_grpc.FleetServicer):
             raise _Refused(code, str(exc)) from exc
         return fleet_pb2.CordonResponse(state=health_value(wf.state), detail=wf.detail)
 
-    @_rpc("operator")
+    @_rpc("operator", forward=True)
     async def Cordon(self, request: fleet_pb2.CordonRequest, principal: Principal) -> Any:
         return await self._manual("cordon", request, principal)
 
-    @_rpc("operator")
+    @_rpc("operator", forward=True)
     async def Uncordon(self, request: fleet_pb2.CordonRequest, principal: Principal) -> Any:
         return await self._manual("uncordon", request, principal)
 
-    @_rpc("operator")
+    @_rpc("operator", forward=True)
     async def ResetBreaker(self, request: fleet_pb2.ResetBreakerRequest, principal: Principal) -> Any:
         if not request.reason.strip():
             raise _Refused(grpc.StatusCode.INVALID_ARGUMENT, "breaker reset needs a reason (--reason TEXT)")
-        await self._controller().reset_breaker(request.reason.strip(), principal.name)
+        try:
+            await self._controller().reset_breaker(request.reason.strip(), principal.name)
+        except StateError as exc:
+            raise _Refused(grpc.StatusCode.UNAVAILABLE, f"breaker reset not done: {exc}") from exc
         return self._repair_status()
 
 

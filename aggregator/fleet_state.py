@@ -30,6 +30,7 @@ class NodeLive:
     engines: dict[tuple[str, int], telemetry_pb2.EngineSample] = field(default_factory=dict)
     events: deque[telemetry_pb2.Event] = field(default_factory=lambda: deque(maxlen=100))
     stats: telemetry_pb2.CollectorStats = field(default_factory=telemetry_pb2.CollectorStats)
+    replica: str = ""  # another aggregator replica holding the node's stream; "": this one
 
 
 class FleetState:
@@ -43,6 +44,9 @@ class FleetState:
         self.silent_after_intervals = silent_after_intervals
         self.default_interval_s = default_interval_s
         self.nodes: dict[str, NodeLive] = {}
+        # Nodes whose live state this process changed since take_changed() (what a replica
+        # writes to the shared live view).
+        self._changed: set[str] = set()
 
     def _node(self, name: str) -> NodeLive:
         live = self.nodes.get(name)
@@ -51,8 +55,14 @@ class FleetState:
         return live
 
     # --- updates -------------------------------------------------------------------
+    def take_changed(self) -> set[str]:
+        changed, self._changed = self._changed, set()
+        return changed
+
     def on_hello(self, hello: ingest_pb2.Hello, heard_ns: int | None = None) -> None:
         live = self._node(hello.node)
+        self._changed.add(hello.node)
+        live.replica = ""  # its stream is here now
         # A hello is hearing from the node: a collector that just connected is not silent.
         live.last_heard_ns = max(live.last_heard_ns, heard_ns or time.time_ns())
         live.cluster = hello.cluster
@@ -70,10 +80,12 @@ class FleetState:
     def on_disconnect(self, node: str) -> None:
         if node in self.nodes:
             self.nodes[node].connected = False
+            self._changed.add(node)
 
     def on_report(self, report: telemetry_pb2.NodeReport, heard_ns: int) -> None:
         live = self._node(report.node)
         live.last_heard_ns = max(live.last_heard_ns, heard_ns)
+        self._changed.add(report.node)
         if report.boot_id == live.boot_id and report.seq <= live.last_seq:
             return  # a replay of a report already applied: its events are already listed
         live.events.extend(report.events)
@@ -125,6 +137,30 @@ class FleetState:
                     setattr(sample, name, bool(value) if name == "lost" else value)
             self.nodes[node].gpus[sample.index] = sample
 
+    def apply_remote(
+        self, replica: str, heard_ns: int, connected: bool, detail: fleet_pb2.NodeDetail
+    ) -> bool | None:
+        """A node's live state as the replica holding its stream wrote it to the shared view.
+        None: not taken (this process holds the node's stream, or heard it more recently);
+        else whether it carries events this view had not seen."""
+        s = detail.summary
+        live = self.nodes.get(s.node)
+        if live is not None and not live.replica and (live.connected or live.last_heard_ns > heard_ns):
+            return None
+        live = self._node(s.node)
+        newest = live.events[-1].time_unix_ns if live.events else 0
+        live.replica = replica
+        live.cluster, live.boot_id, live.last_seq = s.cluster, s.boot_id, s.last_seq
+        live.last_report_ns, live.last_heard_ns = s.last_report_unix_ns, heard_ns
+        live.last_sample_ns, live.interval_s = s.last_sample_unix_ns, s.interval_s
+        live.simulated, live.driver_version, live.gpu_count = s.simulated, s.driver_version, s.gpu_count
+        live.connected = connected
+        live.gpus = {g.index: g for g in s.gpus}
+        live.engines = {(e.engine, e.port): e for e in detail.engines}
+        live.events = deque(detail.recent_events, maxlen=100)
+        live.stats = detail.collector_stats
+        return any(e.time_unix_ns > newest for e in detail.recent_events)
+
     # --- reading -------------------------------------------------------------------
     def liveness(self, live: NodeLive, now_ns: int) -> int:
         if not live.last_heard_ns:
@@ -159,6 +195,8 @@ class FleetState:
             gpus=[live.gpus[i] for i in sorted(live.gpus)],
             connected=live.connected,
             engines=[live.engines[k] for k in sorted(live.engines)],
+            last_sample_unix_ns=live.last_sample_ns,
+            replica=live.replica,
         )
 
     def detail(self, live: NodeLive) -> fleet_pb2.NodeDetail:

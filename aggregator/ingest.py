@@ -109,6 +109,10 @@ class IngestService:
     def streams_open(self) -> int:
         return len(self._streams)
 
+    def streaming_nodes(self) -> list[str]:
+        """The nodes whose collector stream this process holds now."""
+        return [n for n, session in self._streams.items() if not session.closed]
+
     def send_command(self, node: str, command: ingest_pb2.Command) -> bool:
         """Queue a command down the node's stream; False when its collector is not connected."""
         session = self._streams.get(node)

@@ -3,19 +3,21 @@ down the ingest streams, the backend, alert sinks and metrics from the configura
 
 from __future__ import annotations
 
+import asyncio
 import operator
 import time
+from collections.abc import Callable, Iterable
 
-from prometheus_client import Counter, Gauge
+from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from gpufleet.aggregator.config import AggregatorConfig
 from gpufleet.aggregator.fleet_state import FleetState
 from gpufleet.aggregator.ingest import IngestService
 from gpufleet.aggregator.metrics import AggregatorMetrics
-from gpufleet.protos import telemetry_pb2
+from gpufleet.protos import ingest_pb2, telemetry_pb2
 from gpufleet.protos.names import HEALTH_STATES
 from gpufleet.repair.alerts import open_sinks
-from gpufleet.repair.alerts.dispatcher import AlertDispatcher
+from gpufleet.repair.alerts.dispatcher import AlertDispatcher, Spawn
 from gpufleet.repair.backends import open_backend
 from gpufleet.repair.controller import Hooks, Rails, RepairController
 from gpufleet.repair.model import NodeSnapshot
@@ -53,110 +55,181 @@ class HealthWatch:
 
     FIELDS = WATCH_FIELDS  # declared by the rules themselves (repair/rules/__init__.py)
 
-    def __init__(self, controller: RepairController) -> None:
-        self._controller = controller
+    def __init__(self, poke: Callable[[str], None]) -> None:
+        self._poke = poke
         self._last: dict[str, tuple[object, ...]] = {}
         # One C call per GPU for every watched field (an absent field reads as its default: a
         # field going absent is seen at the next full pass, not at its report).
         self._fingerprint = operator.attrgetter("index", "lost", *self.FIELDS)
 
     def on_report(self, report: telemetry_pb2.NodeReport) -> None:
-        if report.gpus:
-            fingerprint = tuple(map(self._fingerprint, report.gpus))
-            changed = self._last.get(report.node) != fingerprint
-            self._last[report.node] = fingerprint
-        else:
-            changed = False
-        if changed or report.events:
-            self._controller.poke(report.node)
+        self.on_gpus(report.node, report.gpus, bool(report.events))
+
+    def on_gpus(self, node: str, gpus: Iterable[telemetry_pb2.GpuSample], events: bool) -> None:
+        fingerprint = tuple(map(self._fingerprint, gpus))
+        changed = bool(fingerprint) and self._last.get(node) != fingerprint
+        if fingerprint:
+            self._last[node] = fingerprint
+        if changed or events:
+            self._poke(node)
 
 
-def build_controller(
-    config: AggregatorConfig, fleet: FleetState, ingest: IngestService, metrics: AggregatorMetrics
-) -> tuple[RepairController, AlertDispatcher, RepairState]:
-    policy = load_policy(config.repair_policy_file or None)
-    backend = open_backend(
-        config.repair_backend,
-        slurm_scontrol=config.repair_slurm_scontrol,
-        slurm_conf=config.repair_slurm_conf,
-        kubeconfig=config.repair_kubeconfig,
-        hook_cordon=config.repair_hook_cordon,
-        hook_uncordon=config.repair_hook_uncordon,
-        hook_drain=config.repair_hook_drain,
-        hook_timeout_s=config.repair_hook_timeout_s,
-    )
-    r = metrics.registry
-    alerts = Counter(
-        "gpufleet_alerts",
-        "alert deliveries by sink and outcome (sent, failed_attempt, dropped)",
-        ["sink", "outcome"],
-        registry=r,
-    )
-    actions = Counter(
-        "gpufleet_repair_actions", "repair actions by action and outcome", ["action", "outcome"], registry=r
-    )
-    state = RepairState(config.data_path / "repair.sqlite3")
-    dispatcher = AlertDispatcher(
-        open_sinks(
-            [u.strip() for u in config.alert_webhooks.split(",") if u.strip()],
-            config.alert_slack_url,
-            config.alert_pagerduty_routing_key,
-            config.alert_pagerduty_url,
-        ),
-        group_wait_s=config.alert_group_wait_s,
-        max_age_s=config.alert_max_age_s,
-        count=lambda sink, outcome: alerts.labels(sink=sink, outcome=outcome).inc(),
-        store=state,
-    )
-    controller = RepairController(
-        policy,
-        state,
-        backend,
-        Rails(
-            dry_run=config.repair_dry_run,
-            max_out_of_service=config.repair_max_out_of_service,
-            max_out_of_service_fraction=config.repair_max_out_of_service_fraction,
-            breaker_nodes=config.repair_breaker_nodes,
-            breaker_window_s=config.repair_breaker_window_s,
-        ),
-        Hooks(config.repair_reboot_command, config.repair_ticket_command, config.repair_hook_timeout_s),
-        dispatcher,
-        lambda only: snapshots(fleet, only),
-        ingest.send_command,
-        on_action=lambda node, action, outcome: actions.labels(
-            action=action, outcome=outcome.split(":")[0]
-        ).inc(),
-        observe_interval_s=config.repair_observe_interval_s,
-        liveness=fleet.liveness_by_node,
-    )
-    ingest.fanout.on_command_result("repair", controller.on_command_result)
-    health_watch = HealthWatch(controller)
-    ingest.fanout.on_report("health_watch", lambda report, _received_ns: health_watch.on_report(report))
-    nodes_in_state = Gauge(
-        "gpufleet_repair_nodes", "nodes in each repair workflow state", ["state"], registry=r
-    )
-    for name in HEALTH_STATES:
-        nodes_in_state.labels(state=name).set_function(
-            lambda name=name: float(sum(1 for w in controller.workflows.values() if w.state == name))
+class RepairWiring:
+    """The repair controller of this aggregator, term by term. With the one-box control plane
+    there is one term, from start to stop. With replicas, a term is this replica's time as
+    repair leader (aggregator/control_plane.py): `start_term` builds a controller, its alert
+    dispatcher and backend on the leader's fenced view of the store, reloading every workflow,
+    incident, ledger entry and the breaker from it; `end_term` stops them. Listeners and
+    gauges are registered once and read the term that is running (none: 0, nothing done)."""
+
+    def __init__(
+        self, config: AggregatorConfig, fleet: FleetState, ingest: IngestService, metrics: AggregatorMetrics
+    ) -> None:
+        self._config, self._fleet, self._ingest, self._metrics = config, fleet, ingest, metrics
+        self._policy = load_policy(config.repair_policy_file or None)
+        r = metrics.registry
+        self._alert_count = Counter(
+            "gpufleet_alerts",
+            "alert deliveries by sink and outcome (sent, failed_attempt, dropped)",
+            ["sink", "outcome"],
+            registry=r,
         )
-    Gauge(
-        "gpufleet_repair_breaker_tripped", "1 while the repair breaker is tripped: alert", registry=r
-    ).set_function(lambda: float(controller.breaker_tripped))
-    Gauge(
-        "gpufleet_alerts_held", "incident alerts held while the breaker is tripped", registry=r
-    ).set_function(lambda: float(dispatcher.held))
-    Gauge(
-        "gpufleet_repair_passes", "repair passes run since the aggregator started", registry=r
-    ).set_function(lambda: float(controller.passes))
-    Gauge(
-        "gpufleet_repair_pass_errors", "repair passes that failed with an error (each logged)", registry=r
-    ).set_function(lambda: float(controller.pass_errors))
-    Gauge(
-        "gpufleet_repair_scheduler_reads",
-        "reads of the scheduler's view since the aggregator started",
-        registry=r,
-    ).set_function(lambda: float(controller.scheduler_reads))
-    Gauge("gpufleet_repair_last_pass_seconds", "how long the last repair pass took", registry=r).set_function(
-        lambda: controller.last_pass_s
-    )
-    return controller, dispatcher, state
+        self._actions = Counter(
+            "gpufleet_repair_actions",
+            "repair actions by action and outcome",
+            ["action", "outcome"],
+            registry=r,
+        )
+        self.controller: RepairController | None = None
+        self.dispatcher: AlertDispatcher | None = None
+        self._term_stop: asyncio.Event | None = None
+        self._term_tasks: list[asyncio.Task[None]] = []
+        # How commands reach a node whose stream another replica holds (None: one box).
+        self.remote_command: Callable[[RepairState, str, ingest_pb2.Command], bool] | None = None
+        ingest.fanout.on_command_result("repair", self.on_command_result)
+        self._health_watch = HealthWatch(self.poke)
+        ingest.fanout.on_report(
+            "health_watch", lambda report, _received_ns: self._health_watch.on_report(report)
+        )
+        self._gauges(r)
+
+    def poke(self, node: str | None = None) -> None:
+        if self.controller is not None:
+            self.controller.poke(node)
+
+    def on_command_result(self, node: str, result: ingest_pb2.CommandResult) -> None:
+        if self.controller is not None:
+            self.controller.on_command_result(node, result)
+
+    def watch_remote(self, node: str, gpus: Iterable[telemetry_pb2.GpuSample], events: bool) -> None:
+        """A node another replica holds changed in the shared live view."""
+        self._health_watch.on_gpus(node, gpus, events)
+
+    def _send_command(self, state: RepairState, node: str, command: ingest_pb2.Command) -> bool:
+        if self._ingest.send_command(node, command):
+            return True
+        return self.remote_command is not None and self.remote_command(state, node, command)
+
+    def start_term(self, state: RepairState, spawn: Spawn) -> RepairController:
+        config = self._config
+        backend = open_backend(
+            config.repair_backend,
+            slurm_scontrol=config.repair_slurm_scontrol,
+            slurm_conf=config.repair_slurm_conf,
+            kubeconfig=config.repair_kubeconfig,
+            hook_cordon=config.repair_hook_cordon,
+            hook_uncordon=config.repair_hook_uncordon,
+            hook_drain=config.repair_hook_drain,
+            hook_timeout_s=config.repair_hook_timeout_s,
+        )
+        dispatcher = AlertDispatcher(
+            open_sinks(
+                [u.strip() for u in config.alert_webhooks.split(",") if u.strip()],
+                config.alert_slack_url,
+                config.alert_pagerduty_routing_key,
+                config.alert_pagerduty_url,
+            ),
+            group_wait_s=config.alert_group_wait_s,
+            max_age_s=config.alert_max_age_s,
+            count=lambda sink, outcome: self._alert_count.labels(sink=sink, outcome=outcome).inc(),
+            store=state,
+        )
+        controller = RepairController(
+            self._policy,
+            state,
+            backend,
+            Rails(
+                dry_run=config.repair_dry_run,
+                max_out_of_service=config.repair_max_out_of_service,
+                max_out_of_service_fraction=config.repair_max_out_of_service_fraction,
+                breaker_nodes=config.repair_breaker_nodes,
+                breaker_window_s=config.repair_breaker_window_s,
+            ),
+            Hooks(config.repair_reboot_command, config.repair_ticket_command, config.repair_hook_timeout_s),
+            dispatcher,
+            lambda only: snapshots(self._fleet, only),
+            lambda node, command: self._send_command(state, node, command),
+            on_action=lambda node, action, outcome: self._actions.labels(
+                action=action, outcome=outcome.split(":")[0]
+            ).inc(),
+            observe_interval_s=config.repair_observe_interval_s,
+            liveness=self._fleet.liveness_by_node,
+        )
+        self._term_stop = stop = asyncio.Event()
+        dispatcher.start(spawn)
+        self._term_tasks = [spawn("repair", lambda: controller.run(stop, config.repair_interval_s))]
+        self.controller, self.dispatcher = controller, dispatcher
+        return controller
+
+    async def end_term(self, timeout_s: float = 60.0) -> None:
+        """Stop the running term: its pass finishes (a step is not cut short), alerts stop."""
+        if self._term_stop is not None:
+            self._term_stop.set()
+        if self._term_tasks:
+            _, late = await asyncio.wait(self._term_tasks, timeout=timeout_s)
+            for task in late:
+                task.cancel()
+        if self.dispatcher is not None:
+            await self.dispatcher.close()
+        self.controller, self.dispatcher, self._term_stop, self._term_tasks = None, None, None, []
+
+    @property
+    def term_tasks(self) -> list[asyncio.Task[None]]:
+        return self._term_tasks
+
+    def _gauges(self, r: CollectorRegistry) -> None:
+        def of(read: Callable[[RepairController], float]) -> Callable[[], float]:
+            return lambda: read(self.controller) if self.controller is not None else 0.0
+
+        nodes_in_state = Gauge(
+            "gpufleet_repair_nodes", "nodes in each repair workflow state", ["state"], registry=r
+        )
+        for name in HEALTH_STATES:
+            nodes_in_state.labels(state=name).set_function(
+                of(lambda c, name=name: float(sum(1 for w in c.workflows.values() if w.state == name)))
+            )
+        Gauge(
+            "gpufleet_repair_leader",
+            "1 while this aggregator runs the repair controller (is the leader)",
+            registry=r,
+        ).set_function(lambda: float(self.controller is not None))
+        Gauge(
+            "gpufleet_repair_breaker_tripped", "1 while the repair breaker is tripped: alert", registry=r
+        ).set_function(of(lambda c: float(c.breaker_tripped)))
+        Gauge(
+            "gpufleet_alerts_held", "incident alerts held while the breaker is tripped", registry=r
+        ).set_function(lambda: float(self.dispatcher.held) if self.dispatcher is not None else 0.0)
+        Gauge("gpufleet_repair_passes", "repair passes run by this leader term", registry=r).set_function(
+            of(lambda c: float(c.passes))
+        )
+        Gauge(
+            "gpufleet_repair_pass_errors", "repair passes that failed with an error (each logged)", registry=r
+        ).set_function(of(lambda c: float(c.pass_errors)))
+        Gauge(
+            "gpufleet_repair_scheduler_reads",
+            "reads of the scheduler's view by this leader term",
+            registry=r,
+        ).set_function(of(lambda c: float(c.scheduler_reads)))
+        Gauge(
+            "gpufleet_repair_last_pass_seconds", "how long the last repair pass took", registry=r
+        ).set_function(of(lambda c: c.last_pass_s))

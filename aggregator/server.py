@@ -19,19 +19,21 @@ import gpufleet
 from gpufleet.aggregator import rollups
 from gpufleet.aggregator.auth import Authenticator, CollectorAuth
 from gpufleet.aggregator.config import AggregatorConfig
+from gpufleet.aggregator.control_plane import ControlPlane
 from gpufleet.aggregator.fanout import Fanout
 from gpufleet.aggregator.fleet_service import FleetService
 from gpufleet.aggregator.fleet_state import FleetState
 from gpufleet.aggregator.http_endpoints import serve as serve_http
 from gpufleet.aggregator.ingest import IngestLimits, IngestService
 from gpufleet.aggregator.metrics import AggregatorMetrics
-from gpufleet.aggregator.repair_wiring import build_controller
+from gpufleet.aggregator.repair_wiring import RepairWiring
 from gpufleet.aggregator.spool import Spool, adopt_orphans
 from gpufleet.aggregator.store import Store, StoreError
 from gpufleet.aggregator.supervise import Supervisor
 from gpufleet.aggregator.workers import WorkerPool
 from gpufleet.aggregator.writer import GroupCommitWriter
 from gpufleet.protos import fleet_pb2, fleet_pb2_grpc
+from gpufleet.repair.state import RepairState, open_state
 
 log = logging.getLogger("gpufleet.aggregator")
 
@@ -75,6 +77,16 @@ def _add_port(server: grpc.aio.Server, address: str, config: AggregatorConfig) -
     return f"{host or '0.0.0.0'}:{port}"
 
 
+def _reachable(address: str) -> str:
+    """A bound address as another host can dial it (0.0.0.0 and [::] name no host)."""
+    host, port = _split(address)
+    if host in ("0.0.0.0", "::", ""):
+        import socket
+
+        host = socket.gethostname()
+    return f"{host}:{port}"
+
+
 class Aggregator:
     def __init__(self, config: AggregatorConfig) -> None:
         self.config = config
@@ -111,11 +123,29 @@ class Aggregator:
             self.fanout,
             self.pool,
         )
-        self.repair, self.alerts, self.repair_state = build_controller(
-            config, self.fleet, self.ingest, self.metrics
+        self.repair = RepairWiring(config, self.fleet, self.ingest, self.metrics)
+
+        def open_control_plane() -> RepairState:
+            # A connect attempt is bounded well inside the lease: a replica that cannot reach
+            # PostgreSQL learns it before its lease runs out.
+            return open_state(
+                config.control_plane,
+                str(config.data_path / "repair.sqlite3"),
+                connect_timeout_s=min(5.0, config.leader_lease_s / 2),
+            )
+
+        # One box: the repair state in SQLite, one repair term from start to stop. Replicas: the
+        # shared PostgreSQL, and a term only while this replica holds the lease.
+        self.control_plane = (
+            ControlPlane(config, open_control_plane, self.fleet, self.ingest, self.repair, self.supervisor)
+            if config.replicated
+            else None
         )
+        self.repair_state = self.control_plane.state if self.control_plane else open_control_plane()
+        if self.control_plane is not None:
+            self.control_plane.register_metrics(self.metrics.registry)
         self.fleet_service = FleetService(
-            self.auth, self.fleet, self.store, self.metrics, self.status, self.repair
+            self.auth, self.fleet, self.store, self.metrics, self.status, self.repair, self.control_plane
         )
         self._servers: list[grpc.aio.Server] = []
         self._http: ThreadingHTTPServer | None = None
@@ -188,6 +218,8 @@ class Aggregator:
         if self.pool is not None and self._started:
             reasons += self.pool.not_running()
         reasons += self.supervisor.looping()
+        if self.control_plane is not None:
+            reasons += self.control_plane.unhealthy()
         for name, task in self._tasks.items():
             if task.done() and not self._stopping:
                 reasons.append(f"background task {name} has ended")
@@ -237,7 +269,34 @@ class Aggregator:
             store_refused_reports_total=self.sink.refused_reports_total,
             listener_errors_total=self.fanout.errors_total,
             listener_reports_dropped_total=self.fanout.dropped_total,
+            **self._control_plane_status(),
         )
+
+    def _control_plane_status(self) -> dict[str, object]:
+        cp = self.control_plane
+        if cp is None:
+            return {"control_plane": "sqlite", "repair_leader": True}
+        lease = cp.lease_info
+        live = lease is not None and lease.live
+        return {
+            "control_plane": cp.url,
+            "replica_id": cp.replica,
+            "repair_leader": cp.leader,
+            "leader": lease.holder if lease and live else "",
+            "leader_epoch": lease.epoch if lease else 0,
+            "leader_lease_left_s": (lease.expires_ns - lease.now_ns) / 1e9 if lease and live else 0.0,
+            "replicas": [
+                fleet_pb2.ReplicaStatus(
+                    replica_id=r.replica,
+                    fleet_address=str(r.info.get("fleet", "")),
+                    ingest_address=str(r.info.get("ingest", "")),
+                    streams_open=int(r.info.get("streams", 0)),
+                    heartbeat_age_s=r.age_s,
+                    leader=live and lease is not None and r.replica == lease.holder,
+                )
+                for r in cp.replicas
+            ],
+        }
 
     async def start(self) -> Bound:
         self.writer.start(self.supervisor)  # with workers too: it drains this process's spool
@@ -246,7 +305,6 @@ class Aggregator:
                 self._tasks[task.get_name()] = task
         self._tasks["fanout"] = self.supervisor.start("fanout", self.fanout.run)
         self._started = True
-        self.alerts.start(self.supervisor.start)
         ingest_server = grpc.aio.server(options=SERVER_OPTIONS)
         ingest_server.add_generic_rpc_handlers((self.ingest.handler(),))
         ingest_addr = _add_port(ingest_server, self.config.ingest_listen, self.config)
@@ -262,6 +320,11 @@ class Aggregator:
             self._http = serve_http(host, port, self.metrics.registry, self.unhealthy)
             metrics_addr = f"{host or '0.0.0.0'}:{self._http.server_port}"
         bound = Bound(ingest_addr, fleet_addr, metrics_addr)
+        if self.control_plane is not None:
+            self.control_plane.addresses = {
+                "fleet": self.config.replica_advertise or _reachable(bound.fleet),
+                "ingest": _reachable(bound.ingest),
+            }
         log.info(
             "aggregator serving: ingest %s, fleet API %s, metrics %s, store %s in %s (%d known nodes)",
             bound.ingest,
@@ -302,13 +365,24 @@ class Aggregator:
             "retention": lambda: self.retention_loop(stop),
             "restore": lambda: self.restore_loop(stop),
             "rollups": lambda: self.rollup_loop(stop),
-            "repair": lambda: self.repair.run(stop, self.config.repair_interval_s),
         }
+        if self.control_plane is not None:
+            loops["control-plane-lease"] = lambda: self.control_plane.lease_loop(stop)  # type: ignore[union-attr]
+            loops["control-plane-sync"] = lambda: self.control_plane.sync_loop(stop)  # type: ignore[union-attr]
         for name, body in loops.items():
             task = self.supervisor.start(name, body)
             self._loops.append(task)
             if name != "restore":  # restore ends once the live view is seeded
                 self._tasks[name] = task
+        if self.control_plane is None:
+            self.repair.start_term(self.repair_state, self.supervisor.start)
+            self._tasks["repair"] = self.repair.term_tasks[0]
+            stop_task = asyncio.ensure_future(self._end_term_on(stop))
+            self._loops.append(stop_task)
+
+    async def _end_term_on(self, stop: asyncio.Event) -> None:
+        await stop.wait()
+        await self.repair.end_term()
 
     async def wait_loops(self, timeout_s: float = 60.0) -> None:
         """After stop is set: let each loop finish its pass (a repair step is not cut short)."""
@@ -322,9 +396,12 @@ class Aggregator:
         if self.pool is not None:
             await self.pool.close()
         await self.writer.close()
+        await self.repair.end_term()
         await self.supervisor.stop()
-        await self.alerts.close()
-        self.repair_state.close()
+        if self.control_plane is not None:
+            self.control_plane.close()
+        else:
+            self.repair_state.close()
         if self._http is not None:
             self._http.shutdown()
         self.store.close()

@@ -196,17 +196,26 @@ async def child(args: argparse.Namespace) -> dict[str, object]:
     stats = Stats()
     stop, go = asyncio.Event(), asyncio.Event()
     indices = range(args.first, args.first + args.count)
-    channels = [
-        grpc.aio.insecure_channel(args.address, options=[("grpc.use_local_subchannel_pool", 1)])
-        for _ in range((args.count + STREAMS_PER_CHANNEL - 1) // STREAMS_PER_CHANNEL)
-    ]
+    # Several comma-separated addresses (aggregator replicas): node i streams to address i mod n.
+    addresses = args.address.split(",")
+    channels: dict[tuple[int, int], grpc.aio.Channel] = {}
+    per_address = [0] * len(addresses)
+
+    def channel_for(i: int) -> grpc.aio.Channel:
+        a = i % len(addresses)
+        key = (a, per_address[a] // STREAMS_PER_CHANNEL)
+        per_address[a] += 1
+        if key not in channels:
+            channels[key] = grpc.aio.insecure_channel(
+                addresses[a], options=[("grpc.use_local_subchannel_pool", 1)]
+            )
+        return channels[key]
+
     # Streams are opened in batches, as a real fleet's collectors connect at different
     # times; opening thousands in the same instant makes grpc's client fail some of them.
     tasks: list[asyncio.Task[None]] = []
-    for k, i in enumerate(indices):
-        tasks.append(
-            asyncio.create_task(node_stream(channels[k // STREAMS_PER_CHANNEL], i, args, stats, go, stop))
-        )
+    for i in indices:
+        tasks.append(asyncio.create_task(node_stream(channel_for(i), i, args, stats, go, stop)))
         if len(tasks) % CONNECT_BATCH == 0 or len(tasks) == args.count:
             deadline = time.monotonic() + 60
             while stats.connected < len(tasks) and time.monotonic() < deadline:
@@ -227,7 +236,7 @@ async def child(args: argparse.Namespace) -> dict[str, object]:
     for t in tasks:
         t.cancel()
     await asyncio.gather(*tasks, return_exceptions=True)
-    for ch in channels:
+    for ch in channels.values():
         await ch.close()
     return {
         "sent": stats.sent,
@@ -241,7 +250,7 @@ async def child(args: argparse.Namespace) -> dict[str, object]:
 
 @dataclass
 class Load:
-    address: str
+    address: str  # host:port, or several comma-separated (replicas: nodes spread over them)
     secret: str
     nodes: int = 2000
     gpus: int = 8

@@ -65,6 +65,14 @@ def build_parser() -> argparse.ArgumentParser:
         agg_sub.add_parser("run", help="serve ingest and the Fleet API"), AggregatorConfig, "aggregator"
     )
 
+    db = sub.add_parser("db", help="the control-plane store's schema (SQLite or PostgreSQL)")
+    db_sub = db.add_subparsers(dest="action", required=True)
+    for name, text in (
+        ("migrate", "apply the schema migrations not yet applied (the aggregator also does at start)"),
+        ("status", "the schema version applied and the migrations still to apply"),
+    ):
+        settings.add_flags(db_sub.add_parser(name, help=text), AggregatorConfig, "aggregator")
+
     demo.add_arguments(sub.add_parser("demo", help="run a simulated fleet on this machine"))
 
     dash = sub.add_parser("dashboard", parents=[client], help="serve the Streamlit dashboard")
@@ -151,15 +159,54 @@ def _run_component(args: argparse.Namespace) -> int:
             return EXIT_CONFIG
         return 0
     from gpufleet.aggregator.server import run_aggregator
+    from gpufleet.repair.state import StateError
 
     config = settings.resolve(AggregatorConfig, "aggregator", args, os.environ, file_data, str(path))
     configure_logging(args.log_level, component="aggregator")
     try:
         asyncio.run(run_aggregator(config))
-    except (OSError, ValueError) as exc:
+    except (OSError, ValueError, StateError) as exc:
         print(f"gpufleet aggregator: {exc}", file=sys.stderr)
         return EXIT_CONFIG
     return 0
+
+
+def _run_db(args: argparse.Namespace) -> int:
+    """`gpufleet db migrate|status`, with the aggregator's settings (file, environment, flags)."""
+    from gpufleet.aggregator.config import AggregatorConfig
+    from gpufleet.repair.migrations import MIGRATIONS
+    from gpufleet.repair.state import StateError, open_state
+
+    path = settings.config_path(args.config, os.environ)
+    config = settings.resolve(
+        AggregatorConfig, "aggregator", args, os.environ, settings.load_file(path), str(path)
+    )
+    where = config.control_plane if config.replicated else str(config.data_path / "repair.sqlite3")
+    try:
+        state = open_state(config.control_plane, str(config.data_path / "repair.sqlite3"), migrate=False)
+    except (StateError, ValueError) as exc:
+        print(f"gpufleet db: {exc}", file=sys.stderr)
+        return EXIT_CONFIG
+    try:
+        if args.action == "migrate":
+            applied = state.migrate()
+            for m in MIGRATIONS:
+                if m.version in applied:
+                    print(f"applied migration {m.version}: {m.description}")
+            print(f"schema at version {state.schema_version()} ({len(applied)} applied now)")
+            return 0
+        pending = state.pending_migrations()
+        have = MIGRATIONS[-1].version - len(pending)
+        print(f"control plane {state.describe()}: schema version {have} of {MIGRATIONS[-1].version}")
+        for m in MIGRATIONS:
+            if m.version in pending:
+                print(f"  pending {m.version}: {m.description}  (`gpufleet db migrate` applies it)")
+        return 1 if pending else 0
+    except StateError as exc:
+        print(f"gpufleet db: {where}: {exc}", file=sys.stderr)
+        return EXIT_CONFIG
+    finally:
+        state.close()
 
 
 def _run_auth(args: argparse.Namespace) -> int:
@@ -213,6 +260,8 @@ def main(argv: list[str] | None = None) -> int:
             return run_demo(args)
         if args.command == "auth":
             return _run_auth(args)
+        if args.command == "db":
+            return _run_db(args)
         if args.command == "engines":
             from gpufleet.cli.engines import run_engines_probe
 

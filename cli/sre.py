@@ -365,6 +365,7 @@ def print_status(st: fleet_pb2.AggregatorStatus, as_json: bool) -> None:
         out["spool"] = message_fields(st.spool)
         out["unhealthy_reasons"] = list(st.unhealthy_reasons)
         out["tasks"] = [message_fields(t) for t in st.tasks]
+        out["replicas"] = [message_fields(r) for r in st.replicas]
         print(json.dumps(out, indent=2))
         return
     sp = st.spool
@@ -397,6 +398,21 @@ def print_status(st: fleet_pb2.AggregatorStatus, as_json: bool) -> None:
         f"listeners: {st.listener_errors_total} errors, {st.listener_reports_dropped_total} reports not "
         "handed to the fleet view (queue full)"
     )
+    if st.replica_id:
+        leader = (
+            f"repair leader {st.leader} (epoch {st.leader_epoch}, lease {st.leader_lease_left_s:.1f}s left)"
+            if st.leader
+            else "NO REPAIR LEADER (the lease is free or expired: a replica takes it within leader_lease_s)"
+        )
+        me = "this replica leads" if st.repair_leader else "this replica follows"
+        print(f"control plane {st.control_plane}: replica {st.replica_id}; {leader}; {me}")
+        for r in st.replicas:
+            print(
+                f"  replica {r.replica_id}{' (leader)' if r.leader else ''}: fleet API {r.fleet_address}, "
+                f"ingest {r.ingest_address}, {r.streams_open} streams, heartbeat {r.heartbeat_age_s:.1f}s ago"
+            )
+    else:
+        print(f"control plane {st.control_plane or 'sqlite'}: one box (this aggregator runs repair)")
     restarted = [t for t in st.tasks if t.restarts_total]
     for t in restarted:
         print(f"task {t.name}: restarted {t.restarts_total} times; last error {t.last_error}")

@@ -14,6 +14,7 @@ import logging
 import random
 import time
 import uuid
+import zlib
 from collections.abc import Callable
 from pathlib import Path
 
@@ -70,6 +71,11 @@ class CollectorAgent:
         # Set by run_collector with --simulate: resets a simulated GPU when no reset_command is set.
         self.simulated_reset: Callable[[int], str] | None = None
         self.boot_id = uuid.uuid4().hex
+        # Replicas: start at the address this node's name picks (the fleet spreads over them)
+        # and move to the next one whenever a stream breaks; the replay buffer covers the gap.
+        self._addresses = config.aggregator_addresses
+        self._address_index = zlib.crc32(config.node.encode()) % len(self._addresses)
+        self.failovers_total = 0
         self.token = config.resolve_token()
         self.buffer = ReplayBuffer(config.buffer_reports)
         self.seq = 0
@@ -232,9 +238,19 @@ class CollectorAgent:
             )
         )
 
+    @property
+    def aggregator(self) -> str:
+        """The aggregator address this collector streams to (or tries next)."""
+        return self._addresses[self._address_index]
+
+    def _next_aggregator(self) -> None:
+        if len(self._addresses) > 1:
+            self._address_index = (self._address_index + 1) % len(self._addresses)
+            self.failovers_total += 1
+
     async def _stream_once(self, stop: asyncio.Event) -> None:
         """One connection: hello, replay, then live reports until something breaks."""
-        async with open_channel(self.config.aggregator, self.config.tls_ca) as channel:
+        async with open_channel(self.aggregator, self.config.tls_ca) as channel:
             stub = ingest_pb2_grpc.IngestStub(channel)
             # Read again at every connect: a projected Kubernetes token is rotated by the kubelet.
             self.token = self.config.resolve_token()
@@ -245,9 +261,9 @@ class CollectorAgent:
                 raise ConnectionError("aggregator did not answer the hello with a welcome")
             log.info(
                 "connected to aggregator %s; %d unacknowledged report(s) to replay",
-                self.config.aggregator,
+                self.aggregator,
                 len(self.buffer),
-                extra={"aggregator": self.config.aggregator, "boot_id": self.boot_id},
+                extra={"aggregator": self.aggregator, "boot_id": self.boot_id},
             )
             self.connected.set()
             self._welcomed = True
@@ -340,7 +356,7 @@ class CollectorAgent:
                 log.log(
                     level,
                     "stream to aggregator %s ended: %s: %s; retrying in %.1f s",
-                    self.config.aggregator,
+                    self.aggregator,
                     exc.code().name,
                     exc.details(),
                     wait_s,
@@ -350,13 +366,16 @@ class CollectorAgent:
                 # InvalidStateError: gRPC's "RPC already finished" when a write races the
                 # aggregator going away.
                 wait_s = backoff_s
-                log.warning("stream to aggregator ended: %s; retrying in %.1f s", exc, wait_s)
+                log.warning(
+                    "stream to aggregator %s ended: %s; retrying in %.1f s", self.aggregator, exc, wait_s
+                )
             except Exception:
                 # A collector must outlive any one stream: log the surprise and reconnect.
                 wait_s = backoff_s
                 log.exception("stream to aggregator failed unexpectedly; retrying in %.1f s", wait_s)
             if self._welcomed:  # the last attempt got through: start the backoff again
                 backoff_s = 0.5
+            self._next_aggregator()
             self.reconnects_total += 1
             # Full jitter keeps a fleet of collectors from reconnecting in lock-step.
             delay = random.uniform(0.5 * wait_s, wait_s)
@@ -371,7 +390,7 @@ class CollectorAgent:
             len(self.source.gpus),
             " (simulated)" if self.simulated else "",
             self.config.interval_s,
-            self.config.aggregator,
+            ", ".join(self._addresses),
             extra={"boot_id": self.boot_id},
         )
         self._carry_in()

@@ -18,7 +18,12 @@ def _setting(default: Any, help_text: str, **kw: Any) -> Any:
 
 @dataclass
 class CollectorConfig:
-    aggregator: str = _setting("127.0.0.1:7710", "aggregator ingest address, host:port")
+    aggregator: str = _setting(
+        "127.0.0.1:7710",
+        "aggregator ingest address, host:port; several, comma-separated, for replicas: the collector "
+        "starts at one (by its node name, spreading the fleet) and moves to the next when a stream "
+        "breaks. One DNS name with several records works too (gRPC tries each address)",
+    )
     node: str = _setting(socket.gethostname(), "this node's name (default: the hostname)")
     cluster: str = _setting("default", "cluster this node belongs to")
     token: str = _setting(
@@ -113,8 +118,12 @@ class CollectorConfig:
                 "`gpufleet auth collector-token NODE`, or the projected ServiceAccount token on "
                 "Kubernetes), or set allow_shared_secret = true to accept that risk"
             )
-        if ":" not in self.aggregator:
-            raise ValueError(f"aggregator={self.aggregator!r} must be host:port")
+        if not self.aggregator_addresses or any(":" not in a for a in self.aggregator_addresses):
+            raise ValueError(f"aggregator={self.aggregator!r} must be host:port, or several comma-separated")
+
+    @property
+    def aggregator_addresses(self) -> list[str]:
+        return [a.strip() for a in self.aggregator.split(",") if a.strip()]
 
     def resolve_token(self) -> str:
         if self.secret_file:

@@ -30,7 +30,14 @@ PAGES = {
 def health_banner() -> None:
     """The aggregator's watchdog, on every page: why it is unhealthy (e.g. not acknowledging)."""
     status, error = try_call("GetStatus", fleet_pb2.StatusRequest())
-    if error or status is None or status.healthy:
+    if error or status is None:
+        return
+    if status.replica_id and not status.leader:
+        st.warning(
+            "No repair leader among the aggregator replicas right now: automatic repair is paused "
+            "until one takes the lease (within leader_lease_s). Cordon and uncordon wait for it too."
+        )
+    if status.healthy:
         return
     st.error("Aggregator UNHEALTHY: " + "; ".join(status.unhealthy_reasons))
     if status.spool.quarantined_batches:

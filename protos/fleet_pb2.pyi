@@ -227,7 +227,7 @@ class TaskStatus(_message.Message):
     def __init__(self, name: _Optional[str] = ..., restarts_total: _Optional[int] = ..., last_error: _Optional[str] = ...) -> None: ...
 
 class AggregatorStatus(_message.Message):
-    __slots__ = ("version", "store", "store_ok", "store_error", "spool", "store_points_dropped_total", "nodes", "streams_open", "healthy", "unhealthy_reasons", "acknowledging", "not_acknowledging_reason", "oldest_unacked_s", "tasks", "store_refused_reports_total", "listener_errors_total", "listener_reports_dropped_total")
+    __slots__ = ("version", "store", "store_ok", "store_error", "spool", "store_points_dropped_total", "nodes", "streams_open", "healthy", "unhealthy_reasons", "acknowledging", "not_acknowledging_reason", "oldest_unacked_s", "tasks", "store_refused_reports_total", "listener_errors_total", "listener_reports_dropped_total", "control_plane", "replica_id", "repair_leader", "leader", "leader_epoch", "leader_lease_left_s", "replicas")
     VERSION_FIELD_NUMBER: _ClassVar[int]
     STORE_FIELD_NUMBER: _ClassVar[int]
     STORE_OK_FIELD_NUMBER: _ClassVar[int]
@@ -245,6 +245,13 @@ class AggregatorStatus(_message.Message):
     STORE_REFUSED_REPORTS_TOTAL_FIELD_NUMBER: _ClassVar[int]
     LISTENER_ERRORS_TOTAL_FIELD_NUMBER: _ClassVar[int]
     LISTENER_REPORTS_DROPPED_TOTAL_FIELD_NUMBER: _ClassVar[int]
+    CONTROL_PLANE_FIELD_NUMBER: _ClassVar[int]
+    REPLICA_ID_FIELD_NUMBER: _ClassVar[int]
+    REPAIR_LEADER_FIELD_NUMBER: _ClassVar[int]
+    LEADER_FIELD_NUMBER: _ClassVar[int]
+    LEADER_EPOCH_FIELD_NUMBER: _ClassVar[int]
+    LEADER_LEASE_LEFT_S_FIELD_NUMBER: _ClassVar[int]
+    REPLICAS_FIELD_NUMBER: _ClassVar[int]
     version: str
     store: str
     store_ok: bool
@@ -262,7 +269,30 @@ class AggregatorStatus(_message.Message):
     store_refused_reports_total: int
     listener_errors_total: int
     listener_reports_dropped_total: int
-    def __init__(self, version: _Optional[str] = ..., store: _Optional[str] = ..., store_ok: _Optional[bool] = ..., store_error: _Optional[str] = ..., spool: _Optional[_Union[SpoolStatus, _Mapping]] = ..., store_points_dropped_total: _Optional[int] = ..., nodes: _Optional[int] = ..., streams_open: _Optional[int] = ..., healthy: _Optional[bool] = ..., unhealthy_reasons: _Optional[_Iterable[str]] = ..., acknowledging: _Optional[bool] = ..., not_acknowledging_reason: _Optional[str] = ..., oldest_unacked_s: _Optional[float] = ..., tasks: _Optional[_Iterable[_Union[TaskStatus, _Mapping]]] = ..., store_refused_reports_total: _Optional[int] = ..., listener_errors_total: _Optional[int] = ..., listener_reports_dropped_total: _Optional[int] = ...) -> None: ...
+    control_plane: str
+    replica_id: str
+    repair_leader: bool
+    leader: str
+    leader_epoch: int
+    leader_lease_left_s: float
+    replicas: _containers.RepeatedCompositeFieldContainer[ReplicaStatus]
+    def __init__(self, version: _Optional[str] = ..., store: _Optional[str] = ..., store_ok: _Optional[bool] = ..., store_error: _Optional[str] = ..., spool: _Optional[_Union[SpoolStatus, _Mapping]] = ..., store_points_dropped_total: _Optional[int] = ..., nodes: _Optional[int] = ..., streams_open: _Optional[int] = ..., healthy: _Optional[bool] = ..., unhealthy_reasons: _Optional[_Iterable[str]] = ..., acknowledging: _Optional[bool] = ..., not_acknowledging_reason: _Optional[str] = ..., oldest_unacked_s: _Optional[float] = ..., tasks: _Optional[_Iterable[_Union[TaskStatus, _Mapping]]] = ..., store_refused_reports_total: _Optional[int] = ..., listener_errors_total: _Optional[int] = ..., listener_reports_dropped_total: _Optional[int] = ..., control_plane: _Optional[str] = ..., replica_id: _Optional[str] = ..., repair_leader: _Optional[bool] = ..., leader: _Optional[str] = ..., leader_epoch: _Optional[int] = ..., leader_lease_left_s: _Optional[float] = ..., replicas: _Optional[_Iterable[_Union[ReplicaStatus, _Mapping]]] = ...) -> None: ...
+
+class ReplicaStatus(_message.Message):
+    __slots__ = ("replica_id", "fleet_address", "ingest_address", "streams_open", "heartbeat_age_s", "leader")
+    REPLICA_ID_FIELD_NUMBER: _ClassVar[int]
+    FLEET_ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    INGEST_ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    STREAMS_OPEN_FIELD_NUMBER: _ClassVar[int]
+    HEARTBEAT_AGE_S_FIELD_NUMBER: _ClassVar[int]
+    LEADER_FIELD_NUMBER: _ClassVar[int]
+    replica_id: str
+    fleet_address: str
+    ingest_address: str
+    streams_open: int
+    heartbeat_age_s: float
+    leader: bool
+    def __init__(self, replica_id: _Optional[str] = ..., fleet_address: _Optional[str] = ..., ingest_address: _Optional[str] = ..., streams_open: _Optional[int] = ..., heartbeat_age_s: _Optional[float] = ..., leader: _Optional[bool] = ...) -> None: ...
 
 class WhoAmIRequest(_message.Message):
     __slots__ = ()
@@ -285,7 +315,7 @@ class ListNodesRequest(_message.Message):
     def __init__(self, clusters: _Optional[_Iterable[str]] = ..., liveness: _Optional[_Iterable[_Union[_vocabulary_pb2.Liveness, str]]] = ...) -> None: ...
 
 class NodeSummary(_message.Message):
-    __slots__ = ("node", "cluster", "liveness", "last_report_unix_ns", "seconds_since_report", "boot_id", "last_seq", "interval_s", "simulated", "driver_version", "gpu_count", "gpus", "connected", "health", "health_detail", "engines")
+    __slots__ = ("node", "cluster", "liveness", "last_report_unix_ns", "seconds_since_report", "boot_id", "last_seq", "interval_s", "simulated", "driver_version", "gpu_count", "gpus", "connected", "health", "health_detail", "engines", "last_sample_unix_ns", "replica")
     NODE_FIELD_NUMBER: _ClassVar[int]
     CLUSTER_FIELD_NUMBER: _ClassVar[int]
     LIVENESS_FIELD_NUMBER: _ClassVar[int]
@@ -302,6 +332,8 @@ class NodeSummary(_message.Message):
     HEALTH_FIELD_NUMBER: _ClassVar[int]
     HEALTH_DETAIL_FIELD_NUMBER: _ClassVar[int]
     ENGINES_FIELD_NUMBER: _ClassVar[int]
+    LAST_SAMPLE_UNIX_NS_FIELD_NUMBER: _ClassVar[int]
+    REPLICA_FIELD_NUMBER: _ClassVar[int]
     node: str
     cluster: str
     liveness: _vocabulary_pb2.Liveness
@@ -318,7 +350,9 @@ class NodeSummary(_message.Message):
     health: _vocabulary_pb2.NodeHealth
     health_detail: str
     engines: _containers.RepeatedCompositeFieldContainer[_telemetry_pb2.EngineSample]
-    def __init__(self, node: _Optional[str] = ..., cluster: _Optional[str] = ..., liveness: _Optional[_Union[_vocabulary_pb2.Liveness, str]] = ..., last_report_unix_ns: _Optional[int] = ..., seconds_since_report: _Optional[float] = ..., boot_id: _Optional[str] = ..., last_seq: _Optional[int] = ..., interval_s: _Optional[float] = ..., simulated: _Optional[bool] = ..., driver_version: _Optional[str] = ..., gpu_count: _Optional[int] = ..., gpus: _Optional[_Iterable[_Union[_telemetry_pb2.GpuSample, _Mapping]]] = ..., connected: _Optional[bool] = ..., health: _Optional[_Union[_vocabulary_pb2.NodeHealth, str]] = ..., health_detail: _Optional[str] = ..., engines: _Optional[_Iterable[_Union[_telemetry_pb2.EngineSample, _Mapping]]] = ...) -> None: ...
+    last_sample_unix_ns: int
+    replica: str
+    def __init__(self, node: _Optional[str] = ..., cluster: _Optional[str] = ..., liveness: _Optional[_Union[_vocabulary_pb2.Liveness, str]] = ..., last_report_unix_ns: _Optional[int] = ..., seconds_since_report: _Optional[float] = ..., boot_id: _Optional[str] = ..., last_seq: _Optional[int] = ..., interval_s: _Optional[float] = ..., simulated: _Optional[bool] = ..., driver_version: _Optional[str] = ..., gpu_count: _Optional[int] = ..., gpus: _Optional[_Iterable[_Union[_telemetry_pb2.GpuSample, _Mapping]]] = ..., connected: _Optional[bool] = ..., health: _Optional[_Union[_vocabulary_pb2.NodeHealth, str]] = ..., health_detail: _Optional[str] = ..., engines: _Optional[_Iterable[_Union[_telemetry_pb2.EngineSample, _Mapping]]] = ..., last_sample_unix_ns: _Optional[int] = ..., replica: _Optional[str] = ...) -> None: ...
 
 class ListNodesResponse(_message.Message):
     __slots__ = ("nodes", "server_time_unix_ns")

@@ -34,7 +34,7 @@ from gpufleet.repair.model import Finding, NodeSnapshot
 from gpufleet.repair.observe import SchedulerWatch
 from gpufleet.repair.policy import Policy
 from gpufleet.repair.rails import Breaker, Gate, Rails, SchedulerView
-from gpufleet.repair.state import RepairState, Workflow
+from gpufleet.repair.state import Fenced, RepairState, Workflow
 
 log = logging.getLogger("gpufleet.repair")
 _YIELD_EVERY = 64  # nodes evaluated between two returns to the event loop in one pass
@@ -92,6 +92,7 @@ class RepairController:
         self.passes = 0
         self.pass_errors = 0  # passes that raised (logged with the traceback, counted)
         self.last_pass_s = 0.0
+        self.fenced = ""  # why this controller stopped: a newer leader holds the lease
 
     # --- what the Fleet API and metrics read ------------------------------------------------
     @property
@@ -168,6 +169,12 @@ class RepairController:
             try:
                 if only is None or only:
                     await self.pass_once(only)
+            except Fenced as exc:
+                # Another replica leads now: this one must not act again (docs/architecture.md
+                # "Control plane and replicas"). The refusal is in the audit log.
+                self.fenced = str(exc)
+                log.error("repair stopped on this replica: %s", exc)
+                break
             except Exception:  # a bug in one pass must not stop repairs for good
                 self.pass_errors += 1
                 log.exception("repair pass failed (%d so far); retrying next interval", self.pass_errors)
@@ -194,6 +201,10 @@ class RepairController:
     async def pass_once(self, only: set[str] | None = None) -> None:
         """Reconcile every node, or only the nodes in `only`."""
         async with self._lock:
+            if self.state.epoch is not None:
+                # A leader's pass starts by proving it still leads: a drain check (evictions,
+                # on Kubernetes) is an action, and no write comes before it.
+                self.state.check_fence("a repair pass")
             now = time.time_ns()
             started = time.monotonic()
             snaps = {s.node: s for s in self._snapshots(only)}

@@ -1,40 +1,54 @@
-"""The repair controller's memory, on disk (SQLite in the aggregator's data directory): each
-node's workflow, incidents, the audit log, the ledger of actions taken, the breaker.
+"""The control plane's state contract (docs/architecture.md "Control plane and replicas").
+
+What the repair controller remembers — each node's workflow, incidents, the audit log, the
+ledger of actions taken, the breaker, alert delivery — and what replicas of the aggregator
+share — the leader lease, the replicas, every node's live summary, commands on their way to a
+node's stream and their results. Two implementations: SQLite (one box, the default:
+repair/state_sqlite.py) and PostgreSQL (replicas: repair/state_postgres.py). Both run the
+same SQL here; they differ in connection, placeholders, types, locking and clock. One
+contract test suite runs on both (tests/test_control_plane_contract.py).
 
 Every change is committed before the action it describes is carried out, so an aggregator
-killed at any point resumes from here and never repeats an action (see `begin_action`)."""
+killed at any point resumes from here and never repeats an action (see `begin_action`).
+
+**Fencing.** `fenced(holder, epoch)` returns a view of the state whose writes carry the
+leader's epoch: each runs in a transaction that first reads the lease row (shared lock) and
+is refused — rolled back, `Fenced` raised, and the refusal written to the audit log — unless
+this holder still has that epoch and the lease has not expired by the store's clock. The
+controller writes its audit row ("started") or its ledger entry before every backend action,
+so a paused leader that wakes after another took over cannot act: its first write is refused.
+"""
 
 from __future__ import annotations
 
 import json
-import sqlite3
 import time
 import uuid
+from abc import ABC, abstractmethod
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
+from typing import Any
 
+from gpufleet.repair.migrations import MIGRATIONS
 from gpufleet.repair.model import Finding
 
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS workflow (node TEXT PRIMARY KEY, body TEXT NOT NULL);
-CREATE TABLE IF NOT EXISTS incident (
-    id TEXT PRIMARY KEY, node TEXT NOT NULL, opened_ns INTEGER NOT NULL, closed_ns INTEGER NOT NULL DEFAULT 0,
-    body TEXT NOT NULL);
-CREATE INDEX IF NOT EXISTS incident_node ON incident (node, opened_ns);
-CREATE TABLE IF NOT EXISTS audit (
-    seq INTEGER PRIMARY KEY AUTOINCREMENT, time_ns INTEGER NOT NULL, actor TEXT NOT NULL, node TEXT NOT NULL,
-    action TEXT NOT NULL, reason TEXT NOT NULL, outcome TEXT NOT NULL, incident_id TEXT NOT NULL);
-CREATE INDEX IF NOT EXISTS audit_node ON audit (node, seq);
-CREATE TABLE IF NOT EXISTS action (key TEXT PRIMARY KEY, started_ns INTEGER NOT NULL, outcome TEXT);
-CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
-CREATE TABLE IF NOT EXISTS first_seen (
-    node TEXT NOT NULL, gpu INTEGER NOT NULL, code TEXT NOT NULL, seen_ns INTEGER NOT NULL,
-    PRIMARY KEY (node, gpu, code));
-CREATE TABLE IF NOT EXISTS alert_identity (key TEXT PRIMARY KEY, status TEXT NOT NULL, body TEXT NOT NULL);
-CREATE TABLE IF NOT EXISTS alert_outbox (
-    seq INTEGER PRIMARY KEY AUTOINCREMENT, sink TEXT NOT NULL, body TEXT NOT NULL, outcome TEXT);
-"""
 _NO_GPU = -1  # first_seen.gpu for a finding about the whole node
+
+
+class StateError(Exception):
+    """The control-plane store could not be read or written (down, refused, wrong schema)."""
+
+
+class Fenced(StateError):
+    """A write by a leader that is no longer the leader: refused, and audited."""
+
+    def __init__(self, holder: str, epoch: int, current: LeaseInfo, what: str) -> None:
+        super().__init__(
+            f"write refused: {holder} acted as repair leader with epoch {epoch}, but the lease is "
+            f"{current.describe()}; {what} not done"
+        )
+        self.holder, self.epoch, self.current, self.what = holder, epoch, current, what
 
 
 @dataclass
@@ -97,47 +111,352 @@ class AuditRecord:
     incident_id: str = ""
 
 
-class RepairState:
-    def __init__(self, path: Path) -> None:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        self._db = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
-        self._db.execute("PRAGMA journal_mode=WAL")
-        self._db.execute("PRAGMA synchronous=FULL")  # an action's record survives a power cut
-        self._db.executescript(_SCHEMA)
+@dataclass(frozen=True)
+class LeaseInfo:
+    holder: str  # "" when no one has ever held it
+    epoch: int
+    expires_ns: int  # by the store's clock
+    now_ns: int  # the store's clock when this was read
 
-    def close(self) -> None:
-        self._db.close()
+    @property
+    def live(self) -> bool:
+        return bool(self.holder) and self.expires_ns > self.now_ns
 
-    # --- workflows -------------------------------------------------------------------
-    def workflows(self) -> dict[str, Workflow]:
-        return {n: Workflow.from_json(b) for n, b in self._db.execute("SELECT node, body FROM workflow")}
+    def describe(self) -> str:
+        if not self.holder:
+            return "not held"
+        left_s = (self.expires_ns - self.now_ns) / 1e9
+        if left_s <= 0:
+            return f"expired {-left_s:.1f} s ago (last held by {self.holder}, epoch {self.epoch})"
+        return f"held by {self.holder} with epoch {self.epoch} for {left_s:.1f} s more"
 
-    def save(self, wf: Workflow) -> None:
-        self._db.execute(
-            "INSERT INTO workflow VALUES (?, ?) ON CONFLICT(node) DO UPDATE SET body = excluded.body",
-            (wf.node, json.dumps(asdict(wf))),
+
+@dataclass(frozen=True)
+class ReplicaInfo:
+    replica: str
+    info: dict[str, Any]  # addresses, streams, version: what `gpufleet status` shows
+    heard_ns: int  # the store's clock at its last heartbeat
+    age_s: float  # seconds since then, by the store's clock
+
+
+@dataclass(frozen=True)
+class LiveRow:
+    """One node's live summary as the replica holding its stream last wrote it."""
+
+    node: str
+    replica: str
+    heard_ns: int  # when that replica last heard the node (its clock)
+    connected: bool
+    version: int  # orders rows by write: read what changed with live_rows(after=...)
+    body: bytes  # a serialized fleet_pb2.NodeDetail (opaque to the store)
+
+
+@dataclass(frozen=True)
+class QueuedCommand:
+    seq: int
+    node: str
+    command_id: str
+    body: bytes  # a serialized ingest_pb2.Command
+    epoch: int  # the leader's epoch that queued it
+
+
+class RepairState(ABC):
+    """The contract. Subclasses give a connection, a transaction, placeholders and a clock."""
+
+    dialect: str = ""
+    _holder: str = ""
+    _epoch: int | None = None  # set on a fenced view: every write checks the lease first
+
+    # --- what each implementation provides -------------------------------------------------
+    @abstractmethod
+    def _execute(self, sql: str, args: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
+        """Run one statement ("?" placeholders) in the current transaction, or in its own."""
+
+    @abstractmethod
+    def _execute_many(self, sql: str, rows: Sequence[Sequence[Any]]) -> None:
+        """One statement for many rows, in one transaction."""
+
+    @abstractmethod
+    def _transaction(self, lock_lease: bool = False) -> Any:
+        """A context manager: one transaction; with lock_lease, the lease row is locked for
+        update from its start (SQLite: BEGIN IMMEDIATE; PostgreSQL: SELECT ... FOR UPDATE)."""
+
+    @abstractmethod
+    def _store_now_ns(self) -> int:
+        """The store's clock (the lease is timed by it, so replicas' clocks do not matter)."""
+
+    @abstractmethod
+    def _read_lease_for_share(self) -> tuple[str, int, int, int]:
+        """(holder, epoch, expires_ns, now_ns) inside the current transaction, locked so that a
+        takeover waits for it to end."""
+
+    @abstractmethod
+    def close(self) -> None: ...
+
+    @abstractmethod
+    def describe(self) -> str:
+        """Where this store is, for people (a PostgreSQL URL without its password)."""
+
+    @abstractmethod
+    def fenced(self, holder: str, epoch: int) -> RepairState:
+        """A view on the same connection whose writes carry this leader's epoch."""
+
+    # --- schema ---------------------------------------------------------------------------
+    def migrate(self) -> list[int]:
+        """Apply every migration not yet applied, in order, in one transaction (replicas that
+        start together wait for each other: `_lock_migrations`); the versions applied now."""
+        applied = []
+        with self._transaction():
+            self._lock_migrations()
+            self._execute(
+                "CREATE TABLE IF NOT EXISTS schema_migrations "
+                "(version INTEGER PRIMARY KEY, description TEXT NOT NULL, applied_ns BIGINT NOT NULL)"
+            )
+            done = {int(v) for (v,) in self._execute("SELECT version FROM schema_migrations")}
+            for m in MIGRATIONS:
+                if m.version in done:
+                    continue
+                for statement in m.statements(self.dialect):
+                    self._execute(statement)
+                self._execute(
+                    "INSERT INTO schema_migrations VALUES (?, ?, ?)",
+                    (m.version, m.description, time.time_ns()),
+                )
+                applied.append(m.version)
+        return applied
+
+    @abstractmethod
+    def _lock_migrations(self) -> None:
+        """Serialise migrations between processes (inside the migration's transaction)."""
+
+    def schema_version(self) -> int:
+        rows = self._execute("SELECT COALESCE(MAX(version), 0) FROM schema_migrations")
+        return int(rows[0][0])
+
+    def pending_migrations(self) -> list[int]:
+        try:
+            have = self.schema_version()
+        except StateError:
+            have = 0
+        return [m.version for m in MIGRATIONS if m.version > have]
+
+    # --- fencing --------------------------------------------------------------------------
+    @contextmanager
+    def _write(self, what: str) -> Iterator[None]:
+        """One write of the controller's, fenced when this is a leader's view."""
+        if self._epoch is None:
+            with self._transaction():
+                yield
+            return
+        refused: LeaseInfo | None = None
+        with self._transaction():
+            holder, epoch, expires_ns, now_ns = self._read_lease_for_share()
+            current = LeaseInfo(holder, epoch, expires_ns, now_ns)
+            if holder != self._holder or epoch != self._epoch or expires_ns <= now_ns:
+                refused = current
+            else:
+                yield
+        if refused is not None:
+            # The refusal itself is recorded (not fenced: it claims no authority).
+            self._execute(
+                "INSERT INTO audit (time_ns, actor, node, action, reason, outcome, incident_id) "
+                "VALUES (?, ?, '', 'fenced', ?, ?, '')",
+                (
+                    time.time_ns(),
+                    f"{self._holder} (epoch {self._epoch})",
+                    what[:300],
+                    f"refused: the lease is {refused.describe()}",
+                ),
+            )
+            raise Fenced(self._holder, self._epoch, refused, what)
+
+    @property
+    def epoch(self) -> int | None:
+        """The leader's epoch this view writes with; None: unfenced (one box)."""
+        return self._epoch
+
+    def check_fence(self, what: str) -> None:
+        """Raise Fenced unless this leader's view still holds the lease (a no-op write): the
+        controller asks before each pass, so a drain check is not started by a deposed leader."""
+        with self._write(what):
+            pass
+
+    # --- the leader lease -----------------------------------------------------------------
+    def lease(self) -> LeaseInfo:
+        holder, epoch, expires_ns = self._execute(
+            "SELECT holder, epoch, expires_ns FROM leader_lease WHERE id = 1"
+        )[0]
+        return LeaseInfo(str(holder), int(epoch), int(expires_ns), self._store_now_ns())
+
+    def acquire_lease(self, holder: str, lease_s: float) -> int | None:
+        """Take the lease if it is free, expired or this holder's own (a restarted process
+        with the same replica id): the new epoch this holder leads with, or None if another
+        holds it. Every acquisition is a new epoch, so whatever an earlier process of the same
+        name still tries to write carries an old one and is refused. Keep it with renew_lease."""
+        with self._transaction(lock_lease=True):
+            cur_holder, epoch, expires_ns, now_ns = self._read_lease_for_share()
+            if cur_holder and cur_holder != holder and expires_ns > now_ns:
+                return None
+            self._execute(
+                "UPDATE leader_lease SET holder = ?, epoch = ?, expires_ns = ? WHERE id = 1",
+                (holder, epoch + 1, now_ns + int(lease_s * 1e9)),
+            )
+            return int(epoch + 1)
+
+    def renew_lease(self, holder: str, epoch: int, lease_s: float) -> bool:
+        """Extend this holder's lease; False if it has lost it (expired and taken, or newer)."""
+        with self._transaction(lock_lease=True):
+            cur_holder, cur_epoch, expires_ns, now_ns = self._read_lease_for_share()
+            if cur_holder != holder or cur_epoch != epoch or expires_ns <= now_ns:
+                return False
+            self._execute(
+                "UPDATE leader_lease SET expires_ns = ? WHERE id = 1", (now_ns + int(lease_s * 1e9),)
+            )
+            return True
+
+    def release_lease(self, holder: str, epoch: int) -> None:
+        """Give the lease up at once (a clean stop): another replica need not wait it out."""
+        with self._transaction(lock_lease=True):
+            cur_holder, cur_epoch, _, now_ns = self._read_lease_for_share()
+            if cur_holder == holder and cur_epoch == epoch:
+                self._execute("UPDATE leader_lease SET expires_ns = ? WHERE id = 1", (now_ns,))
+
+    # --- replicas -------------------------------------------------------------------------
+    def heartbeat(self, replica: str, info: dict[str, Any]) -> None:
+        self._execute(
+            "INSERT INTO replica VALUES (?, ?, ?) "
+            "ON CONFLICT (id) DO UPDATE SET info = excluded.info, heard_ns = excluded.heard_ns",
+            (replica, json.dumps(info), self._store_now_ns()),
         )
 
-    # --- incidents -------------------------------------------------------------------
+    def replicas(self, max_age_s: float = 3600.0) -> list[ReplicaInfo]:
+        now = self._store_now_ns()
+        rows = self._execute(
+            "SELECT id, info, heard_ns FROM replica WHERE heard_ns >= ? ORDER BY id",
+            (now - int(max_age_s * 1e9),),
+        )
+        return [ReplicaInfo(r, json.loads(i), int(h), (now - int(h)) / 1e9) for r, i, h in rows]
+
+    def forget_replica(self, replica: str) -> None:
+        self._execute("DELETE FROM replica WHERE id = ?", (replica,))
+
+    # --- the shared live view ----------------------------------------------------------------
+    def put_live(self, replica: str, rows: Sequence[tuple[str, int, bool, bytes]]) -> None:
+        """(node, heard_ns, connected, NodeDetail bytes) of the nodes this replica heard from.
+        A row is taken unless another replica has heard the node more recently: a replica that
+        lost a node's stream never overwrites the one that holds it now."""
+        if not rows:
+            return
+        self._execute_many(
+            "INSERT INTO node_live (node, replica, heard_ns, connected, version, body) "
+            f"VALUES (?, ?, ?, ?, {self._next_version_sql()}, ?) "
+            "ON CONFLICT (node) DO UPDATE SET replica = excluded.replica, "
+            "heard_ns = excluded.heard_ns, connected = excluded.connected, "
+            "version = excluded.version, body = excluded.body "
+            "WHERE excluded.heard_ns >= node_live.heard_ns OR node_live.replica = excluded.replica",
+            [(node, replica, heard_ns, bool(connected), body) for node, heard_ns, connected, body in rows],
+        )
+
+    def _next_version_sql(self) -> str:
+        return "(SELECT COALESCE(MAX(version), 0) + 1 FROM node_live)"
+
+    def live_rows(self, after_version: int = 0) -> list[LiveRow]:
+        rows = self._execute(
+            "SELECT node, replica, heard_ns, connected, version, body FROM node_live "
+            "WHERE version > ? ORDER BY version",
+            (after_version,),
+        )
+        return [LiveRow(n, r, int(h), bool(c), int(v), bytes(b)) for n, r, h, c, v, b in rows]
+
+    # --- commands for a node's stream ---------------------------------------------------------
+    def queue_command(self, node: str, command_id: str, body: bytes) -> None:
+        """A command (GPU reset) for the replica that holds the node's stream to send. Fenced:
+        only the leader queues one. Queuing the same id twice is a no-op."""
+        with self._write(f"queue command {command_id} for {node}"):
+            self._execute(
+                "INSERT INTO command (node, command_id, body, epoch, taken_by, queued_ns) "
+                "VALUES (?, ?, ?, ?, '', ?) ON CONFLICT (command_id) DO NOTHING",
+                (node, command_id, body, self._epoch or 0, self._store_now_ns()),
+            )
+
+    def take_commands(
+        self, replica: str, nodes: Sequence[str], max_age_s: float = 600.0
+    ) -> list[QueuedCommand]:
+        """Commands not yet taken for these nodes (the streams this replica holds), marked taken
+        by it in the same transaction: one replica sends each command once. A command older
+        than max_age_s is never sent (its step has timed out: a GPU reset long after the
+        controller stopped waiting for it would surprise everyone)."""
+        if not nodes:
+            return []
+        taken = []
+        with self._transaction():
+            rows = self._execute(
+                "SELECT seq, node, command_id, body, epoch FROM command "
+                "WHERE taken_by = '' AND queued_ns >= ? "
+                "ORDER BY seq",
+                (self._store_now_ns() - int(max_age_s * 1e9),),
+            )
+            wanted = set(nodes)
+            for seq, node, command_id, body, epoch in rows:
+                if node in wanted:
+                    done = self._execute(
+                        "UPDATE command SET taken_by = ? WHERE seq = ? AND taken_by = '' RETURNING seq",
+                        (replica, seq),
+                    )
+                    if done:
+                        taken.append(QueuedCommand(int(seq), node, command_id, bytes(body), int(epoch)))
+        return taken
+
+    def put_command_result(self, node: str, command_id: str, body: bytes) -> None:
+        self._execute(
+            "INSERT INTO command_result (node, command_id, body) VALUES (?, ?, ?) "
+            "ON CONFLICT (command_id) DO NOTHING",
+            (node, command_id, body),
+        )
+
+    def command_results(self, after_seq: int = 0) -> list[tuple[int, str, bytes]]:
+        """(seq, node, CommandResult bytes) written since after_seq, oldest first."""
+        rows = self._execute(
+            "SELECT seq, node, body FROM command_result WHERE seq > ? ORDER BY seq", (after_seq,)
+        )
+        return [(int(s), n, bytes(b)) for s, n, b in rows]
+
+    def last_command_result_seq(self) -> int:
+        return int(self._execute("SELECT COALESCE(MAX(seq), 0) FROM command_result")[0][0])
+
+    # --- workflows -------------------------------------------------------------------------
+    def workflows(self) -> dict[str, Workflow]:
+        return {n: Workflow.from_json(b) for n, b in self._execute("SELECT node, body FROM workflow")}
+
+    def save(self, wf: Workflow) -> None:
+        with self._write(f"save the workflow of {wf.node} ({wf.state})"):
+            self._execute(
+                "INSERT INTO workflow VALUES (?, ?) ON CONFLICT (node) DO UPDATE SET body = excluded.body",
+                (wf.node, json.dumps(asdict(wf))),
+            )
+
+    # --- incidents ---------------------------------------------------------------------------
     def open_incident(self, node: str, findings: list[Finding], state: str) -> Incident:
         now = time.time_ns()
         incident = Incident(
             f"inc-{time.strftime('%Y%m%d')}-{uuid.uuid4().hex[:8]}", node, now, state=state, findings=findings
         )
-        self._db.execute(
-            "INSERT INTO incident VALUES (?, ?, ?, 0, ?)", (incident.id, node, now, incident.body())
-        )
+        with self._write(f"open an incident on {node}"):
+            self._execute(
+                "INSERT INTO incident VALUES (?, ?, ?, 0, ?)", (incident.id, node, now, incident.body())
+            )
         return incident
 
     def put_incident(self, incident: Incident) -> None:
-        self._db.execute(
-            "UPDATE incident SET closed_ns = ?, body = ? WHERE id = ?",
-            (incident.closed_ns, incident.body(), incident.id),
-        )
+        with self._write(f"update incident {incident.id}"):
+            self._execute(
+                "UPDATE incident SET closed_ns = ?, body = ? WHERE id = ?",
+                (incident.closed_ns, incident.body(), incident.id),
+            )
 
     def incident(self, incident_id: str) -> Incident | None:
-        row = self._db.execute("SELECT body FROM incident WHERE id = ?", (incident_id,)).fetchone()
-        return Incident.from_body(row[0]) if row else None
+        rows = self._execute("SELECT body FROM incident WHERE id = ?", (incident_id,))
+        return Incident.from_body(rows[0][0]) if rows else None
 
     def incidents(self, open_only: bool = False, node: str = "", limit: int = 100) -> list[Incident]:
         sql = "SELECT body FROM incident WHERE 1=1"
@@ -149,29 +468,30 @@ class RepairState:
             args.append(node)
         sql += " ORDER BY opened_ns DESC LIMIT ?"
         args.append(limit)
-        return [Incident.from_body(b) for (b,) in self._db.execute(sql, args)]
+        return [Incident.from_body(b) for (b,) in self._execute(sql, args)]
 
     def incidents_since(self, node: str, since_ns: int) -> int:
-        row = self._db.execute(
+        rows = self._execute(
             "SELECT COUNT(*) FROM incident WHERE node = ? AND opened_ns >= ?", (node, since_ns)
-        ).fetchone()
-        return int(row[0])
-
-    # --- audit ----------------------------------------------------------------------
-    def audit(self, record: AuditRecord) -> None:
-        self._db.execute(
-            "INSERT INTO audit (time_ns, actor, node, action, reason, outcome, incident_id) "
-            "VALUES (?, ?, ?, ?, ?, ?, ?)",
-            (
-                record.time_ns,
-                record.actor,
-                record.node,
-                record.action,
-                record.reason,
-                record.outcome,
-                record.incident_id,
-            ),
         )
+        return int(rows[0][0])
+
+    # --- audit ------------------------------------------------------------------------------
+    def audit(self, record: AuditRecord) -> None:
+        with self._write(f"{record.action} {record.node or 'the fleet'}: {record.outcome}"):
+            self._execute(
+                "INSERT INTO audit (time_ns, actor, node, action, reason, outcome, incident_id) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?)",
+                (
+                    record.time_ns,
+                    record.actor,
+                    record.node,
+                    record.action,
+                    record.reason,
+                    record.outcome,
+                    record.incident_id,
+                ),
+            )
 
     def audit_log(self, node: str = "", limit: int = 200, incident_id: str = "") -> list[AuditRecord]:
         sql = "SELECT time_ns, actor, node, action, reason, outcome, incident_id FROM audit WHERE 1=1"
@@ -184,76 +504,127 @@ class RepairState:
             args.append(incident_id)
         sql += " ORDER BY seq DESC LIMIT ?"
         args.append(limit)
-        return [AuditRecord(*row) for row in reversed(self._db.execute(sql, args).fetchall())]
+        return [AuditRecord(*row) for row in reversed(self._execute(sql, args))]
 
-    # --- the action ledger ------------------------------------------------------------
+    # --- the action ledger ---------------------------------------------------------------------
     def begin_action(self, key: str) -> bool:
         """Record that an action is about to be carried out. False if it was begun before (by
-        this or an earlier aggregator process): the caller must not do it again."""
-        cur = self._db.execute("INSERT OR IGNORE INTO action VALUES (?, ?, NULL)", (key, time.time_ns()))
-        return cur.rowcount == 1
+        this or an earlier aggregator process, or another replica): the caller must not do it again."""
+        with self._write(f"begin action {key}"):
+            rows = self._execute(
+                "INSERT INTO action VALUES (?, ?, NULL) ON CONFLICT (key) DO NOTHING RETURNING key",
+                (key, time.time_ns()),
+            )
+        return bool(rows)
 
     def finish_action(self, key: str, outcome: str) -> None:
-        self._db.execute("UPDATE action SET outcome = ? WHERE key = ?", (outcome, key))
+        with self._write(f"finish action {key}"):
+            self._execute("UPDATE action SET outcome = ? WHERE key = ?", (outcome, key))
 
     def action_outcome(self, key: str) -> str | None:
         """None: not begun; "": begun, outcome unknown (e.g. the aggregator died meanwhile)."""
-        row = self._db.execute("SELECT outcome FROM action WHERE key = ?", (key,)).fetchone()
-        if row is None:
+        rows = self._execute("SELECT outcome FROM action WHERE key = ?", (key,))
+        if not rows:
             return None
-        return row[0] or ""
+        return rows[0][0] or ""
 
-    # --- persistence windows -----------------------------------------------------------
+    # --- persistence windows ---------------------------------------------------------------------
     def first_seen(self) -> dict[tuple[str, int | None, str], int]:
-        rows = self._db.execute("SELECT node, gpu, code, seen_ns FROM first_seen")
+        rows = self._execute("SELECT node, gpu, code, seen_ns FROM first_seen")
         return {(n, None if g == _NO_GPU else g, c): t for n, g, c, t in rows}
 
     def put_first_seen(
         self, node: str, gone: list[tuple[str, int | None, str]], new: dict[tuple[str, int | None, str], int]
     ) -> None:
-        with self._db:
-            self._db.execute("BEGIN")
-            self._db.executemany(
-                "DELETE FROM first_seen WHERE node = ? AND gpu = ? AND code = ?",
-                [(n, _NO_GPU if g is None else g, c) for n, g, c in gone],
-            )
-            self._db.executemany(
-                "INSERT OR REPLACE INTO first_seen VALUES (?, ?, ?, ?)",
-                [(n, _NO_GPU if g is None else g, c, t) for (n, g, c), t in new.items()],
-            )
+        with self._write(f"persistence windows of {node}"):
+            for n, g, c in gone:
+                self._execute(
+                    "DELETE FROM first_seen WHERE node = ? AND gpu = ? AND code = ?",
+                    (n, _NO_GPU if g is None else g, c),
+                )
+            for (n, g, c), t in new.items():
+                self._execute(
+                    "INSERT INTO first_seen VALUES (?, ?, ?, ?) "
+                    "ON CONFLICT (node, gpu, code) DO UPDATE SET seen_ns = excluded.seen_ns",
+                    (n, _NO_GPU if g is None else g, c, t),
+                )
 
-    # --- alert delivery (repair/alerts/dispatcher.py) ------------------------------------
+    # --- alert delivery (repair/alerts/dispatcher.py) ------------------------------------------
     def alert_identities(self) -> list[tuple[str, str, str]]:
         """(key, status, alert body) of every alert identity: waiting, held or sent."""
-        return list(self._db.execute("SELECT key, status, body FROM alert_identity"))
+        return [(k, s, b) for k, s, b in self._execute("SELECT key, status, body FROM alert_identity")]
 
     def put_alert_identity(self, key: str, status: str, body: str) -> None:
-        self._db.execute("INSERT OR REPLACE INTO alert_identity VALUES (?, ?, ?)", (key, status, body))
+        with self._write(f"alert {key} {status}"):
+            self._execute(
+                "INSERT INTO alert_identity VALUES (?, ?, ?) "
+                "ON CONFLICT (key) DO UPDATE SET status = excluded.status, body = excluded.body",
+                (key, status, body),
+            )
 
     def drop_alert_identity(self, key: str) -> None:
-        self._db.execute("DELETE FROM alert_identity WHERE key = ?", (key,))
+        with self._write(f"drop alert {key}"):
+            self._execute("DELETE FROM alert_identity WHERE key = ?", (key,))
 
     def queue_alert(self, sink: str, body: str) -> int:
         """An alert to deliver to one sink; kept until delivered or dropped."""
-        cur = self._db.execute("INSERT INTO alert_outbox (sink, body) VALUES (?, ?)", (sink, body))
-        return int(cur.lastrowid or 0)
+        with self._write(f"queue an alert for {sink}"):
+            rows = self._execute(
+                "INSERT INTO alert_outbox (sink, body) VALUES (?, ?) RETURNING seq", (sink, body)
+            )
+        return int(rows[0][0])
 
     def finish_alert(self, seq: int, outcome: str) -> None:
-        self._db.execute("UPDATE alert_outbox SET outcome = ? WHERE seq = ?", (outcome, seq))
+        with self._write(f"alert delivery {seq}: {outcome}"):
+            self._execute("UPDATE alert_outbox SET outcome = ? WHERE seq = ?", (outcome, seq))
 
     def queued_alerts(self) -> list[tuple[int, str, str]]:
         """(seq, sink, body) of alerts not yet delivered, oldest first."""
-        return list(
-            self._db.execute("SELECT seq, sink, body FROM alert_outbox WHERE outcome IS NULL ORDER BY seq")
-        )
+        rows = self._execute("SELECT seq, sink, body FROM alert_outbox WHERE outcome IS NULL ORDER BY seq")
+        return [(int(s), k, b) for s, k, b in rows]
 
-    # --- small values (the breaker) -----------------------------------------------------
+    # --- small values (the breaker) ---------------------------------------------------------------
     def get(self, key: str) -> str | None:
-        row = self._db.execute("SELECT value FROM meta WHERE key = ?", (key,)).fetchone()
-        return row[0] if row else None
+        rows = self._execute("SELECT value FROM meta WHERE key = ?", (key,))
+        return rows[0][0] if rows else None
 
     def put(self, key: str, value: str) -> None:
-        self._db.execute(
-            "INSERT INTO meta VALUES (?, ?) ON CONFLICT(key) DO UPDATE SET value = excluded.value",
-            (key, value),
-        )
+        with self._write(f"set {key}"):
+            self._execute(
+                "INSERT INTO meta VALUES (?, ?) ON CONFLICT (key) DO UPDATE SET value = excluded.value",
+                (key, value),
+            )
+
+
+def redact(url: str) -> str:
+    """The URL without its password, for logs and errors."""
+    scheme, sep, rest = url.partition("://")
+    creds, at, host = rest.rpartition("@")
+    if not at or ":" not in creds:
+        return url
+    return f"{scheme}{sep}{creds.split(':', 1)[0]}:***@{host}"
+
+
+def open_state(
+    url: str, sqlite_path: str = "", connect_timeout_s: float = 10.0, migrate: bool = True
+) -> RepairState:
+    """The control-plane store a URL names: postgresql://... (replicas), or "sqlite" (one box,
+    at sqlite_path). Migrations are applied unless migrate is False."""
+    if url.startswith(("postgresql://", "postgres://")):
+        try:
+            from gpufleet.repair.state_postgres import PostgresState
+        except ImportError as exc:
+            raise StateError(
+                f"control plane {redact(url)} needs psycopg: pip install 'gpufleet[postgresql]' ({exc})"
+            ) from exc
+
+        state: RepairState = PostgresState(url, connect_timeout_s)
+    elif url in ("", "sqlite"):
+        from gpufleet.repair.state_sqlite import SqliteState
+
+        state = SqliteState(sqlite_path)
+    else:
+        raise ValueError(f"control plane {url!r}: use sqlite or a postgresql://user@host/db URL")
+    if migrate:
+        state.migrate()
+    return state

@@ -531,3 +531,22 @@ def influx_flags(url: str, database: str = "") -> tuple[str, ...]:
         "--influx-database",
         database or f"db_{time.time_ns()}",
     )
+
+
+@pytest.fixture(scope="session")
+def postgres_server() -> Iterator[Any]:
+    """A real PostgreSQL for the session (tests/pg_harness.py)."""
+    from pg_harness import PostgresServer
+
+    server = PostgresServer()
+    server.start()
+    try:
+        yield server
+    finally:
+        server.cleanup()
+
+
+@pytest.fixture
+def pg_url(postgres_server: Any) -> str:
+    """A fresh database of the session's PostgreSQL, for one test."""
+    return str(postgres_server.new_database())

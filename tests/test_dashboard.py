@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 from conftest import Cluster, free_port, wait_until
+from test_repair_slurm import repair_flags
 
 from gpufleet.dashboard.data import classify
 from gpufleet.protos import fleet_pb2, telemetry_pb2
@@ -59,12 +60,7 @@ def fleet_with_a_quarantined_node(cluster: Cluster) -> Any:
         0,
         0,
         None,
-        "--repair-policy-file",
-        str(policy),
-        "--repair-interval-s",
-        "0.2",
-        "--repair-max-out-of-service-fraction",
-        "1",
+        *repair_flags(policy),
     )
     (cluster.tmp / "faults.toml").write_text(FAULTS)
     for node, extra in (("dash-1", ["--sim-engine", "vllm"]), ("dash-2", [])):

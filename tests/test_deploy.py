@@ -343,3 +343,92 @@ def test_kubernetes_manifests_start_the_components_as_written(cluster: Cluster) 
     assert ("authentication.k8s.io", "tokenreviews", "create") in kube.calls()
     assert kube.calls() <= API_CALLS | K8S_AUTH_CALLS, kube.calls() - (API_CALLS | K8S_AUTH_CALLS)
     kube.close()
+
+
+def replicas_component() -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
+    """(the component's kustomization, its Deployment, its PodDisruptionBudget)."""
+    comp = yaml.safe_load((K8S / "components" / "replicas" / "kustomization.yaml").read_text())
+    found = {d["kind"]: d for d in docs(K8S / "components" / "replicas" / "aggregator-replicas.yaml")}
+    return comp, found["Deployment"], found["PodDisruptionBudget"]
+
+
+def test_the_replicas_component_swaps_the_statefulset_for_a_disruption_safe_deployment() -> None:
+    comp, deployment, pdb = replicas_component()
+    assert comp["kind"] == "Component" and comp["resources"] == ["aggregator-replicas.yaml"]
+    (patch,) = comp["patches"]
+    assert patch["target"] == {"kind": "StatefulSet", "name": "gpufleet-aggregator"}
+    assert yaml.safe_load(patch["patch"])["$patch"] == "delete"
+    spec = deployment["spec"]
+    assert spec["replicas"] >= 2 and spec["strategy"]["rollingUpdate"]["maxUnavailable"] == 0
+    assert pdb["spec"]["selector"] == spec["selector"] and 1 <= pdb["spec"]["minAvailable"] < spec["replicas"]
+    # The same container as the one-replica StatefulSet but for what makes it a replica.
+    base = by_kind("StatefulSet", "gpufleet-aggregator")["spec"]["template"]["spec"]["containers"][0]
+    (container,) = spec["template"]["spec"]["containers"]
+    for key in ("image", "args", "ports", "resources", "startupProbe", "livenessProbe", "readinessProbe"):
+        assert container[key] == base[key], key
+    env = {e["name"]: e for e in container["env"]}
+    assert env["GPUFLEET_AGGREGATOR_CONTROL_PLANE"]["valueFrom"]["secretKeyRef"] == {
+        "name": "gpufleet-postgresql",
+        "key": "url",
+    }
+    assert env["GPUFLEET_AGGREGATOR_STORE"]["value"] == "influxdb"
+    pg = {d["kind"]: d for d in docs(K8S / "components" / "postgresql" / "postgresql.yaml")}
+    assert pg["Service"]["metadata"]["name"] == "gpufleet-postgresql"
+    pg_env = {e["name"]: e for e in pg["StatefulSet"]["spec"]["template"]["spec"]["containers"][0]["env"]}
+    assert pg_env["POSTGRES_PASSWORD"]["valueFrom"]["secretKeyRef"]["name"] == "gpufleet-postgresql"
+
+
+def expand(env: dict[str, str]) -> dict[str, str]:
+    """Kubernetes' $(VAR) references in env values, as the kubelet expands them."""
+    import re
+
+    return {k: re.sub(r"\$\((\w+)\)", lambda m: env.get(m.group(1), m.group(0)), v) for k, v in env.items()}
+
+
+@pytest.mark.slow
+def test_the_replicas_component_starts_replicas_that_elect_one_leader(
+    cluster: Cluster, pg_url: str, influxd: str
+) -> None:
+    kube = KubeStandin()
+    toml = by_kind("ConfigMap", "gpufleet-config")["data"]["gpufleet.toml"]
+    _, deployment, _ = replicas_component()
+    container = deployment["spec"]["template"]["spec"]["containers"][0]
+    fleets = []
+    for i in range(2):
+        pod = f"gpufleet-aggregator-5d9c-{i}"
+        ingest, fleet = free_port(), free_port()
+        env = expand(
+            container_env(
+                container,
+                {"POD_NAME": pod, "POD_IP": "127.0.0.1", "GPUFLEET_AGGREGATOR_CONTROL_PLANE": pg_url},
+            )
+        )
+        assert env["GPUFLEET_AGGREGATOR_REPLICA_ID"] == pod
+        assert env["GPUFLEET_AGGREGATOR_REPLICA_ADVERTISE"] == "127.0.0.1:7711"
+        env.update(
+            {
+                "GPUFLEET_AGGREGATOR_DATA_DIR": str(cluster.tmp / pod),
+                "GPUFLEET_AGGREGATOR_SECRETS_FILE": str(cluster.secrets_path),
+                "GPUFLEET_AGGREGATOR_INGEST_LISTEN": f"127.0.0.1:{ingest}",
+                "GPUFLEET_AGGREGATOR_FLEET_LISTEN": f"127.0.0.1:{fleet}",
+                "GPUFLEET_AGGREGATOR_METRICS_LISTEN": "127.0.0.1:0",
+                "GPUFLEET_AGGREGATOR_REPLICA_ADVERTISE": f"127.0.0.1:{fleet}",  # one host: its own port
+                "GPUFLEET_AGGREGATOR_INFLUX_URL": influxd,  # the in-cluster Service, here loopback
+                "GPUFLEET_AGGREGATOR_REPAIR_KUBECONFIG": str(kube.kubeconfig(cluster.tmp / "kubeconfig")),
+                "GPUFLEET_AGGREGATOR_COLLECTOR_K8S_KUBECONFIG": str(cluster.tmp / "kubeconfig"),
+            }
+        )
+        start(cluster, pod, config_file(container["args"], cluster.tmp, toml), env)
+        fleets.append(FleetAt(f"127.0.0.1:{fleet}"))
+    meta = (("authorization", f"Bearer {cluster.secrets.tokens['viewer']}"),)
+
+    def statuses() -> list[Any] | None:
+        got = [f.fleet_stub().GetStatus(fleet_pb2.StatusRequest(), metadata=meta, timeout=5) for f in fleets]
+        return (
+            got if all(len(s.replicas) == 2 for s in got) and sum(s.repair_leader for s in got) == 1 else None
+        )
+
+    got = wait_until(statuses, 60, "two replicas, one repair leader")
+    assert {s.leader for s in got} == {next(s.replica_id for s in got if s.repair_leader)}
+    assert all(s.healthy for s in got), [list(s.unhealthy_reasons) for s in got]
+    kube.close()

@@ -116,7 +116,7 @@ def test_delivery_state_survives_a_restart_of_the_dispatcher(tmp_path: Path) -> 
     from gpufleet.repair.alerts.base import Alert
     from gpufleet.repair.alerts.dispatcher import AlertDispatcher
     from gpufleet.repair.alerts.webhook import WebhookSink
-    from gpufleet.repair.state import RepairState
+    from gpufleet.repair.state import open_state
 
     port = free_port()
     url = f"http://127.0.0.1:{port}/hook"
@@ -125,7 +125,7 @@ def test_delivery_state_survives_a_restart_of_the_dispatcher(tmp_path: Path) -> 
         return Alert(key, status, f"node-{key}", "cordoned", "critical", f"{key} {status}", time.time_ns())
 
     async def first_process() -> None:
-        store = RepairState(tmp_path / "repair.sqlite3")
+        store = open_state("sqlite", str(tmp_path / "repair.sqlite3"))
         quick = AlertDispatcher([WebhookSink(url)], group_wait_s=0.05, store=store)
         quick.start()
         quick.notify(alert("queued", "firing"))  # out after its group wait: the receiver is down
@@ -141,7 +141,7 @@ def test_delivery_state_survives_a_restart_of_the_dispatcher(tmp_path: Path) -> 
         store.close()
 
     async def second_process(receiver: AlertReceiver) -> None:
-        store = RepairState(tmp_path / "repair.sqlite3")
+        store = open_state("sqlite", str(tmp_path / "repair.sqlite3"))
         alerts = AlertDispatcher([WebhookSink(url)], group_wait_s=0.05, store=store)
         alerts.start()
         deadline = time.monotonic() + 20

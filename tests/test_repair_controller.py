@@ -14,7 +14,7 @@ from gpufleet.repair.backends.none import NoBackend
 from gpufleet.repair.controller import Hooks, Rails, RepairController
 from gpufleet.repair.model import NodeSnapshot
 from gpufleet.repair.policy import load_policy
-from gpufleet.repair.state import RepairState
+from gpufleet.repair.state import open_state
 
 
 class Fleet:
@@ -57,7 +57,7 @@ class Fleet:
 def controller(tmp: Path, fleet: Fleet, rails: Rails | None = None) -> RepairController:
     return RepairController(
         load_policy(),
-        RepairState(tmp / "repair.sqlite3"),
+        open_state("sqlite", str(tmp / "repair.sqlite3")),
         NoBackend(),
         rails or Rails(max_out_of_service_fraction=1),
         Hooks(),
@@ -239,7 +239,7 @@ def test_between_full_passes_only_what_changed_is_evaluated(tmp_path: Path) -> N
         ticks: list[int] = []  # one per tick: the controller asks for the fleet's liveness
         repair = RepairController(
             load_policy(),
-            RepairState(tmp_path / "repair.sqlite3"),
+            open_state("sqlite", str(tmp_path / "repair.sqlite3")),
             NoBackend(),
             Rails(max_out_of_service_fraction=1),
             Hooks(),

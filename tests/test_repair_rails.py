@@ -14,7 +14,16 @@ from typing import Any
 import pytest
 from alert_receiver import AlertReceiver
 from conftest import AggregatorHandle, Cluster, free_port, wait_until
-from test_repair_slurm import drained, gpufleet_cli, incidents, lines, repair_status, slurm_args, xid_scenario
+from test_repair_slurm import (
+    drained,
+    gpufleet_cli,
+    incidents,
+    lines,
+    repair_flags,
+    repair_status,
+    slurm_args,
+    xid_scenario,
+)
 
 POLICY = """
 [workflow]
@@ -79,12 +88,7 @@ def start_aggregator(
         ports[0],
         ports[1],
         data,
-        "--repair-policy-file",
-        str(policy),
-        "--repair-interval-s",
-        "0.2",
-        "--repair-max-out-of-service-fraction",
-        "1",
+        *repair_flags(policy),
         *slurm_args(slurm, cluster),
         *extra,
     )

@@ -30,6 +30,19 @@ def xid_scenario(path: Path, xid: int, gpu: int = 3, lost: bool = False, at_s: f
     return path
 
 
+def repair_flags(policy_file: Path) -> tuple[str, ...]:
+    """A fast repair loop on the given policy, the cap as a fraction out of the way (tests with
+    a handful of nodes would otherwise be held at one)."""
+    return (
+        "--repair-policy-file",
+        str(policy_file),
+        "--repair-interval-s",
+        "0.2",
+        "--repair-max-out-of-service-fraction",
+        "1",
+    )
+
+
 def repair_aggregator(
     cluster: Cluster, *extra: str, policy: str = FAST_POLICY, **kwargs: Any
 ) -> AggregatorHandle:

@@ -1,0 +1,141 @@
+"""A real PostgreSQL for the tests (Debian's postgresql package): `initdb` in a temporary
+directory, run as an unprivileged user (the server refuses to run as root), on a free loopback
+port with password authentication. Each test gets a database of its own (`new_database`)."""
+
+from __future__ import annotations
+
+import glob
+import os
+import pwd
+import shutil
+import signal
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+import psycopg
+
+PASSWORD = "gpufleet-test-password"
+
+
+def _binary(name: str) -> str:
+    found = sorted(glob.glob(f"/usr/lib/postgresql/*/bin/{name}")) or [shutil.which(name) or ""]
+    if not found[-1]:
+        raise RuntimeError(
+            f"PostgreSQL's {name} is not installed: scripts/install-test-deps.sh installs Debian's postgresql"
+        )
+    return found[-1]
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class PostgresServer:
+    def __init__(self) -> None:
+        self.home = Path(tempfile.mkdtemp(prefix="gpufleet-pg-"))
+        self.data = self.home / "data"
+        self.port = _free_port()
+        self._user: str | None = None
+        if os.geteuid() == 0:
+            self._user = "postgres" if _has_user("postgres") else "nobody"
+            entry = pwd.getpwnam(self._user)
+            os.chown(self.home, entry.pw_uid, entry.pw_gid)
+        pwfile = self.home / "pw"
+        pwfile.write_text(PASSWORD + "\n")
+        if self._user:
+            os.chown(pwfile, pwd.getpwnam(self._user).pw_uid, -1)
+        self._run(
+            [
+                _binary("initdb"),
+                "-D",
+                str(self.data),
+                "-U",
+                "postgres",
+                "--auth-local=trust",
+                "--auth-host=scram-sha-256",
+                f"--pwfile={pwfile}",
+                "--no-sync",
+                "-E",
+                "UTF8",
+            ]
+        )
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.dbs = 0
+
+    def _run(self, argv: list[str]) -> None:
+        done = subprocess.run(argv, user=self._user, capture_output=True, text=True, cwd=self.home)
+        if done.returncode:
+            raise RuntimeError(f"{argv[0]} failed: {done.stdout}{done.stderr}")
+
+    def start(self) -> None:
+        log = open(self.home / "postgres.log", "ab")  # noqa: SIM115 - the server's, kept open
+        self.proc = subprocess.Popen(
+            [
+                _binary("postgres"),
+                "-D",
+                str(self.data),
+                "-p",
+                str(self.port),
+                "-k",
+                str(self.home),
+                "-c",
+                "listen_addresses=127.0.0.1",
+                "-c",
+                "max_connections=200",
+                "-c",
+                "shared_buffers=32MB",
+            ],
+            user=self._user,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            cwd=self.home,
+        )
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                with psycopg.connect(self.url("postgres"), connect_timeout=2):
+                    return
+            except psycopg.OperationalError:
+                if self.proc.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError(f"postgres did not start: {self.log()[-2000:]}") from None
+                time.sleep(0.1)
+
+    def log(self) -> str:
+        return (self.home / "postgres.log").read_text(errors="replace")
+
+    def url(self, database: str, user: str = "postgres", password: str = PASSWORD) -> str:
+        return f"postgresql://{user}:{password}@127.0.0.1:{self.port}/{database}"
+
+    def new_database(self) -> str:
+        """A fresh, empty database; its URL."""
+        self.dbs += 1
+        name = f"t{os.getpid()}_{self.dbs}"
+        with psycopg.connect(self.url("postgres"), autocommit=True) as conn:
+            conn.execute(f"CREATE DATABASE {name}")  # type: ignore[arg-type]
+        return self.url(name)
+
+    def stop(self, sig: int = signal.SIGINT) -> None:
+        """SIGINT: PostgreSQL's fast shutdown (clients are disconnected; SIGTERM would wait
+        for them); SIGKILL: a crash."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(sig)
+            self.proc.wait(timeout=30)
+        self.proc = None
+
+    def cleanup(self) -> None:
+        self.stop()
+        shutil.rmtree(self.home, ignore_errors=True)
+
+
+def _has_user(name: str) -> bool:
+    try:
+        pwd.getpwnam(name)
+    except KeyError:
+        return False
+    return True
