@@ -177,7 +177,8 @@ class ControlPlane:
                 ):
                     self._valid_until = began + self._lease_s * LEASE_TRUST
                 else:
-                    await self._deposed("another replica holds the repair lease now")
+                    lost = await asyncio.to_thread(self._lease_state.lease)
+                    await self._deposed(f"the repair lease is {lost.describe()}", lease=lost)
                 self.lease_info = await asyncio.to_thread(self._lease_state.lease)
             except StateError as exc:
                 self.lease_errors_total += 1
@@ -218,8 +219,11 @@ class ControlPlane:
         self._audit("leader_elected", f"epoch {epoch}; lease {self._lease_s:g} s", epoch)
         self._repair.start_term(self.state.fenced(self.replica, epoch), self._supervisor.start)
 
-    async def _deposed(self, why: str, level: int = logging.ERROR) -> None:
+    async def _deposed(self, why: str, level: int = logging.ERROR, lease: LeaseInfo | None = None) -> None:
         epoch, self.epoch = self.epoch, None
+        # What status shows as the lease: as just read, or unknown until the next read (not
+        # this replica's own lease, which it no longer trusts).
+        self.lease_info = lease
         log.log(
             level,
             "this replica is no longer the repair leader (epoch %s): %s; its repair controller stops",

@@ -2,6 +2,11 @@
 "Control plane and replicas"). Any number of aggregators share one database; the lease is
 timed by the database's clock, so the replicas' clocks do not matter to who leads.
 
+Every session runs with idle_in_transaction_session_timeout and lock_timeout set to the connect
+timeout (the aggregator gives half the lease, at most 5 s): a replica SIGSTOPped in the middle
+of a transaction holding the lease row's lock is cut off by the server, so the others can take
+the lease over.
+
 The controller's calls are synchronous and short (one or two round trips on a local network);
 each replica's background loops open their own connection so that a slow query there never
 holds the event loop's. A connection that broke (the server restarted, a network blip) is
@@ -56,7 +61,14 @@ class PostgresState(RepairState):
         if conn is None or conn.closed or conn.broken:
             try:
                 conn = psycopg.connect(
-                    self._url, autocommit=True, connect_timeout=max(1, int(self._timeout_s))
+                    self._url,
+                    autocommit=True,
+                    connect_timeout=max(1, int(self._timeout_s)),
+                    # A process paused or cut off inside a transaction must not hold the lease
+                    # row's lock for ever (a takeover would wait on it): the server ends such a
+                    # session after the timeout, and no statement waits longer for a lock.
+                    options=f"-c idle_in_transaction_session_timeout={int(self._timeout_s * 1000)} "
+                    f"-c lock_timeout={int(self._timeout_s * 1000)}",
                 )
             except psycopg.Error as exc:
                 raise StateError(

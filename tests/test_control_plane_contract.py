@@ -322,3 +322,31 @@ def test_db_migrate_and_status_from_the_command_line(pg_url: str, tmp_path: Path
         timeout=60,
     )
     assert wrong.returncode == 2 and "password authentication failed" in wrong.stderr
+
+
+def test_a_leader_paused_inside_a_transaction_does_not_block_a_takeover(pg_url: str) -> None:
+    """A replica SIGSTOPped between two statements of a fenced write holds the lease row's
+    lock: the server ends its session (idle_in_transaction_session_timeout), so the lease
+    can still move, and the paused replica's transaction never commits."""
+    from gpufleet.repair.state_postgres import PostgresState
+
+    paused, other = PostgresState(pg_url, connect_timeout_s=1.0), PostgresState(pg_url, connect_timeout_s=1.0)
+    paused.migrate()
+    epoch = paused.acquire_lease("replica-a", 0.5)
+    assert epoch is not None
+    leader = paused.fenced("replica-a", epoch)
+    taken = None
+    with pytest.raises(StateError, match="idle-in-transaction|terminat|closed"), paused._transaction():
+        leader._read_lease_for_share()  # the shared lock a fenced write takes first
+        deadline = time.monotonic() + 20
+        while taken is None:
+            assert time.monotonic() < deadline, "the takeover waited on the paused session's lock"
+            try:
+                taken = other.acquire_lease("replica-b", 30)
+            except StateError:  # lock_timeout: the row is still locked; try again
+                continue
+        paused._execute("INSERT INTO meta VALUES ('written-by-a', 'x')")
+    assert taken == epoch + 1
+    assert other.get("written-by-a") is None
+    paused.close()
+    other.close()

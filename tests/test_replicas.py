@@ -269,8 +269,11 @@ def test_a_paused_leader_that_wakes_after_a_takeover_cannot_act(
         wait_until(lambda: done_by(cluster, "uncordon", "agg-b") == [node], 60, "agg-b returning the node")
     finally:
         a.proc.popen.send_signal(signal.SIGCONT)
-    wait_until(lambda: not fleet.status(a).repair_leader, 20, "agg-a knowing it no longer leads")
-    status_a = fleet.status(a)
+    def deposed() -> Any:
+        status = fleet.status(a)
+        return status if not status.repair_leader and status.leader else None
+
+    status_a = wait_until(deposed, 20, "agg-a knowing it no longer leads, and who does")
     assert status_a.leader == "agg-b" and status_a.leader_epoch == 2
 
     # Nothing agg-a did after waking took effect, and the audit log says what happened.
@@ -340,3 +343,39 @@ def test_breaker_and_cap_hold_across_a_leader_change(cluster: Cluster, pg_url: s
     assert order.index(("uncordon", first_out)) < order.index(("cordon", second_out)), (
         f"the cap of one held across the leader change: {order}"
     )
+
+
+@pytest.mark.slow
+def test_a_gpu_reset_reaches_a_node_whose_stream_another_replica_holds(
+    cluster: Cluster, pg_url: str, influxd: str
+) -> None:
+    influx = influx_flags(influxd)
+    leader = replica(cluster, "agg-a", pg_url, influx)
+    fleet = Fleet(cluster)
+    wait_until(lambda: fleet.status(leader).repair_leader, 20, "agg-a leading")
+    follower = replica(cluster, "agg-b", pg_url, influx)
+    node = "node-01"
+    (cluster.tmp / "faults.toml").write_text(ECC_FAULT.format(node=node))
+    # The node streams to the replica that does not lead, and only to it.
+    cluster.collector(
+        node, follower.ingest, "--interval-s", "1", "--sim-scenario", str(cluster.tmp / "faults.toml")
+    )
+
+    def repaired() -> dict[str, Any] | None:
+        return next((i for i in incidents(leader, cluster, "--all") if not i["open"]), None)
+
+    incident = wait_until(repaired, 90, "the node repaired by a reset sent through the other replica")
+    assert incident["outcome"] == "repaired by reset_gpu"
+    log = (cluster.tmp / f"{node}.log").read_text()
+    assert log.count("reset GPU 5 (simulated)") == 1
+    assert "queued for replica agg-b" in leader.proc.log()
+    assert fleet.status(leader).repair_leader and not fleet.status(follower).repair_leader
+    steps = [(a["action"], a["outcome"]) for a in audit(leader, cluster, node)]
+    assert ("reset_gpu", "ok") in steps, steps
+    # `gpufleet status` on either replica names the leader, its epoch and both replicas.
+    shown = gpufleet_cli(follower, cluster, "viewer", "status")
+    assert shown.returncode == 0, shown.stderr
+    assert "replica agg-b; repair leader agg-a (epoch 1, lease" in shown.stdout, shown.stdout
+    assert "this replica follows" in shown.stdout
+    assert f"replica agg-a (leader): fleet API {leader.fleet}" in shown.stdout
+    assert f"replica agg-b: fleet API {follower.fleet}, ingest {follower.ingest}, 1 streams" in shown.stdout
