@@ -336,7 +336,7 @@ def test_a_leader_paused_inside_a_transaction_does_not_block_a_takeover(pg_url: 
     assert epoch is not None
     leader = paused.fenced("replica-a", epoch)
     taken = None
-    with pytest.raises(StateError, match="idle-in-transaction|terminat|closed"), paused._transaction():
+    with pytest.raises(StateError, match=r"idle-in-transaction|terminat|closed"), paused._transaction():
         leader._read_lease_for_share()  # the shared lock a fenced write takes first
         deadline = time.monotonic() + 20
         while taken is None:
