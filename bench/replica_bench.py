@@ -1,7 +1,7 @@
 """Ingest through aggregator replicas sharing one PostgreSQL control plane and one InfluxDB,
 all on this box, with a real influxd and a real PostgreSQL started for the run.
 
-    python bench/replica_bench.py                  # 500 nodes x 8 GPUs, flood, 15 s windows
+    python bench/replica_bench.py                  # 200 nodes x 8 GPUs, flood, 15 s windows
     python bench/replica_bench.py --repeat 3
 
 Three configurations, each in the same run, each driven by bench/loadgen.py in flood mode
@@ -72,6 +72,7 @@ def run_config(
     try:
         for i in range(replicas):
             ready = tmp / f"{label}-{i}.ready.json"
+            ready.unlink(missing_ok=True)  # a file of an earlier run names a port long closed
             procs.append(
                 subprocess.Popen(
                     aggregator_argv(
@@ -133,7 +134,7 @@ def run_config(
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--nodes", type=int, default=500)
+    p.add_argument("--nodes", type=int, default=200)
     p.add_argument("--seconds", type=float, default=15.0)
     p.add_argument("--window", type=int, default=16, help="reports in flight per stream (flood)")
     p.add_argument("--repeat", type=int, default=1)

@@ -269,6 +269,7 @@ def test_a_paused_leader_that_wakes_after_a_takeover_cannot_act(
         wait_until(lambda: done_by(cluster, "uncordon", "agg-b") == [node], 60, "agg-b returning the node")
     finally:
         a.proc.popen.send_signal(signal.SIGCONT)
+
     def deposed() -> Any:
         status = fleet.status(a)
         return status if not status.repair_leader and status.leader else None
