@@ -13,6 +13,8 @@ from alert_receiver import AlertReceiver
 from conftest import Cluster, free_port, wait_until
 from test_repair_slurm import FAST_POLICY, gpufleet_cli, lines, repair_aggregator, repair_status
 
+from gpufleet.protos import fleet_pb2
+
 THERMAL = """
 [[fault]]
 at_s = 1.0
@@ -70,12 +72,23 @@ def test_sustained_thermal_slowdown_is_cordoned_by_hook_and_alerted_everywhere(c
         )
 
     wait_until(lambda: state() == "suspect", 30, "the finding to be suspected first")
-    suspected = time.monotonic()
     wait_until(
         lambda: "cordon hot-node" in hooks.read_text() if hooks.exists() else False, 30, "the cordon hook"
     )
-    waited_s = time.monotonic() - suspected
-    assert waited_s >= 1.5, f"cordoned {waited_s:.1f} s after suspicion: the 3 s window was not waited out"
+    # The window, as the aggregator timed it (not as this test's polling saw it, which a busy
+    # machine delays): the cordon began at least 3 s after the finding was first seen.
+    meta = (("authorization", f"Bearer {cluster.secrets.tokens['viewer']}"),)
+    stub = agg.fleet_stub()
+    (repairing,) = [
+        n
+        for n in stub.GetRepairStatus(fleet_pb2.RepairStatusRequest(), metadata=meta).nodes
+        if n.node == node
+    ]
+    (finding,) = [f for f in repairing.findings if f.code == "thermal_slowdown"]
+    audit_rows = stub.ListAudit(fleet_pb2.ListAuditRequest(node=node), metadata=meta).entries
+    (started,) = [a for a in audit_rows if a.action == "cordon" and a.outcome == "started"]
+    waited_s = (started.time_unix_ns - finding.first_seen_unix_ns) / 1e9
+    assert waited_s >= 3.0, f"cordoned {waited_s:.2f} s after the finding: the 3 s window was not waited out"
     wait_until(lambda: state() == "quarantined", 30, "the ticket and quarantine")
     (incident_id,) = {n["incident"] for n in repair_status(agg, cluster)["nodes"] if n["node"] == node}
     assert f"ticket hot-node {incident_id}" in hooks.read_text()
