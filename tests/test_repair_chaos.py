@@ -22,6 +22,7 @@ from test_repair_slurm import gpufleet_cli, lines
 
 CHAOS_S = 90.0
 KILL_EVERY_S = 20.0
+MIN_KILLS = 4
 CAP = 4
 POLICY = """
 [workflow]
@@ -166,7 +167,11 @@ def test_chaos_rails_hold_under_kills_scheduler_faults_and_a_person(cluster: Clu
     started = next_kill = next_person = time.monotonic()
     next_kill += KILL_EVERY_S
     breaker_reset_done = False
-    while time.monotonic() - started < CHAOS_S:
+    # At least CHAOS_S, and at least MIN_KILLS kills: on a busy machine a restart takes longer,
+    # and the run goes on until it has had its kills (up to three times as long).
+    while time.monotonic() - started < CHAOS_S or (
+        restarts < MIN_KILLS and time.monotonic() - started < 3 * CHAOS_S
+    ):
         now = time.monotonic()
         states = {n: slurm.state(n) for n in nodes}
         looks += 1
@@ -272,5 +277,5 @@ def test_chaos_rails_hold_under_kills_scheduler_faults_and_a_person(cluster: Clu
         print(f"  {action:12} {outcome:10} {n}")
     print(f"  alerts received: {len(receiver.received)}; breaker reset during the run: {breaker_reset_done}")
     receiver.close()
-    assert restarts >= 4
+    assert restarts >= MIN_KILLS
     assert not violations, "\n".join(violations[:20])
