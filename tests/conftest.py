@@ -547,6 +547,8 @@ def postgres_server() -> Iterator[Any]:
 
 
 @pytest.fixture
-def pg_url(postgres_server: Any) -> str:
-    """A fresh database of the session's PostgreSQL, for one test."""
-    return str(postgres_server.new_database())
+def pg_url(postgres_server: Any) -> Iterator[str]:
+    """A fresh database of the session's PostgreSQL, for one test (dropped after it)."""
+    url = str(postgres_server.new_database())
+    yield url
+    postgres_server.drop_database(url)
