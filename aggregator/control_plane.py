@@ -274,8 +274,7 @@ class ControlPlane:
         try:
             got = await asyncio.to_thread(self._exchange, rows, held, info, full, self.leader)
         except StateError:
-            for node, *_ in rows:  # written next time
-                fleet._changed.add(node)
+            fleet.mark_changed(node for node, *_ in rows)  # written next time
             raise
         self._syncs += 1
         self.last_sync_monotonic = time.monotonic()

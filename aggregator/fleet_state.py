@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import time
 from collections import deque
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from gpufleet.aggregator.store import Point
@@ -58,6 +59,10 @@ class FleetState:
     def take_changed(self) -> set[str]:
         changed, self._changed = self._changed, set()
         return changed
+
+    def mark_changed(self, nodes: Iterable[str]) -> None:
+        """Nodes taken by take_changed() whose state could not be passed on: again next time."""
+        self._changed.update(nodes)
 
     def on_hello(self, hello: ingest_pb2.Hello, heard_ns: int | None = None) -> None:
         live = self._node(hello.node)

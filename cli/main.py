@@ -181,7 +181,6 @@ def _run_db(args: argparse.Namespace) -> int:
     config = settings.resolve(
         AggregatorConfig, "aggregator", args, os.environ, settings.load_file(path), str(path)
     )
-    where = config.control_plane if config.replicated else str(config.data_path / "repair.sqlite3")
     try:
         state = open_state(config.control_plane, str(config.data_path / "repair.sqlite3"), migrate=False)
     except (StateError, ValueError) as exc:
@@ -203,7 +202,7 @@ def _run_db(args: argparse.Namespace) -> int:
                 print(f"  pending {m.version}: {m.description}  (`gpufleet db migrate` applies it)")
         return 1 if pending else 0
     except StateError as exc:
-        print(f"gpufleet db: {where}: {exc}", file=sys.stderr)
+        print(f"gpufleet db: {state.describe()}: {exc}", file=sys.stderr)
         return EXIT_CONFIG
     finally:
         state.close()

@@ -75,7 +75,6 @@ class CollectorAgent:
         # and move to the next one whenever a stream breaks; the replay buffer covers the gap.
         self._addresses = config.aggregator_addresses
         self._address_index = zlib.crc32(config.node.encode()) % len(self._addresses)
-        self.failovers_total = 0
         self.token = config.resolve_token()
         self.buffer = ReplayBuffer(config.buffer_reports)
         self.seq = 0
@@ -244,9 +243,7 @@ class CollectorAgent:
         return self._addresses[self._address_index]
 
     def _next_aggregator(self) -> None:
-        if len(self._addresses) > 1:
-            self._address_index = (self._address_index + 1) % len(self._addresses)
-            self.failovers_total += 1
+        self._address_index = (self._address_index + 1) % len(self._addresses)
 
     async def _stream_once(self, stop: asyncio.Event) -> None:
         """One connection: hello, replay, then live reports until something breaks."""
