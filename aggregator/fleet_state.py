@@ -93,7 +93,14 @@ class FleetState:
         self._changed.add(report.node)
         if report.boot_id == live.boot_id and report.seq <= live.last_seq:
             return  # a replay of a report already applied: its events are already listed
-        live.events.extend(report.events)
+        for event in report.events:
+            # A kernel-log XID sent again after a collector crash (before its acknowledgement
+            # arrived): the same record, already listed (collector/kmsg_cursor.py).
+            if event.kmsg_seq and any(
+                e.kmsg_seq == event.kmsg_seq and e.kernel_boot_id == event.kernel_boot_id for e in live.events
+            ):
+                continue
+            live.events.append(event)
         if report.time_unix_ns < live.last_report_ns:
             return  # older than what the view shows: keep the newer live values
         live.last_report_ns = report.time_unix_ns

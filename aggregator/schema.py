@@ -116,6 +116,17 @@ METRICS: dict[str, Metric] = {
         Metric(
             "engine_scrapes_failed_total", "collector", "count", "unreadable engine scrapes", 0, INT64_MAX
         ),
+        Metric(
+            "xid_folded_total", "collector", "count", "identical XIDs folded into a count", 0, INT64_MAX
+        ),
+        Metric(
+            "kmsg_records_caught_up_total",
+            "collector",
+            "count",
+            "XIDs logged before the collector started, reported at start",
+            0,
+            INT64_MAX,
+        ),
     ]
 }
 
@@ -225,7 +236,13 @@ def _engine_event_collector_points(
             "pci_bus_id": ev.pci_bus_id,
             "pid": ev.pid,
             "process_name": ev.process_name,
+            # A folded XID storm (docs/architecture.md "XID storms"): how many, since when.
+            "count": max(1, ev.count),
         }
+        if ev.first_time_unix_ns:
+            fields["first_time_unix_ns"] = ev.first_time_unix_ns
+        if ev.kmsg_seq:  # which kernel-log record (collector/kmsg_cursor.py)
+            fields["kmsg_seq"] = ev.kmsg_seq
         # Two events of one report with the same tags and nanosecond would be one point (a
         # point's identity is measurement + tags + time): the later one is kept 1 ns after.
         event_ts, key = ev.time_unix_ns or ts, tuple(tags.items())

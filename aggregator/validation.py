@@ -188,6 +188,16 @@ class Checker:
                 raise _invalid(
                     "timestamp", self._time_message(where, "has an event at", ev.time_unix_ns, now_ns)
                 )
+            if ev.first_time_unix_ns and not oldest_ns <= ev.first_time_unix_ns <= (
+                ev.time_unix_ns or newest_ns
+            ):
+                raise _invalid(
+                    "timestamp",
+                    f"{where} has a folded XID {ev.xid} whose first occurrence "
+                    f"first_time_unix_ns={ev.first_time_unix_ns} is after its last "
+                    f"(time_unix_ns={ev.time_unix_ns}) or outside the accepted range; "
+                    "the collector folds identical XIDs as first..last",
+                )
         return self._converter.convert(report, gpu_rows)
 
     def _time_message(self, where: str, verb: str, ts: int, now_ns: int) -> str:

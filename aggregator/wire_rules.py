@@ -179,6 +179,10 @@ RULES: dict[str, Rule] = {
     "Event.message": Text(4096),
     "Event.pid": Num(0, 2**31 - 1),  # pid_t is a signed 32-bit integer on Linux
     "Event.process_name": Text(256),
+    "Event.count": _COUNTER,  # a folded storm: 100,000 lines a second for years stays far below
+    "Event.first_time_unix_ns": Num(0, INT64_MAX, "ns"),  # checked against time_unix_ns in validation
+    "Event.kmsg_seq": _COUNTER,
+    "Event.kernel_boot_id": Text(64),
     # CollectorStats
     "CollectorStats.reports_dropped_total": _COUNTER,
     "CollectorStats.reports_rejected_total": _COUNTER,
@@ -190,6 +194,8 @@ RULES: dict[str, Rule] = {
     "CollectorStats.xid_unknown_gpu_total": _COUNTER,
     "CollectorStats.xid_duplicates_total": _COUNTER,
     "CollectorStats.engine_scrapes_failed_total": _COUNTER,
+    "CollectorStats.xid_folded_total": _COUNTER,
+    "CollectorStats.kmsg_records_caught_up_total": _COUNTER,
     # CommandResult
     "CommandResult.id": Text(64, tag=True),
     "CommandResult.outcome": Known(),

@@ -251,7 +251,11 @@ def print_node(detail: fleet_pb2.NodeDetail, as_json: bool) -> None:
         print("\nrecent events:")
         for e in events[-10:]:
             gpu = f"GPU {e['gpu_index']}" if "gpu_index" in e else "node"
-            print(f"  {e['time']}  {e['kind'].removeprefix('EVENT_KIND_')}  {gpu}  {e.get('message', '')}")
+            kind = e["kind"].removeprefix("EVENT_KIND_")
+            what = f"XID {e['xid']}" if kind == "XID" else kind
+            if int(e.get("count", 1)) > 1:  # a folded storm (collector/xid_fold.py)
+                what += f" x{int(e['count'])} since {iso(int(e['first_time_unix_ns']))}"
+            print(f"  {e['time']}  {what}  {gpu}  {e.get('message', '')}")
 
 
 AGGREGATES = {

@@ -29,12 +29,12 @@ from gpufleet.collector.sources.engines.discovery import EngineDiscovery
 from gpufleet.collector.sources.engines.scrape import EngineScraper, parse_endpoints
 from gpufleet.collector.sources.nvml import NvmlSource
 from gpufleet.collector.sources.xid_kmsg import KernelLogXidWatcher
+from gpufleet.collector.xid_fold import XidFolder
 from gpufleet.protos import ingest_pb2, ingest_pb2_grpc, telemetry_pb2, vocabulary_pb2
 
 log = logging.getLogger("gpufleet.collector")
 
 PROTOCOL_VERSION = 1
-XID_DEDUP_WINDOW_S = 10.0  # NVML and the kernel log reporting one XID within this are one event
 # Statuses that will not cure themselves by retrying soon: wait the longest backoff.
 _CONFIG_ERRORS = {
     grpc.StatusCode.UNAUTHENTICATED,
@@ -86,8 +86,12 @@ class CollectorAgent:
         self._command_tasks: set[asyncio.Task[None]] = set()
         self._sampling_stopped = asyncio.Event()
         self.kmsg: KernelLogXidWatcher | None = None  # set when the kernel log is read
-        self._recent_xids: dict[tuple[str, int], tuple[float, int]] = {}
-        self.xid_duplicates_total = 0
+        self.xid_fold = XidFolder(config.xid_storm_window_s)
+        # Kernel-log records handed on by the watcher and not yet in a report (added from its
+        # thread), and the oldest record in each unacknowledged report: what the kernel-log
+        # cursor may not pass (collector/kmsg_cursor.py).
+        self.kmsg_inflight: set[int] = set()
+        self._kmsg_unacked: dict[int, int] = {}
         self.last_sample: telemetry_pb2.NodeReport | None = None  # what /metrics shows
         endpoints = parse_endpoints(config.engines)
         # Simulated GPUs report made-up PIDs: discovery only looks at a real node's processes.
@@ -115,7 +119,10 @@ class CollectorAgent:
             gpus, engines = await sampling, []
         self._sample_duration_s = time.perf_counter() - t0
         report = self._new_report(
-            started_ns, gpus=gpus, engines=engines, events=self._lost_events(gpus, started_ns)
+            started_ns,
+            gpus=gpus,
+            engines=engines,
+            events=self._lost_events(gpus, started_ns) + self._folded_xids(),
         )
         self.last_sample = report
         return report
@@ -133,34 +140,62 @@ class CollectorAgent:
             stats=self._stats(),
             **parts,
         )
+        kmsg_seqs = [e.kmsg_seq for e in report.events if e.kmsg_seq]
+        if kmsg_seqs:
+            self._kmsg_unacked[report.seq] = min(kmsg_seqs)
         self.buffer.add(report)
         return report
 
-    def _first_sighting(self, event: telemetry_pb2.Event) -> bool:
-        """False for an XID the other source (NVML events / kernel log) reported moments ago.
-        Repeats from the same source are real recurrences and are kept."""
-        if event.kind != vocabulary_pb2.EVENT_KIND_XID:
-            return True
-        now = time.monotonic()
-        if len(self._recent_xids) > 10_000:
-            self._recent_xids = {
-                k: v for k, v in self._recent_xids.items() if now - v[0] < XID_DEDUP_WINDOW_S
-            }
-        where = str(event.gpu_index) if event.HasField("gpu_index") else event.pci_bus_id
-        key = (where, event.xid)
-        seen = self._recent_xids.get(key)
-        if seen and now - seen[0] < XID_DEDUP_WINDOW_S and seen[1] != event.source:
-            self.xid_duplicates_total += 1
-            return False
-        self._recent_xids[key] = (now, event.source)
-        return True
+    def _folded_xids(self) -> list[telemetry_pb2.Event]:
+        folded = self.xid_fold.flush()
+        for event in folded:
+            log.warning(
+                "XID %d on GPU %s repeated %d more time(s) in %.1f s (folded into one event)",
+                event.xid,
+                event.gpu_index if event.HasField("gpu_index") else event.pci_bus_id,
+                event.count,
+                (event.time_unix_ns - event.first_time_unix_ns) / 1e9,
+                extra={"xid": event.xid, "count": event.count},
+            )
+        return folded
+
+    def advance_kmsg_cursor(self, carried: bool = False) -> None:
+        """Move the kernel-log cursor past every record whose XIDs are acknowledged (or, with
+        carried, kept in the carry-over file)."""
+        if self.kmsg is None or self.kmsg.cursor is None:
+            return
+        read = self.kmsg.read_seq  # read before the sets: a record counted here is in one of them
+        if carried:
+            self._kmsg_unacked.clear()
+        else:
+            for seq in [s for s in self._kmsg_unacked if not self.buffer.holds(s)]:
+                del self._kmsg_unacked[seq]  # acknowledged, rejected or dropped (each counted)
+        unsent = [s for s in list(self.kmsg_inflight) if s] + list(self._kmsg_unacked.values())
+        oldest_folded = self.xid_fold.oldest_unsent_kmsg_seq()
+        if oldest_folded is not None:
+            unsent.append(oldest_folded)
+        self.kmsg.cursor.advance(min(unsent) - 1 if unsent else read)
 
     def push_events(self, events: list[telemetry_pb2.Event]) -> telemetry_pb2.NodeReport | None:
-        """Send events now, in a report of their own, rather than at the next sampling tick."""
-        events = [e for e in events if self._first_sighting(e)]
+        """Send events now, in a report of their own, rather than at the next sampling tick
+        (the sources' threads folded them first: collector/xid_fold.py)."""
         if not events:
             return None
-        return self._new_report(time.time_ns(), events=events)
+        for event in events:
+            if event.kind == vocabulary_pb2.EVENT_KIND_XID:
+                where = event.gpu_index if event.HasField("gpu_index") else f"bus {event.pci_bus_id}"
+                log.warning(
+                    "XID %d on GPU %s (%s): %.200s",
+                    event.xid,
+                    where,
+                    vocabulary_pb2.EventSource.Name(event.source).removeprefix("EVENT_SOURCE_").lower(),
+                    event.message,
+                    extra={"xid": event.xid, "gpu": where},
+                )
+        report = self._new_report(time.time_ns(), events=events)
+        for event in events:
+            self.kmsg_inflight.discard(event.kmsg_seq)
+        return report
 
     def _stats(self) -> telemetry_pb2.CollectorStats:
         return telemetry_pb2.CollectorStats(
@@ -172,7 +207,9 @@ class CollectorAgent:
             sample_duration_s=self._sample_duration_s,
             kmsg_lines_unparsed_total=self.kmsg.lines_unparsed_total if self.kmsg else 0,
             xid_unknown_gpu_total=self.kmsg.xids_unknown_gpu_total if self.kmsg else 0,
-            xid_duplicates_total=self.xid_duplicates_total,
+            xid_duplicates_total=self.xid_fold.duplicates_total,
+            xid_folded_total=self.xid_fold.folded_total,
+            kmsg_records_caught_up_total=self.kmsg.caught_up_total if self.kmsg else 0,
             engine_scrapes_failed_total=self.engines.failed_total if self.engines else 0,
         )
 
@@ -297,8 +334,10 @@ class CollectorAgent:
             body = msg.WhichOneof("body")
             if body == "ack":
                 self.buffer.ack(list(msg.ack.seqs))
+                self.advance_kmsg_cursor()
             elif body == "reject":
                 if self.buffer.reject(msg.reject.seq):
+                    self.advance_kmsg_cursor()
                     log.error(
                         "aggregator rejected report seq %d (%s): %s",
                         msg.reject.seq,
@@ -397,7 +436,12 @@ class CollectorAgent:
         finally:
             stop.set()
             await sampler
-            self._carry_out()
+            # Folded XIDs still waiting for a tick go in a last report (kept with the rest).
+            folded = self._folded_xids()
+            if folded:
+                self._new_report(time.time_ns(), events=folded)
+            if not self._carry_out():
+                self.advance_kmsg_cursor()
 
     def _carry_in(self) -> None:
         """Reports a previous run of this node's collector left unacknowledged go first."""
@@ -416,10 +460,12 @@ class CollectorAgent:
         if carried:
             log.info("%d report(s) left unacknowledged by the last run are sent first", len(carried))
 
-    def _carry_out(self) -> None:
+    def _carry_out(self) -> bool:
+        """True when every unacknowledged report is kept for the next start (or none is left)."""
         left = self.buffer.after(0)
         if not left:
-            return
+            self.advance_kmsg_cursor(carried=True)
+            return True
         if not self.config.state_dir:
             log.warning(
                 "exiting with %d unacknowledged report(s), not kept: set state_dir to send them after "
@@ -427,11 +473,13 @@ class CollectorAgent:
                 len(left),
                 extra={"unacked": len(left)},
             )
-            return
+            return False
         path = carryover.carry_path(self.config.state_dir, self.config.node)
         try:
             carryover.save(path, left)
         except OSError as exc:
             log.error("cannot keep %d unacknowledged report(s) in %s: %s", len(left), path, exc)
-            return
+            return False
         log.info("%d unacknowledged report(s) kept in %s for the next start", len(left), path)
+        self.advance_kmsg_cursor(carried=True)
+        return True

@@ -56,6 +56,16 @@ class CollectorConfig:
         "",
         "kernel log to read XIDs from; empty: /dev/kmsg on a real GPU node, none with simulate",
     )
+    kmsg_boot_id_path: str = _setting(
+        "/proc/sys/kernel/random/boot_id",
+        "the kernel's boot id: with state_dir, what was reported from the kernel log is remembered "
+        "per boot, and XIDs logged since the boot began and not yet reported are sent at start",
+    )
+    xid_storm_window_s: float = _setting(
+        60.0,
+        "identical XIDs (same GPU, same number) within this many seconds of the last are folded "
+        "into one event with a count, sent at the next sampling tick; 0 sends every one",
+    )
     metrics_listen: str = _setting(
         "0.0.0.0:9410", "Prometheus /metrics address (host:port; port 0 picks one); empty disables"
     )
@@ -98,6 +108,10 @@ class CollectorConfig:
             )
         if not 0.05 <= self.interval_s <= 3600:
             raise ValueError(f"interval_s={self.interval_s} must be between 0.05 and 3600 seconds")
+        if not 0 <= self.xid_storm_window_s <= 86400:
+            raise ValueError(
+                f"xid_storm_window_s={self.xid_storm_window_s} must be between 0 and 86400 seconds"
+            )
         if self.buffer_reports < 1:
             raise ValueError(f"buffer_reports={self.buffer_reports} must be at least 1")
         if self.simulate and self.sim_model not in GPU_PROFILES:

@@ -86,6 +86,13 @@ SELF_FIELDS = [
     ("kmsg_lines_unparsed_total", "kmsg_lines_unparsed", "kernel-log XID lines that did not parse", True),
     ("xid_unknown_gpu_total", "xid_unknown_gpu", "XIDs for a PCI bus id that is no GPU of this node", True),
     ("xid_duplicates_total", "xid_duplicates", "XIDs seen by NVML and the kernel log, sent once", True),
+    ("xid_folded_total", "xid_folded", "identical XIDs folded into another event's count (storms)", True),
+    (
+        "kmsg_records_caught_up_total",
+        "kmsg_xids_caught_up",
+        "XIDs logged before the collector started, reported at start",
+        True,
+    ),
     (
         "engine_scrapes_failed_total",
         "engine_scrapes_failed",

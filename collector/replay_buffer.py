@@ -45,6 +45,9 @@ class ReplayBuffer:
         self._empty.clear()
         self._changed.set()
 
+    def holds(self, seq: int) -> bool:
+        return seq in self._reports
+
     def ack(self, seqs: list[int]) -> None:
         for seq in seqs:
             if self._reports.pop(seq, None) is not None:

@@ -267,12 +267,15 @@ def xid_frame(events: list[telemetry_pb2.Event]) -> pd.DataFrame:
                 "time": pd.Timestamp(iso(e.time_unix_ns)),
                 "xid": e.xid,
                 "gpu": e.gpu_index if e.HasField("gpu_index") else None,
+                # A storm the collector folded: how many times, since when (the time is the last).
+                "count": max(1, e.count),
+                "first": pd.Timestamp(iso(e.first_time_unix_ns or e.time_unix_ns)),
                 "message": e.message,
             }
             for e in events
             if e.kind == vocabulary_pb2.EVENT_KIND_XID
         ],
-        columns=["time", "xid", "gpu", "message"],
+        columns=["time", "xid", "gpu", "count", "first", "message"],
     )
 
 

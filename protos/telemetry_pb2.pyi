@@ -122,7 +122,7 @@ class EngineSample(_message.Message):
     def __init__(self, engine: _Optional[str] = ..., model: _Optional[str] = ..., port: _Optional[int] = ..., endpoint: _Optional[str] = ..., gpu_indices: _Optional[_Iterable[int]] = ..., readable: _Optional[bool] = ..., unreadable_reason: _Optional[str] = ..., kv_cache_usage_ratio: _Optional[float] = ..., requests_running: _Optional[float] = ..., requests_waiting: _Optional[float] = ..., preemptions_total: _Optional[float] = ..., prefix_cache_hit_ratio: _Optional[float] = ...) -> None: ...
 
 class Event(_message.Message):
-    __slots__ = ("kind", "source", "time_unix_ns", "gpu_index", "pci_bus_id", "xid", "message", "pid", "process_name")
+    __slots__ = ("kind", "source", "time_unix_ns", "gpu_index", "pci_bus_id", "xid", "message", "pid", "process_name", "count", "first_time_unix_ns", "kmsg_seq", "kernel_boot_id")
     KIND_FIELD_NUMBER: _ClassVar[int]
     SOURCE_FIELD_NUMBER: _ClassVar[int]
     TIME_UNIX_NS_FIELD_NUMBER: _ClassVar[int]
@@ -132,6 +132,10 @@ class Event(_message.Message):
     MESSAGE_FIELD_NUMBER: _ClassVar[int]
     PID_FIELD_NUMBER: _ClassVar[int]
     PROCESS_NAME_FIELD_NUMBER: _ClassVar[int]
+    COUNT_FIELD_NUMBER: _ClassVar[int]
+    FIRST_TIME_UNIX_NS_FIELD_NUMBER: _ClassVar[int]
+    KMSG_SEQ_FIELD_NUMBER: _ClassVar[int]
+    KERNEL_BOOT_ID_FIELD_NUMBER: _ClassVar[int]
     kind: _vocabulary_pb2.EventKind
     source: _vocabulary_pb2.EventSource
     time_unix_ns: int
@@ -141,10 +145,14 @@ class Event(_message.Message):
     message: str
     pid: int
     process_name: str
-    def __init__(self, kind: _Optional[_Union[_vocabulary_pb2.EventKind, str]] = ..., source: _Optional[_Union[_vocabulary_pb2.EventSource, str]] = ..., time_unix_ns: _Optional[int] = ..., gpu_index: _Optional[int] = ..., pci_bus_id: _Optional[str] = ..., xid: _Optional[int] = ..., message: _Optional[str] = ..., pid: _Optional[int] = ..., process_name: _Optional[str] = ...) -> None: ...
+    count: int
+    first_time_unix_ns: int
+    kmsg_seq: int
+    kernel_boot_id: str
+    def __init__(self, kind: _Optional[_Union[_vocabulary_pb2.EventKind, str]] = ..., source: _Optional[_Union[_vocabulary_pb2.EventSource, str]] = ..., time_unix_ns: _Optional[int] = ..., gpu_index: _Optional[int] = ..., pci_bus_id: _Optional[str] = ..., xid: _Optional[int] = ..., message: _Optional[str] = ..., pid: _Optional[int] = ..., process_name: _Optional[str] = ..., count: _Optional[int] = ..., first_time_unix_ns: _Optional[int] = ..., kmsg_seq: _Optional[int] = ..., kernel_boot_id: _Optional[str] = ...) -> None: ...
 
 class CollectorStats(_message.Message):
-    __slots__ = ("reports_dropped_total", "reports_rejected_total", "unacked_reports", "reconnects_total", "sample_errors_total", "sample_duration_s", "kmsg_lines_unparsed_total", "xid_unknown_gpu_total", "xid_duplicates_total", "engine_scrapes_failed_total")
+    __slots__ = ("reports_dropped_total", "reports_rejected_total", "unacked_reports", "reconnects_total", "sample_errors_total", "sample_duration_s", "kmsg_lines_unparsed_total", "xid_unknown_gpu_total", "xid_duplicates_total", "engine_scrapes_failed_total", "xid_folded_total", "kmsg_records_caught_up_total")
     REPORTS_DROPPED_TOTAL_FIELD_NUMBER: _ClassVar[int]
     REPORTS_REJECTED_TOTAL_FIELD_NUMBER: _ClassVar[int]
     UNACKED_REPORTS_FIELD_NUMBER: _ClassVar[int]
@@ -155,6 +163,8 @@ class CollectorStats(_message.Message):
     XID_UNKNOWN_GPU_TOTAL_FIELD_NUMBER: _ClassVar[int]
     XID_DUPLICATES_TOTAL_FIELD_NUMBER: _ClassVar[int]
     ENGINE_SCRAPES_FAILED_TOTAL_FIELD_NUMBER: _ClassVar[int]
+    XID_FOLDED_TOTAL_FIELD_NUMBER: _ClassVar[int]
+    KMSG_RECORDS_CAUGHT_UP_TOTAL_FIELD_NUMBER: _ClassVar[int]
     reports_dropped_total: int
     reports_rejected_total: int
     unacked_reports: int
@@ -165,7 +175,9 @@ class CollectorStats(_message.Message):
     xid_unknown_gpu_total: int
     xid_duplicates_total: int
     engine_scrapes_failed_total: int
-    def __init__(self, reports_dropped_total: _Optional[int] = ..., reports_rejected_total: _Optional[int] = ..., unacked_reports: _Optional[int] = ..., reconnects_total: _Optional[int] = ..., sample_errors_total: _Optional[int] = ..., sample_duration_s: _Optional[float] = ..., kmsg_lines_unparsed_total: _Optional[int] = ..., xid_unknown_gpu_total: _Optional[int] = ..., xid_duplicates_total: _Optional[int] = ..., engine_scrapes_failed_total: _Optional[int] = ...) -> None: ...
+    xid_folded_total: int
+    kmsg_records_caught_up_total: int
+    def __init__(self, reports_dropped_total: _Optional[int] = ..., reports_rejected_total: _Optional[int] = ..., unacked_reports: _Optional[int] = ..., reconnects_total: _Optional[int] = ..., sample_errors_total: _Optional[int] = ..., sample_duration_s: _Optional[float] = ..., kmsg_lines_unparsed_total: _Optional[int] = ..., xid_unknown_gpu_total: _Optional[int] = ..., xid_duplicates_total: _Optional[int] = ..., engine_scrapes_failed_total: _Optional[int] = ..., xid_folded_total: _Optional[int] = ..., kmsg_records_caught_up_total: _Optional[int] = ...) -> None: ...
 
 class NodeReport(_message.Message):
     __slots__ = ("node", "cluster", "boot_id", "seq", "time_unix_ns", "interval_s", "gpus", "engines", "events", "stats")

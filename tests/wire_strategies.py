@@ -150,7 +150,13 @@ def reports(draw: st.DrawFn) -> Case:
         seen.add((eng.engine, eng.model, eng.port))
         r.engines.append(eng)
     for _ in range(draw(st.integers(0, 3))):
-        ev = draw(message(telemetry_pb2.Event.DESCRIPTOR, valid, frozenset({"time_unix_ns", "gpu_index"})))
+        ev = draw(
+            message(
+                telemetry_pb2.Event.DESCRIPTOR,
+                valid,
+                frozenset({"time_unix_ns", "gpu_index", "first_time_unix_ns"}),
+            )
+        )
         if draw(st.booleans()):
             ev.gpu_index = draw(
                 st.integers(0, GPUS - 1) if valid else edge_value(_field("Event", "gpu_index"))
@@ -160,6 +166,13 @@ def reports(draw: st.DrawFn) -> Case:
             if valid or draw(st.booleans())
             else draw(edge_value(_field("Event", "time_unix_ns")))
         )
+        if draw(st.booleans()):  # a folded storm: first..last, within the accepted range
+            last = ev.time_unix_ns or ts
+            ev.first_time_unix_ns = (
+                last - draw(st.integers(0, 10**9))
+                if valid
+                else draw(st.sampled_from([last + 1, -1, 2**63 - 1]))
+            )
         r.events.append(ev)
     if draw(st.booleans()):
         r.stats.CopyFrom(draw(message(telemetry_pb2.CollectorStats.DESCRIPTOR, valid)))

@@ -132,3 +132,15 @@ def kmsg_payload(record: str) -> str:
     if sep and head.count(",") >= 3 and head.split(",", 1)[0].isdigit():
         return text
     return record
+
+
+def record_position(record: str) -> tuple[int, int | None]:
+    """(sequence number, microseconds since boot) of a /dev/kmsg record; (0, None) for a line
+    in another form (dmesg, the journal, a plain log file)."""
+    head, sep, _ = record.partition(";")
+    if not sep:
+        return 0, None
+    parts = head.split(",")
+    if len(parts) < 4 or not (parts[0].isdigit() and parts[1].isdigit() and parts[2].isdigit()):
+        return 0, None
+    return int(parts[1]), int(parts[2])

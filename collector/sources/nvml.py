@@ -234,47 +234,49 @@ class NvmlSource:
             index=gpu.index, uuid=ident.uuid, model=ident.model, pci_bus_id=ident.pci_bus_id
         )
         for group, reader in READERS:
-            if group in gpu.unsupported:
-                continue
-            try:
-                reader(gpu.handle, sample)
-            except pynvml.NVMLError_NotSupported:
-                gpu.unsupported.add(group)
-            except pynvml.NVMLError_GpuIsLost:
-                if not sample.lost:
-                    log.error(
-                        "GPU %d (%s) is lost: NVML answers GPU_IS_LOST",
-                        gpu.index,
-                        ident.uuid,
-                        extra={"gpu": gpu.index, "uuid": ident.uuid},
-                    )
-                sample.lost = True
-                # Keep what was read before the loss: those values were real.
+            # Once lost, the rest is not asked: what was read before the loss was real and stays.
+            if not self._query(gpu, sample, group, lambda r=reader: r(gpu.handle, sample)):
                 break
-            except pynvml.NVMLError as exc:
-                self._count_error(gpu, group, exc)
         fields: dict[str, float] = {}
-        if not sample.lost and "field_values" not in gpu.unsupported:
-            try:
-                fields = _read_field_values(gpu.handle)
-            except (pynvml.NVMLError_NotSupported, pynvml.NVMLError_FunctionNotFound):
-                gpu.unsupported.add("field_values")
-            except pynvml.NVMLError_GpuIsLost:
-                sample.lost = True
-            except pynvml.NVMLError as exc:
-                self._count_error(gpu, "field_values", exc)
+
+        def read_fields() -> None:
+            fields.update(_read_field_values(gpu.handle))
+
+        self._query(gpu, sample, "field_values", read_fields)
         if "temp_mem_c" in fields:
             sample.temp_mem_c = float(fields["temp_mem_c"])
-        if not sample.lost and "nvlink" not in gpu.unsupported:
-            try:
-                self._read_nvlink(gpu, sample, fields)
-            except pynvml.NVMLError_NotSupported:
-                gpu.unsupported.add("nvlink")
-            except pynvml.NVMLError_GpuIsLost:
-                sample.lost = True
-            except pynvml.NVMLError as exc:
-                self._count_error(gpu, "nvlink", exc)
+        self._query(gpu, sample, "nvlink", lambda: self._read_nvlink(gpu, sample, fields))
         return sample
+
+    def _query(
+        self, gpu: _Gpu, sample: telemetry_pb2.GpuSample, group: str, read: Callable[[], None]
+    ) -> bool:
+        """Run one group's NVML read for a GPU, turning NVML errors into absent values (as
+        nvitop's nvmlQuery does), in one place:
+        NOT_SUPPORTED or a function this driver lacks: the group's fields stay absent and the
+        group is not asked again for this GPU; GPU_IS_LOST: the sample is marked lost (logged
+        once); any other NVML error: counted and logged, only this group's fields absent.
+        False once the GPU is lost (nothing more is asked of it this sample)."""
+        if sample.lost:
+            return False
+        if group in gpu.unsupported:
+            return True
+        try:
+            read()
+        except (pynvml.NVMLError_NotSupported, pynvml.NVMLError_FunctionNotFound):
+            gpu.unsupported.add(group)
+        except pynvml.NVMLError_GpuIsLost:
+            log.error(
+                "GPU %d (%s) is lost: NVML answers GPU_IS_LOST",
+                gpu.index,
+                gpu.identity.uuid,
+                extra={"gpu": gpu.index, "uuid": gpu.identity.uuid},
+            )
+            sample.lost = True
+            return False
+        except pynvml.NVMLError as exc:
+            self._count_error(gpu, group, exc)
+        return True
 
     def _count_error(self, gpu: _Gpu, group: str, exc: Exception) -> None:
         self.errors_total += 1
