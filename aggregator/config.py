@@ -104,6 +104,11 @@ class AggregatorConfig:
     )
     repair_breaker_window_s: float = _setting(600.0, "the breaker's window, in seconds")
     repair_interval_s: float = _setting(1.0, "seconds between repair passes (events trigger one at once)")
+    replay_max_days: float = _setting(
+        31.0,
+        "the longest range `gpufleet replay --since` (and the dashboard's Policy what-if) may read "
+        "from the store: a replay reads raw samples node by node",
+    )
     repair_observe_interval_s: float = _setting(
         15.0,
         "the whole fleet's scheduler state is read at most this often; nodes with a workflow under "
@@ -210,6 +215,8 @@ class AggregatorConfig:
                 f"repair_breaker_nodes={self.repair_breaker_nodes} must be ≥ 1 and "
                 f"repair_breaker_window_s={self.repair_breaker_window_s:g} > 0"
             )
+        if not 0 < self.replay_max_days <= 3650:
+            raise ValueError(f"replay_max_days={self.replay_max_days:g} must be more than 0 and at most 3650")
         if not 0.05 <= self.repair_interval_s <= 60:
             raise ValueError(f"repair_interval_s={self.repair_interval_s:g} must be between 0.05 and 60")
         if not 0 <= self.repair_observe_interval_s <= 3600:

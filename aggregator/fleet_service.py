@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import time
 from collections.abc import Awaitable, Callable
@@ -14,12 +15,16 @@ import grpc
 from gpufleet.aggregator.auth import Authenticator, AuthError, Principal, bearer
 from gpufleet.aggregator.fleet_state import FleetState
 from gpufleet.aggregator.metrics import AggregatorMetrics
+from gpufleet.aggregator.replay_source import history_from_store
 from gpufleet.aggregator.rollups import read_as_stored, route
 from gpufleet.aggregator.schema import METRICS
 from gpufleet.aggregator.store import HistoryQuery, Store, StoreError
 from gpufleet.protos import fleet_pb2, fleet_pb2_grpc
 from gpufleet.protos.names import health_value
 from gpufleet.repair.controller import RepairController, RepairRefused
+from gpufleet.repair.policy import Policy, PolicyError, load_policy_text
+from gpufleet.repair.replay.engine import replay
+from gpufleet.repair.replay.report import compare, summarize
 from gpufleet.repair.state import AuditRecord, Incident, RepairState, StateError, Workflow
 
 if TYPE_CHECKING:
@@ -111,6 +116,7 @@ class FleetService(fleet_pb2_grpc.FleetServicer):
         self._store = store
         self._metrics = metrics
         self._status = status or fleet_pb2.AggregatorStatus
+        self._replay_lock = asyncio.Lock()
         # Replicas serve with TLS when configured: the leader is dialled trusting the same
         # certificate (one certificate for every replica, or a chain its file completes).
         self._tls_ca: bytes | None = None
@@ -301,6 +307,59 @@ class FleetService(fleet_pb2_grpc.FleetServicer):
             raise _Refused(
                 exc.code(), f"{exc.details()} (answered by the repair leader {holder} at {address})"
             ) from exc
+
+    @_rpc("viewer")
+    async def ReplayPolicy(self, request: fleet_pb2.ReplayRequest, principal: Principal) -> Any:
+        """A policy replay over this aggregator's store (docs/architecture.md "Policy replay"):
+        read-only, one at a time, in a worker thread (its own event loop): ingest and the
+        live controller go on meanwhile."""
+        if self._wiring is None:
+            raise _Refused(grpc.StatusCode.FAILED_PRECONDITION, "repair is not configured on this aggregator")
+        now = time.time_ns()
+        end = request.end_unix_ns or now
+        max_days = self._wiring.replay_max_days
+        if not 0 < request.start_unix_ns < end:
+            raise _Refused(grpc.StatusCode.INVALID_ARGUMENT, "give a start before the end (--since, --until)")
+        if end - request.start_unix_ns > max_days * 86400e9:
+            raise _Refused(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"a replay reads at most {max_days:g} days of the store (replay_max_days); "
+                f"this asks for {(end - request.start_unix_ns) / 86400e9:.1f}",
+            )
+        try:
+            policies = [
+                self._replay_policy(request.policy_toml, request.policy_name or "the request's policy")
+            ]
+            if request.compare:
+                policies.append(
+                    self._replay_policy(request.compare_toml, request.compare_name or "the compared policy")
+                )
+        except PolicyError as exc:
+            raise _Refused(grpc.StatusCode.INVALID_ARGUMENT, str(exc)) from exc
+        if self._replay_lock.locked():
+            raise _Refused(grpc.StatusCode.RESOURCE_EXHAUSTED, "a replay is running; try again when it ends")
+        async with self._replay_lock:
+            log.info("replaying %d policy(ies) over the store for %s", len(policies), principal.name)
+            try:
+                reports = await asyncio.to_thread(self._replay, request.start_unix_ns, end, policies)
+            except StoreError as exc:
+                raise _Refused(
+                    grpc.StatusCode.UNAVAILABLE, f"cannot read the store's history: {exc}"
+                ) from exc
+        out = fleet_pb2.ReplayResponse(report_json=json.dumps(reports[0]))
+        if len(reports) > 1:
+            out.compare_json = json.dumps(reports[1])
+            out.difference_json = json.dumps(compare(reports[0], reports[1]))
+        return out
+
+    def _replay_policy(self, text: str, name: str) -> Policy:
+        assert self._wiring is not None
+        return load_policy_text(text, name) if text.strip() else self._wiring.policy
+
+    def _replay(self, start_ns: int, end_ns: int, policies: list[Policy]) -> list[dict[str, Any]]:
+        assert self._wiring is not None
+        history = history_from_store(self._store, start_ns, end_ns)
+        return [summarize(replay(p, history, self._wiring.replay_config())) for p in policies]
 
     @_rpc("viewer")
     async def ListIncidents(self, request: fleet_pb2.ListIncidentsRequest, principal: Principal) -> Any:

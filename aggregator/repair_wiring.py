@@ -21,7 +21,8 @@ from gpufleet.repair.alerts.dispatcher import AlertDispatcher, Spawn
 from gpufleet.repair.backends import open_backend
 from gpufleet.repair.controller import Hooks, Rails, RepairController
 from gpufleet.repair.model import NodeSnapshot
-from gpufleet.repair.policy import load_policy
+from gpufleet.repair.policy import Policy, load_policy
+from gpufleet.repair.replay.engine import ReplayConfig
 from gpufleet.repair.rules import WATCH_FIELDS
 from gpufleet.repair.state import RepairState
 
@@ -113,6 +114,37 @@ class RepairWiring:
         )
         self._gauges(r)
 
+    @property
+    def policy(self) -> Policy:
+        return self._policy
+
+    @property
+    def replay_max_days(self) -> float:
+        return self._config.replay_max_days
+
+    def replay_config(self) -> ReplayConfig:
+        """A replay of this aggregator's own history as its controller would run it: its rails,
+        its reboot and ticket commands (an unset one is skipped, as live; a set one simulated,
+        never run), its pass interval (repair/replay/engine.py)."""
+        c = self._config
+        return ReplayConfig(
+            rails=self._rails(),
+            simulate_hooks=False,
+            hooks=Hooks(c.repair_reboot_command, c.repair_ticket_command, c.repair_hook_timeout_s),
+            from_store=True,
+            tick_s=c.repair_interval_s,
+        )
+
+    def _rails(self) -> Rails:
+        c = self._config
+        return Rails(
+            dry_run=c.repair_dry_run,
+            max_out_of_service=c.repair_max_out_of_service,
+            max_out_of_service_fraction=c.repair_max_out_of_service_fraction,
+            breaker_nodes=c.repair_breaker_nodes,
+            breaker_window_s=c.repair_breaker_window_s,
+        )
+
     def poke(self, node: str | None = None) -> None:
         if self.controller is not None:
             self.controller.poke(node)
@@ -158,13 +190,7 @@ class RepairWiring:
             self._policy,
             state,
             backend,
-            Rails(
-                dry_run=config.repair_dry_run,
-                max_out_of_service=config.repair_max_out_of_service,
-                max_out_of_service_fraction=config.repair_max_out_of_service_fraction,
-                breaker_nodes=config.repair_breaker_nodes,
-                breaker_window_s=config.repair_breaker_window_s,
-            ),
+            self._rails(),
             Hooks(config.repair_reboot_command, config.repair_ticket_command, config.repair_hook_timeout_s),
             dispatcher,
             lambda only: snapshots(self._fleet, only),

@@ -94,10 +94,12 @@ class FleetClient:
             self._channel = grpc.insecure_channel(settings.fleet)
         self._stub = fleet_pb2_grpc.FleetStub(self._channel)
 
-    def call(self, method: str, request: object) -> object:
+    def call(self, method: str, request: object, timeout_s: float | None = None) -> object:
         metadata = (("authorization", f"Bearer {self.settings.token}"),) if self.settings.token else ()
         try:
-            return getattr(self._stub, method)(request, metadata=metadata, timeout=self.timeout_s)
+            return getattr(self._stub, method)(
+                request, metadata=metadata, timeout=timeout_s or self.timeout_s
+            )
         except grpc.RpcError as exc:
             raise self._explain(exc) from None
 

@@ -16,7 +16,7 @@ import os
 import sys
 from pathlib import Path
 
-from gpufleet.cli import repair_cmds, settings
+from gpufleet.cli import repair_cmds, replay_cmd, settings
 from gpufleet.cli.client import ClientError, FleetClient, resolve_client
 from gpufleet.cli.logsetup import configure as configure_logging
 
@@ -99,6 +99,7 @@ def build_parser() -> argparse.ArgumentParser:
     out = p.add_mutually_exclusive_group()
     out.add_argument("--json", action="store_true")
     out.add_argument("--csv", action="store_true")
+    replay_cmd.add_arguments(sub, client)
     p = sub.add_parser("metrics", parents=[client], help="the metrics history can query")
     p.add_argument("--json", action="store_true")
     sub.add_parser("whoami", parents=[client], help="which token the Fleet API sees")
@@ -273,6 +274,8 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         if args.command == "policy":
             return repair_cmds.run_policy(args)
+        if args.command == "replay":
+            return replay_cmd.run(args)
         if args.command == "dashboard":
             from gpufleet.cli.dashboard import run_dashboard
 

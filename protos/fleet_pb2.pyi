@@ -26,6 +26,34 @@ AGGREGATE_P95: Aggregate
 AGGREGATE_LAST: Aggregate
 AGGREGATE_COUNT: Aggregate
 
+class ReplayRequest(_message.Message):
+    __slots__ = ("start_unix_ns", "end_unix_ns", "policy_toml", "compare", "compare_toml", "policy_name", "compare_name")
+    START_UNIX_NS_FIELD_NUMBER: _ClassVar[int]
+    END_UNIX_NS_FIELD_NUMBER: _ClassVar[int]
+    POLICY_TOML_FIELD_NUMBER: _ClassVar[int]
+    COMPARE_FIELD_NUMBER: _ClassVar[int]
+    COMPARE_TOML_FIELD_NUMBER: _ClassVar[int]
+    POLICY_NAME_FIELD_NUMBER: _ClassVar[int]
+    COMPARE_NAME_FIELD_NUMBER: _ClassVar[int]
+    start_unix_ns: int
+    end_unix_ns: int
+    policy_toml: str
+    compare: bool
+    compare_toml: str
+    policy_name: str
+    compare_name: str
+    def __init__(self, start_unix_ns: _Optional[int] = ..., end_unix_ns: _Optional[int] = ..., policy_toml: _Optional[str] = ..., compare: _Optional[bool] = ..., compare_toml: _Optional[str] = ..., policy_name: _Optional[str] = ..., compare_name: _Optional[str] = ...) -> None: ...
+
+class ReplayResponse(_message.Message):
+    __slots__ = ("report_json", "compare_json", "difference_json")
+    REPORT_JSON_FIELD_NUMBER: _ClassVar[int]
+    COMPARE_JSON_FIELD_NUMBER: _ClassVar[int]
+    DIFFERENCE_JSON_FIELD_NUMBER: _ClassVar[int]
+    report_json: str
+    compare_json: str
+    difference_json: str
+    def __init__(self, report_json: _Optional[str] = ..., compare_json: _Optional[str] = ..., difference_json: _Optional[str] = ...) -> None: ...
+
 class Finding(_message.Message):
     __slots__ = ("node", "gpu_index", "code", "severity", "action", "cordon", "reason", "evidence", "first_seen_unix_ns", "window_s")
     NODE_FIELD_NUMBER: _ClassVar[int]

@@ -94,6 +94,11 @@ class FleetStub:
                 request_serializer=gpufleet_dot_v1_dot_fleet__pb2.ResetBreakerRequest.SerializeToString,
                 response_deserializer=gpufleet_dot_v1_dot_fleet__pb2.RepairStatus.FromString,
                 _registered_method=True)
+        self.ReplayPolicy = channel.unary_unary(
+                '/gpufleet.v1.Fleet/ReplayPolicy',
+                request_serializer=gpufleet_dot_v1_dot_fleet__pb2.ReplayRequest.SerializeToString,
+                response_deserializer=gpufleet_dot_v1_dot_fleet__pb2.ReplayResponse.FromString,
+                _registered_method=True)
 
 
 class FleetServicer:
@@ -172,6 +177,13 @@ class FleetServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ReplayPolicy(self, request, context):
+        """Policy replay over the store's history (viewer: it changes nothing). One at a time.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_FleetServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -234,6 +246,11 @@ def add_FleetServicer_to_server(servicer, server):
                     servicer.ResetBreaker,
                     request_deserializer=gpufleet_dot_v1_dot_fleet__pb2.ResetBreakerRequest.FromString,
                     response_serializer=gpufleet_dot_v1_dot_fleet__pb2.RepairStatus.SerializeToString,
+            ),
+            'ReplayPolicy': grpc.unary_unary_rpc_method_handler(
+                    servicer.ReplayPolicy,
+                    request_deserializer=gpufleet_dot_v1_dot_fleet__pb2.ReplayRequest.FromString,
+                    response_serializer=gpufleet_dot_v1_dot_fleet__pb2.ReplayResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -560,6 +577,33 @@ class Fleet:
             '/gpufleet.v1.Fleet/ResetBreaker',
             gpufleet_dot_v1_dot_fleet__pb2.ResetBreakerRequest.SerializeToString,
             gpufleet_dot_v1_dot_fleet__pb2.RepairStatus.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ReplayPolicy(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/gpufleet.v1.Fleet/ReplayPolicy',
+            gpufleet_dot_v1_dot_fleet__pb2.ReplayRequest.SerializeToString,
+            gpufleet_dot_v1_dot_fleet__pb2.ReplayResponse.FromString,
             options,
             channel_credentials,
             insecure,

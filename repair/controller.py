@@ -6,7 +6,7 @@ Each pass reads the nodes' snapshots and the scheduler's view, evaluates the hea
   healthy → suspect (a finding waits out its window) → cordoned → draining → repairing
   (the finding's ladder: reset_gpu, reboot, ticket) → validating (clean signals for
   validate_s) → healthy; or quarantined for a person (ladder exhausted, ticket opened,
-  repeat offender). waiting: the node needs action but a rail holds it back.
+  lemon node). waiting: the node needs action but a rail holds it back.
 
 Every automatic step passes one gate (repair/rails.py: breaker, dry-run, a readable
 scheduler, the cap, one drain at a time); a held step is audited once and the workflow stays
@@ -28,6 +28,7 @@ from gpufleet.repair.alerts.dispatcher import AlertDispatcher
 from gpufleet.repair.backends.base import AUTOMATION_PREFIX, Backend, BackendError, NotOurs, Observed
 from gpufleet.repair.evaluator import Evaluator, finding_id
 from gpufleet.repair.health import BY_AUTOMATION, OUT_OF_SERVICE, WATCHED, Health, Step
+from gpufleet.repair.hooks import HookRunner, run_hook
 from gpufleet.repair.incidents import AUTOMATION, IncidentDesk
 from gpufleet.repair.ladder import Hooks, StepRunner, reset_target
 from gpufleet.repair.model import Finding, NodeSnapshot
@@ -64,8 +65,14 @@ class RepairController:
         on_action: Callable[[str, str, str], None] = lambda node, action, outcome: None,
         observe_interval_s: float = 15.0,
         liveness: Callable[[], dict[str, int]] | None = None,
+        clock: Callable[[], int] = time.time_ns,
+        hook_runner: HookRunner = run_hook,
     ) -> None:
+        """clock: the time every decision is made at (ns); `gpufleet replay` runs the same
+        controller on a virtual one (repair/replay/). hook_runner: how reboot and ticket
+        commands are carried out (replay: simulated)."""
         self.policy = policy
+        self.clock = clock
         self.state = state
         self.backend = backend
         self.rails = rails
@@ -76,12 +83,12 @@ class RepairController:
         self._liveness = liveness or (lambda: {s.node: s.liveness for s in snapshots(None)})
         self._full_pass_s = observe_interval_s
         self._seen_liveness: dict[str, int] = {}  # as each node's last evaluation saw it
-        self.desk = IncidentDesk(state, dispatcher, on_action)
+        self.desk = IncidentDesk(state, dispatcher, on_action, clock)
         self.breaker = Breaker(state, rails)
         self.scheduler = SchedulerWatch(backend, observe_interval_s)
         self.gate = Gate(rails, self.breaker, self.scheduler.cordoned)
         self.evaluator = Evaluator(policy, state)
-        self.steps = StepRunner(policy, state, hooks, self.desk, send_command, self.poke)
+        self.steps = StepRunner(policy, state, hooks, self.desk, send_command, self.poke, clock, hook_runner)
         dispatcher.restore_breaker(self.breaker.tripped)
         self.workflows: dict[str, Workflow] = state.workflows()
         self.gate.fleet_size = len(self.workflows)
@@ -129,6 +136,13 @@ class RepairController:
         elif self._dirty is not None:
             self._dirty.add(node)
         self._wake.set()
+
+    def take_poked(self) -> set[str]:
+        """The nodes poked since the last call (every known node for a fleet-wide poke), for a
+        caller that runs the passes itself (repair/replay/engine.py)."""
+        dirty, self._dirty = self._dirty, set()
+        self._wake.clear()
+        return set(self.workflows) if dirty is None else dirty
 
     def needs_attention(self, liveness: dict[str, int]) -> set[str]:
         """Nodes evaluated on every tick, whatever their reports say: a workflow under way or
@@ -205,7 +219,7 @@ class RepairController:
                 # A leader's pass starts by proving it still leads: a drain check (evictions,
                 # on Kubernetes) is an action, and no write comes before it.
                 self.state.check_fence("a repair pass")
-            now = time.time_ns()
+            now = self.clock()
             started = time.monotonic()
             snaps = {s.node: s for s in self._snapshots(only)}
             nodes = sorted(set(snaps) | (set(self.workflows) if only is None else only & set(self.workflows)))
@@ -391,14 +405,15 @@ class RepairController:
         wf.gpus = sorted({f.gpu for f in ready if f.gpu is not None})
         days = self.policy.workflow["repeat_offender_days"]
         recent = self.state.incidents_since(wf.node, now - int(days * 86400e9))
-        if recent >= self.policy.workflow["repeat_offender_incidents"]:
-            self.desk.audit(
-                wf, "quarantine", f"repeat offender: {recent} incidents in {days:g} days", "ok", now
-            )
+        lemon = recent >= self.policy.workflow["repeat_offender_incidents"]
+        if lemon and self.policy.workflow["lemon_quarantine"]:
+            # A lemon node (docs/architecture.md "Lemon nodes"): its faults keep coming back, so
+            # the ladder is not tried again; a person decides.
+            self.desk.audit(wf, "quarantine", f"lemon node: {recent} incidents in {days:g} days", "ok", now)
             self._move(
                 wf,
                 Health.QUARANTINED,
-                f"repeat offender: {recent} incidents in {days:g} days; a person decides",
+                f"lemon node: {recent} incidents in {days:g} days; a person decides",
             )
             return
         self._move(wf, Health.CORDONED, reason)
@@ -531,7 +546,7 @@ class RepairController:
     async def cordon(self, node: str, reason: str, actor: str) -> Workflow:
         async with self._lock:
             wf = self._known(node)
-            now = time.time_ns()
+            now = self.clock()
             text = f"gpufleet-manual [{actor}]: {reason}"
             try:
                 await self.backend.cordon(node, text, automation=False)
@@ -552,7 +567,7 @@ class RepairController:
     async def uncordon(self, node: str, reason: str, actor: str) -> Workflow:
         async with self._lock:
             wf = self._known(node)
-            now = time.time_ns()
+            now = self.clock()
             try:
                 await self.backend.uncordon(node, automation=False)
             except BackendError as exc:
@@ -567,7 +582,7 @@ class RepairController:
 
     async def reset_breaker(self, reason: str, actor: str) -> None:
         async with self._lock:
-            now = time.time_ns()
+            now = self.clock()
             was = self.breaker.reset(now)
             self.desk.breaker_reset(actor, reason, was, now)
         self.poke()

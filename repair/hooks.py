@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import shlex
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 
@@ -15,6 +16,10 @@ from dataclasses import dataclass
 class HookResult:
     ok: bool
     detail: str
+
+
+# run_hook's signature: (template, timeout_s, node=, reason=, incident=, gpus=) -> HookResult.
+HookRunner = Callable[..., Awaitable["HookResult"]]
 
 
 async def run_hook(template: str, timeout_s: float, **values: str) -> HookResult:

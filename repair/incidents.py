@@ -26,8 +26,10 @@ class IncidentDesk:
         state: RepairState,
         alerts: AlertDispatcher,
         on_action: Callable[[str, str, str], None],
+        clock: Callable[[], int] = time.time_ns,
     ) -> None:
         self._state = state
+        self._clock = clock
         self.alerts = alerts
         self._on_action = on_action
 
@@ -56,7 +58,7 @@ class IncidentDesk:
         """The node's open incident with these findings in it, opened if there is none."""
         incident = self._state.incident(wf.incident_id) if wf.incident_id else None
         if incident is None or not incident.open:
-            incident = self._state.open_incident(wf.node, findings, wf.state)
+            incident = self._state.open_incident(wf.node, findings, wf.state, self._clock())
             wf.incident_id = incident.id
             log.warning(
                 "incident %s opened: %s",
@@ -122,7 +124,7 @@ class IncidentDesk:
                 state=incident.state,
                 severity=worst.severity if worst else "warning",
                 summary=summary,
-                time_ns=time.time_ns(),
+                time_ns=self._clock(),
                 details={
                     "findings": [f.to_json() for f in incident.findings],
                     "detail": wf.detail,

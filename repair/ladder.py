@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 from gpufleet.protos import ingest_pb2, vocabulary_pb2
 from gpufleet.repair.health import Step
-from gpufleet.repair.hooks import run_hook
+from gpufleet.repair.hooks import HookRunner, run_hook
 from gpufleet.repair.incidents import IncidentDesk
 from gpufleet.repair.model import NodeSnapshot
 from gpufleet.repair.policy import Policy
@@ -52,8 +52,11 @@ class StepRunner:
         desk: IncidentDesk,
         send_command: Callable[[str, ingest_pb2.Command], bool],
         poke: Callable[[str], None],
+        clock: Callable[[], int] = time.time_ns,
+        hook_runner: HookRunner = run_hook,
     ) -> None:
         self._policy, self._state, self._hooks, self._desk = policy, state, hooks, desk
+        self._clock, self._run_hook = clock, hook_runner
         self._send_command = send_command
         self._poke = poke
         self._pending: dict[str, _Pending] = {}  # ledger key → reset results
@@ -62,6 +65,11 @@ class StepRunner:
     def close(self) -> None:
         for task in self._tasks.values():
             task.cancel()
+
+    async def settle(self) -> None:
+        """Wait for every reboot or ticket command under way (a replay's finish at once)."""
+        while self._tasks:
+            await asyncio.gather(*list(self._tasks.values()), return_exceptions=True)
 
     def on_command_result(self, node: str, result: ingest_pb2.CommandResult) -> None:
         key, _, gpu = result.id.rpartition("#")
@@ -91,12 +99,12 @@ class StepRunner:
         node, incident, gpus = wf.node, wf.incident_id, ",".join(map(str, wf.gpus))
 
         async def run() -> None:
-            result = await run_hook(
+            result = await self._run_hook(
                 template, self._hooks.timeout_s, node=node, reason=summary, incident=incident, gpus=gpus
             )
             outcome = ("ok" if result.ok else "failed") + (f": {result.detail}" if result.detail else "")
             self._state.finish_action(key, outcome)
-            self._desk.audit(wf, step, summary or step, outcome[:300], time.time_ns())
+            self._desk.audit(wf, step, summary or step, outcome[:300], self._clock())
             self._tasks.pop(key, None)
             self._poke(node)
 

@@ -34,8 +34,12 @@ _WORKFLOW_DEFAULTS = {
     "reboot_timeout_s": 900.0,
     "repeat_offender_incidents": 3,
     "repeat_offender_days": 7.0,
+    "lemon_quarantine": 1.0,  # true/false in the file: a lemon node goes to quarantine (1) or is only flagged
     "xid_lookback_s": 3600.0,
 }
+
+
+_WORKFLOW_FLAGS = frozenset({"lemon_quarantine"})  # true/false keys of [workflow]
 
 
 class PolicyError(ValueError):
@@ -211,7 +215,10 @@ def _apply(policy: Policy, data: dict[str, Any], source: str) -> None:
             raise PolicyError(
                 f"{source}: [workflow] unknown key {key!r}; known: {', '.join(_WORKFLOW_DEFAULTS)}"
             )
-        if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
+        if key in _WORKFLOW_FLAGS:
+            if not isinstance(value, bool):
+                raise PolicyError(f"{source}: [workflow] {key} = {value!r} must be true or false")
+        elif isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
             raise PolicyError(f"{source}: [workflow] {key} = {value!r} must be a number ≥ 0")
         policy.workflow[key] = float(value)
     for bucket, raw in data.get("buckets", {}).items():
@@ -270,6 +277,18 @@ def load_policy(override: str | Path | None = None) -> Policy:
     if override:
         _apply(policy, _read(override), str(override))
         policy.sources += (str(override),)
+    return policy
+
+
+def load_policy_text(text: str, source: str) -> Policy:
+    """The shipped defaults with an override given as text (named source in errors)."""
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise PolicyError(f"policy {source} is not valid TOML: {exc}") from exc
+    policy = load_policy()
+    _apply(policy, data, source)
+    policy.sources += (source,)
     return policy
 
 

@@ -436,11 +436,12 @@ class RepairState(ABC):
             )
 
     # --- incidents ---------------------------------------------------------------------------
-    def open_incident(self, node: str, findings: list[Finding], state: str) -> Incident:
-        now = time.time_ns()
-        incident = Incident(
-            f"inc-{time.strftime('%Y%m%d')}-{uuid.uuid4().hex[:8]}", node, now, state=state, findings=findings
-        )
+    def open_incident(
+        self, node: str, findings: list[Finding], state: str, now_ns: int | None = None
+    ) -> Incident:
+        now = time.time_ns() if now_ns is None else now_ns
+        day = time.strftime("%Y%m%d", time.gmtime(now / 1e9))
+        incident = Incident(f"inc-{day}-{uuid.uuid4().hex[:8]}", node, now, state=state, findings=findings)
         with self._write(f"open an incident on {node}"):
             self._execute(
                 "INSERT INTO incident VALUES (?, ?, ?, 0, ?)", (incident.id, node, now, incident.body())
@@ -475,6 +476,13 @@ class RepairState(ABC):
             "SELECT COUNT(*) FROM incident WHERE node = ? AND opened_ns >= ?", (node, since_ns)
         )
         return int(rows[0][0])
+
+    def incident_counts_since(self, since_ns: int) -> dict[str, int]:
+        """Incidents opened since then, per node (the lemon-node flag of every node at once)."""
+        rows = self._execute(
+            "SELECT node, COUNT(*) FROM incident WHERE opened_ns >= ? GROUP BY node", (since_ns,)
+        )
+        return {str(node): int(n) for node, n in rows}
 
     # --- audit ------------------------------------------------------------------------------
     def audit(self, record: AuditRecord) -> None:

@@ -93,7 +93,7 @@ def test_overridden_findings_stay_overridden_across_later_uncordons(tmp_path: Pa
         ]
         assert len(cordons) == 2
         # Once the ECC error clears (e.g. after a reset), a new one is acted on again: a third
-        # incident in 7 days, so the repeat offender goes to a person instead of round the loop.
+        # incident in 7 days, so the lemon node goes to a person instead of round the loop.
         fleet.snaps["n1"].gpus[1].ecc_dbe_volatile = 0
         fleet.tick()
         await repair.pass_once()
@@ -101,7 +101,7 @@ def test_overridden_findings_stay_overridden_across_later_uncordons(tmp_path: Pa
         fleet.tick()
         await repair.pass_once()
         assert repair.workflows["n1"].state == "quarantined"
-        assert repair.workflows["n1"].detail.startswith("repeat offender: 3 incidents in 7 days")
+        assert repair.workflows["n1"].detail.startswith("lemon node: 3 incidents in 7 days")
 
     asyncio.run(scenario())
 

@@ -1,0 +1,86 @@
+"""The store's own history as a replay's input (docs/architecture.md "Policy replay"): every
+event the store holds for the range, and each GPU health signal the rules read (and `lost`),
+as an input at each sample where its value changed. Read node by node, so memory holds one
+node's raw samples at a time. What the store does not keep is not replayed: a collector's
+silence (liveness is live state, not history) and the outcome of a live GPU reset (the replay
+takes it from the recorded samples: repair/replay/engine.py)."""
+
+from __future__ import annotations
+
+import time
+from datetime import UTC, datetime
+
+from gpufleet.aggregator.store.base import Store
+from gpufleet.protos import vocabulary_pb2
+from gpufleet.repair.replay.history import FaultHistory, FaultInput
+from gpufleet.repair.rules import WATCH_FIELDS
+
+SIGNAL_FIELDS = (*WATCH_FIELDS, "lost")
+_KINDS = {
+    vocabulary_pb2.EventKind.Name(v).removeprefix("EVENT_KIND_").lower(): v
+    for v in vocabulary_pb2.EventKind.values()
+}
+_SOURCES = {
+    vocabulary_pb2.EventSource.Name(v).removeprefix("EVENT_SOURCE_").lower(): v
+    for v in vocabulary_pb2.EventSource.values()
+}
+
+
+def _iso(ns: int) -> str:
+    return datetime.fromtimestamp(ns / 1e9, UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
+
+
+def history_from_store(store: Store, start_ns: int, end_ns: int, gpus_per_node: int = 8) -> FaultHistory:
+    """Blocking (store reads): call from a thread."""
+    started = time.perf_counter()
+    gpu_counts: dict[str, int] = {}
+    for p in store.query_points("collector", start_ns, end_ns):
+        node = p.tags.get("node", "")
+        if node and "gpu_count" in p.fields:
+            gpu_counts[node] = int(p.fields["gpu_count"])
+        else:
+            gpu_counts.setdefault(node, 0)
+    inputs: list[FaultInput] = []
+    for p in store.query_points("event", start_ns, end_ns):
+        gpu = p.tags.get("gpu")
+        kind = _KINDS.get(p.tags.get("kind", ""), 0)
+        inputs.append(
+            FaultInput(
+                p.time_unix_ns,
+                p.tags.get("node", ""),
+                int(gpu) if gpu is not None and gpu.isdigit() else None,
+                xid=int(p.fields.get("xid", 0)) if kind == vocabulary_pb2.EVENT_KIND_XID else 0,
+                message=str(p.fields.get("message", "")),
+                count=max(1, int(p.fields.get("count", 1))),
+                kind=kind,
+                source=_SOURCES.get(p.tags.get("source", ""), 0),
+            )
+        )
+    for node in sorted(gpu_counts):
+        last: dict[tuple[int, str], object] = {}
+        for p in store.query_points("gpu", start_ns, end_ns, {"node": [node]}):
+            gpu_tag = p.tags.get("gpu", "")
+            if not gpu_tag.isdigit():
+                continue
+            gpu = int(gpu_tag)
+            for name in SIGNAL_FIELDS:
+                value = p.fields.get(name)
+                if value is None or isinstance(value, str) or last.get((gpu, name)) == value:
+                    continue
+                if (gpu, name) not in last and not value:
+                    last[(gpu, name)] = value  # a clean first value is where a GPU starts anyway
+                    continue
+                last[(gpu, name)] = value
+                inputs.append(FaultInput(p.time_unix_ns, node, gpu, signal=name, value=float(value)))
+    read_s = time.perf_counter() - started
+    history = FaultHistory.of(
+        inputs,
+        f"the store's history {_iso(start_ns)} .. {_iso(end_ns)} (read in {read_s:.1f} s)",
+        0,
+        gpus_per_node,
+        start_ns,
+        end_ns,
+    )
+    history.nodes = sorted(set(history.nodes) | set(gpu_counts))
+    history.gpus_by_node = {n: c for n, c in gpu_counts.items() if c}
+    return history

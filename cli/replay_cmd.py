@@ -1,0 +1,142 @@
+"""`gpufleet replay`: what would automatic repair have done on this fault history?
+(docs/architecture.md "Policy replay"; every figure is defined in the README.)
+
+Three inputs: the aggregator's own store (--since/--until, through the Fleet API: the
+aggregator replays its history with its own rails and commands), a trace file (--trace) or a
+generated history (--generate llama3). The last two run here, with the shipped rails
+(cap 10 nodes or 10 %, breaker at 5 nodes in 10 minutes) and simulated reboots and tickets."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from gpufleet.cli.client import FleetClient, resolve_client
+from gpufleet.cli.timeparse import parse_time_ns
+
+
+def add_arguments(sub: Any, client: argparse.ArgumentParser) -> None:
+    p = sub.add_parser(
+        "replay",
+        parents=[client],
+        help="what automatic repair would have done on a fault history (a policy what-if)",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--since", help="replay the store's history from: 2h, 7d ago, or an ISO time")
+    src.add_argument(
+        "--trace", help="a trace file: JSON lines, one XID or signal each (README: Policy replay)"
+    )
+    src.add_argument("--generate", choices=["llama3"], help="a generated history: the Llama 3 Table 5 mix")
+    p.add_argument("--until", default="now", help="with --since: the end (default now)")
+    p.add_argument(
+        "--policy",
+        help="a policy override file to replay (default: the shipped policy; "
+        "with --since: the aggregator's own)",
+    )
+    p.add_argument("--compare", help="a second policy file: both are replayed and what differs is shown")
+    p.add_argument(
+        "--nodes", type=int, default=0, help="fleet size, when larger than the trace's (generate: 2048)"
+    )
+    p.add_argument("--gpus-per-node", type=int, default=8)
+    p.add_argument("--days", type=float, default=54.0, help="with --generate: days of history (default 54)")
+    p.add_argument("--seed", type=int, default=0, help="with --generate: the random seed (default 0)")
+    p.add_argument(
+        "--technician-h",
+        type=float,
+        default=48.0,
+        help="hours until a person returns a quarantined node (0: never; default 48)",
+    )
+    p.add_argument(
+        "--breaker-reset-min",
+        type=float,
+        default=60.0,
+        help="minutes until a person resets a tripped breaker (0: never; default 60)",
+    )
+    p.add_argument("--show-nodes", type=int, default=10, help="nodes whose steps the table shows")
+    p.add_argument("--json", action="store_true", help="the whole report (and comparison) as JSON")
+
+
+def _config(args: argparse.Namespace) -> Any:
+    from gpufleet.repair.replay.engine import ReplayConfig
+
+    return ReplayConfig(technician_s=args.technician_h * 3600, breaker_reset_s=args.breaker_reset_min * 60)
+
+
+def _local(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, Any] | None]:
+    from gpufleet.repair.policy import load_policy
+    from gpufleet.repair.replay.engine import replay
+    from gpufleet.repair.replay.generate import generate_llama3
+    from gpufleet.repair.replay.history import load_trace
+    from gpufleet.repair.replay.report import summarize
+
+    started = time.perf_counter()
+    if args.trace:
+        history = load_trace(args.trace, args.nodes, args.gpus_per_node)
+    else:
+        history = generate_llama3(args.nodes or 2048, args.days, args.seed, args.gpus_per_node)
+    print(
+        f"replaying {len(history.inputs)} inputs on {len(history.nodes)} nodes "
+        f"({time.perf_counter() - started:.1f} s to read) ...",
+        file=sys.stderr,
+    )
+    config = _config(args)
+    reports = []
+    for path in [args.policy, *([args.compare] if args.compare else [])]:
+        report = summarize(replay(load_policy(path), history, config))
+        print(f"  {', '.join(report['policy'])}: {report['wall_s']:.1f} s", file=sys.stderr)
+        reports.append(report)
+    return reports[0], reports[1] if len(reports) > 1 else None
+
+
+def _remote(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, Any] | None]:
+    from gpufleet.protos import fleet_pb2
+
+    now = time.time_ns()
+    request = fleet_pb2.ReplayRequest(
+        start_unix_ns=parse_time_ns(args.since, now), end_unix_ns=parse_time_ns(args.until, now)
+    )
+    if args.policy:
+        request.policy_toml, request.policy_name = _read(args.policy), args.policy
+    if args.compare:
+        request.compare, request.compare_toml, request.compare_name = True, _read(args.compare), args.compare
+    client = FleetClient(resolve_client(args.fleet, args.token, args.token_file))
+    try:
+        print("replaying the store's history on the aggregator ...", file=sys.stderr)
+        reply = client.call("ReplayPolicy", request, timeout_s=600.0)
+    finally:
+        client.close()
+    other = json.loads(reply.compare_json) if reply.compare_json else None  # type: ignore[attr-defined]
+    return json.loads(reply.report_json), other  # type: ignore[attr-defined]
+
+
+def _read(path: str) -> str:
+    try:
+        return Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ValueError(f"cannot read policy file {path}: {exc}") from exc
+
+
+def run(args: argparse.Namespace) -> int:
+    from gpufleet.repair.policy import PolicyError
+    from gpufleet.repair.replay.history import TraceError
+    from gpufleet.repair.replay.report import compare, render
+
+    try:
+        report, other = _remote(args) if args.since else _local(args)
+    except (TraceError, PolicyError) as exc:
+        print(f"gpufleet replay: {exc}", file=sys.stderr)
+        return 2
+    if args.json:
+        out: dict[str, Any] = {"a": report}
+        if other is not None:
+            out.update(b=other, difference=compare(report, other))
+        print(json.dumps(out if other is not None else report, indent=2))
+    else:
+        print(render(report, other, args.show_nodes))
+    return 0

@@ -1,0 +1,471 @@
+"""Run the real repair controller over a fault history on a virtual clock (docs/architecture.md
+"Policy replay").
+
+The same RepairController, Evaluator, rails, ladder, incident desk and action ledger the
+aggregator runs, with: a virtual clock; backend "none" (gpufleet's own records are the
+scheduler); a control-plane state in memory; no alert sinks; every rail on (breaker, cap,
+one drain at a time). What the world does in answer is simulated here, and stated:
+
+- a GPU reset answers after `reset_s`: it fails when the GPU is lost (fallen off the bus, as
+  a real reset does), else succeeds and clears what a reset clears on that GPU (volatile ECC
+  counts, a pending row remap or page retirement, a lost GPU, inactive links). Replaying the
+  store's own history the recorded samples already hold what the live reset did, so nothing
+  is cleared and the reset answers when the recorded GPU looks clean (or fails at
+  reset_timeout_s, as the live one would have);
+- a reboot (a configured reboot command) comes back after `reboot_s` with a new boot id and
+  every GPU cleared; a ticket opens at once. Replaying the store, commands the aggregator has
+  not configured are skipped, as live;
+- a person returns a quarantined node after `technician_s` (the part replaced), and resets a
+  tripped breaker after `breaker_reset_s` (0: never; a tripped breaker then holds every
+  automatic step to the end of the replay, as it would live).
+
+Passes run when an input arrives (as the health watch pokes the live controller at a report),
+every `tick_s` for a node with a step under way, and at the times a finding's persistence
+window or an XID's look-back ends; a step held by a rail is retried every `held_retry_s`.
+Nothing else changes a node between them, so no pass is skipped that could have acted."""
+
+from __future__ import annotations
+
+import asyncio
+import heapq
+import itertools
+import logging
+import threading
+from bisect import bisect_right
+from collections import deque
+from dataclasses import dataclass, field
+
+from gpufleet.protos import ingest_pb2, telemetry_pb2, vocabulary_pb2
+from gpufleet.repair.alerts.dispatcher import AlertDispatcher
+from gpufleet.repair.backends.none import NoBackend
+from gpufleet.repair.controller import RepairController
+from gpufleet.repair.health import OUT_OF_SERVICE, Health
+from gpufleet.repair.hooks import HookResult
+from gpufleet.repair.ladder import Hooks
+from gpufleet.repair.model import NodeSnapshot
+from gpufleet.repair.policy import Policy
+from gpufleet.repair.rails import Rails
+from gpufleet.repair.replay.history import REPORTING, FaultHistory, FaultInput
+from gpufleet.repair.state import RepairState
+from gpufleet.repair.state_sqlite import SqliteState
+
+TECHNICIAN = "replay-technician"
+OPERATOR = "replay-operator"
+# What a GPU reset (and a reboot) clears on a GPU: the sampled signals that only last until one.
+CLEARED_BY_RESET = (
+    "ecc_dbe_volatile",
+    "ecc_sbe_volatile",
+    "remap_pending",
+    "retired_pages_pending",
+    "lost",
+    "nvlink_links_inactive",
+)
+_BOOL = telemetry_pb2.GpuSample.DESCRIPTOR.fields_by_name["lost"].TYPE_BOOL
+_DOUBLE = telemetry_pb2.GpuSample.DESCRIPTOR.fields_by_name["lost"].TYPE_DOUBLE
+_FIELDS = telemetry_pb2.GpuSample.DESCRIPTOR.fields_by_name
+RATE_RULES = frozenset({"nvlink_errors", "pcie_replays"})  # findings that change with time alone
+
+
+@dataclass
+class ReplayConfig:
+    rails: Rails = field(default_factory=Rails)
+    # Reboot and ticket commands: simulated as configured (True), or these (the aggregator's
+    # own, replaying its store: an empty one is skipped, as live).
+    simulate_hooks: bool = True
+    hooks: Hooks = field(default_factory=Hooks)
+    from_store: bool = False  # the history is recorded: a repair's effect is in it already
+    tick_s: float = 1.0  # the live controller's repair_interval_s
+    held_retry_s: float = 3600.0  # a backstop: a held node is woken when the rail lets go
+    reset_s: float = 5.0
+    reboot_s: float = 300.0
+    technician_s: float = 48 * 3600.0
+    breaker_reset_s: float = 3600.0
+
+    def __post_init__(self) -> None:
+        for name in ("tick_s", "held_retry_s", "reset_s", "reboot_s"):
+            if not 0 < getattr(self, name) <= 86400 * 30:
+                raise ValueError(
+                    f"replay {name}={getattr(self, name)} must be more than 0 and at most 30 days"
+                )
+        for name in ("technician_s", "breaker_reset_s"):
+            if not 0 <= getattr(self, name) <= 86400 * 365:
+                raise ValueError(f"replay {name}={getattr(self, name)} must be 0 (never) to 365 days")
+
+
+@dataclass
+class _Node:
+    gpus: dict[int, telemetry_pb2.GpuSample]
+    events: deque[telemetry_pb2.Event] = field(default_factory=lambda: deque(maxlen=100))
+    boot: int = 0
+    reporting: bool = True
+    silent_since_ns: int = 0
+
+
+@dataclass
+class ReplayRun:
+    """What a replay did: its audit log and incidents are in `state` (in memory)."""
+
+    history: FaultHistory
+    policy: Policy
+    config: ReplayConfig
+    state: RepairState
+    passes: int = 0
+    wall_s: float = 0.0
+
+
+_quiet = threading.local()
+
+
+class _ReplayLogFilter(logging.Filter):
+    """Drops the repair library's log lines made by a replay (thousands of audit rows a second
+    of virtual time), whatever thread it runs on; the live controller's lines are untouched."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not getattr(_quiet, "on", False)
+
+
+_FILTER = _ReplayLogFilter()
+for _name in ("gpufleet.repair", "gpufleet.repair.alerts"):
+    logging.getLogger(_name).addFilter(_FILTER)
+
+
+class ReplayEngine:
+    def __init__(self, policy: Policy, history: FaultHistory, config: ReplayConfig | None = None) -> None:
+        self.policy, self.history = policy, history
+        self.config = config or ReplayConfig()
+        self.now = history.start_ns
+        self.state = SqliteState(":memory:")
+        self.state.migrate()
+        self._nodes: dict[str, _Node] = {}
+        self._heap: list[tuple[int, int, str, object]] = []
+        self._order = itertools.count()
+        self._wake_at: dict[str, int] = {}
+        self._pending_resets: dict[str, tuple[str, int]] = {}  # command id -> (node, gpu)
+        self._technician_due: set[str] = set()
+        self._held: set[str] = set()  # nodes a rail holds back, woken when it may let go
+        self._was: dict[str, Health] = {}  # each node's state after its last pass
+        self._breaker_reset_due = False
+        # Replaying the store: each GPU's recorded inputs, to see when a reset's effect shows.
+        self._by_gpu: dict[tuple[str, int], list[FaultInput]] = {}
+        if self.config.from_store:
+            for i in history.inputs:
+                if i.gpu is not None and i.signal:
+                    self._by_gpu.setdefault((i.node, i.gpu), []).append(i)
+        hooks = (
+            Hooks("replay-reboot {node}", "replay-ticket {node}", 600.0)
+            if self.config.simulate_hooks
+            else self.config.hooks
+        )
+        dispatcher = AlertDispatcher([], store=self.state)
+        self.controller = RepairController(
+            policy,
+            self.state,
+            NoBackend(),
+            self.config.rails,
+            hooks,
+            dispatcher,
+            self._snapshots,
+            self._send_command,
+            liveness=dict,
+            clock=lambda: self.now,
+            hook_runner=self._run_hook,
+        )
+        self.controller.gate.fleet_size = len(history.nodes)
+
+    # --- the simulated world -------------------------------------------------------------------
+    def _node(self, name: str) -> _Node:
+        node = self._nodes.get(name)
+        if node is None:
+            count = self.history.gpu_count(name)
+            gpus = {i: telemetry_pb2.GpuSample(index=i, uuid=f"GPU-{name}-{i}") for i in range(count)}
+            node = self._nodes[name] = _Node(gpus)
+        return node
+
+    def _snapshots(self, only: set[str] | None) -> list[NodeSnapshot]:
+        names = self._nodes if only is None else [n for n in only if n in self._nodes]
+        out = []
+        for name in names:
+            node = self._nodes[name]
+            silent_s = (self.now - node.silent_since_ns) / 1e9 if not node.reporting else 0.0
+            out.append(
+                NodeSnapshot(
+                    node=name,
+                    cluster="replay",
+                    liveness=vocabulary_pb2.LIVENESS_REPORTING
+                    if node.reporting
+                    else vocabulary_pb2.LIVENESS_SILENT,
+                    seconds_since_report=silent_s,
+                    boot_id=f"boot-{node.boot}",
+                    connected=node.reporting,
+                    gpu_count=len(node.gpus),
+                    gpus=dict(node.gpus),
+                    events=list(node.events),
+                    sample_time_ns=self.now if node.reporting else node.silent_since_ns,
+                )
+            )
+        return out
+
+    def _apply(self, i: FaultInput) -> None:
+        node = self._node(i.node)
+        if i.xid or i.kind:
+            event = telemetry_pb2.Event(
+                kind=i.kind or vocabulary_pb2.EVENT_KIND_XID,
+                source=i.source or vocabulary_pb2.EVENT_SOURCE_KMSG,
+                time_unix_ns=i.time_ns,
+                xid=i.xid,
+                message=i.message,
+                count=i.count if i.count > 1 else 0,
+            )
+            if i.gpu is not None:
+                event.gpu_index = i.gpu
+            node.events.append(event)
+            return
+        if i.signal == REPORTING:
+            if node.reporting and not i.value:
+                node.silent_since_ns = i.time_ns
+            node.reporting = bool(i.value)
+            return
+        if i.gpu is None:
+            return
+        gpu = node.gpus.get(i.gpu)
+        if gpu is None:  # a GPU index past the node's count: the node has more than was said
+            gpu = node.gpus[i.gpu] = telemetry_pb2.GpuSample(index=i.gpu, uuid=f"GPU-{i.node}-{i.gpu}")
+        kind = _FIELDS[i.signal].type
+        setattr(
+            gpu,
+            i.signal,
+            bool(i.value) if kind == _BOOL else float(i.value) if kind == _DOUBLE else int(i.value),
+        )
+
+    def _clear(self, node: _Node, gpus: list[int]) -> None:
+        for index in gpus:
+            gpu = node.gpus.get(index)
+            if gpu is None:
+                continue
+            for name in CLEARED_BY_RESET:
+                if not _FIELDS[name].has_presence or gpu.HasField(name):
+                    setattr(gpu, name, False if _FIELDS[name].type == _BOOL else 0)
+
+    def _send_command(self, node: str, command: ingest_pb2.Command) -> bool:
+        gpu = command.reset_gpu.gpu_index
+        sim = self._node(node)
+        sample = sim.gpus.get(gpu)
+        if not sim.reporting:
+            return False  # the node's collector is not connected: the controller records that
+        if sample is not None and sample.lost:
+            self._push(self.now + int(self.config.reset_s * 1e9), "reset", (node, command.id, gpu, False))
+            return True
+        if self.config.from_store:
+            done = self._clean_at(node, gpu)
+            if done is None:
+                return True  # never answers: the controller's reset_timeout_s fails it, as live
+            self._push(done, "reset", (node, command.id, gpu, True))
+        else:
+            self._push(self.now + int(self.config.reset_s * 1e9), "reset", (node, command.id, gpu, True))
+        return True
+
+    def _clean_at(self, node: str, gpu: int) -> int | None:
+        """When the recorded history shows this GPU clean of what a reset clears, from now on
+        (within reset_timeout_s); None if it never does."""
+        state = {n: bool(getattr(self._nodes[node].gpus[gpu], n)) for n in CLEARED_BY_RESET}
+        if not any(state.values()):
+            return self.now + int(min(self.config.reset_s, 1.0) * 1e9)
+        limit = self.now + int(self.policy.workflow["reset_timeout_s"] * 1e9)
+        recorded = self._by_gpu.get((node, gpu), [])
+        for i in recorded[bisect_right([r.time_ns for r in recorded], self.now) :]:
+            if i.time_ns > limit:
+                return None
+            if i.signal in state:
+                state[i.signal] = bool(i.value)
+                if not any(state.values()):
+                    return i.time_ns
+        return None
+
+    async def _run_hook(self, template: str, timeout_s: float, **values: str) -> HookResult:
+        node = values.get("node", "")
+        if template.split()[0] == "replay-reboot" or template == self.config.hooks.reboot_command:
+            self._push(self.now + int(self.config.reboot_s * 1e9), "rebooted", node)
+            return HookResult(True, "simulated reboot")
+        if template.split()[0] == "replay-ticket":
+            return HookResult(True, "simulated ticket")
+        # The aggregator's own ticket command, replaying its store: never run; said so.
+        return HookResult(True, f"simulated (not run in a replay): {template.split()[0]}")
+
+    # --- the timeline ------------------------------------------------------------------------
+    def _push(self, at_ns: int, kind: str, payload: object) -> None:
+        heapq.heappush(self._heap, (at_ns, next(self._order), kind, payload))
+
+    def _wake(self, node: str, at_ns: int) -> None:
+        if at_ns <= self.now:
+            at_ns = self.now + 1
+        current = self._wake_at.get(node)
+        if current is not None and self.now < current <= at_ns:
+            return
+        self._wake_at[node] = at_ns
+        self._push(at_ns, "wake", node)
+
+    def _release_held(self) -> None:
+        """A rail may let go: every held node is looked at once more, now."""
+        for node in sorted(self._held):
+            self._wake_at.pop(node, None)
+            self._wake(node, self.now + 1)
+        self._held.clear()
+
+    def _next_wake(self, name: str) -> int | None:
+        """When this node next needs a pass with no new input (None: not until one comes)."""
+        c = self.controller
+        wf = c.workflows.get(name)
+        state = wf.state if wf else Health.HEALTHY
+        if state in (Health.QUARANTINED, Health.HUMAN_CORDONED):
+            return None
+        if wf is not None and wf.held:
+            # Held by a rail: the cap and the drain slot let go when another node comes back
+            # or moves on, the breaker when a person resets it; each wakes every held node
+            # (`_after_pass`). Dry-run holds for good. The retry is a backstop.
+            self._held.add(name)
+            return self.now + int(self.config.held_retry_s * 1e9)
+        tick = self.now + int(self.config.tick_s * 1e9)
+        if state == Health.VALIDATING and wf is not None:
+            # Clean signals must last validate_s: nothing to decide before (an input that
+            # fails validation is its own pass).
+            return max(tick, wf.validate_since_ns + int(self.policy.workflow["validate_s"] * 1e9))
+        if (
+            state == Health.REPAIRING
+            and wf is not None
+            and wf.step_key
+            and wf.step < len(wf.ladder)
+            and not self.state.action_outcome(wf.step_key)
+        ):
+            # A step under way ends with its answer (a reset's result, a reboot's return: each
+            # is its own pass) or its timeout, which is all time alone can bring. Once its
+            # outcome is recorded, the next tick moves on (as the live controller's does).
+            step = wf.ladder[wf.step]
+            timeout_s = self.policy.workflow["reboot_timeout_s" if step == "reboot" else "reset_timeout_s"]
+            return max(tick, wf.step_started_ns + int(timeout_s * 1e9) + 1)
+        if state not in (Health.HEALTHY, Health.SUSPECT):
+            return tick
+        times = []
+        lookback_ns = int(self.policy.workflow["xid_lookback_s"] * 1e9)
+        for f in c.findings.get(name, []):
+            if f.window_s and not c.evaluator.persisted(f, self.now):
+                times.append(c.first_seen_ns(f) + int(f.window_s * 1e9))
+            if f.code.startswith("xid_"):
+                times.append(f.seen_ns + lookback_ns + 1)  # it leaves the look-back: cleared
+            elif f.code in RATE_RULES:
+                # A rate falls as time passes with the counter still: looked at again, as the
+                # live controller's full passes do.
+                times.append(self.now + int(max(self.config.tick_s, f.window_s / 4) * 1e9))
+        return min(times) if times else None
+
+    async def run(self) -> ReplayRun:
+        import time
+
+        started = time.perf_counter()
+        _quiet.on = True
+        try:
+            for i in self.history.inputs:
+                self._push(i.time_ns, "input", i)
+            passes = 0
+            while self._heap:
+                at = self._heap[0][0]
+                if at > self.history.end_ns:
+                    break
+                self.now = at
+                dirty: set[str] = set()
+                while self._heap and self._heap[0][0] == at:
+                    await self._handle(*heapq.heappop(self._heap)[2:], dirty)
+                for _ in range(8):  # a step's answer pokes its node: passes until all is quiet
+                    dirty |= self.controller.take_poked()
+                    if not dirty:
+                        break
+                    await self.controller.pass_once(dirty)
+                    passes += 1
+                    await self.controller.steps.settle()
+                    for name in dirty:
+                        self._after_pass(name)
+                    dirty = set()
+            self.now = max(self.now, self.history.end_ns)
+        finally:
+            _quiet.on = False
+        return ReplayRun(
+            self.history, self.policy, self.config, self.state, passes, time.perf_counter() - started
+        )
+
+    async def _handle(self, kind: str, payload: object, dirty: set[str]) -> None:
+        if kind == "input":
+            assert isinstance(payload, FaultInput)
+            if payload.visible:
+                self._apply(payload)
+                dirty.add(payload.node)
+        elif kind == "wake":
+            assert isinstance(payload, str)
+            if self._wake_at.get(payload) == self.now:
+                del self._wake_at[payload]
+                dirty.add(payload)
+        elif kind == "reset":
+            node, command_id, gpu, ok = payload  # type: ignore[misc]
+            if ok and not self.config.from_store:
+                self._clear(self._node(node), [gpu])
+            outcome = (
+                vocabulary_pb2.COMMAND_OUTCOME_SUCCEEDED if ok else vocabulary_pb2.COMMAND_OUTCOME_FAILED
+            )
+            detail = "" if ok else "the GPU is lost (fallen off the bus): a reset cannot reach it"
+            self.controller.on_command_result(
+                node, ingest_pb2.CommandResult(id=command_id, outcome=outcome, detail=detail)
+            )
+            dirty.add(node)
+        elif kind == "rebooted":
+            assert isinstance(payload, str)
+            sim = self._node(payload)
+            sim.boot += 1
+            if not self.config.from_store:
+                self._clear(sim, list(sim.gpus))
+                sim.reporting = True
+            dirty.add(payload)
+        elif kind == "technician":
+            assert isinstance(payload, str)
+            self._technician_due.discard(payload)
+            wf = self.controller.workflows.get(payload)
+            if wf is not None and wf.state == Health.QUARANTINED:
+                sim = self._node(payload)
+                if not self.config.from_store:
+                    self._clear(sim, list(sim.gpus))  # the part was replaced
+                    for gpu in sim.gpus.values():
+                        gpu.remap_failure = False
+                await self.controller.uncordon(payload, "replay: repaired by a technician", TECHNICIAN)
+                dirty.add(payload)
+        elif kind == "breaker_reset":
+            self._breaker_reset_due = False
+            if self.controller.breaker_tripped:
+                await self.controller.reset_breaker("replay: a person looked and reset it", OPERATOR)
+                self.controller.take_poked()  # the held nodes are what it lets go
+                self._release_held()
+
+    def _after_pass(self, name: str) -> None:
+        self._held.discard(name)
+        wake = self._next_wake(name)
+        if wake is not None:
+            self._wake(name, wake)
+        wf = self.controller.workflows.get(name)
+        state = wf.state if wf else Health.HEALTHY
+        was = self._was.get(name, Health.HEALTHY)
+        self._was[name] = state
+        if was != state and was in (*OUT_OF_SERVICE, Health.DRAINING) and self._held:
+            self._release_held()
+        cfg = self.config
+        if (
+            wf is not None
+            and wf.state == Health.QUARANTINED
+            and cfg.technician_s
+            and name not in self._technician_due
+        ):
+            self._technician_due.add(name)
+            self._push(self.now + int(cfg.technician_s * 1e9), "technician", name)
+        if self.controller.breaker_tripped and cfg.breaker_reset_s and not self._breaker_reset_due:
+            self._breaker_reset_due = True
+            self._push(self.now + int(cfg.breaker_reset_s * 1e9), "breaker_reset", None)
+
+
+def replay(policy: Policy, history: FaultHistory, config: ReplayConfig | None = None) -> ReplayRun:
+    """Run a replay to its end (blocking: its own event loop; call from a thread in a server)."""
+    return asyncio.run(ReplayEngine(policy, history, config).run())

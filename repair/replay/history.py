@@ -1,0 +1,236 @@
+"""A fault history: what a replay feeds the controller (docs/architecture.md "Policy replay").
+
+One list of timed inputs, each an XID event or a sampled health signal's new value on one
+node (and GPU), optionally labeled with what the fault really was. Built from a trace file
+(`load_trace`), a generator (repair/replay/generate.py) or the store's own history (the
+aggregator's replay_source.py).
+
+Trace file: JSON lines, one input each, `#` comment lines and blank lines allowed:
+    {"time": "2026-03-01T10:00:00Z" | <unix seconds>, "node": "n0001", "gpu": 3, "xid": 79,
+     "label": "hardware"}
+or with `"signal": "<GpuSample field, as `gpufleet metrics` names it>", "value": <number>`
+instead of "xid". A GPU signal keeps its value until the next input for it (as a sampled
+field does). `label` (optional): hardware | software | application | benign. An input with
+a label and neither xid nor signal is a fault gpufleet cannot see (a NIC, a switch, silent
+data corruption): counted as missed, never fed to the controller. The pseudo-signal
+`collector_reporting` (0 or 1, no GPU) says whether the node's collector is reporting."""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+
+from gpufleet.protos import telemetry_pb2
+
+LABELS = ("hardware", "software", "application", "benign")
+ACTIONABLE = frozenset({"hardware", "software"})  # what automatic repair should take out
+REPORTING = "collector_reporting"
+_GPU_FIELDS = {
+    f.name: f
+    for f in telemetry_pb2.GpuSample.DESCRIPTOR.fields
+    if f.type != f.TYPE_MESSAGE and f.name not in ("index", "uuid", "model", "pci_bus_id")
+}
+SIGNALS = (*sorted(_GPU_FIELDS), REPORTING)
+MAX_GPUS = 64
+MAX_INPUTS = 5_000_000
+
+
+class TraceError(ValueError):
+    """A trace that cannot be replayed; the message names the file, line and value."""
+
+
+@dataclass(frozen=True)
+class FaultInput:
+    time_ns: int
+    node: str
+    gpu: int | None = None
+    xid: int = 0  # an XID event (0: not an XID)
+    signal: str = ""  # or a sampled signal's new value
+    value: float = 0.0
+    label: str = ""
+    message: str = ""
+    count: int = 1  # a folded storm: this many identical XIDs (the collector's count)
+    kind: int = 0  # vocabulary_pb2.EventKind for a recorded non-XID event (the store's history)
+    source: int = 0  # vocabulary_pb2.EventSource of a recorded event
+
+    @property
+    def visible(self) -> bool:
+        return bool(self.xid or self.signal or self.kind)
+
+    @property
+    def codes(self) -> frozenset[str]:
+        """The finding codes this input can cause (how a cordon is traced back to it)."""
+        if self.xid:
+            return frozenset({f"xid_{self.xid}"})
+        return SIGNAL_CODES.get(self.signal, frozenset())
+
+
+def _signal_codes() -> dict[str, frozenset[str]]:
+    from gpufleet.repair.rules import RULES
+
+    codes: dict[str, set[str]] = {}
+    for name, factory in RULES.items():
+        for f in getattr(factory, "watch_fields", ()):
+            codes.setdefault(f, set()).add(name)
+    codes.setdefault("lost", set()).update({"gpu_lost", "gpu_missing"})
+    codes.setdefault(REPORTING, set()).add("collector_silent")
+    return {k: frozenset(v) for k, v in codes.items()}
+
+
+SIGNAL_CODES = _signal_codes()
+
+
+@dataclass
+class FaultHistory:
+    inputs: list[FaultInput]  # oldest first
+    nodes: list[str]  # the whole fleet: every node the inputs name, and more
+    gpus_per_node: int
+    start_ns: int
+    end_ns: int
+    source: str  # what it was made from, for the report
+    gpus_by_node: dict[str, int] = field(default_factory=dict)  # a node's own GPU count, when known
+
+    def gpu_count(self, node: str) -> int:
+        return self.gpus_by_node.get(node, self.gpus_per_node)
+
+    @classmethod
+    def of(
+        cls,
+        inputs: Iterable[FaultInput],
+        source: str,
+        nodes: int = 0,
+        gpus_per_node: int = 8,
+        start_ns: int | None = None,
+        end_ns: int | None = None,
+    ) -> FaultHistory:
+        """A history over the inputs, with the fleet padded to `nodes` nodes (named n0001, ...,
+        beyond those the inputs name) and the time range widened to the inputs'."""
+        ordered = sorted(inputs, key=lambda i: i.time_ns)
+        named = list(dict.fromkeys(i.node for i in ordered))
+        extra = (f"n{k:04d}" for k in range(1, 10**6))
+        fleet = list(named)
+        known = set(named)
+        while len(fleet) < nodes:
+            name = next(extra)
+            if name not in known:
+                fleet.append(name)
+                known.add(name)
+        top = max((i.gpu for i in ordered if i.gpu is not None), default=-1)
+        if top >= gpus_per_node:
+            gpus_per_node = top + 1
+        first = ordered[0].time_ns if ordered else 0
+        last = ordered[-1].time_ns if ordered else 0
+        start = first if start_ns is None else min(start_ns, first or start_ns)
+        end = last if end_ns is None else max(end_ns, last)
+        return cls(ordered, fleet, gpus_per_node, start, end, source)
+
+
+def _time_ns(raw: object, where: str) -> int:
+    if isinstance(raw, bool):
+        raise TraceError(f'{where}: "time" = {raw!r}; give ISO 8601 (2026-03-01T10:00:00Z) or unix seconds')
+    if isinstance(raw, int | float):
+        if not math.isfinite(raw) or not 0 <= raw < 2**62 / 1e9:
+            raise TraceError(f'{where}: "time" = {raw!r} is not a usable unix time in seconds')
+        return int(raw * 1e9)
+    if isinstance(raw, str):
+        try:
+            parsed = datetime.fromisoformat(raw.replace("Z", "+00:00"))
+        except ValueError:
+            raise TraceError(f'{where}: "time" = {raw!r} is not ISO 8601 (2026-03-01T10:00:00Z)') from None
+        if parsed.tzinfo is None:
+            raise TraceError(f'{where}: "time" = {raw!r} has no time zone; add Z for UTC')
+        return int(parsed.timestamp() * 1e9)
+    raise TraceError(f'{where}: "time" is missing or {raw!r}; give ISO 8601 or unix seconds')
+
+
+_KEYS = {"time", "node", "gpu", "xid", "signal", "value", "label", "message", "count"}
+
+
+def parse_input(obj: object, where: str) -> FaultInput:
+    """One trace line's object as an input; TraceError names what is wrong with it."""
+    if not isinstance(obj, dict):
+        raise TraceError(f"{where}: each line must be a JSON object, not {type(obj).__name__}")
+    unknown = set(obj) - _KEYS
+    if unknown:
+        raise TraceError(
+            f"{where}: unknown key(s) {', '.join(sorted(unknown))}; known: {', '.join(sorted(_KEYS))}"
+        )
+    node = obj.get("node")
+    if not isinstance(node, str) or not node or len(node) > 253 or any(c.isspace() for c in node):
+        raise TraceError(f'{where}: "node" = {node!r}; give the node name (1-253 characters, no spaces)')
+    gpu = obj.get("gpu")
+    if gpu is not None and (isinstance(gpu, bool) or not isinstance(gpu, int) or not 0 <= gpu < MAX_GPUS):
+        raise TraceError(
+            f'{where}: "gpu" = {gpu!r}; give a GPU index from 0 to {MAX_GPUS - 1}, or leave it out'
+        )
+    label = obj.get("label", "")
+    if label not in ("", *LABELS):
+        raise TraceError(f'{where}: "label" = {label!r}; use one of {", ".join(LABELS)}')
+    message = obj.get("message", "")
+    if not isinstance(message, str):
+        raise TraceError(f'{where}: "message" must be text')
+    count = obj.get("count", 1)
+    if isinstance(count, bool) or not isinstance(count, int) or not 1 <= count <= 2**32:
+        raise TraceError(f'{where}: "count" = {count!r}; give how many identical XIDs (1 or more)')
+    xid, signal = obj.get("xid"), obj.get("signal")
+    if xid is not None and signal is not None:
+        raise TraceError(f'{where}: give "xid" or "signal", not both')
+    base = {"time_ns": _time_ns(obj.get("time"), where), "node": node, "gpu": gpu, "label": label}
+    if xid is not None:
+        if isinstance(xid, bool) or not isinstance(xid, int) or not 1 <= xid <= 1_000_000:
+            raise TraceError(f'{where}: "xid" = {xid!r}; give the XID number')
+        return FaultInput(**base, xid=xid, message=message[:512], count=count)
+    if signal is not None:
+        if signal not in SIGNALS:
+            raise TraceError(
+                f'{where}: "signal" = {signal!r} is not a field gpufleet samples; '
+                f"use one of {', '.join(SIGNALS)}"
+            )
+        value = obj.get("value")
+        if isinstance(value, bool):
+            value = float(value)
+        if not isinstance(value, int | float) or not math.isfinite(value) or not -1e18 <= value <= 1e18:
+            raise TraceError(f'{where}: "value" = {value!r} for signal {signal}; give a finite number')
+        if signal == REPORTING:
+            if gpu is not None or value not in (0, 1):
+                raise TraceError(f"{where}: {REPORTING} is about the node (no gpu) and is 0 or 1")
+        elif gpu is None:
+            raise TraceError(f'{where}: signal {signal} is a GPU field: give "gpu"')
+        elif _GPU_FIELDS[signal].type == _GPU_FIELDS[signal].TYPE_BOOL and value not in (0, 1):
+            raise TraceError(f"{where}: signal {signal} is true or false: give 0 or 1, not {value!r}")
+        elif _GPU_FIELDS[signal].type != _GPU_FIELDS[signal].TYPE_DOUBLE and (
+            value < 0 or value != int(value)
+        ):
+            raise TraceError(f"{where}: signal {signal} is a count: give a whole number ≥ 0, not {value!r}")
+        return FaultInput(**base, signal=signal, value=float(value))
+    if not label:
+        raise TraceError(f'{where}: give "xid" or "signal" (or a "label" for a fault gpufleet cannot see)')
+    return FaultInput(**base, message=message[:512])
+
+
+def load_trace(path: str | Path, nodes: int = 0, gpus_per_node: int = 8) -> FaultHistory:
+    """A trace file as a history; TraceError names the first bad line."""
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise TraceError(f"cannot read trace {path}: {exc}") from exc
+    inputs = []
+    for number, line in enumerate(text.splitlines(), 1):
+        stripped = line.strip()
+        if not stripped or stripped.startswith("#"):
+            continue
+        where = f"{path}:{number}"
+        try:
+            obj = json.loads(stripped)
+        except json.JSONDecodeError as exc:
+            raise TraceError(f"{where}: not JSON ({exc.msg} at column {exc.colno})") from None
+        inputs.append(parse_input(obj, where))
+        if len(inputs) > MAX_INPUTS:
+            raise TraceError(f"{path}: more than {MAX_INPUTS} inputs; split the trace by time")
+    if not inputs:
+        raise TraceError(f"{path}: no inputs (one JSON object per line)")
+    return FaultHistory.of(inputs, f"trace {path}", nodes, gpus_per_node)

@@ -1,0 +1,379 @@
+"""What a replay did, measured from its own audit log and incidents (docs/architecture.md
+"Policy replay"; every figure is defined in the README's "Policy replay" section):
+
+- nodes_taken_out: nodes automation cordoned, in the order of their first cordon;
+- gpu_hours_out_of_service: from each automatic cordon to the node's return (automatic
+  uncordon, or a person's), or the end of the history; x the node's GPUs;
+- faults by label: a fault is the labeled inputs on one node, GPU and label within 60 s of
+  each other (an XID and the signals it comes with). caught: one of its inputs triggered an
+  automatic cordon (it is in the cordoning incident's findings, seen by then); while_out: it
+  came while its node was already out of service; invisible: it shows no signal gpufleet
+  reads; missed: the rest;
+- false_cordons: cordons whose triggering inputs are all labeled application or benign;
+- precision: cordons with a hardware or software trigger / cordons with a labeled trigger;
+  recall: hardware and software faults caught / those not already out of service (recall_all
+  counts the invisible ones too);
+- detect_latency_s: from a caught hardware or software fault's first input to its cordon;
+- actions: automatic cordons, drains, GPU resets, reboots and tickets begun, quarantines and
+  returns; breaker_trips; lemon_nodes: nodes with repeat_offender_incidents incidents within
+  repeat_offender_days at some point."""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from gpufleet.repair.incidents import AUTOMATION
+from gpufleet.repair.replay.engine import TECHNICIAN, ReplayRun
+from gpufleet.repair.replay.history import ACTIONABLE, LABELS, FaultInput
+from gpufleet.repair.state import AuditRecord
+
+FAULT_GAP_NS = 60 * 10**9
+_ALL = 10**9
+
+
+def iso(ns: int) -> str:
+    return datetime.fromtimestamp(ns / 1e9, UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
+
+
+@dataclass
+class Fault:
+    node: str
+    gpu: int | None
+    label: str
+    inputs: list[FaultInput]
+
+    @property
+    def time_ns(self) -> int:
+        return self.inputs[0].time_ns
+
+    @property
+    def ident(self) -> str:
+        where = f"{self.node}" + (f"/gpu{self.gpu}" if self.gpu is not None else "")
+        what = ",".join(dict.fromkeys(f"xid {i.xid}" if i.xid else i.signal or "unseen" for i in self.inputs))
+        return f"{iso(self.time_ns)} {where} {self.label} ({what})"
+
+
+def faults_of(inputs: list[FaultInput]) -> list[Fault]:
+    open_: dict[tuple[str, int | None, str], Fault] = {}
+    out = []
+    for i in inputs:
+        if not i.label:
+            continue
+        key = (i.node, i.gpu, i.label)
+        fault = open_.get(key)
+        if fault is not None and i.time_ns - fault.inputs[-1].time_ns <= FAULT_GAP_NS:
+            fault.inputs.append(i)
+            continue
+        fault = open_[key] = Fault(i.node, i.gpu, i.label, [i])
+        out.append(fault)
+    return out
+
+
+def _percentile(values: list[float], q: float) -> float | None:
+    if not values:
+        return None
+    ordered = sorted(values)
+    k = max(0, min(len(ordered) - 1, math.ceil(q / 100 * len(ordered)) - 1))
+    return ordered[k]
+
+
+def summarize(run: ReplayRun) -> dict[str, Any]:
+    history, policy = run.history, run.policy
+    audit = run.state.audit_log(limit=_ALL)
+    incidents = {i.id: i for i in run.state.incidents(limit=_ALL)}
+    by_node: dict[str, list[FaultInput]] = defaultdict(list)
+    for i in history.inputs:
+        by_node[i.node].append(i)
+    lookback_ns = int(policy.workflow["xid_lookback_s"] * 1e9)
+
+    cordons = [a for a in audit if a.actor == AUTOMATION and a.action == "cordon" and a.outcome == "ok"]
+    triggers: dict[int, list[FaultInput]] = {}
+    for k, c in enumerate(cordons):
+        triggers[k] = _triggering(c, incidents, by_node[c.node], lookback_ns)
+
+    # Out of service: an automatic cordon until the node's return.
+    intervals: dict[str, list[tuple[int, int]]] = defaultdict(list)
+    out_since: dict[str, int] = {}
+    for a in audit:
+        if a.action == "cordon" and a.outcome == "ok" and a.actor == AUTOMATION:
+            out_since.setdefault(a.node, a.time_ns)
+        elif a.action == "uncordon" and a.outcome == "ok" and a.node in out_since:
+            intervals[a.node].append((out_since.pop(a.node), a.time_ns))
+    for node, since in out_since.items():
+        intervals[node].append((since, max(since, history.end_ns)))
+    gpu_hours = sum(
+        (end - start) / 3.6e12 * history.gpu_count(node)
+        for node, spans in intervals.items()
+        for start, end in spans
+    )
+
+    def out_at(node: str, t: int) -> bool:
+        return any(start <= t < end for start, end in intervals.get(node, []))
+
+    caught_at: dict[int, int] = {}  # id(input) -> cordon time
+    for k, c in enumerate(cordons):
+        for i in triggers[k]:
+            caught_at.setdefault(id(i), c.time_ns)
+    faults = faults_of(history.inputs)
+    by_label: dict[str, dict[str, int]] = {
+        label: dict.fromkeys(("total", "caught", "missed", "while_out", "invisible"), 0) for label in LABELS
+    }
+    latencies: list[float] = []
+    fault_outcome: dict[str, str] = {}
+    for f in faults:
+        row = by_label[f.label]
+        row["total"] += 1
+        times = [caught_at[id(i)] for i in f.inputs if id(i) in caught_at]
+        if times:
+            row["caught"] += 1
+            fault_outcome[f.ident] = "caught"
+            if f.label in ACTIONABLE:
+                latencies.append((min(times) - f.time_ns) / 1e9)
+        elif not any(i.visible for i in f.inputs):
+            row["invisible"] += 1
+            fault_outcome[f.ident] = "invisible"
+        elif out_at(f.node, f.time_ns):
+            row["while_out"] += 1
+            fault_outcome[f.ident] = "while_out"
+        else:
+            row["missed"] += 1
+            fault_outcome[f.ident] = "missed"
+
+    labeled = [k for k in triggers if any(i.label for i in triggers[k])]
+    true_cordons = [k for k in labeled if any(i.label in ACTIONABLE for i in triggers[k])]
+    false_cordons = [k for k in labeled if k not in true_cordons]
+    actionable = [by_label[label] for label in ACTIONABLE]
+    caught = sum(r["caught"] for r in actionable)
+    seen = sum(r["caught"] + r["missed"] for r in actionable)
+    everything = sum(r["total"] - r["while_out"] for r in actionable)
+
+    auto = [a for a in audit if a.actor == AUTOMATION]
+    actions = {
+        "cordon": len(cordons),
+        "drain": sum(1 for a in auto if a.action == "drain" and a.outcome == "ok"),
+        "reset_gpu": sum(1 for a in auto if a.action == "reset_gpu" and a.outcome == "started"),
+        "reboot": sum(1 for a in auto if a.action == "reboot" and a.outcome == "started"),
+        "ticket": sum(1 for a in auto if a.action == "ticket" and a.outcome == "started"),
+        "quarantine": sum(1 for a in auto if a.action == "quarantine" and a.outcome == "ok"),
+        "uncordon": sum(1 for a in auto if a.action == "uncordon" and a.outcome == "ok"),
+        "returned_by_technician": sum(1 for a in audit if a.actor == TECHNICIAN and a.action == "uncordon"),
+    }
+    taken_out = list(dict.fromkeys(c.node for c in cordons))
+    steps: dict[str, list[dict[str, str]]] = defaultdict(list)
+    for a in audit:
+        if a.node and a.actor in (AUTOMATION, TECHNICIAN):
+            steps[a.node].append(
+                {
+                    "time": iso(a.time_ns),
+                    "action": a.action,
+                    "outcome": a.outcome[:120],
+                    "reason": a.reason[:160],
+                }
+            )
+    return {
+        "source": history.source,
+        "policy": list(policy.sources),
+        "fleet": {"nodes": len(history.nodes), "gpus_per_node": history.gpus_per_node},
+        "from": iso(history.start_ns),
+        "until": iso(history.end_ns),
+        "inputs": len(history.inputs),
+        "passes": run.passes,
+        "wall_s": round(run.wall_s, 2),
+        "nodes_taken_out": len(taken_out),
+        "nodes_taken_out_in_order": taken_out,
+        "gpu_hours_out_of_service": round(gpu_hours, 1),
+        "faults": by_label,
+        "false_cordons": len(false_cordons),
+        "unlabeled_cordons": len(cordons) - len(labeled),
+        "precision": round(len(true_cordons) / len(labeled), 3) if labeled else None,
+        "recall": round(caught / seen, 3) if seen else None,
+        "recall_all": round(caught / everything, 3) if everything else None,
+        "detect_latency_s": {
+            "p50": _percentile(latencies, 50),
+            "p99": _percentile(latencies, 99),
+            "n": len(latencies),
+        },
+        "actions": actions,
+        "breaker_trips": sum(1 for a in audit if a.action == "breaker_trip"),
+        "lemon_nodes": _lemons(run),
+        "out_of_service": _series(intervals, history),
+        "fault_outcomes": fault_outcome,
+        "nodes": dict(steps),
+    }
+
+
+def _triggering(
+    cordon: AuditRecord, incidents: dict[str, Any], inputs: list[FaultInput], lookback_ns: int
+) -> list[FaultInput]:
+    """The inputs behind a cordon: for each finding in its incident seen by then, the XIDs of
+    its code on its GPU within the look-back, or the latest input that set its signal."""
+    incident = incidents.get(cordon.incident_id)
+    if incident is None:
+        return []
+    found: list[FaultInput] = []
+    for f in incident.findings:
+        if f.seen_ns > cordon.time_ns:
+            continue
+        matching = [
+            i
+            for i in inputs
+            if i.time_ns <= cordon.time_ns and f.code in i.codes and (f.gpu is None or i.gpu == f.gpu)
+        ]
+        if f.code.startswith("xid_"):
+            found += [i for i in matching if cordon.time_ns - i.time_ns <= lookback_ns]
+        else:
+            setting = [i for i in matching if i.value]
+            if setting:
+                found.append(setting[-1])
+    return list({id(i): i for i in found}.values())
+
+
+def _lemons(run: ReplayRun) -> list[str]:
+    n = int(run.policy.workflow["repeat_offender_incidents"])
+    span = int(run.policy.workflow["repeat_offender_days"] * 86400e9)
+    opened: dict[str, list[int]] = defaultdict(list)
+    for incident in run.state.incidents(limit=_ALL):
+        opened[incident.node].append(incident.opened_ns)
+    lemons = []
+    for node, times in opened.items():
+        times.sort()
+        if n and any(times[k + n - 1] - times[k] <= span for k in range(len(times) - n + 1)):
+            lemons.append(node)
+    return sorted(lemons)
+
+
+def _series(intervals: dict[str, list[tuple[int, int]]], history: Any) -> dict[str, list[Any]]:
+    """GPUs out of service over time: a step at every cordon and return."""
+    steps: list[tuple[int, int]] = []
+    for node, spans in intervals.items():
+        gpus = history.gpu_count(node)
+        for start, end in spans:
+            steps += [(start, gpus), (end, -gpus)]
+    steps.sort()
+    times, values, level = [iso(history.start_ns)], [0], 0
+    for t, d in steps:
+        level += d
+        times.append(iso(t))
+        values.append(level)
+    times.append(iso(history.end_ns))
+    values.append(level)
+    return {"time": times, "gpus_out": values}
+
+
+def compare(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
+    """What differs between two replays of one history: nodes, faults, figures."""
+    nodes_a, nodes_b = set(a["nodes_taken_out_in_order"]), set(b["nodes_taken_out_in_order"])
+    fa, fb = a["fault_outcomes"], b["fault_outcomes"]
+    return {
+        "nodes_taken_out_only_by_a": sorted(nodes_a - nodes_b),
+        "nodes_taken_out_only_by_b": sorted(nodes_b - nodes_a),
+        "faults_caught_only_by_a": sorted(
+            k for k, v in fa.items() if v == "caught" and fb.get(k) != "caught"
+        ),
+        "faults_caught_only_by_b": sorted(
+            k for k, v in fb.items() if v == "caught" and fa.get(k) != "caught"
+        ),
+        "figures": {
+            k: {"a": a[k], "b": b[k]}
+            for k in (
+                "nodes_taken_out",
+                "gpu_hours_out_of_service",
+                "false_cordons",
+                "precision",
+                "recall",
+                "breaker_trips",
+            )
+            if a[k] != b[k]
+        },
+    }
+
+
+def _num(value: float | None) -> str:
+    return "-" if value is None else f"{value:.3f}"
+
+
+def _figures(r: dict[str, Any]) -> list[tuple[str, str]]:
+    lat = r["detect_latency_s"]
+    rows = [
+        ("nodes taken out", str(r["nodes_taken_out"])),
+        ("GPU-hours out of service", f"{r['gpu_hours_out_of_service']:,.1f}"),
+    ]
+    for label, f in r["faults"].items():
+        if f["total"]:
+            rows.append(
+                (
+                    f"{label} faults",
+                    f"{f['total']}: {f['caught']} caught, {f['missed']} missed, "
+                    f"{f['while_out']} while out, {f['invisible']} invisible",
+                )
+            )
+    rows += [
+        ("false cordons", str(r["false_cordons"])),
+        ("precision", "-" if r["precision"] is None else f"{r['precision']:.3f}"),
+        (
+            "recall (visible / all)",
+            f"{_num(r['recall'])} / {_num(r['recall_all'])}",
+        ),
+        (
+            "detect latency p50 / p99",
+            "-" if lat["p50"] is None else f"{lat['p50']:.0f} s / {lat['p99']:.0f} s (n={lat['n']})",
+        ),
+        ("actions", ", ".join(f"{k} {v}" for k, v in r["actions"].items())),
+        ("breaker trips", str(r["breaker_trips"])),
+        (
+            "lemon nodes",
+            str(len(r["lemon_nodes"]))
+            + (
+                f" ({', '.join(r['lemon_nodes'][:5])}{', ...' if len(r['lemon_nodes']) > 5 else ''})"
+                if r["lemon_nodes"]
+                else ""
+            ),
+        ),
+        ("replay", f"{r['inputs']} inputs, {r['passes']} passes, {r['wall_s']:.1f} s"),
+    ]
+    return rows
+
+
+def render(report: dict[str, Any], other: dict[str, Any] | None = None, nodes: int = 10) -> str:
+    """The report as a table (two columns with --compare), and the first nodes' steps."""
+    fleet = report["fleet"]
+    lines = [
+        f"replay of {report['source']}: {report['from']} .. {report['until']}, "
+        f"{fleet['nodes']} nodes x {fleet['gpus_per_node']} GPUs"
+    ]
+    a = _figures(report)
+    if other is None:
+        width = max(len(k) for k, _ in a)
+        lines += [f"  {k:<{width}}  {v}" for k, v in a]
+    else:
+        b = dict(_figures(other))
+        width = max(len(k) for k, _ in a)
+        col = max(len(v) for _, v in a)
+        lines.append(
+            f"  {'':<{width}}  {'A: ' + ', '.join(report['policy']):<{col}}  B: {', '.join(other['policy'])}"
+        )
+        lines += [f"  {k:<{width}}  {v:<{col}}  {b.get(k, '')}" for k, v in a]
+        diff = compare(report, other)
+        for key, title in (
+            ("nodes_taken_out_only_by_a", "nodes taken out only by A"),
+            ("nodes_taken_out_only_by_b", "nodes taken out only by B"),
+            ("faults_caught_only_by_a", "faults caught only by A"),
+            ("faults_caught_only_by_b", "faults caught only by B"),
+        ):
+            items = diff[key]
+            lines.append(
+                f"  {title}: {len(items)}"
+                + (f": {', '.join(items[:8])}{' ...' if len(items) > 8 else ''}" if items else "")
+            )
+    shown = report["nodes_taken_out_in_order"][:nodes]
+    if shown:
+        lines.append(f"steps on the first {len(shown)} node(s) taken out (all of them: --json):")
+        for node in shown:
+            lines.append(f"  {node}")
+            for s in report["nodes"].get(node, [])[:12]:
+                lines.append(f"    {s['time']}  {s['action']:<10} {s['outcome'][:40]:<40} {s['reason'][:60]}")
+    return "\n".join(lines)
