@@ -117,6 +117,8 @@ class FleetService(fleet_pb2_grpc.FleetServicer):
         self._metrics = metrics
         self._status = status or fleet_pb2.AggregatorStatus
         self._replay_lock = asyncio.Lock()
+        self._lemon_counts: tuple[dict[str, int], int] = ({}, 0)
+        self._lemon_read_at = -1e9
         # Replicas serve with TLS when configured: the leader is dialled trusting the same
         # certificate (one certificate for every replica, or a chain its file completes).
         self._tls_ca: bytes | None = None
@@ -260,9 +262,32 @@ class FleetService(fleet_pb2_grpc.FleetServicer):
         wf = self._workflows().get(summary.node)
         summary.health = health_value(wf.state if wf else "healthy")
         summary.health_detail = wf.detail if wf else ""
+        recent, lemon_at = self._recent_incidents()
+        summary.recent_incidents = recent.get(summary.node, 0)
+        summary.lemon = bool(lemon_at) and summary.recent_incidents >= lemon_at
         if self._shared is not None and not summary.replica:
             summary.replica = self._shared.replica
         return summary
+
+    def _recent_incidents(self) -> tuple[dict[str, int], int]:
+        """Incidents per node within the policy's repeat_offender_days, and how many make a lemon
+        node (0: repair is off). One query for the whole fleet, reused for 5 s."""
+        now = time.monotonic()
+        if now - self._lemon_read_at < 5.0:
+            return self._lemon_counts
+        self._lemon_read_at = now
+        if self._wiring is None:
+            self._lemon_counts = ({}, 0)
+            return self._lemon_counts
+        workflow = self._wiring.policy.workflow
+        since = time.time_ns() - int(workflow["repeat_offender_days"] * 86400e9)
+        try:
+            counts = self._repair_records().incident_counts_since(since)
+        except (_Refused, StateError) as exc:
+            log.warning("cannot count recent incidents for the lemon-node flag: %s", exc)
+            counts = {}
+        self._lemon_counts = (counts, int(workflow["repeat_offender_incidents"]))
+        return self._lemon_counts
 
     def _controller(self) -> RepairController:
         if self._repair is None:

@@ -116,9 +116,7 @@ METRICS: dict[str, Metric] = {
         Metric(
             "engine_scrapes_failed_total", "collector", "count", "unreadable engine scrapes", 0, INT64_MAX
         ),
-        Metric(
-            "xid_folded_total", "collector", "count", "identical XIDs folded into a count", 0, INT64_MAX
-        ),
+        Metric("xid_folded_total", "collector", "count", "identical XIDs folded into a count", 0, INT64_MAX),
         Metric(
             "kmsg_records_caught_up_total",
             "collector",

@@ -62,6 +62,8 @@ def node_row(n: fleet_pb2.NodeSummary) -> dict[str, Any]:
         "liveness": liveness_name(n.liveness),
         "health": health_name(n.health),
         "health_detail": n.health_detail,
+        "lemon": n.lemon,  # its incidents recur (the policy's repeat_offender_* settings)
+        "recent_incidents": n.recent_incidents,
         "connected": n.connected,
         "last_report": iso(n.last_report_unix_ns) if n.last_report_unix_ns else None,
         "seconds_since_report": round(n.seconds_since_report, 3),
@@ -95,7 +97,7 @@ def print_nodes(resp: fleet_pb2.ListNodesResponse, as_json: bool) -> None:
             r["cluster"],
             r["liveness"] + ("" if r["connected"] else " (disconnected)"),
             f"{r['seconds_since_report']:.1f}s ago" if r["last_report"] else "never",
-            r["health"],
+            r["health"] + (f" LEMON ({r['recent_incidents']} incidents)" if r["lemon"] else ""),
             f"{r['gpu_count']}" + (f" ({r['gpus_lost']} LOST)" if r["gpus_lost"] else ""),
             _fmt(r["util_gpu_mean_pct"]),
             f"{gib(r['hbm_used_bytes'])}/{gib(r['hbm_total_bytes'])}",

@@ -14,7 +14,7 @@ from collections.abc import Callable
 import streamlit as st
 
 from gpufleet.dashboard.fleet import client, try_call
-from gpufleet.dashboard.views import history, inference, node, overview, repairs
+from gpufleet.dashboard.views import history, inference, node, overview, repairs, whatif
 from gpufleet.protos import fleet_pb2
 
 REFRESH_S = 5
@@ -24,6 +24,7 @@ PAGES = {
     "Failures and repairs": (repairs.render, True),
     "Node": (node.render, True),
     "History explorer": (history.render, False),
+    "Policy what-if": (whatif.render, False),
 }
 
 

@@ -54,6 +54,8 @@ def nodes_frame(resp: fleet_pb2.ListNodesResponse) -> pd.DataFrame:
                 "state": display_state(n),
                 "workflow": r["health"],
                 "detail": r["health_detail"],
+                # Flagged when its incidents recur (repair policy: repeat_offender_*).
+                "lemon": f"lemon: {r['recent_incidents']} incidents" if r["lemon"] else "",
                 "liveness": r["liveness"],
                 "last report": r["last_report"],
                 "GPUs": r["gpu_count"],
@@ -73,6 +75,7 @@ def nodes_frame(resp: fleet_pb2.ListNodesResponse) -> pd.DataFrame:
             "cluster",
             "state",
             "workflow",
+            "lemon",
             "detail",
             "liveness",
             "last report",

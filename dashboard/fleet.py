@@ -16,19 +16,19 @@ def client() -> FleetClient:
     return FleetClient(resolve_client(None, None, None))
 
 
-def call(method: str, request: object) -> Any:
+def call(method: str, request: object, timeout_s: float | None = None) -> Any:
     """Call the Fleet API; on failure show what to do and stop this page's run."""
-    answer, error = try_call(method, request)
+    answer, error = try_call(method, request, timeout_s)
     if error:
         st.error(error)
         st.stop()
     return answer
 
 
-def try_call(method: str, request: object) -> tuple[Any, str]:
+def try_call(method: str, request: object, timeout_s: float | None = None) -> tuple[Any, str]:
     """Call the Fleet API; (answer, "") or (None, the error in plain words)."""
     try:
-        return client().call(method, request), ""
+        return client().call(method, request, timeout_s), ""
     except ClientError as exc:
         return None, str(exc)
 

@@ -343,7 +343,7 @@ class ListNodesRequest(_message.Message):
     def __init__(self, clusters: _Optional[_Iterable[str]] = ..., liveness: _Optional[_Iterable[_Union[_vocabulary_pb2.Liveness, str]]] = ...) -> None: ...
 
 class NodeSummary(_message.Message):
-    __slots__ = ("node", "cluster", "liveness", "last_report_unix_ns", "seconds_since_report", "boot_id", "last_seq", "interval_s", "simulated", "driver_version", "gpu_count", "gpus", "connected", "health", "health_detail", "engines", "last_sample_unix_ns", "replica")
+    __slots__ = ("node", "cluster", "liveness", "last_report_unix_ns", "seconds_since_report", "boot_id", "last_seq", "interval_s", "simulated", "driver_version", "gpu_count", "gpus", "connected", "health", "health_detail", "engines", "last_sample_unix_ns", "replica", "lemon", "recent_incidents")
     NODE_FIELD_NUMBER: _ClassVar[int]
     CLUSTER_FIELD_NUMBER: _ClassVar[int]
     LIVENESS_FIELD_NUMBER: _ClassVar[int]
@@ -362,6 +362,8 @@ class NodeSummary(_message.Message):
     ENGINES_FIELD_NUMBER: _ClassVar[int]
     LAST_SAMPLE_UNIX_NS_FIELD_NUMBER: _ClassVar[int]
     REPLICA_FIELD_NUMBER: _ClassVar[int]
+    LEMON_FIELD_NUMBER: _ClassVar[int]
+    RECENT_INCIDENTS_FIELD_NUMBER: _ClassVar[int]
     node: str
     cluster: str
     liveness: _vocabulary_pb2.Liveness
@@ -380,7 +382,9 @@ class NodeSummary(_message.Message):
     engines: _containers.RepeatedCompositeFieldContainer[_telemetry_pb2.EngineSample]
     last_sample_unix_ns: int
     replica: str
-    def __init__(self, node: _Optional[str] = ..., cluster: _Optional[str] = ..., liveness: _Optional[_Union[_vocabulary_pb2.Liveness, str]] = ..., last_report_unix_ns: _Optional[int] = ..., seconds_since_report: _Optional[float] = ..., boot_id: _Optional[str] = ..., last_seq: _Optional[int] = ..., interval_s: _Optional[float] = ..., simulated: _Optional[bool] = ..., driver_version: _Optional[str] = ..., gpu_count: _Optional[int] = ..., gpus: _Optional[_Iterable[_Union[_telemetry_pb2.GpuSample, _Mapping]]] = ..., connected: _Optional[bool] = ..., health: _Optional[_Union[_vocabulary_pb2.NodeHealth, str]] = ..., health_detail: _Optional[str] = ..., engines: _Optional[_Iterable[_Union[_telemetry_pb2.EngineSample, _Mapping]]] = ..., last_sample_unix_ns: _Optional[int] = ..., replica: _Optional[str] = ...) -> None: ...
+    lemon: bool
+    recent_incidents: int
+    def __init__(self, node: _Optional[str] = ..., cluster: _Optional[str] = ..., liveness: _Optional[_Union[_vocabulary_pb2.Liveness, str]] = ..., last_report_unix_ns: _Optional[int] = ..., seconds_since_report: _Optional[float] = ..., boot_id: _Optional[str] = ..., last_seq: _Optional[int] = ..., interval_s: _Optional[float] = ..., simulated: _Optional[bool] = ..., driver_version: _Optional[str] = ..., gpu_count: _Optional[int] = ..., gpus: _Optional[_Iterable[_Union[_telemetry_pb2.GpuSample, _Mapping]]] = ..., connected: _Optional[bool] = ..., health: _Optional[_Union[_vocabulary_pb2.NodeHealth, str]] = ..., health_detail: _Optional[str] = ..., engines: _Optional[_Iterable[_Union[_telemetry_pb2.EngineSample, _Mapping]]] = ..., last_sample_unix_ns: _Optional[int] = ..., replica: _Optional[str] = ..., lemon: _Optional[bool] = ..., recent_incidents: _Optional[int] = ...) -> None: ...
 
 class ListNodesResponse(_message.Message):
     __slots__ = ("nodes", "server_time_unix_ns")

@@ -86,4 +86,13 @@ def test_every_page_renders_in_chromium(cluster: Cluster) -> None:
             path = SHOTS / f"{label.lower().replace(' ', '-')}.png"
             page.screenshot(path=str(path), full_page=True)
             assert path.stat().st_size > 20_000, f"{path} looks empty"
+        # Policy what-if: a replay of this fleet's store under the current and the proposed policy.
+        page.locator('[data-testid="stSidebar"]').get_by_text("Policy what-if", exact=True).click()
+        page.get_by_role("heading", name="Policy what-if").first.wait_for(timeout=60_000)
+        page.get_by_role("button", name="Replay").click()
+        page.get_by_text("taken out only under the proposed policy").first.wait_for(timeout=120_000)
+        page.locator('[data-testid="stVegaLiteChart"]').first.wait_for(timeout=60_000)
+        page.get_by_text("gpu_hours_out_of_service").first.wait_for(state="attached", timeout=60_000)
+        assert not page.locator('[data-testid="stException"]').count(), "Policy what-if: a traceback is shown"
+        page.screenshot(path=str(SHOTS / "policy-what-if.png"), full_page=True)
         browser.close()

@@ -40,6 +40,13 @@ def render() -> None:
     cols[3].metric("GPUs in repair", counts["GPUs in repair"])
     util = counts["fleet mean utilization"]
     cols[4].metric("fleet mean utilization", "N/A" if util is None else f"{util:.0f} %")
+    lemons = nodes[nodes["lemon"] != ""]
+    if not lemons.empty:
+        st.warning(
+            f"{len(lemons)} lemon node(s), their incidents recurring: "
+            + ", ".join(f"{r.node} ({r.lemon})" for r in lemons.head(10).itertuples())
+            + (" ..." if len(lemons) > 10 else "")
+        )
     if gpus.empty:
         st.info("No GPU matches these filters.")
         return
