@@ -125,7 +125,12 @@ def expected_points(r: telemetry_pb2.NodeReport) -> dict[str, list[tuple[dict[st
             "pci_bus_id": ev.pci_bus_id,
             "pid": ev.pid,
             "process_name": ev.process_name,
+            "count": max(1, ev.count),  # a folded storm's count; one occurrence when unset
         }
+        if ev.first_time_unix_ns:
+            fields["first_time_unix_ns"] = ev.first_time_unix_ns
+        if ev.kmsg_seq:
+            fields["kmsg_seq"] = ev.kmsg_seq
         events.append((tags, fields))
     s = r.stats
     collector = {

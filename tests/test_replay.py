@@ -13,7 +13,7 @@ import pytest
 from conftest import Cluster, gpufleet_argv, wait_until
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from test_repair_slurm import audit, incidents, repair_aggregator, repair_status
+from test_repair_slurm import FAST_POLICY, audit, gpufleet_cli, incidents, repair_aggregator, repair_status
 
 from gpufleet.repair.incidents import AUTOMATION
 from gpufleet.repair.policy import load_policy
@@ -73,7 +73,10 @@ def test_replaying_the_store_takes_out_the_nodes_the_live_controller_did_in_orde
     cluster: Cluster,
 ) -> None:
     started = time.time()
-    agg = repair_aggregator(cluster, "--repair-max-out-of-service-fraction", "1")
+    # One incident makes a lemon here, flagged only (lemon_quarantine = false): the flag shows
+    # in `gpufleet nodes` and the workflow is the usual one, live and replayed.
+    policy = FAST_POLICY + "repeat_offender_incidents = 1\nlemon_quarantine = false\n"
+    agg = repair_aggregator(cluster, "--repair-max-out-of-service-fraction", "1", policy=policy)
     (cluster.tmp / "faults.toml").write_text(FAULTS)
     for node in ("ecc-node", "bus-node", "gsp-node", "hot-node", "fine-node"):
         cluster.collector(
@@ -121,6 +124,18 @@ def test_replaying_the_store_takes_out_the_nodes_the_live_controller_did_in_orde
     assert ("reset_gpu", "failed") in replayed["bus-node"]
     assert replayed["bus-node"][-1] == ("ticket", "skipped")
     assert "hot-node" not in report["nodes"], "a thermal warning is not cordoned, live or replayed"
+
+    listed = json.loads(gpufleet_cli(agg, cluster, "viewer", "nodes", "--json").stdout)["nodes"]
+    lemons = {n["node"] for n in listed if n["lemon"]}
+    assert lemons == {"ecc-node", "bus-node", "gsp-node"}, lemons
+
+    # Refused with what to do: a range past replay_max_days, a policy file that does not load.
+    too_long = gpufleet_cli(agg, cluster, "viewer", "replay", "--since", "400d")
+    assert too_long.returncode == 2 and "replay_max_days" in too_long.stderr
+    bad = cluster.tmp / "bad-policy.toml"
+    bad.write_text("[rules.thermal_slowdown]\ncordon = true\n")
+    refused = gpufleet_cli(agg, cluster, "viewer", "replay", "--since", "1h", "--policy", str(bad))
+    assert refused.returncode == 2 and "needs a ladder" in refused.stderr, refused.stderr
 
 
 def test_a_generated_llama3_history_is_replayed_with_every_rail_holding() -> None:

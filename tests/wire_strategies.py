@@ -171,7 +171,7 @@ def reports(draw: st.DrawFn) -> Case:
             ev.first_time_unix_ns = (
                 last - draw(st.integers(0, 10**9))
                 if valid
-                else draw(st.sampled_from([last + 1, -1, 2**63 - 1]))
+                else draw(st.sampled_from([min(last + 1, 2**63 - 1), -1, 2**63 - 1]))
             )
         r.events.append(ev)
     if draw(st.booleans()):

@@ -329,19 +329,18 @@ class ReplayEngine:
             # Clean signals must last validate_s: nothing to decide before (an input that
             # fails validation is its own pass).
             return max(tick, wf.validate_since_ns + int(self.policy.workflow["validate_s"] * 1e9))
-        if (
-            state == Health.REPAIRING
-            and wf is not None
-            and wf.step_key
-            and wf.step < len(wf.ladder)
-            and not self.state.action_outcome(wf.step_key)
-        ):
+        if state == Health.REPAIRING and wf is not None and wf.step_key and wf.step < len(wf.ladder):
             # A step under way ends with its answer (a reset's result, a reboot's return: each
             # is its own pass) or its timeout, which is all time alone can bring. Once its
-            # outcome is recorded, the next tick moves on (as the live controller's does).
+            # outcome is recorded, the next tick moves on (as the live controller's does), but
+            # a reboot that went ahead waits for the node to come back (an answer too).
             step = wf.ladder[wf.step]
-            timeout_s = self.policy.workflow["reboot_timeout_s" if step == "reboot" else "reset_timeout_s"]
-            return max(tick, wf.step_started_ns + int(timeout_s * 1e9) + 1)
+            outcome = self.state.action_outcome(wf.step_key)
+            if not outcome or (step == "reboot" and outcome.startswith("ok")):
+                timeout_s = self.policy.workflow[
+                    "reboot_timeout_s" if step == "reboot" else "reset_timeout_s"
+                ]
+                return max(tick, wf.step_started_ns + int(timeout_s * 1e9) + 1)
         if state not in (Health.HEALTHY, Health.SUSPECT):
             return tick
         times = []
