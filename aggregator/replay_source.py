@@ -1,7 +1,9 @@
 """The store's own history as a replay's input (docs/architecture.md "Policy replay"): every
 event the store holds for the range, and each GPU health signal the rules read (and `lost`),
 as an input at each sample where its value changed. Read node by node, so memory holds one
-node's raw samples at a time. What the store does not keep is not replayed: a collector's
+node's raw samples at a time; the time this takes grows with nodes x samples in the range
+(raw samples, not roll-ups: a roll-up's mean would hide a flag set for one sample), which is
+what `replay_max_days` bounds. What the store does not keep is not replayed: a collector's
 silence (liveness is live state, not history) and the outcome of a live GPU reset (the replay
 takes it from the recorded samples: repair/replay/engine.py)."""
 
@@ -33,13 +35,13 @@ def _iso(ns: int) -> str:
 def history_from_store(store: Store, start_ns: int, end_ns: int, gpus_per_node: int = 8) -> FaultHistory:
     """Blocking (store reads): call from a thread."""
     started = time.perf_counter()
+    # The fleet: every node the store knows (its newest collector point: one per node, not one
+    # per report over the range), with its GPU count when that point carries one.
     gpu_counts: dict[str, int] = {}
-    for p in store.query_points("collector", start_ns, end_ns):
+    for p in store.latest("collector"):
         node = p.tags.get("node", "")
-        if node and "gpu_count" in p.fields:
-            gpu_counts[node] = int(p.fields["gpu_count"])
-        else:
-            gpu_counts.setdefault(node, 0)
+        if node:
+            gpu_counts[node] = int(p.fields.get("gpu_count", 0) or 0)
     inputs: list[FaultInput] = []
     for p in store.query_points("event", start_ns, end_ns):
         gpu = p.tags.get("gpu")
