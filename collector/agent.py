@@ -84,6 +84,8 @@ class CollectorAgent:
         self._sample_duration_s = 0.0
         self._welcomed = False
         self._command_tasks: set[asyncio.Task[None]] = set()
+        self._write_lock = asyncio.Lock()
+        self._unsent_results: list[ingest_pb2.CommandResult] = []  # kept across a broken stream
         self._sampling_stopped = asyncio.Event()
         self.kmsg: KernelLogXidWatcher | None = None  # set when the kernel log is read
         self.xid_fold = XidFolder(config.xid_storm_window_s)
@@ -318,11 +320,22 @@ class CollectorAgent:
                     task.cancel()
                 await asyncio.gather(sender, receiver, stopper, return_exceptions=True)
 
+    async def _write(self, call: grpc.aio.StreamStreamCall, message: ingest_pb2.CollectorMessage) -> None:
+        # One write at a time on a stream: gRPC refuses a second while one is in flight
+        # (GRPC_CALL_ERROR_TOO_MANY_OPERATIONS, which ends the stream). Reports and command
+        # results are written by different tasks.
+        async with self._write_lock:
+            await call.write(message)
+
     async def _send_loop(self, call: grpc.aio.StreamStreamCall) -> None:
+        # Results a broken stream did not carry go first: the aggregator is still waiting.
+        while self._unsent_results:
+            await self._write(call, ingest_pb2.CollectorMessage(command_result=self._unsent_results[0]))
+            self._unsent_results.pop(0)
         last_sent = 0
         while True:
             for report in self.buffer.after(last_sent):
-                await call.write(ingest_pb2.CollectorMessage(report=report))
+                await self._write(call, ingest_pb2.CollectorMessage(report=report))
                 last_sent = report.seq
             await self.buffer.wait_for_new()
 
@@ -359,9 +372,14 @@ class CollectorAgent:
             self.simulated_reset,
         )
         try:
-            await call.write(ingest_pb2.CollectorMessage(command_result=result))
+            await self._write(call, ingest_pb2.CollectorMessage(command_result=result))
         except (grpc.aio.AioRpcError, asyncio.InvalidStateError) as exc:
-            log.error("could not report the result of command %s: %s", command.id, exc)
+            self._unsent_results.append(result)
+            log.error(
+                "could not report the result of command %s (%s); it is sent again on the next stream",
+                command.id,
+                exc,
+            )
 
     async def _drain_before_exit(self) -> None:
         async def drained() -> None:
