@@ -10,6 +10,7 @@ import json
 import random
 import signal
 import sqlite3
+import subprocess
 import time
 from pathlib import Path
 from typing import Any
@@ -78,7 +79,14 @@ def person_acts(
     choice = rng.random()
     if choice < 0.4 and drained:
         node = rng.choice(drained)
-        slurm.scontrol("update", f"NodeName={node}", "State=RESUME")
+        try:
+            slurm.scontrol("update", f"NodeName={node}", "State=RESUME")
+        except subprocess.CalledProcessError:
+            # The automation returned it between the person's look and their resume (slurmctld
+            # refuses to resume a node that is not drained): nothing for the person to do.
+            if "DRAIN" in slurm.state(node)[0]:
+                raise
+            return 0
         person_drains.pop(node, None)
     elif choice < 0.7 and takeable:
         node = rng.choice(takeable)
