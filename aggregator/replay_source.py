@@ -10,26 +10,15 @@ takes it from the recorded samples: repair/replay/engine.py)."""
 from __future__ import annotations
 
 import time
-from datetime import UTC, datetime
 
 from gpufleet.aggregator.store.base import Store
 from gpufleet.protos import vocabulary_pb2
+from gpufleet.protos.names import EVENT_KINDS, EVENT_SOURCES
 from gpufleet.repair.replay.history import FaultHistory, FaultInput
+from gpufleet.repair.replay.report import iso
 from gpufleet.repair.rules import WATCH_FIELDS
 
 SIGNAL_FIELDS = (*WATCH_FIELDS, "lost")
-_KINDS = {
-    vocabulary_pb2.EventKind.Name(v).removeprefix("EVENT_KIND_").lower(): v
-    for v in vocabulary_pb2.EventKind.values()
-}
-_SOURCES = {
-    vocabulary_pb2.EventSource.Name(v).removeprefix("EVENT_SOURCE_").lower(): v
-    for v in vocabulary_pb2.EventSource.values()
-}
-
-
-def _iso(ns: int) -> str:
-    return datetime.fromtimestamp(ns / 1e9, UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
 
 
 def history_from_store(store: Store, start_ns: int, end_ns: int, gpus_per_node: int = 8) -> FaultHistory:
@@ -45,7 +34,7 @@ def history_from_store(store: Store, start_ns: int, end_ns: int, gpus_per_node: 
     inputs: list[FaultInput] = []
     for p in store.query_points("event", start_ns, end_ns):
         gpu = p.tags.get("gpu")
-        kind = _KINDS.get(p.tags.get("kind", ""), 0)
+        kind = EVENT_KINDS.get(p.tags.get("kind", ""), 0)
         inputs.append(
             FaultInput(
                 p.time_unix_ns,
@@ -55,7 +44,7 @@ def history_from_store(store: Store, start_ns: int, end_ns: int, gpus_per_node: 
                 message=str(p.fields.get("message", "")),
                 count=max(1, int(p.fields.get("count", 1))),
                 kind=kind,
-                source=_SOURCES.get(p.tags.get("source", ""), 0),
+                source=EVENT_SOURCES.get(p.tags.get("source", ""), 0),
             )
         )
     for node in sorted(gpu_counts):
@@ -77,7 +66,7 @@ def history_from_store(store: Store, start_ns: int, end_ns: int, gpus_per_node: 
     read_s = time.perf_counter() - started
     history = FaultHistory.of(
         inputs,
-        f"the store's history {_iso(start_ns)} .. {_iso(end_ns)} (read in {read_s:.1f} s)",
+        f"the store's history {iso(start_ns)} .. {iso(end_ns)} (read in {read_s:.1f} s)",
         0,
         gpus_per_node,
         start_ns,

@@ -14,7 +14,8 @@ import operator
 from dataclasses import dataclass
 
 from gpufleet.aggregator.store.base import FieldValue, Point, SharedTags
-from gpufleet.protos import telemetry_pb2, vocabulary_pb2
+from gpufleet.protos import telemetry_pb2
+from gpufleet.protos.names import event_kind_name, event_source_name
 
 
 @dataclass(frozen=True)
@@ -223,8 +224,8 @@ def _engine_event_collector_points(
         tags = {
             "node": node,
             "cluster": cluster,
-            "kind": vocabulary_pb2.EventKind.Name(ev.kind).removeprefix("EVENT_KIND_").lower(),
-            "source": vocabulary_pb2.EventSource.Name(ev.source).removeprefix("EVENT_SOURCE_").lower(),
+            "kind": event_kind_name(ev.kind),
+            "source": event_source_name(ev.source),
         }
         if ev.HasField("gpu_index"):  # an XID for an unknown bus id has no GPU (and no empty tag)
             tags["gpu"] = str(ev.gpu_index)

@@ -31,6 +31,7 @@ from gpufleet.collector.sources.nvml import NvmlSource
 from gpufleet.collector.sources.xid_kmsg import KernelLogXidWatcher
 from gpufleet.collector.xid_fold import XidFolder
 from gpufleet.protos import ingest_pb2, ingest_pb2_grpc, telemetry_pb2, vocabulary_pb2
+from gpufleet.protos.names import event_source_name
 
 log = logging.getLogger("gpufleet.collector")
 
@@ -190,7 +191,7 @@ class CollectorAgent:
                     "XID %d on GPU %s (%s): %.200s",
                     event.xid,
                     where,
-                    vocabulary_pb2.EventSource.Name(event.source).removeprefix("EVENT_SOURCE_").lower(),
+                    event_source_name(event.source),
                     event.message,
                     extra={"xid": event.xid, "gpu": where},
                 )

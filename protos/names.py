@@ -31,6 +31,21 @@ def liveness_name(value: int) -> str:
     return vocabulary_pb2.Liveness.Name(value).removeprefix("LIVENESS_").lower()
 
 
+def event_kind_name(value: int) -> str:
+    """As the store's `kind` tag spells it: xid, gpu_lost, ..."""
+    return vocabulary_pb2.EventKind.Name(value).removeprefix("EVENT_KIND_").lower()
+
+
+def event_source_name(value: int) -> str:
+    """As the store's `source` tag and the logs spell it: nvml, kmsg, collector."""
+    return vocabulary_pb2.EventSource.Name(value).removeprefix("EVENT_SOURCE_").lower()
+
+
+# The other way: a stored tag back to its enum value (a policy replay reads events back).
+EVENT_KINDS = {event_kind_name(v): v for v in vocabulary_pb2.EventKind.values()}
+EVENT_SOURCES = {event_source_name(v): v for v in vocabulary_pb2.EventSource.values()}
+
+
 ACTIONS = [v.name.removeprefix("ACTION_") for v in vocabulary_pb2.Action.DESCRIPTOR.values][1:]
 HEALTH_STATES = [
     v.name.removeprefix("NODE_HEALTH_").lower() for v in vocabulary_pb2.NodeHealth.DESCRIPTOR.values

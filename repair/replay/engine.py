@@ -31,9 +31,12 @@ import heapq
 import itertools
 import logging
 import threading
+import time
 from bisect import bisect_right
 from collections import deque
 from dataclasses import dataclass, field
+
+from google.protobuf.descriptor import FieldDescriptor
 
 from gpufleet.protos import ingest_pb2, telemetry_pb2, vocabulary_pb2
 from gpufleet.repair.alerts.dispatcher import AlertDispatcher
@@ -60,8 +63,7 @@ CLEARED_BY_RESET = (
     "lost",
     "nvlink_links_inactive",
 )
-_BOOL = telemetry_pb2.GpuSample.DESCRIPTOR.fields_by_name["lost"].TYPE_BOOL
-_DOUBLE = telemetry_pb2.GpuSample.DESCRIPTOR.fields_by_name["lost"].TYPE_DOUBLE
+_BOOL, _DOUBLE = FieldDescriptor.TYPE_BOOL, FieldDescriptor.TYPE_DOUBLE
 _FIELDS = telemetry_pb2.GpuSample.DESCRIPTOR.fields_by_name
 RATE_RULES = frozenset({"nvlink_errors", "pcie_replays"})  # findings that change with time alone
 
@@ -357,8 +359,6 @@ class ReplayEngine:
         return min(times) if times else None
 
     async def run(self) -> ReplayRun:
-        import time
-
         started = time.perf_counter()
         _quiet.on = True
         try:

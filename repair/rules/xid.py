@@ -4,6 +4,7 @@ workflows (48 with 63/64) applied over the XIDs seen on the same GPU."""
 from __future__ import annotations
 
 from gpufleet.protos import telemetry_pb2, vocabulary_pb2
+from gpufleet.protos.names import event_source_name
 from gpufleet.repair.model import Finding, NodeSnapshot
 from gpufleet.repair.policy import Entry, Policy
 from gpufleet.repair.rules.base import Rule
@@ -31,7 +32,7 @@ class Xid(Rule):
                 and abs(other.time_unix_ns - event.time_unix_ns) <= within_ns
             }
             xid_entry, _why = policy.xid_entry(event.xid, near)
-            source = vocabulary_pb2.EventSource.Name(event.source).removeprefix("EVENT_SOURCE_").lower()
+            source = event_source_name(event.source)
             evidence = f"XID {event.xid} from {source}"
             message = event.message.strip().splitlines()[0][:200] if event.message.strip() else ""
             if message:
