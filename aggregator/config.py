@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from gpufleet.aggregator.store import Store, open_store
+from gpufleet.repair.backends.names import NameMapError, SchedulerNames
 
 
 def _setting(default: Any, help_text: str) -> Any:
@@ -127,6 +128,21 @@ class AggregatorConfig:
     repair_hook_cordon: str = _setting("", "hook backend: command to cordon ({node}, {reason})")
     repair_hook_uncordon: str = _setting("", "hook backend: command to uncordon ({node})")
     repair_hook_drain: str = _setting("", "hook backend: command that exits 0 once {node} is drained")
+    scheduler_name_regex: str = _setting(
+        "",
+        "collector node names the scheduler knows by another name: a regular expression matching the "
+        "whole collector name (with scheduler_name_replace), e.g. '(gpu-\\d+)\\..*'",
+    )
+    scheduler_name_replace: str = _setting(
+        "",
+        "the scheduler's name for a node scheduler_name_regex matches, in re.sub syntax: '\\1', "
+        "'\\g<name>'",
+    )
+    scheduler_names_file: str = _setting(
+        "",
+        "TOML file whose [nodes] table maps collector node names to scheduler node names (wins over "
+        "the pattern); used for every Slurm, Kubernetes and hook call",
+    )
     alert_webhooks: str = _setting("", "comma-separated URLs that get every alert as JSON (POST)")
     alert_slack_url: str = _setting("", "Slack (or Mattermost) incoming-webhook URL")
     alert_pagerduty_routing_key: str = _setting("", "PagerDuty Events API v2 routing key")
@@ -224,6 +240,10 @@ class AggregatorConfig:
                 f"repair_observe_interval_s={self.repair_observe_interval_s:g} must be between 0 and 3600 "
                 "(seconds between whole-fleet scheduler reads)"
             )
+        try:
+            self.scheduler_names()
+        except NameMapError as exc:
+            raise ValueError(str(exc)) from exc
         if self.repair_backend == "hook" and not (self.repair_hook_cordon and self.repair_hook_uncordon):
             raise ValueError("repair_backend=hook needs repair_hook_cordon and repair_hook_uncordon")
 
@@ -245,6 +265,12 @@ class AggregatorConfig:
             )
         if self.replica_advertise and ":" not in self.replica_advertise:
             raise ValueError(f"replica_advertise={self.replica_advertise!r} must be host:port or empty")
+
+    def scheduler_names(self) -> SchedulerNames:
+        """collector node name -> the repair backend's (scheduler_name_*, scheduler_names_file)."""
+        return SchedulerNames.from_settings(
+            self.scheduler_name_regex, self.scheduler_name_replace, self.scheduler_names_file
+        )
 
     @property
     def replicated(self) -> bool:

@@ -13,14 +13,15 @@ from typing import TYPE_CHECKING, Any
 import grpc
 
 from gpufleet.aggregator.auth import Authenticator, AuthError, Principal, bearer
+from gpufleet.aggregator.events_query import DEFAULT_EVENTS, EVENT_KINDS, MAX_EVENTS, EventQuery, read_events
 from gpufleet.aggregator.fleet_state import FleetState
 from gpufleet.aggregator.metrics import AggregatorMetrics
 from gpufleet.aggregator.replay_source import history_from_store
 from gpufleet.aggregator.rollups import read_as_stored, route
-from gpufleet.aggregator.schema import METRICS
+from gpufleet.aggregator.schema import METRICS, TAGS
 from gpufleet.aggregator.store import HistoryQuery, Store, StoreError
 from gpufleet.protos import fleet_pb2, fleet_pb2_grpc
-from gpufleet.protos.names import health_value
+from gpufleet.protos.names import aggregate_name, health_value
 from gpufleet.repair.controller import RepairController, RepairRefused
 from gpufleet.repair.policy import Policy, PolicyError, load_policy_text
 from gpufleet.repair.replay.engine import replay
@@ -43,15 +44,6 @@ def _channel(address: str, tls_ca: bytes | None) -> grpc.aio.Channel:
     return grpc.aio.insecure_channel(address)
 
 
-_AGGREGATES = {
-    fleet_pb2.AGGREGATE_UNSPECIFIED: "mean",
-    fleet_pb2.AGGREGATE_MEAN: "mean",
-    fleet_pb2.AGGREGATE_MAX: "max",
-    fleet_pb2.AGGREGATE_MIN: "min",
-    fleet_pb2.AGGREGATE_P95: "p95",
-    fleet_pb2.AGGREGATE_LAST: "last",
-    fleet_pb2.AGGREGATE_COUNT: "count",
-}
 _NICE_STEPS_S = [1, 5, 10, 15, 30, 60, 120, 300, 600, 900, 1800, 3600, 7200, 21600, 43200, 86400]
 
 
@@ -191,8 +183,7 @@ class FleetService(fleet_pb2_grpc.FleetServicer):
                 f"unknown metric {request.metric!r}; known metrics: "
                 f"{', '.join(METRICS)} (`gpufleet metrics` describes them)",
             )
-        aggregate = _AGGREGATES.get(request.aggregate)
-        if aggregate is None:
+        if request.aggregate not in fleet_pb2.Aggregate.values():
             raise _Refused(grpc.StatusCode.INVALID_ARGUMENT, f"unknown aggregate {request.aggregate}")
         end = request.end_unix_ns or time.time_ns()
         start = request.start_unix_ns or end - 3600 * 1_000_000_000
@@ -216,12 +207,30 @@ class FleetService(fleet_pb2_grpc.FleetServicer):
             "model": list(request.models),
         }
         wanted = {k: v for k, v in filters.items() if v}
+        group_by = tuple(dict.fromkeys(request.group_by))  # in the order asked, once each
+        tags = TAGS[metric.measurement]
+        unknown = [t for t in group_by if t not in tags]
+        if unknown:
+            raise _Refused(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"cannot group {metric.name} by {', '.join(map(repr, unknown))}: "
+                f"{metric.measurement} series have the tags {', '.join(tags)}",
+            )
+        aggregate = aggregate_name(request.aggregate)
         measurement, field = route(metric.measurement, metric.name, aggregate, start, end, step)
         try:
             series = await asyncio.to_thread(
                 self._store.query_history,
                 HistoryQuery(
-                    measurement, field, start, end, step, aggregate, wanted, read_as_stored(measurement, step)
+                    measurement,
+                    field,
+                    start,
+                    end,
+                    step,
+                    aggregate,
+                    wanted,
+                    read_as_stored(measurement, step),
+                    group_by,
                 ),
             )
             if not series and measurement != metric.measurement:
@@ -229,7 +238,9 @@ class FleetService(fleet_pb2_grpc.FleetServicer):
                 measurement = metric.measurement
                 series = await asyncio.to_thread(
                     self._store.query_history,
-                    HistoryQuery(measurement, metric.name, start, end, step, aggregate, wanted),
+                    HistoryQuery(
+                        measurement, metric.name, start, end, step, aggregate, wanted, group_by=group_by
+                    ),
                 )
         except StoreError as exc:
             raise _Refused(grpc.StatusCode.UNAVAILABLE, f"history query failed: {exc}") from exc
@@ -244,6 +255,40 @@ class FleetService(fleet_pb2_grpc.FleetServicer):
             series=[
                 fleet_pb2.Series(tags=s.tags, times_unix_ns=s.times_unix_ns, values=s.values) for s in series
             ],
+        )
+
+    @_rpc("viewer")
+    async def QueryEvents(self, request: fleet_pb2.EventsRequest, principal: Principal) -> Any:
+        end = request.end_unix_ns or time.time_ns()
+        start = request.start_unix_ns or end - 24 * 3600 * 1_000_000_000
+        if start >= end:
+            raise _Refused(grpc.StatusCode.INVALID_ARGUMENT, f"start ({start}) must be before end ({end})")
+        unknown = [k for k in request.kinds if k not in EVENT_KINDS]
+        if unknown:
+            raise _Refused(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"unknown event kind {', '.join(map(repr, unknown))}; kinds: {', '.join(EVENT_KINDS)}",
+            )
+        limit = request.limit or DEFAULT_EVENTS
+        if limit > MAX_EVENTS:
+            raise _Refused(
+                grpc.StatusCode.INVALID_ARGUMENT, f"limit {limit} is over {MAX_EVENTS}; narrow the range"
+            )
+        query = EventQuery(
+            start,
+            end,
+            nodes=tuple(request.nodes),
+            gpus=tuple(request.gpus),
+            xids=tuple(request.xids),
+            kinds=tuple(request.kinds),
+            clusters=tuple(request.clusters),
+        )
+        try:
+            events = await asyncio.to_thread(read_events, self._store, query)
+        except StoreError as exc:
+            raise _Refused(grpc.StatusCode.UNAVAILABLE, f"events query failed: {exc}") from exc
+        return fleet_pb2.EventsResponse(
+            events=events[-limit:], truncated=len(events) > limit, start_unix_ns=start, end_unix_ns=end
         )
 
     # --- repair -----------------------------------------------------------------------
@@ -267,6 +312,9 @@ class FleetService(fleet_pb2_grpc.FleetServicer):
         summary.lemon = bool(lemon_at) and summary.recent_incidents >= lemon_at
         if self._shared is not None and not summary.replica:
             summary.replica = self._shared.replica
+        if self._wiring is not None and self._wiring.config_backend != "none":
+            scheduler_node = self._wiring.scheduler_names.to_scheduler(summary.node)
+            summary.scheduler_node = scheduler_node if scheduler_node != summary.node else ""
         return summary
 
     def _recent_incidents(self) -> tuple[dict[str, int], int]:

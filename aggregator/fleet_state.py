@@ -185,6 +185,11 @@ class FleetState:
             return vocabulary_pb2.LIVENESS_STALE
         return vocabulary_pb2.LIVENESS_REPORTING
 
+    def cluster_of(self, node: str) -> str:
+        """The cluster a node reported last ("" for a node not known here)."""
+        live = self.nodes.get(node)
+        return live.cluster if live is not None else ""
+
     def liveness_by_node(self) -> dict[str, int]:
         """Every known node's liveness now (what the repair controller compares tick to tick)."""
         now_ns = time.time_ns()

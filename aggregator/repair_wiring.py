@@ -11,6 +11,7 @@ from collections.abc import Callable, Iterable
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from gpufleet.aggregator.config import AggregatorConfig
+from gpufleet.aggregator.event_export import EventExporter, WritePoints
 from gpufleet.aggregator.fleet_state import FleetState
 from gpufleet.aggregator.ingest import IngestService
 from gpufleet.aggregator.metrics import AggregatorMetrics
@@ -84,10 +85,19 @@ class RepairWiring:
     gauges are registered once and read the term that is running (none: 0, nothing done)."""
 
     def __init__(
-        self, config: AggregatorConfig, fleet: FleetState, ingest: IngestService, metrics: AggregatorMetrics
+        self,
+        config: AggregatorConfig,
+        fleet: FleetState,
+        ingest: IngestService,
+        metrics: AggregatorMetrics,
+        write_points: WritePoints | None = None,
     ) -> None:
         self._config, self._fleet, self._ingest, self._metrics = config, fleet, ingest, metrics
+        # Where the term's audit rows and findings go into history (None: nowhere).
+        self._write_points = write_points
+        self.exporter: EventExporter | None = None
         self._policy = load_policy(config.repair_policy_file or None)
+        self.scheduler_names = config.scheduler_names()
         r = metrics.registry
         self._alert_count = Counter(
             "gpufleet_alerts",
@@ -113,6 +123,11 @@ class RepairWiring:
             "health_watch", lambda report, _received_ns: self._health_watch.on_report(report)
         )
         self._gauges(r)
+
+    @property
+    def config_backend(self) -> str:
+        """The repair backend's name (none: gpufleet's own records, no scheduler)."""
+        return self._config.repair_backend
 
     @property
     def policy(self) -> Policy:
@@ -166,6 +181,7 @@ class RepairWiring:
         config = self._config
         backend = open_backend(
             config.repair_backend,
+            self.scheduler_names,
             slurm_scontrol=config.repair_slurm_scontrol,
             slurm_conf=config.repair_slurm_conf,
             kubeconfig=config.repair_kubeconfig,
@@ -204,6 +220,9 @@ class RepairWiring:
         self._term_stop = stop = asyncio.Event()
         dispatcher.start(spawn)
         self._term_tasks = [spawn("repair", lambda: controller.run(stop, config.repair_interval_s))]
+        if self._write_points is not None:
+            self.exporter = exporter = EventExporter(state, self._write_points, self._fleet.cluster_of)
+            self._term_tasks.append(spawn("history-export", lambda: exporter.run(stop)))
         self.controller, self.dispatcher = controller, dispatcher
         return controller
 
@@ -218,6 +237,7 @@ class RepairWiring:
         if self.dispatcher is not None:
             await self.dispatcher.close()
         self.controller, self.dispatcher, self._term_stop, self._term_tasks = None, None, None, []
+        self.exporter = None
 
     @property
     def term_tasks(self) -> list[asyncio.Task[None]]:

@@ -129,6 +129,14 @@ METRICS: dict[str, Metric] = {
     ]
 }
 
+# Each measurement's tags: what history can filter and group by (roll-ups keep their source's).
+TAGS: dict[str, tuple[str, ...]] = {
+    "gpu": ("cluster", "model", "node", "gpu", "uuid"),
+    "engine": ("cluster", "model", "node", "engine", "port"),
+    "collector": ("cluster", "node"),
+    "event": ("cluster", "node", "gpu", "kind", "source"),
+}
+
 # Fields of the wire messages that are identity, not measurements.
 _GPU_IDENTITY = {"index", "uuid", "model", "pci_bus_id", "lost", "processes"}
 _ENGINE_IDENTITY = {

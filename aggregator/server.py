@@ -123,7 +123,7 @@ class Aggregator:
             self.fanout,
             self.pool,
         )
-        self.repair = RepairWiring(config, self.fleet, self.ingest, self.metrics)
+        self.repair = RepairWiring(config, self.fleet, self.ingest, self.metrics, self.writer.write)
 
         def open_control_plane() -> RepairState:
             # A connect attempt is bounded well inside the lease: a replica that cannot reach

@@ -151,6 +151,20 @@ class GroupCommitWriter:
             self._room.clear()
         self._wake.set()
 
+    async def write(self, points: list[Point]) -> None:
+        """submit, and wait: returns once the points are durable, raises the StoreError if not
+        (for the aggregator's own points, e.g. aggregator/event_export.py)."""
+        loop = asyncio.get_running_loop()
+        outcome: asyncio.Future[StoreError | None] = loop.create_future()
+
+        def done(error: StoreError | None) -> None:
+            loop.call_soon_threadsafe(lambda: outcome.done() or outcome.set_result(error))
+
+        self.submit(points, done)
+        error = await outcome
+        if error is not None:
+            raise error
+
     def _take_batch(self) -> list[_Entry]:
         """The oldest pending reports, up to max_batch_points points (at least one report)."""
         n = cut = 0

@@ -19,8 +19,15 @@ from pathlib import Path
 from gpufleet.cli import repair_cmds, replay_cmd, settings
 from gpufleet.cli.client import ClientError, FleetClient, resolve_client
 from gpufleet.cli.logsetup import configure as configure_logging
+from gpufleet.protos.names import AGGREGATES, HISTORY_EVENT_KINDS
 
 EXIT_CONFIG = 2
+
+
+def _output_flags(p: argparse.ArgumentParser) -> None:
+    out = p.add_mutually_exclusive_group()
+    out.add_argument("--json", action="store_true")
+    out.add_argument("--csv", action="store_true")
 
 
 def _client_flags() -> argparse.ArgumentParser:
@@ -95,10 +102,28 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--since", default="1h", help="start: 10m, 2h, 7d ago, or ISO time (default 1h)")
     p.add_argument("--until", default="now", help="end (default now)")
     p.add_argument("--step", help="bucket width, e.g. 1m (default: about 300 buckets)")
-    p.add_argument("--agg", default="mean", choices=["mean", "max", "min", "p95", "last", "count"])
-    out = p.add_mutually_exclusive_group()
-    out.add_argument("--json", action="store_true")
-    out.add_argument("--csv", action="store_true")
+    p.add_argument("--agg", default="mean", choices=list(AGGREGATES))
+    p.add_argument(
+        "--group-by",
+        help="aggregate across series sharing these tags, comma-separated: cluster, model, node, "
+        "engine, gpu (one series per group; default: one per GPU or engine replica)",
+    )
+    _output_flags(p)
+    p = sub.add_parser("events", parents=[client], help="stored XIDs, health findings and repair actions")
+    p.add_argument("--node", action="append", help="filter (repeatable)")
+    p.add_argument("--gpu", action="append", type=int, help="GPU index filter (repeatable)")
+    p.add_argument("--xid", action="append", type=int, help="only XIDs with this number (repeatable)")
+    p.add_argument(
+        "--kind",
+        action="append",
+        choices=list(HISTORY_EVENT_KINDS),
+        help="only this kind (repeatable; default all)",
+    )
+    p.add_argument("--cluster", action="append")
+    p.add_argument("--since", default="24h", help="start: 10m, 2h, 7d ago, or ISO time (default 24h)")
+    p.add_argument("--until", default="now", help="end (default now)")
+    p.add_argument("--limit", type=int, default=1000, help="the newest this many (default 1000)")
+    _output_flags(p)
     replay_cmd.add_arguments(sub, client)
     p = sub.add_parser("metrics", parents=[client], help="the metrics history can query")
     p.add_argument("--json", action="store_true")

@@ -6,81 +6,33 @@ for scripts. Absent values print as N/A, never 0.
 
 from __future__ import annotations
 
-import csv
-import io
 import json
 import sys
-from collections.abc import Iterable
 from typing import Any
 
 from tabulate import tabulate
 
 from gpufleet.cli.client import FleetClient
+from gpufleet.cli.present import (
+    AGGREGATES,
+    NA,
+    event_row,
+    event_what,
+    events_csv,
+    fmt,
+    gib,
+    gpu_health,
+    history_csv,
+    mean,
+    message_fields,
+    node_row,
+    opt,
+    series_label,
+    varying_tags,
+)
 from gpufleet.cli.timeparse import iso, parse_duration_ns, parse_time_ns
 from gpufleet.protos import fleet_pb2, telemetry_pb2, vocabulary_pb2
-from gpufleet.protos.names import health_name, liveness_name
-
-NA = "N/A"
-GIB = 1024**3
-
-
-def message_fields(msg: Any) -> dict[str, Any]:
-    """A flat message as a dict: identity fields always (GPU index 0 is still index 0),
-    optional measurements only when present (absent stays absent, never 0)."""
-    out: dict[str, Any] = {}
-    for f in msg.DESCRIPTOR.fields:
-        if f.type == f.TYPE_MESSAGE or (f.has_presence and not msg.HasField(f.name)):
-            continue
-        value = getattr(msg, f.name)
-        out[f.name] = list(value) if f.is_repeated else value
-    return out
-
-
-def _fmt(value: float | None, spec: str = ".0f") -> str:
-    return NA if value is None else format(value, spec)
-
-
-def _opt(msg: Any, name: str) -> Any:
-    return getattr(msg, name) if msg.HasField(name) else None
-
-
-def _mean(values: Iterable[float | None]) -> float | None:
-    vals = [v for v in values if v is not None]
-    return sum(vals) / len(vals) if vals else None
-
-
-def _sum(values: Iterable[int | None]) -> int | None:
-    vals = [v for v in values if v is not None]
-    return sum(vals) if vals else None
-
-
-def node_row(n: fleet_pb2.NodeSummary) -> dict[str, Any]:
-    gpus = list(n.gpus)
-    return {
-        "node": n.node,
-        "cluster": n.cluster,
-        "liveness": liveness_name(n.liveness),
-        "health": health_name(n.health),
-        "health_detail": n.health_detail,
-        "lemon": n.lemon,  # its incidents recur (the policy's repeat_offender_* settings)
-        "recent_incidents": n.recent_incidents,
-        "connected": n.connected,
-        "last_report": iso(n.last_report_unix_ns) if n.last_report_unix_ns else None,
-        "seconds_since_report": round(n.seconds_since_report, 3),
-        "gpu_count": n.gpu_count,
-        "gpus_lost": sum(1 for g in gpus if g.lost),
-        "util_gpu_mean_pct": _mean(_opt(g, "util_gpu_pct") for g in gpus),
-        "hbm_used_bytes": _sum(_opt(g, "hbm_used_bytes") for g in gpus),
-        "hbm_total_bytes": _sum(_opt(g, "hbm_total_bytes") for g in gpus),
-        "temp_gpu_max_c": max((g.temp_gpu_c for g in gpus if g.HasField("temp_gpu_c")), default=None),
-        "power_w": _sum(_opt(g, "power_w") for g in gpus),
-        "simulated": n.simulated,
-        "gpus": [message_fields(g) for g in gpus],
-    }
-
-
-def gib(value: int | None) -> str:
-    return NA if value is None else f"{value / GIB:.1f}"
+from gpufleet.protos.names import aggregate_name
 
 
 def print_nodes(resp: fleet_pb2.ListNodesResponse, as_json: bool) -> None:
@@ -99,10 +51,10 @@ def print_nodes(resp: fleet_pb2.ListNodesResponse, as_json: bool) -> None:
             f"{r['seconds_since_report']:.1f}s ago" if r["last_report"] else "never",
             r["health"] + (f" LEMON ({r['recent_incidents']} incidents)" if r["lemon"] else ""),
             f"{r['gpu_count']}" + (f" ({r['gpus_lost']} LOST)" if r["gpus_lost"] else ""),
-            _fmt(r["util_gpu_mean_pct"]),
+            fmt(r["util_gpu_mean_pct"]),
             f"{gib(r['hbm_used_bytes'])}/{gib(r['hbm_total_bytes'])}",
-            _fmt(r["temp_gpu_max_c"]),
-            _fmt(r["power_w"]),
+            fmt(r["temp_gpu_max_c"]),
+            fmt(r["power_w"]),
         ]
         for r in rows
     ]
@@ -129,32 +81,12 @@ def print_nodes(resp: fleet_pb2.ListNodesResponse, as_json: bool) -> None:
     gpus = sum(r["gpu_count"] for r in rows)
     print(
         f"\n{len(rows)} nodes ({', '.join(f'{v} {k}' for k, v in sorted(states.items()))}), "
-        f"{gpus} GPUs, fleet mean utilization {_fmt(_mean(r['util_gpu_mean_pct'] for r in rows))} %"
+        f"{gpus} GPUs, fleet mean utilization {fmt(mean(r['util_gpu_mean_pct'] for r in rows))} %"
     )
 
 
-def gpu_health(g: telemetry_pb2.GpuSample) -> str:
-    """The signals an SRE looks at first, in a few words; 'ok' when none is raised."""
-    if g.lost:
-        return "LOST"
-    notes = []
-    if g.ecc_dbe_volatile:
-        notes.append(f"ecc-dbe={g.ecc_dbe_volatile}")
-    if g.remap_failure:
-        notes.append("remap-FAILED")
-    elif g.remap_pending or g.retired_pages_pending:
-        notes.append("reset-pending")
-    if g.throttle_thermal:
-        notes.append("thermal-slowdown")
-    if g.throttle_power:
-        notes.append("power-slowdown")
-    if g.nvlink_links_inactive:
-        notes.append(f"nvlink-down={g.nvlink_links_inactive}")
-    return " ".join(notes) or "ok"
-
-
 def gpu_row(g: telemetry_pb2.GpuSample) -> list[str]:
-    power = _fmt(_opt(g, "power_w"))
+    power = fmt(opt(g, "power_w"))
     if g.HasField("power_limit_w"):
         power += f"/{g.power_limit_w:.0f}"
     return [
@@ -163,10 +95,10 @@ def gpu_row(g: telemetry_pb2.GpuSample) -> list[str]:
         g.uuid,
         g.pci_bus_id,
         gpu_health(g),
-        _fmt(_opt(g, "util_gpu_pct")),
-        _fmt(_opt(g, "util_mem_pct")),
-        f"{gib(_opt(g, 'hbm_used_bytes'))}/{gib(_opt(g, 'hbm_total_bytes'))}",
-        _fmt(_opt(g, "temp_gpu_c")),
+        fmt(opt(g, "util_gpu_pct")),
+        fmt(opt(g, "util_mem_pct")),
+        f"{gib(opt(g, 'hbm_used_bytes'))}/{gib(opt(g, 'hbm_total_bytes'))}",
+        fmt(opt(g, "temp_gpu_c")),
         power,
     ]
 
@@ -231,9 +163,9 @@ def print_node(detail: fleet_pb2.NodeDetail, as_json: bool) -> None:
                         e.model,
                         e.port,
                         ",".join(map(str, e.gpu_indices)),
-                        _fmt(_opt(e, "kv_cache_usage_ratio"), ".2f"),
-                        _fmt(_opt(e, "requests_running")),
-                        _fmt(_opt(e, "requests_waiting")),
+                        fmt(opt(e, "kv_cache_usage_ratio"), ".2f"),
+                        fmt(opt(e, "requests_running")),
+                        fmt(opt(e, "requests_waiting")),
                         "ok" if e.readable else f"unreadable: {e.unreadable_reason}",
                     ]
                     for e in detail.engines
@@ -260,16 +192,6 @@ def print_node(detail: fleet_pb2.NodeDetail, as_json: bool) -> None:
             print(f"  {e['time']}  {what}  {gpu}  {e.get('message', '')}")
 
 
-AGGREGATES = {
-    "mean": fleet_pb2.AGGREGATE_MEAN,
-    "max": fleet_pb2.AGGREGATE_MAX,
-    "min": fleet_pb2.AGGREGATE_MIN,
-    "p95": fleet_pb2.AGGREGATE_P95,
-    "last": fleet_pb2.AGGREGATE_LAST,
-    "count": fleet_pb2.AGGREGATE_COUNT,
-}
-
-
 def history_request(args: Any) -> fleet_pb2.HistoryRequest:
     start = parse_time_ns(args.since)
     end = parse_time_ns(args.until)
@@ -284,17 +206,14 @@ def history_request(args: Any) -> fleet_pb2.HistoryRequest:
         end_unix_ns=end,
         step_ns=parse_duration_ns(args.step) if args.step else 0,
         aggregate=AGGREGATES[args.agg],
+        group_by=[t for t in (args.group_by or "").split(",") if t],
     )
 
 
-def _label(tags: dict[str, str], varying: list[str]) -> str:
-    return "/".join(f"gpu{tags[k]}" if k == "gpu" else tags[k] for k in varying) or "value"
-
-
-def print_history(resp: fleet_pb2.HistoryResponse, fmt: str) -> None:
-    agg = fleet_pb2.Aggregate.Name(resp.aggregate).removeprefix("AGGREGATE_").lower()
+def print_history(resp: fleet_pb2.HistoryResponse, fmt_: str) -> None:
+    agg = aggregate_name(resp.aggregate)
     series = [(dict(s.tags), list(zip(s.times_unix_ns, s.values, strict=True))) for s in resp.series]
-    if fmt == "json":
+    if fmt_ == "json":
         print(
             json.dumps(
                 {
@@ -317,26 +236,15 @@ def print_history(resp: fleet_pb2.HistoryResponse, fmt: str) -> None:
             )
         )
         return
-    tag_names = sorted({k for tags, _ in series for k in tags})
-    if fmt == "csv":
-        out = io.StringIO()
-        writer = csv.writer(out)
-        writer.writerow(["time", *tag_names, resp.metric])
-        for tags, pts in series:
-            for t, v in pts:
-                writer.writerow([iso(t), *(tags.get(k, "") for k in tag_names), v])
-        sys.stdout.write(out.getvalue())
+    if fmt_ == "csv":
+        sys.stdout.write(history_csv(resp))
         return
     if not series:
         print(
             f"no {resp.metric} data in {iso(resp.start_unix_ns)} .. {iso(resp.end_unix_ns)} for these filters"
         )
         return
-    order = ["cluster", "node", "engine", "model", "gpu", "port"]
-    varying = [k for k in order if len({tags.get(k) for tags, _ in series}) > 1]
-    if not varying:
-        varying = ["node", "gpu"] if "gpu" in tag_names else ["node"]
-    varying = [k for k in varying if k in tag_names]
+    varying = varying_tags([tags for tags, _ in series])
     header = (
         f"{resp.metric} ({resp.unit}), {agg} per {resp.step_ns / 1e9:g}s, "
         f"{iso(resp.start_unix_ns)} .. {iso(resp.end_unix_ns)}, {len(series)} series"
@@ -345,11 +253,61 @@ def print_history(resp: fleet_pb2.HistoryResponse, fmt: str) -> None:
     if len(series) <= 8:
         times = sorted({t for _, pts in series for t, _ in pts})
         columns = [dict(pts) for _, pts in series]
-        rows = [[iso(t), *(_fmt(col.get(t), ".2f") for col in columns)] for t in times]
-        print(tabulate(rows, headers=["TIME", *(_label(tags, varying) for tags, _ in series)]))
+        rows = [[iso(t), *(fmt(col.get(t), ".2f") for col in columns)] for t in times]
+        print(tabulate(rows, headers=["TIME", *(series_label(tags, varying) for tags, _ in series)]))
     else:
-        rows = [[_label(tags, varying), iso(t), f"{v:.2f}"] for tags, pts in series for t, v in pts]
+        rows = [[series_label(tags, varying), iso(t), f"{v:.2f}"] for tags, pts in series for t, v in pts]
         print(tabulate(rows, headers=["SERIES", "TIME", resp.metric]))
+
+
+def events_request(args: Any) -> fleet_pb2.EventsRequest:
+    return fleet_pb2.EventsRequest(
+        start_unix_ns=parse_time_ns(args.since),
+        end_unix_ns=parse_time_ns(args.until),
+        nodes=args.node or [],
+        gpus=args.gpu or [],
+        xids=args.xid or [],
+        kinds=args.kind or [],
+        clusters=args.cluster or [],
+        limit=args.limit,
+    )
+
+
+def print_events(resp: fleet_pb2.EventsResponse, fmt_: str) -> None:
+    if fmt_ == "json":
+        print(
+            json.dumps(
+                {
+                    "start": iso(resp.start_unix_ns),
+                    "end": iso(resp.end_unix_ns),
+                    "truncated": resp.truncated,
+                    "events": [event_row(e) for e in resp.events],
+                },
+                indent=2,
+            )
+        )
+        return
+    if fmt_ == "csv":
+        sys.stdout.write(events_csv(resp.events))
+        return
+    if not resp.events:
+        print(f"no events in {iso(resp.start_unix_ns)} .. {iso(resp.end_unix_ns)} for these filters")
+        return
+    rows = [
+        [
+            iso(e.time_unix_ns),
+            e.node or "(fleet)",
+            e.gpu_index if e.HasField("gpu_index") else "node",
+            e.kind,
+            event_what(e),
+            e.source,
+            e.summary[:80],
+        ]
+        for e in resp.events
+    ]
+    print(tabulate(rows, headers=["TIME", "NODE", "GPU", "KIND", "WHAT", "SOURCE / ACTOR", "DETAIL"]))
+    if resp.truncated:
+        print(f"\nonly the newest {len(resp.events)} are shown: narrow the range or raise --limit")
 
 
 def print_metrics(resp: fleet_pb2.ListMetricsResponse, as_json: bool) -> None:
@@ -424,6 +382,10 @@ def print_status(st: fleet_pb2.AggregatorStatus, as_json: bool) -> None:
         print(f"task {t.name}: restarted {t.restarts_total} times; last error {t.last_error}")
 
 
+def _output(args: Any) -> str:
+    return "json" if args.json else "csv" if args.csv else "table"
+
+
 def run(client: FleetClient, args: Any) -> None:
     if args.command == "nodes":
         print_nodes(
@@ -432,8 +394,9 @@ def run(client: FleetClient, args: Any) -> None:
     elif args.command == "node":
         print_node(client.call("GetNode", fleet_pb2.GetNodeRequest(node=args.name)), args.json)
     elif args.command == "history":
-        fmt = "json" if args.json else "csv" if args.csv else "table"
-        print_history(client.call("QueryHistory", history_request(args)), fmt)
+        print_history(client.call("QueryHistory", history_request(args)), _output(args))
+    elif args.command == "events":
+        print_events(client.call("QueryEvents", events_request(args)), _output(args))
     elif args.command == "status":
         print_status(client.call("GetStatus", fleet_pb2.StatusRequest()), args.json)
     elif args.command == "metrics":

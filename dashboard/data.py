@@ -5,12 +5,19 @@ from __future__ import annotations
 
 import pandas as pd
 
-from gpufleet.cli.sre import node_row
+from gpufleet.cli.present import (
+    EVENT_COLUMNS,
+    GIB,
+    event_row,
+    gpu_health,
+    node_row,
+    opt,
+    series_label,
+    varying_tags,
+)
 from gpufleet.cli.timeparse import iso
 from gpufleet.protos import fleet_pb2, telemetry_pb2, vocabulary_pb2
 from gpufleet.protos.names import action_name, health_name, liveness_name, severity_name
-
-GIB = 1024**3
 
 HEAT_METRICS = {
     "GPU utilization %": "util_gpu_pct",
@@ -91,17 +98,13 @@ def nodes_frame(resp: fleet_pb2.ListNodesResponse) -> pd.DataFrame:
     )
 
 
-def _opt(msg: object, name: str) -> float | None:
-    return getattr(msg, name) if msg.HasField(name) else None  # type: ignore[attr-defined]
-
-
 def gpus_frame(resp: fleet_pb2.ListNodesResponse) -> pd.DataFrame:
     """One row per GPU: the heat map's cells. Absent values stay NaN (shown as gaps)."""
     rows = []
     for n in resp.nodes:
         state = display_state(n)
         for g in n.gpus:
-            used, total = _opt(g, "hbm_used_bytes"), _opt(g, "hbm_total_bytes")
+            used, total = opt(g, "hbm_used_bytes"), opt(g, "hbm_total_bytes")
             rows.append(
                 {
                     "node": n.node,
@@ -112,10 +115,10 @@ def gpus_frame(resp: fleet_pb2.ListNodesResponse) -> pd.DataFrame:
                     "model": g.model,
                     "uuid": g.uuid,
                     "lost": g.lost,
-                    "util_gpu_pct": _opt(g, "util_gpu_pct"),
+                    "util_gpu_pct": opt(g, "util_gpu_pct"),
                     "hbm_used_pct": 100 * used / total if used is not None and total else None,
-                    "temp_gpu_c": _opt(g, "temp_gpu_c"),
-                    "power_w": _opt(g, "power_w"),
+                    "temp_gpu_c": opt(g, "temp_gpu_c"),
+                    "power_w": opt(g, "power_w"),
                 }
             )
     return pd.DataFrame(
@@ -132,6 +135,58 @@ def gpus_frame(resp: fleet_pb2.ListNodesResponse) -> pd.DataFrame:
             *HEAT_METRICS.values(),
         ],
     )
+
+
+def _rounded(value: float | None, digits: int) -> float | None:
+    return None if value is None else round(value, digits)
+
+
+def node_gpus_table(summary: fleet_pb2.NodeSummary) -> pd.DataFrame:
+    """The node page's GPU table: people's column names, units in them, sensible rounding;
+    absent values stay empty (never 0)."""
+    rows = []
+    for g in summary.gpus:
+        used, total = opt(g, "hbm_used_bytes"), opt(g, "hbm_total_bytes")
+        power = _rounded(opt(g, "power_w"), 0)
+        rows.append(
+            {
+                "GPU": g.index,
+                "model": g.model,
+                "UUID": g.uuid,
+                "PCI bus": g.pci_bus_id,
+                "health": gpu_health(g),
+                "GPU util %": _rounded(opt(g, "util_gpu_pct"), 0),
+                "memory util %": _rounded(opt(g, "util_mem_pct"), 0),
+                "HBM used GiB": None if used is None else round(used / GIB, 1),
+                "HBM total GiB": None if total is None else round(total / GIB, 1),
+                "HBM used %": round(100 * used / total, 1) if used is not None and total else None,
+                "temp °C": _rounded(opt(g, "temp_gpu_c"), 0),
+                "HBM temp °C": _rounded(opt(g, "temp_mem_c"), 0),
+                "power W": power,
+                "power limit W": _rounded(opt(g, "power_limit_w"), 0),
+                "SM clock MHz": _rounded(opt(g, "clock_sm_mhz"), 0),
+            }
+        )
+    return pd.DataFrame(rows, columns=NODE_GPU_COLUMNS)
+
+
+NODE_GPU_COLUMNS = [
+    "GPU",
+    "model",
+    "UUID",
+    "PCI bus",
+    "health",
+    "GPU util %",
+    "memory util %",
+    "HBM used GiB",
+    "HBM total GiB",
+    "HBM used %",
+    "temp °C",
+    "HBM temp °C",
+    "power W",
+    "power limit W",
+    "SM clock MHz",
+]
 
 
 def headline(nodes: pd.DataFrame, gpus: pd.DataFrame) -> dict[str, object]:
@@ -166,9 +221,9 @@ CLASS_RULE = (
 def classify(engine: telemetry_pb2.EngineSample, gpu_util_pct: float | None) -> str:
     if not engine.readable:
         return "unreadable"
-    kv = _opt(engine, "kv_cache_usage_ratio")
-    running, waiting = _opt(engine, "requests_running"), _opt(engine, "requests_waiting")
-    preemptions = _opt(engine, "preemptions_total")
+    kv = opt(engine, "kv_cache_usage_ratio")
+    running, waiting = opt(engine, "requests_running"), opt(engine, "requests_waiting")
+    preemptions = opt(engine, "preemptions_total")
     if running is not None and waiting is not None and running == 0 and waiting == 0:
         return "idle"
     if kv is None:
@@ -201,7 +256,7 @@ def replicas_frame(resp: fleet_pb2.ListNodesResponse) -> pd.DataFrame:
     """One row per engine replica in the fleet, next to its GPUs' mean utilization."""
     rows = []
     for n in resp.nodes:
-        util = {g.index: _opt(g, "util_gpu_pct") for g in n.gpus}
+        util = {g.index: opt(g, "util_gpu_pct") for g in n.gpus}
         for e in n.engines:
             values = [util[i] for i in e.gpu_indices if util.get(i) is not None]
             gpu_util = sum(values) / len(values) if values else None
@@ -214,11 +269,11 @@ def replicas_frame(resp: fleet_pb2.ListNodesResponse) -> pd.DataFrame:
                     "GPUs": ",".join(str(i) for i in e.gpu_indices),
                     "GPU util %": gpu_util,
                     "KV-cache usage %": None
-                    if _opt(e, "kv_cache_usage_ratio") is None
+                    if opt(e, "kv_cache_usage_ratio") is None
                     else 100 * e.kv_cache_usage_ratio,
-                    "running": _opt(e, "requests_running"),
-                    "waiting": _opt(e, "requests_waiting"),
-                    "preemptions": _opt(e, "preemptions_total"),
+                    "running": opt(e, "requests_running"),
+                    "waiting": opt(e, "requests_waiting"),
+                    "preemptions": opt(e, "preemptions_total"),
                     "class": classify(e, gpu_util),
                     "status": "ok" if e.readable else f"unreadable: {e.unreadable_reason}",
                 }
@@ -235,11 +290,11 @@ def engines_frame(engines: list) -> pd.DataFrame:
                 "model": e.model,
                 "port": e.port,
                 "GPUs": ",".join(str(i) for i in e.gpu_indices),
-                "KV-cache usage": _opt(e, "kv_cache_usage_ratio"),
-                "running": _opt(e, "requests_running"),
-                "waiting": _opt(e, "requests_waiting"),
-                "preemptions": _opt(e, "preemptions_total"),
-                "prefix-cache hit ratio": _opt(e, "prefix_cache_hit_ratio"),
+                "KV-cache usage": opt(e, "kv_cache_usage_ratio"),
+                "running": opt(e, "requests_running"),
+                "waiting": opt(e, "requests_waiting"),
+                "preemptions": opt(e, "preemptions_total"),
+                "prefix-cache hit ratio": opt(e, "prefix_cache_hit_ratio"),
                 "status": "ok" if e.readable else f"unreadable: {e.unreadable_reason}",
             }
             for e in engines
@@ -249,37 +304,36 @@ def engines_frame(engines: list) -> pd.DataFrame:
 
 # --- history --------------------------------------------------------------------------
 def history_frame(resp: fleet_pb2.HistoryResponse) -> pd.DataFrame:
-    """Long format: time, series label, value, plus every tag as a column (for CSV)."""
+    """Long format: time, series label, value, plus every tag as a column (for CSV). A grouped
+    answer's series are named by their group (`east`, `east/H100`)."""
+    varying = varying_tags([dict(s.tags) for s in resp.series])
     rows = []
     for s in resp.series:
         tags = dict(s.tags)
-        label = "/".join(
-            filter(
-                None, [tags.get("node"), f"gpu{tags['gpu']}" if "gpu" in tags else None, tags.get("engine")]
-            )
-        )
+        label = series_label(tags, varying)
         for t, v in zip(s.times_unix_ns, s.values, strict=True):
             rows.append({"time": pd.Timestamp(iso(t)), "series": label, resp.metric: v, **tags})
     return pd.DataFrame(rows)
 
 
-def xid_frame(events: list[telemetry_pb2.Event]) -> pd.DataFrame:
-    return pd.DataFrame(
-        [
-            {
-                "time": pd.Timestamp(iso(e.time_unix_ns)),
-                "xid": e.xid,
-                "gpu": e.gpu_index if e.HasField("gpu_index") else None,
-                # A storm the collector folded: how many times, since when (the time is the last).
-                "count": max(1, e.count),
-                "first": pd.Timestamp(iso(e.first_time_unix_ns or e.time_unix_ns)),
-                "message": e.message,
-            }
-            for e in events
-            if e.kind == vocabulary_pb2.EVENT_KIND_XID
-        ],
-        columns=["time", "xid", "gpu", "count", "first", "message"],
-    )
+def band_frame(low: fleet_pb2.HistoryResponse, high: fleet_pb2.HistoryResponse) -> pd.DataFrame:
+    """Each group's min and max per step, side by side: the band drawn around its line."""
+    lows, highs = history_frame(low), history_frame(high)
+    if lows.empty or highs.empty:
+        return pd.DataFrame(columns=["time", "series", "min", "max"])
+    lows = lows[["time", "series", low.metric]].rename(columns={low.metric: "min"})
+    highs = highs[["time", "series", high.metric]].rename(columns={high.metric: "max"})
+    return lows.merge(highs, on=["time", "series"])
+
+
+def events_frame(events: list[fleet_pb2.HistoryEvent]) -> pd.DataFrame:
+    """Stored events (QueryEvents) as the node page lists and marks them, oldest first."""
+    rows = []
+    for e in events:
+        row = event_row(e)
+        row["time"] = pd.Timestamp(row["time"])
+        rows.append(row)
+    return pd.DataFrame(rows, columns=EVENT_COLUMNS)
 
 
 # --- repairs --------------------------------------------------------------------------

@@ -343,7 +343,7 @@ class ListNodesRequest(_message.Message):
     def __init__(self, clusters: _Optional[_Iterable[str]] = ..., liveness: _Optional[_Iterable[_Union[_vocabulary_pb2.Liveness, str]]] = ...) -> None: ...
 
 class NodeSummary(_message.Message):
-    __slots__ = ("node", "cluster", "liveness", "last_report_unix_ns", "seconds_since_report", "boot_id", "last_seq", "interval_s", "simulated", "driver_version", "gpu_count", "gpus", "connected", "health", "health_detail", "engines", "last_sample_unix_ns", "replica", "lemon", "recent_incidents")
+    __slots__ = ("node", "cluster", "liveness", "last_report_unix_ns", "seconds_since_report", "boot_id", "last_seq", "interval_s", "simulated", "driver_version", "gpu_count", "gpus", "connected", "health", "health_detail", "engines", "last_sample_unix_ns", "replica", "lemon", "recent_incidents", "scheduler_node")
     NODE_FIELD_NUMBER: _ClassVar[int]
     CLUSTER_FIELD_NUMBER: _ClassVar[int]
     LIVENESS_FIELD_NUMBER: _ClassVar[int]
@@ -364,6 +364,7 @@ class NodeSummary(_message.Message):
     REPLICA_FIELD_NUMBER: _ClassVar[int]
     LEMON_FIELD_NUMBER: _ClassVar[int]
     RECENT_INCIDENTS_FIELD_NUMBER: _ClassVar[int]
+    SCHEDULER_NODE_FIELD_NUMBER: _ClassVar[int]
     node: str
     cluster: str
     liveness: _vocabulary_pb2.Liveness
@@ -384,7 +385,8 @@ class NodeSummary(_message.Message):
     replica: str
     lemon: bool
     recent_incidents: int
-    def __init__(self, node: _Optional[str] = ..., cluster: _Optional[str] = ..., liveness: _Optional[_Union[_vocabulary_pb2.Liveness, str]] = ..., last_report_unix_ns: _Optional[int] = ..., seconds_since_report: _Optional[float] = ..., boot_id: _Optional[str] = ..., last_seq: _Optional[int] = ..., interval_s: _Optional[float] = ..., simulated: _Optional[bool] = ..., driver_version: _Optional[str] = ..., gpu_count: _Optional[int] = ..., gpus: _Optional[_Iterable[_Union[_telemetry_pb2.GpuSample, _Mapping]]] = ..., connected: _Optional[bool] = ..., health: _Optional[_Union[_vocabulary_pb2.NodeHealth, str]] = ..., health_detail: _Optional[str] = ..., engines: _Optional[_Iterable[_Union[_telemetry_pb2.EngineSample, _Mapping]]] = ..., last_sample_unix_ns: _Optional[int] = ..., replica: _Optional[str] = ..., lemon: _Optional[bool] = ..., recent_incidents: _Optional[int] = ...) -> None: ...
+    scheduler_node: str
+    def __init__(self, node: _Optional[str] = ..., cluster: _Optional[str] = ..., liveness: _Optional[_Union[_vocabulary_pb2.Liveness, str]] = ..., last_report_unix_ns: _Optional[int] = ..., seconds_since_report: _Optional[float] = ..., boot_id: _Optional[str] = ..., last_seq: _Optional[int] = ..., interval_s: _Optional[float] = ..., simulated: _Optional[bool] = ..., driver_version: _Optional[str] = ..., gpu_count: _Optional[int] = ..., gpus: _Optional[_Iterable[_Union[_telemetry_pb2.GpuSample, _Mapping]]] = ..., connected: _Optional[bool] = ..., health: _Optional[_Union[_vocabulary_pb2.NodeHealth, str]] = ..., health_detail: _Optional[str] = ..., engines: _Optional[_Iterable[_Union[_telemetry_pb2.EngineSample, _Mapping]]] = ..., last_sample_unix_ns: _Optional[int] = ..., replica: _Optional[str] = ..., lemon: _Optional[bool] = ..., recent_incidents: _Optional[int] = ..., scheduler_node: _Optional[str] = ...) -> None: ...
 
 class ListNodesResponse(_message.Message):
     __slots__ = ("nodes", "server_time_unix_ns")
@@ -435,7 +437,7 @@ class ListMetricsResponse(_message.Message):
     def __init__(self, metrics: _Optional[_Iterable[_Union[MetricInfo, _Mapping]]] = ...) -> None: ...
 
 class HistoryRequest(_message.Message):
-    __slots__ = ("metric", "nodes", "gpus", "clusters", "engines", "models", "start_unix_ns", "end_unix_ns", "step_ns", "aggregate")
+    __slots__ = ("metric", "nodes", "gpus", "clusters", "engines", "models", "start_unix_ns", "end_unix_ns", "step_ns", "aggregate", "group_by")
     METRIC_FIELD_NUMBER: _ClassVar[int]
     NODES_FIELD_NUMBER: _ClassVar[int]
     GPUS_FIELD_NUMBER: _ClassVar[int]
@@ -446,6 +448,7 @@ class HistoryRequest(_message.Message):
     END_UNIX_NS_FIELD_NUMBER: _ClassVar[int]
     STEP_NS_FIELD_NUMBER: _ClassVar[int]
     AGGREGATE_FIELD_NUMBER: _ClassVar[int]
+    GROUP_BY_FIELD_NUMBER: _ClassVar[int]
     metric: str
     nodes: _containers.RepeatedScalarFieldContainer[str]
     gpus: _containers.RepeatedScalarFieldContainer[int]
@@ -456,7 +459,8 @@ class HistoryRequest(_message.Message):
     end_unix_ns: int
     step_ns: int
     aggregate: Aggregate
-    def __init__(self, metric: _Optional[str] = ..., nodes: _Optional[_Iterable[str]] = ..., gpus: _Optional[_Iterable[int]] = ..., clusters: _Optional[_Iterable[str]] = ..., engines: _Optional[_Iterable[str]] = ..., models: _Optional[_Iterable[str]] = ..., start_unix_ns: _Optional[int] = ..., end_unix_ns: _Optional[int] = ..., step_ns: _Optional[int] = ..., aggregate: _Optional[_Union[Aggregate, str]] = ...) -> None: ...
+    group_by: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, metric: _Optional[str] = ..., nodes: _Optional[_Iterable[str]] = ..., gpus: _Optional[_Iterable[int]] = ..., clusters: _Optional[_Iterable[str]] = ..., engines: _Optional[_Iterable[str]] = ..., models: _Optional[_Iterable[str]] = ..., start_unix_ns: _Optional[int] = ..., end_unix_ns: _Optional[int] = ..., step_ns: _Optional[int] = ..., aggregate: _Optional[_Union[Aggregate, str]] = ..., group_by: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class Series(_message.Message):
     __slots__ = ("tags", "times_unix_ns", "values")
@@ -494,3 +498,67 @@ class HistoryResponse(_message.Message):
     end_unix_ns: int
     series: _containers.RepeatedCompositeFieldContainer[Series]
     def __init__(self, metric: _Optional[str] = ..., measurement: _Optional[str] = ..., unit: _Optional[str] = ..., aggregate: _Optional[_Union[Aggregate, str]] = ..., step_ns: _Optional[int] = ..., start_unix_ns: _Optional[int] = ..., end_unix_ns: _Optional[int] = ..., series: _Optional[_Iterable[_Union[Series, _Mapping]]] = ...) -> None: ...
+
+class EventsRequest(_message.Message):
+    __slots__ = ("start_unix_ns", "end_unix_ns", "nodes", "gpus", "xids", "kinds", "clusters", "limit")
+    START_UNIX_NS_FIELD_NUMBER: _ClassVar[int]
+    END_UNIX_NS_FIELD_NUMBER: _ClassVar[int]
+    NODES_FIELD_NUMBER: _ClassVar[int]
+    GPUS_FIELD_NUMBER: _ClassVar[int]
+    XIDS_FIELD_NUMBER: _ClassVar[int]
+    KINDS_FIELD_NUMBER: _ClassVar[int]
+    CLUSTERS_FIELD_NUMBER: _ClassVar[int]
+    LIMIT_FIELD_NUMBER: _ClassVar[int]
+    start_unix_ns: int
+    end_unix_ns: int
+    nodes: _containers.RepeatedScalarFieldContainer[str]
+    gpus: _containers.RepeatedScalarFieldContainer[int]
+    xids: _containers.RepeatedScalarFieldContainer[int]
+    kinds: _containers.RepeatedScalarFieldContainer[str]
+    clusters: _containers.RepeatedScalarFieldContainer[str]
+    limit: int
+    def __init__(self, start_unix_ns: _Optional[int] = ..., end_unix_ns: _Optional[int] = ..., nodes: _Optional[_Iterable[str]] = ..., gpus: _Optional[_Iterable[int]] = ..., xids: _Optional[_Iterable[int]] = ..., kinds: _Optional[_Iterable[str]] = ..., clusters: _Optional[_Iterable[str]] = ..., limit: _Optional[int] = ...) -> None: ...
+
+class HistoryEvent(_message.Message):
+    __slots__ = ("time_unix_ns", "node", "cluster", "gpu_index", "kind", "source", "xid", "count", "first_time_unix_ns", "summary", "code", "severity", "outcome", "incident_id")
+    TIME_UNIX_NS_FIELD_NUMBER: _ClassVar[int]
+    NODE_FIELD_NUMBER: _ClassVar[int]
+    CLUSTER_FIELD_NUMBER: _ClassVar[int]
+    GPU_INDEX_FIELD_NUMBER: _ClassVar[int]
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    SOURCE_FIELD_NUMBER: _ClassVar[int]
+    XID_FIELD_NUMBER: _ClassVar[int]
+    COUNT_FIELD_NUMBER: _ClassVar[int]
+    FIRST_TIME_UNIX_NS_FIELD_NUMBER: _ClassVar[int]
+    SUMMARY_FIELD_NUMBER: _ClassVar[int]
+    CODE_FIELD_NUMBER: _ClassVar[int]
+    SEVERITY_FIELD_NUMBER: _ClassVar[int]
+    OUTCOME_FIELD_NUMBER: _ClassVar[int]
+    INCIDENT_ID_FIELD_NUMBER: _ClassVar[int]
+    time_unix_ns: int
+    node: str
+    cluster: str
+    gpu_index: int
+    kind: str
+    source: str
+    xid: int
+    count: int
+    first_time_unix_ns: int
+    summary: str
+    code: str
+    severity: str
+    outcome: str
+    incident_id: str
+    def __init__(self, time_unix_ns: _Optional[int] = ..., node: _Optional[str] = ..., cluster: _Optional[str] = ..., gpu_index: _Optional[int] = ..., kind: _Optional[str] = ..., source: _Optional[str] = ..., xid: _Optional[int] = ..., count: _Optional[int] = ..., first_time_unix_ns: _Optional[int] = ..., summary: _Optional[str] = ..., code: _Optional[str] = ..., severity: _Optional[str] = ..., outcome: _Optional[str] = ..., incident_id: _Optional[str] = ...) -> None: ...
+
+class EventsResponse(_message.Message):
+    __slots__ = ("events", "truncated", "start_unix_ns", "end_unix_ns")
+    EVENTS_FIELD_NUMBER: _ClassVar[int]
+    TRUNCATED_FIELD_NUMBER: _ClassVar[int]
+    START_UNIX_NS_FIELD_NUMBER: _ClassVar[int]
+    END_UNIX_NS_FIELD_NUMBER: _ClassVar[int]
+    events: _containers.RepeatedCompositeFieldContainer[HistoryEvent]
+    truncated: bool
+    start_unix_ns: int
+    end_unix_ns: int
+    def __init__(self, events: _Optional[_Iterable[_Union[HistoryEvent, _Mapping]]] = ..., truncated: _Optional[bool] = ..., start_unix_ns: _Optional[int] = ..., end_unix_ns: _Optional[int] = ...) -> None: ...

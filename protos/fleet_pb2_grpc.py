@@ -59,6 +59,11 @@ class FleetStub:
                 request_serializer=gpufleet_dot_v1_dot_fleet__pb2.HistoryRequest.SerializeToString,
                 response_deserializer=gpufleet_dot_v1_dot_fleet__pb2.HistoryResponse.FromString,
                 _registered_method=True)
+        self.QueryEvents = channel.unary_unary(
+                '/gpufleet.v1.Fleet/QueryEvents',
+                request_serializer=gpufleet_dot_v1_dot_fleet__pb2.EventsRequest.SerializeToString,
+                response_deserializer=gpufleet_dot_v1_dot_fleet__pb2.EventsResponse.FromString,
+                _registered_method=True)
         self.GetStatus = channel.unary_unary(
                 '/gpufleet.v1.Fleet/GetStatus',
                 request_serializer=gpufleet_dot_v1_dot_fleet__pb2.StatusRequest.SerializeToString,
@@ -130,6 +135,14 @@ class FleetServicer:
 
     def QueryHistory(self, request, context):
         """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def QueryEvents(self, request, context):
+        """Stored events over a range: XIDs and the collector's other events, health findings and
+        repair actions (docs/history.md "Events in history"). From the store, not live memory.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
@@ -211,6 +224,11 @@ def add_FleetServicer_to_server(servicer, server):
                     servicer.QueryHistory,
                     request_deserializer=gpufleet_dot_v1_dot_fleet__pb2.HistoryRequest.FromString,
                     response_serializer=gpufleet_dot_v1_dot_fleet__pb2.HistoryResponse.SerializeToString,
+            ),
+            'QueryEvents': grpc.unary_unary_rpc_method_handler(
+                    servicer.QueryEvents,
+                    request_deserializer=gpufleet_dot_v1_dot_fleet__pb2.EventsRequest.FromString,
+                    response_serializer=gpufleet_dot_v1_dot_fleet__pb2.EventsResponse.SerializeToString,
             ),
             'GetStatus': grpc.unary_unary_rpc_method_handler(
                     servicer.GetStatus,
@@ -388,6 +406,33 @@ class Fleet:
             '/gpufleet.v1.Fleet/QueryHistory',
             gpufleet_dot_v1_dot_fleet__pb2.HistoryRequest.SerializeToString,
             gpufleet_dot_v1_dot_fleet__pb2.HistoryResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def QueryEvents(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/gpufleet.v1.Fleet/QueryEvents',
+            gpufleet_dot_v1_dot_fleet__pb2.EventsRequest.SerializeToString,
+            gpufleet_dot_v1_dot_fleet__pb2.EventsResponse.FromString,
             options,
             channel_credentials,
             insecure,

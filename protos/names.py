@@ -4,7 +4,7 @@ actions as NVIDIA's XID catalog spells its buckets)."""
 
 from __future__ import annotations
 
-from gpufleet.protos import vocabulary_pb2
+from gpufleet.protos import fleet_pb2, vocabulary_pb2
 
 
 def action_name(value: int) -> str:
@@ -45,8 +45,23 @@ def event_source_name(value: int) -> str:
 EVENT_KINDS = {event_kind_name(v): v for v in vocabulary_pb2.EventKind.values()}
 EVENT_SOURCES = {event_source_name(v): v for v in vocabulary_pb2.EventSource.values()}
 
+# What history's events are (the Fleet API's QueryEvents kinds): the collector's event kinds, then
+# the repair controller's health findings and repair actions (aggregator/events_query.py).
+HISTORY_EVENT_KINDS = (*(k for k in EVENT_KINDS if k != "unspecified"), "health", "repair")
+
 
 ACTIONS = [v.name.removeprefix("ACTION_") for v in vocabulary_pb2.Action.DESCRIPTOR.values][1:]
 HEALTH_STATES = [
     v.name.removeprefix("NODE_HEALTH_").lower() for v in vocabulary_pb2.NodeHealth.DESCRIPTOR.values
 ][1:]
+
+
+def aggregate_name(value: int) -> str:
+    """A history aggregate as the CLI, the dashboard and the stores spell it (unspecified: mean)."""
+    if value == fleet_pb2.AGGREGATE_UNSPECIFIED:
+        return "mean"
+    return fleet_pb2.Aggregate.Name(value).removeprefix("AGGREGATE_").lower()
+
+
+# The one list of history aggregates: name -> the Fleet API's value.
+AGGREGATES = {aggregate_name(v): v for v in fleet_pb2.Aggregate.values() if v}

@@ -514,6 +514,16 @@ class RepairState(ABC):
         args.append(limit)
         return [AuditRecord(*row) for row in reversed(self._execute(sql, args))]
 
+    def audit_after(self, seq: int, limit: int = 1000) -> list[tuple[int, AuditRecord]]:
+        """(seq, record) of the audit rows after seq, oldest first: a reader that keeps the last
+        seq it handled reads each row once (the history export, aggregator/event_export.py)."""
+        rows = self._execute(
+            "SELECT seq, time_ns, actor, node, action, reason, outcome, incident_id FROM audit "
+            "WHERE seq > ? ORDER BY seq LIMIT ?",
+            (seq, limit),
+        )
+        return [(int(row[0]), AuditRecord(*row[1:])) for row in rows]
+
     # --- the action ledger ---------------------------------------------------------------------
     def begin_action(self, key: str) -> bool:
         """Record that an action is about to be carried out. False if it was begun before (by

@@ -86,7 +86,59 @@ def fleet_with_a_quarantined_node(cluster: Cluster) -> Any:
         return states == {"dash-1": "healthy", "dash-2": "quarantined"} and len(history) == 4
 
     wait_until(ready, 60, "two nodes with history, dash-2 quarantined")
+
+    def in_history() -> bool:
+        # The repair controller's actions reach history through the export (aggregator/event_export.py).
+        events = stub.QueryEvents(
+            fleet_pb2.EventsRequest(nodes=["dash-2"]), metadata=viewer_meta(cluster)
+        ).events
+        return any(e.kind == "repair" and e.code == "ticket" for e in events)
+
+    wait_until(in_history, 30, "dash-2's last repair step (the skipped ticket) in stored history")
     return agg
+
+
+CLUSTERS = {"east": "H100", "west": "H100", "north": "H200", "south": "H200"}
+S = 1_000_000_000
+
+
+def fleet_of_200_nodes(cluster: Cluster) -> Any:
+    """An aggregator started over a store holding 30 minutes of 200 nodes x 8 GPUs (4 clusters
+    of 50): what a fleet's aggregator holds after a restart. The points are written with the
+    real embedded store in the schema's layout (aggregator/schema.py)."""
+    import time
+
+    from gpufleet.aggregator.store import EmbeddedStore, Point
+
+    data_dir = cluster.tmp / "data200"
+    store = EmbeddedStore(data_dir / "store.sqlite3", retention_s=86400)
+    now = time.time_ns() // (30 * S) * (30 * S)
+    points = []
+    for n in range(200):
+        name, cl = f"node-{n:03d}", list(CLUSTERS)[n % 4]
+        for i in range(60):
+            t = now - (59 - i) * 30 * S
+            for g in range(8):
+                tags = {
+                    "node": name,
+                    "gpu": str(g),
+                    "uuid": f"GPU-{n:03d}-{g}",
+                    "model": CLUSTERS[cl],
+                    "cluster": cl,
+                }
+                util = float((n * 7 + g * 13 + i * 3) % 100)
+                points.append(Point("gpu", tags, {"util_gpu_pct": util, "lost": False}, t))
+            points.append(
+                Point(
+                    "collector",
+                    {"node": name, "cluster": cl},
+                    {"seq": i + 1, "boot_id": "b", "interval_s": 30.0, "gpu_count": 8},
+                    t,
+                )
+            )
+    store.write(points)
+    store.close()
+    return cluster.aggregator("aggregator", 0, 0, data_dir)
 
 
 def test_every_page_against_a_simulated_fleet(cluster: Cluster, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -128,15 +180,19 @@ def test_every_page_against_a_simulated_fleet(cluster: Cluster, monkeypatch: pyt
     assert not at.exception, at.exception
     assert any("need an operator token" in c.value for c in at.caption), "a viewer sees no actions"
     gpus = at.dataframe[0].value
-    assert list(gpus["gpu"]) == [0, 1, 2, 3] and gpus["uuid"].str.startswith("GPU-").all()
+    assert list(gpus["GPU"]) == [0, 1, 2, 3] and gpus["UUID"].str.startswith("GPU-").all()
+    # People's column names with units, values rounded as a person reads them.
+    assert {"GPU util %", "HBM used GiB", "HBM used %", "temp °C", "power W"} <= set(gpus.columns)
+    assert all(v == round(v, 1) for v in gpus["HBM used %"].dropna())
+    assert all(v == round(v) for v in gpus["power W"].dropna())
+    assert not any("_" in c for c in gpus.columns), "no raw field names"
     engines = at.dataframe[1].value
     assert list(engines["engine"]) == ["vllm"] and list(engines["status"]) == ["ok"]
     at.selectbox[0].set_value("dash-2").run()
     assert not at.exception, at.exception
     metrics = {m.label: m.value for m in at.metric}
     assert metrics["state"] == "quarantined"
-    xids = at.dataframe[1].value
-    assert list(xids["xid"]) == [79] and list(xids["gpu"]) == [1]
+    assert_node_events(at.dataframe[1].value)
     assert any("No inference engines found on this node" in c.value for c in at.caption)
     node_incidents = at.dataframe[2].value
     assert list(node_incidents["state"]) == ["quarantined"]
@@ -148,6 +204,67 @@ def test_every_page_against_a_simulated_fleet(cluster: Cluster, monkeypatch: pyt
     assert set(history["node"]) == {"dash-1", "dash-2"}
     at.multiselect[1].set_value([2]).run()  # GPU 2 only
     assert set(at.dataframe[0].value["gpu"]) == {"2"}
+
+
+def assert_node_events(events: Any) -> None:
+    """dash-2's stored events, as the node page lists them: the XID, the findings, the repairs."""
+    xids = events[events["kind"] == "xid"]
+    assert list(xids["what"]) == ["XID 79"] and list(xids["gpu"]) == [1]
+    assert "gpu_lost" in set(events["kind"])
+    health = events[events["kind"] == "health"]
+    assert {"xid_79", "gpu_lost"} <= set(health["source"])
+    repairs = events[events["kind"] == "repair"]
+    assert "cordon ok" in set(repairs["what"])
+    assert any(w.startswith("reset_gpu failed: GPU 1") for w in repairs["what"]), list(repairs["what"])
+    assert list(events["time"]) == sorted(events["time"]), "oldest first"
+
+
+def test_node_page_events_survive_an_aggregator_restart(
+    cluster: Cluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The node page's events come from history: after the aggregator restarts (its live view
+    empty of events; the collectors cannot reach the new one), dash-2 still shows its XID,
+    findings and repair actions."""
+    import signal
+
+    agg = fleet_with_a_quarantined_node(cluster)
+    for proc in cluster.procs:
+        proc.stop(signal.SIGTERM, timeout_s=15)
+    again = cluster.aggregator("aggregator-again", 0, 0, agg.data_dir)
+    detail = again.fleet_stub().GetNode(
+        fleet_pb2.GetNodeRequest(node="dash-2"), metadata=viewer_meta(cluster)
+    )
+    assert not [e for e in detail.recent_events if e.xid == 79], "the live view starts without the XID"
+    at = app(monkeypatch, again.fleet, cluster.secrets.tokens["viewer"]).run()
+    at.sidebar.radio[0].set_value("Node").run()
+    at.selectbox[0].set_value("dash-2").run()
+    assert not at.exception, at.exception
+    assert_node_events(at.dataframe[1].value)
+
+
+def test_history_explorer_groups_200_nodes_into_one_line_per_cluster(
+    cluster: Cluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    agg = fleet_of_200_nodes(cluster)
+    at = app(monkeypatch, agg.fleet, cluster.secrets.tokens["viewer"]).run()
+    at.sidebar.radio[0].set_value("History explorer").run()
+    assert not at.exception, at.exception
+    # 1,600 GPUs: "auto" draws one line per cluster, not 1,600.
+    assert any("4 groups, mean across each cluster" in c.value for c in at.caption), [
+        c.value for c in at.caption
+    ]
+    frame = at.dataframe[0].value
+    assert sorted(set(frame["series"])) == ["east", "north", "south", "west"]
+    assert set(frame.columns) >= {"time", "series", "util_gpu_pct", "cluster"}
+    assert "node" not in frame.columns and "gpu" not in frame.columns
+    at.selectbox(key="history_aggregate").set_value("p95").run()
+    at.selectbox(key="history_group_by").set_value("model").run()
+    assert not at.exception, at.exception
+    frame = at.dataframe[0].value
+    assert sorted(set(frame["series"])) == ["H100", "H200"]
+    assert frame["util_gpu_pct"].between(0, 99).all()
+    at.selectbox(key="history_group_by").set_value("node").run()
+    assert len(set(at.dataframe[0].value["series"])) == 200
 
 
 def test_operator_uncordons_from_the_node_page(cluster: Cluster, monkeypatch: pytest.MonkeyPatch) -> None:

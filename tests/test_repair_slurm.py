@@ -352,3 +352,58 @@ def test_aggregator_killed_mid_reset_resumes_without_repeating_it(cluster: Clust
     assert lines(resets) == ["5"] and lines(cluster.tmp / "reboots.txt") == [node]
     resumed = [a for a in audit(agg, cluster, node) if a["outcome"] == "unknown"]
     assert resumed and resumed[0]["action"] == "reset_gpu" and "not repeated" in resumed[0]["reason"]
+
+
+@pytest.mark.slow
+def test_scheduler_names_map_collector_nodes_to_slurm_nodes(cluster: Cluster, slurm: Any) -> None:
+    """Collector names that are not Slurm NodeNames: a pattern maps `gpu-node-03.dc1.example.com`
+    to gpu-node-03, a table maps `rack7-slot2` to gpu-node-04. The automation's drain, a person's
+    cordon and uncordon, and the node's detail all go through the mapping."""
+    table = cluster.tmp / "scheduler-names.toml"
+    table.write_text('[nodes]\n"rack7-slot2" = "gpu-node-04"\n')
+    agg = repair_aggregator(
+        cluster,
+        *slurm_args(slurm, cluster),
+        "--scheduler-name-regex",
+        r"(gpu-node-\d+)\.dc1\.example\.com",
+        "--scheduler-name-replace",
+        r"\1",
+        "--scheduler-names-file",
+        str(table),
+    )
+    faulty, by_hand = "gpu-node-03.dc1.example.com", "rack7-slot2"
+    scenario = xid_scenario(cluster.tmp / "xid79.toml", 79, gpu=1, lost=True)
+    cluster.collector(faulty, agg.ingest, "--interval-s", "1", "--sim-scenario", str(scenario))
+    cluster.collector(by_hand, agg.ingest, "--interval-s", "1")
+
+    wait_until(lambda: drained(slurm, "gpu-node-03"), 30, "gpu-node-03 drained in Slurm for its collector")
+    assert slurm.state("gpu-node-03")[1].startswith("gpufleet: xid_79 on GPU 1")
+    (incident,) = incidents(agg, cluster)
+    assert incident["node"] == faulty, "gpufleet keeps the collector's name"
+
+    out = gpufleet_cli(agg, cluster, "ops", "cordon", by_hand, "--reason", "bad fan, ticket HW-1")
+    assert out.returncode == 0, out.stderr
+    assert drained(slurm, "gpu-node-04") and "bad fan" in slurm.state("gpu-node-04")[1]
+    shown = json.loads(gpufleet_cli(agg, cluster, "viewer", "nodes", "--json").stdout)["nodes"]
+    assert {n["node"]: n["scheduler_node"] for n in shown} == {faulty: "gpu-node-03", by_hand: "gpu-node-04"}
+    out = gpufleet_cli(agg, cluster, "ops", "uncordon", by_hand, "--reason", "fan replaced")
+    assert out.returncode == 0, out.stderr
+    assert not drained(slurm, "gpu-node-04")
+    assert not drained(slurm, "gpu-node-01") and not drained(slurm, "gpu-node-02"), "no other node touched"
+
+
+def test_scheduler_name_settings_refuse_what_cannot_work(tmp_path: Path) -> None:
+    from gpufleet.aggregator.config import AggregatorConfig
+
+    with pytest.raises(ValueError, match="scheduler_name_regex and scheduler_name_replace go together"):
+        AggregatorConfig(scheduler_name_regex="(.*)")
+    with pytest.raises(ValueError, match=r"scheduler_name_regex='\(' is not a regular expression"):
+        AggregatorConfig(scheduler_name_regex="(", scheduler_name_replace="x")
+    with pytest.raises(ValueError, match="does not fit"):
+        AggregatorConfig(scheduler_name_regex="(a)", scheduler_name_replace=r"\2")
+    clash = tmp_path / "names.toml"
+    clash.write_text('[nodes]\na = "n1"\nb = "n1"\n')
+    with pytest.raises(ValueError, match="several collector nodes to 'n1'"):
+        AggregatorConfig(scheduler_names_file=str(clash))
+    with pytest.raises(ValueError, match="cannot be read"):
+        AggregatorConfig(scheduler_names_file=str(tmp_path / "missing.toml"))

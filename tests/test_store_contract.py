@@ -94,6 +94,55 @@ def test_history_buckets_and_aggregates(store: Store, aggregate: str) -> None:
             assert got == pytest.approx(want)
 
 
+@pytest.mark.parametrize("aggregate", ["mean", "max", "min", "p95", "last", "count"])
+def test_history_grouped_aggregates_over_every_sample_of_the_group(store: Store, aggregate: str) -> None:
+    """group_by: one series per group, each step over all of the group's samples (not a mean
+    of per-GPU means). Two clusters of 3 nodes x 4 GPUs, one node without a model tag."""
+    points, samples = [], {}
+    for c, cluster in enumerate(("east", "west")):
+        for n in range(3):
+            for g in range(4):
+                tags = {"node": f"{cluster}-{n}", "gpu": str(g), "cluster": cluster}
+                if n < 2:
+                    tags["model"] = "H100" if c == 0 else "H200"
+                offset = (c * 12 + n * 4 + g) * 1000  # distinct times: one "last" per bucket
+                for i in range(120):
+                    v = float((i * 31 + g * 7 + n * 13 + c * 5) % 97) + g / 4
+                    t = T0 + i * S + offset
+                    points.append(Point("gpu", tags, {"util_gpu_pct": v}, t))
+                    samples.setdefault(cluster, []).append((t, v))
+    store.write(points)
+    series = store.query_history(
+        HistoryQuery("gpu", "util_gpu_pct", T0, T0 + 120 * S, 60 * S, aggregate, group_by=("cluster",))
+    )
+    assert [s.tags for s in series] == [{"cluster": "east"}, {"cluster": "west"}]
+    for s in series:
+        assert s.times_unix_ns == [T0, T0 + 60 * S]
+        for b, got in enumerate(s.values):
+            bucket = sorted(
+                (t, v) for t, v in samples[s.tags["cluster"]] if T0 + b * 60 * S <= t < T0 + (b + 1) * 60 * S
+            )
+            values = [v for _, v in bucket]
+            want = {
+                "mean": sum(values) / len(values),
+                "max": max(values),
+                "min": min(values),
+                "p95": sorted(values)[math.ceil(0.95 * len(values)) - 1],
+                "last": bucket[-1][1],
+                "count": len(values),
+            }[aggregate]
+            assert got == pytest.approx(want)
+    by_model = store.query_history(
+        HistoryQuery("gpu", "util_gpu_pct", T0, T0 + 120 * S, 60 * S, "count", group_by=("model",))
+    )
+    # A series without the tag is a group of its own, named "".
+    assert [(s.tags, s.values) for s in by_model] == [
+        ({"model": ""}, [2 * 4 * 60.0, 2 * 4 * 60.0]),
+        ({"model": "H100"}, [2 * 4 * 60.0, 2 * 4 * 60.0]),
+        ({"model": "H200"}, [2 * 4 * 60.0, 2 * 4 * 60.0]),
+    ]
+
+
 def test_history_filters_and_empty_buckets(store: Store) -> None:
     store.write(
         [

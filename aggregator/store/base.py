@@ -14,8 +14,6 @@ from typing import NamedTuple
 
 FieldValue = float | int | str | bool
 
-AGGREGATES = ("mean", "max", "min", "p95", "last", "count")
-
 
 class SharedTags(dict[str, str]):
     """A point's tags, one object for every point of its series, never changed once made (the
@@ -48,6 +46,9 @@ class HistoryQuery:
     # read at its own step with its own aggregate): a store may return the points as stored
     # instead of grouping them again. Grouping gives the same answer, only slower.
     as_stored: bool = False
+    # Aggregate across the series sharing these tags' values: one series per group, tagged with
+    # them alone (a tag a series lacks groups as ""). Empty: one series per stored series.
+    group_by: tuple[str, ...] = ()
 
 
 @dataclass
@@ -86,7 +87,8 @@ class Store(abc.ABC):
     @abc.abstractmethod
     def query_history(self, query: HistoryQuery) -> list[Series]:
         """Bucket query.field into step-wide buckets aligned to the epoch, one series per
-        distinct tag set; empty buckets are omitted."""
+        distinct tag set (or per group_by group, aggregating over all its series' samples in
+        a bucket); empty buckets are omitted."""
 
     @abc.abstractmethod
     def query_points(

@@ -311,22 +311,35 @@ class EmbeddedStore(Store):
         series = self._series_ids(query.measurement, query.filters)
         if not series or query.field not in self._read_columns.get(query.measurement, ()):
             return []
+        # Each series' group: itself, or the index of its group_by tag values. The SQL groups
+        # by it, so a group's mean, max, min and count are over all of its samples in a bucket
+        # (as InfluxDB's GROUP BY a tag), not a mean of means.
+        groups: dict[tuple[str, ...], int] = {}
+        group_of: dict[int, int] = {}
+        group_tags: dict[int, dict[str, str]] = {}
+        for sid, tags in series.items():
+            if query.group_by:
+                key = tuple(tags.get(t, "") for t in query.group_by)
+                gid = groups.setdefault(key, len(groups))
+                group_tags[gid] = dict(zip(query.group_by, key, strict=True))
+            else:
+                gid = sid
+                group_tags[gid] = dict(tags)
+            group_of[sid] = gid
         where = (
-            f"FROM {table} WHERE series_id IN (SELECT value FROM json_each(?)) "
-            f"AND ts >= ? AND ts < ? AND {col} IS NOT NULL"
+            f"FROM json_each(?) g JOIN {table} t ON t.series_id = CAST(g.key AS INTEGER) "
+            f"WHERE t.ts >= ? AND t.ts < ? AND t.{col} IS NOT NULL"
         )
-        args = (json.dumps(list(series)), query.start_unix_ns, query.end_unix_ns)
+        args = (json.dumps(group_of), query.start_unix_ns, query.end_unix_ns)
         step = int(query.step_ns)
+        bucket = f"g.value, t.ts / {step}"
         if query.aggregate in _SQL_AGG:
-            sql = (
-                f"SELECT series_id, ts / {step}, {_SQL_AGG[query.aggregate]}({col}) {where} "
-                "GROUP BY 1, 2 ORDER BY 1, 2"
-            )
+            sql = f"SELECT {bucket}, {_SQL_AGG[query.aggregate]}(t.{col}) {where} GROUP BY 1, 2 ORDER BY 1, 2"
         elif query.aggregate == "last":
             # SQLite returns the bare column from the row holding MAX(ts).
-            sql = f"SELECT series_id, ts / {step}, {col}, MAX(ts) {where} GROUP BY 1, 2 ORDER BY 1, 2"
+            sql = f"SELECT {bucket}, t.{col}, MAX(t.ts) {where} GROUP BY 1, 2 ORDER BY 1, 2"
         elif query.aggregate == "p95":
-            sql = f"SELECT series_id, ts / {step}, {col} {where} ORDER BY 1, 2, 3"
+            sql = f"SELECT {bucket}, t.{col} {where} ORDER BY 1, 2, 3"
         else:
             raise StoreError(f"unknown aggregate {query.aggregate!r}")
         with self._rlock:
@@ -334,15 +347,15 @@ class EmbeddedStore(Store):
         out: dict[int, Series] = {}
         if query.aggregate == "p95":
             buckets: dict[tuple[int, int], list[float]] = defaultdict(list)
-            for sid, bucket, value in rows:
-                buckets[(sid, bucket)].append(value)
-            rows = [(sid, b, _nearest_rank(vals, 0.95)) for (sid, b), vals in buckets.items()]
+            for gid, b, value in rows:
+                buckets[(gid, b)].append(value)
+            rows = [(gid, b, _nearest_rank(vals, 0.95)) for (gid, b), vals in buckets.items()]
         for row in rows:
-            sid, bucket, value = row[0], row[1], row[2]
-            s = out.get(sid)
+            gid, b, value = row[0], row[1], row[2]
+            s = out.get(gid)
             if s is None:
-                s = out[sid] = Series(dict(series[sid]), [], [])
-            s.times_unix_ns.append(bucket * step)
+                s = out[gid] = Series(group_tags[gid], [], [])
+            s.times_unix_ns.append(b * step)
             s.values.append(float(value))
         return sorted(out.values(), key=lambda s: sorted(s.tags.items()))
 

@@ -243,7 +243,8 @@ class InfluxStore(Store):
         if query.aggregate not in _AGG:
             raise StoreError(f"unknown aggregate {query.aggregate!r}")
         where = self._where(query.start_unix_ns, query.end_unix_ns, query.filters)
-        if query.as_stored and query.aggregate in ("mean", "max", "min"):
+        by = "".join(f", {influxql_identifier(t)}" for t in query.group_by) if query.group_by else ", *"
+        if query.as_stored and not query.group_by and query.aggregate in ("mean", "max", "min"):
             # One point per bucket already (a roll-up at its own step): read the column as it is;
             # InfluxDB's GROUP BY time over it costs about as much as the read again.
             statement = (
@@ -254,18 +255,17 @@ class InfluxStore(Store):
             select = _AGG[query.aggregate].format(f=influxql_identifier(query.field))
             statement = (
                 f"SELECT {select} FROM {self._from(query.measurement)} "
-                f"WHERE {where} GROUP BY time({int(query.step_ns)}ns), * fill(none)"
+                f"WHERE {where} GROUP BY time({int(query.step_ns)}ns){by} fill(none)"
             )
         out = []
         for result in self._query(statement):
             for s in result.get("series", []):
                 rows = [(t, v) for t, v in s["values"] if v is not None]
                 if rows:
-                    out.append(
-                        Series(
-                            dict(s.get("tags", {})), [int(t) for t, _ in rows], [float(v) for _, v in rows]
-                        )
-                    )
+                    tags = dict(s.get("tags", {}))
+                    if query.group_by:  # as the embedded store: a tag a series lacks groups as ""
+                        tags = {t: tags.get(t, "") for t in query.group_by}
+                    out.append(Series(tags, [int(t) for t, _ in rows], [float(v) for _, v in rows]))
         return sorted(out, key=lambda s: sorted(s.tags.items()))
 
     def _points(self, measurement: str, statement: str) -> list[Point]:

@@ -1,4 +1,5 @@
-"""One node: its state, GPUs and engines now; per-GPU time series with the node's XIDs marked;
+"""One node: its state, GPUs and engines now; per-GPU time series with the node's stored events
+marked (XIDs, health findings, repair actions: from history, so an aggregator restart loses none);
 engine series; its incident history; and, for operators, cordon / uncordon."""
 
 from __future__ import annotations
@@ -11,10 +12,10 @@ from gpufleet.dashboard import actions
 from gpufleet.dashboard.data import (
     display_state,
     engines_frame,
-    gpus_frame,
+    events_frame,
     history_frame,
     incidents_frame,
-    xid_frame,
+    node_gpus_table,
 )
 from gpufleet.dashboard.fleet import call
 from gpufleet.protos import fleet_pb2
@@ -22,12 +23,21 @@ from gpufleet.protos.names import health_name
 
 GPU_SERIES = {
     "GPU utilization %": "util_gpu_pct",
-    "HBM used bytes": "hbm_used_bytes",
+    "HBM used (bytes)": "hbm_used_bytes",
     "GPU temperature °C": "temp_gpu_c",
     "power W": "power_w",
     "uncorrected ECC errors (volatile)": "ecc_dbe_volatile",
     "corrected ECC errors (volatile)": "ecc_sbe_volatile",
     "remapped rows (uncorrectable)": "remap_uncorrectable",
+}
+# How each kind of stored event is marked on the chart.
+EVENT_COLOURS = {
+    "xid": "#b2182b",
+    "gpu_lost": "#b2182b",
+    "gpu_recovered": "#4c9a2a",
+    "engine_unreadable": "#7f7f7f",
+    "health": "#e07000",
+    "repair": "#3778bf",
 }
 ENGINE_SERIES = {
     "KV-cache usage": "kv_cache_usage_ratio",
@@ -52,27 +62,24 @@ def render() -> None:
     cols[0].metric("state", display_state(s))
     cols[1].metric("workflow", health_name(s.health))
     cols[2].metric("GPUs", s.gpu_count)
-    cols[3].metric("seconds since report", f"{s.seconds_since_report:.1f}")
+    cols[3].metric("last report", f"{s.seconds_since_report:.1f} s ago")
+    if s.scheduler_node:
+        st.caption(f"In the scheduler: **{s.scheduler_node}** (the scheduler_names mapping)")
     if s.health_detail:
         st.caption(s.health_detail)
     actions.render(name, health_name(s.health))
 
-    resp = fleet_pb2.ListNodesResponse(nodes=[s])
-    st.dataframe(
-        gpus_frame(resp).drop(columns=["node", "cluster", "state", "liveness"]),
-        hide_index=True,
-        width="stretch",
-    )
+    st.dataframe(node_gpus_table(s), hide_index=True, width="stretch")
     c1, c2 = st.columns(2)
     label = c1.selectbox("GPU series", list(GPU_SERIES))
     since = c2.selectbox("range", ["15m", "1h", "6h", "24h", "7d"], index=0)
     metric = GPU_SERIES[label]
-    hist = call(
-        "QueryHistory",
-        fleet_pb2.HistoryRequest(metric=metric, nodes=[name], start_unix_ns=parse_time_ns(since)),
-    )
+    start = parse_time_ns(since)
+    hist = call("QueryHistory", fleet_pb2.HistoryRequest(metric=metric, nodes=[name], start_unix_ns=start))
     frame = history_frame(hist)
-    xids = xid_frame(list(detail.recent_events))
+    events = events_frame(
+        list(call("QueryEvents", fleet_pb2.EventsRequest(nodes=[name], start_unix_ns=start)).events)
+    )
     if frame.empty:
         st.info(f"No {label} history for this node in the last {since}.")
     else:
@@ -86,17 +93,35 @@ def render() -> None:
             )
         )
         layers = [lines]
-        if not xids.empty:
-            xids = xids[xids["time"] >= frame["time"].min()]
+        if not events.empty:
+            kinds = sorted(set(events["kind"]))
             layers.append(
-                alt.Chart(xids)
-                .mark_rule(color="#b2182b", strokeDash=[4, 3])
-                .encode(x="time:T", tooltip=["time", "xid", "gpu", "message"])
+                alt.Chart(events)
+                .mark_rule(strokeDash=[4, 3])
+                .encode(
+                    x="time:T",
+                    stroke=alt.Stroke(
+                        "kind:N",
+                        scale=alt.Scale(domain=kinds, range=[EVENT_COLOURS.get(k, "#000") for k in kinds]),
+                        title="event",
+                    ),
+                    tooltip=["time", "kind", "what", "gpu", "summary"],
+                )
             )
-        st.altair_chart(alt.layer(*layers), width="stretch")
-        st.caption("Dashed red lines: XIDs on this node (from the aggregator's live view).")
-    if not xids.empty:
-        st.dataframe(xids, hide_index=True, width="stretch")
+        st.altair_chart(alt.layer(*layers).resolve_scale(color="independent"), width="stretch")
+        st.caption(
+            "Dashed lines: this node's stored events in the range — XIDs and lost GPUs (red), health "
+            "findings (orange), repair actions (blue)."
+        )
+    st.subheader("Events")
+    if events.empty:
+        st.caption(f"No stored events for this node in the last {since}.")
+    else:
+        st.dataframe(
+            events[["time", "kind", "what", "gpu", "source", "outcome", "incident", "summary"]],
+            hide_index=True,
+            width="stretch",
+        )
 
     if not detail.engines:
         st.caption("No inference engines found on this node.")

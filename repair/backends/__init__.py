@@ -5,9 +5,18 @@ from __future__ import annotations
 from typing import Any
 
 from gpufleet.repair.backends.base import Backend
+from gpufleet.repair.backends.names import MappedBackend, SchedulerNames
 
 
-def open_backend(name: str, **settings: Any) -> Backend:
+def open_backend(name: str, names: SchedulerNames | None = None, **settings: Any) -> Backend:
+    """The backend `name`, spoken to in the scheduler's node names where `names` maps them."""
+    backend = _open(name, **settings)
+    if names is None or names.identity:
+        return backend
+    return MappedBackend(backend, names)
+
+
+def _open(name: str, **settings: Any) -> Backend:
     if name == "none":
         from gpufleet.repair.backends.none import NoBackend
 

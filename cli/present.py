@@ -1,0 +1,179 @@
+"""What both front ends (the `gpufleet` CLI and the dashboard) make of Fleet API answers: rows
+with the same names and units, the same series labels, the same CSV. It lives beside the Fleet
+API client (cli/client.py); the dashboard imports nothing else of cli/ but these and
+cli/timeparse.py (tests/test_dashboard.py checks that)."""
+
+from __future__ import annotations
+
+import csv
+import io
+from collections.abc import Iterable
+from typing import Any
+
+from gpufleet.cli.timeparse import iso
+from gpufleet.protos import fleet_pb2, telemetry_pb2
+from gpufleet.protos.names import AGGREGATES, health_name, liveness_name
+
+__all__ = ["AGGREGATES"]
+
+NA = "N/A"
+GIB = 1024**3
+
+
+def message_fields(msg: Any) -> dict[str, Any]:
+    """A flat message as a dict: identity fields always (GPU index 0 is still index 0),
+    optional measurements only when present (absent stays absent, never 0)."""
+    out: dict[str, Any] = {}
+    for f in msg.DESCRIPTOR.fields:
+        if f.type == f.TYPE_MESSAGE or (f.has_presence and not msg.HasField(f.name)):
+            continue
+        value = getattr(msg, f.name)
+        out[f.name] = list(value) if f.is_repeated else value
+    return out
+
+
+def fmt(value: float | None, spec: str = ".0f") -> str:
+    return NA if value is None else format(value, spec)
+
+
+def opt(msg: Any, name: str) -> Any:
+    return getattr(msg, name) if msg.HasField(name) else None
+
+
+def mean(values: Iterable[float | None]) -> float | None:
+    vals = [v for v in values if v is not None]
+    return sum(vals) / len(vals) if vals else None
+
+
+def total(values: Iterable[int | None]) -> int | None:
+    vals = [v for v in values if v is not None]
+    return sum(vals) if vals else None
+
+
+def node_row(n: fleet_pb2.NodeSummary) -> dict[str, Any]:
+    gpus = list(n.gpus)
+    return {
+        "node": n.node,
+        "cluster": n.cluster,
+        "liveness": liveness_name(n.liveness),
+        "health": health_name(n.health),
+        "health_detail": n.health_detail,
+        "lemon": n.lemon,  # its incidents recur (the policy's repeat_offender_* settings)
+        "recent_incidents": n.recent_incidents,
+        "connected": n.connected,
+        "last_report": iso(n.last_report_unix_ns) if n.last_report_unix_ns else None,
+        "seconds_since_report": round(n.seconds_since_report, 3),
+        "gpu_count": n.gpu_count,
+        "gpus_lost": sum(1 for g in gpus if g.lost),
+        "util_gpu_mean_pct": mean(opt(g, "util_gpu_pct") for g in gpus),
+        "hbm_used_bytes": total(opt(g, "hbm_used_bytes") for g in gpus),
+        "hbm_total_bytes": total(opt(g, "hbm_total_bytes") for g in gpus),
+        "temp_gpu_max_c": max((g.temp_gpu_c for g in gpus if g.HasField("temp_gpu_c")), default=None),
+        "power_w": total(opt(g, "power_w") for g in gpus),
+        "simulated": n.simulated,
+        # The scheduler's name for it, where scheduler_names maps it to another ("" when the same).
+        "scheduler_node": n.scheduler_node,
+        "gpus": [message_fields(g) for g in gpus],
+    }
+
+
+def gib(value: int | None) -> str:
+    return NA if value is None else f"{value / GIB:.1f}"
+
+
+def gpu_health(g: telemetry_pb2.GpuSample) -> str:
+    """The signals an SRE looks at first, in a few words; 'ok' when none is raised."""
+    if g.lost:
+        return "LOST"
+    notes = []
+    if g.ecc_dbe_volatile:
+        notes.append(f"ecc-dbe={g.ecc_dbe_volatile}")
+    if g.remap_failure:
+        notes.append("remap-FAILED")
+    elif g.remap_pending or g.retired_pages_pending:
+        notes.append("reset-pending")
+    if g.throttle_thermal:
+        notes.append("thermal-slowdown")
+    if g.throttle_power:
+        notes.append("power-slowdown")
+    if g.nvlink_links_inactive:
+        notes.append(f"nvlink-down={g.nvlink_links_inactive}")
+    return " ".join(notes) or "ok"
+
+
+# Tags in the order a series label names them.
+LABEL_ORDER = ("cluster", "model", "node", "engine", "gpu", "port")
+
+
+def series_label(tags: dict[str, str], varying: Iterable[str] | None = None) -> str:
+    """A series' name for a legend or a column: the tags that tell it apart (all it has when
+    varying is None), GPU indices as gpuN; a grouped series by its group's values."""
+    keys = [k for k in LABEL_ORDER if k in tags and (varying is None or k in varying)]
+    return "/".join(f"gpu{tags[k]}" if k == "gpu" else tags[k] or f"(no {k})" for k in keys) or "all"
+
+
+def varying_tags(series: list[dict[str, str]]) -> list[str]:
+    """The tags whose values differ between series (what a label needs to say)."""
+    names = {k for tags in series for k in tags}
+    varying = [k for k in LABEL_ORDER if k in names and len({tags.get(k) for tags in series}) > 1]
+    if varying:
+        return varying
+    return [k for k in ("node", "gpu") if k in names] or [k for k in LABEL_ORDER if k in names]
+
+
+def history_csv(resp: fleet_pb2.HistoryResponse) -> str:
+    """One row per series and step: time, the series' tags (a grouped query's group tags), the
+    value. The same file from `gpufleet history --csv` and the history explorer's download."""
+    tag_names = sorted({k for s in resp.series for k in s.tags})
+    out = io.StringIO()
+    writer = csv.writer(out)
+    writer.writerow(["time", *tag_names, resp.metric])
+    for s in resp.series:
+        for t, v in zip(s.times_unix_ns, s.values, strict=True):
+            writer.writerow([iso(t), *(s.tags.get(k, "") for k in tag_names), v])
+    return out.getvalue()
+
+
+def event_what(e: fleet_pb2.HistoryEvent) -> str:
+    """An event in a few words: XID 79, XID 95 x1000, gpu_lost, health ecc_uncorrected, cordon ok."""
+    if e.kind == "xid":
+        what = f"XID {e.xid}"
+        if e.count > 1:  # a folded storm (collector/xid_fold.py)
+            what += f" x{e.count} since {iso(e.first_time_unix_ns)}"
+        return what
+    if e.kind == "health":
+        return f"health {e.code} ({e.severity})"
+    if e.kind == "repair":
+        return f"{e.code} {e.outcome}".strip()
+    return e.kind
+
+
+def event_row(e: fleet_pb2.HistoryEvent) -> dict[str, Any]:
+    """One stored event as the CLI's --json/--csv and the dashboard's table name it."""
+    return {
+        "time": iso(e.time_unix_ns),
+        "node": e.node,
+        "cluster": e.cluster,
+        "gpu": e.gpu_index if e.HasField("gpu_index") else None,
+        "kind": e.kind,
+        "what": event_what(e),
+        "xid": e.xid or None,
+        "count": e.count or 1 if e.kind == "xid" else None,
+        "source": e.source,
+        "severity": e.severity,
+        "outcome": e.outcome,
+        "incident": e.incident_id,
+        "summary": e.summary,
+    }
+
+
+EVENT_COLUMNS = list(event_row(fleet_pb2.HistoryEvent()))
+
+
+def events_csv(events: Iterable[fleet_pb2.HistoryEvent]) -> str:
+    out = io.StringIO()
+    writer = csv.DictWriter(out, EVENT_COLUMNS)
+    writer.writeheader()
+    for e in events:
+        writer.writerow({k: "" if v is None else v for k, v in event_row(e).items()})
+    return out.getvalue()
