@@ -135,8 +135,7 @@ class AggregatorConfig:
     )
     scheduler_name_replace: str = _setting(
         "",
-        "the scheduler's name for a node scheduler_name_regex matches, in re.sub syntax: '\\1', "
-        "'\\g<name>'",
+        "the scheduler's name for a node scheduler_name_regex matches, in re.sub syntax: '\\1', '\\g<name>'",
     )
     scheduler_names_file: str = _setting(
         "",

@@ -1,6 +1,6 @@
 """History explorer: any metric, filtered by node, GPU, cluster, engine and model, over a range,
 at a step, with an aggregate; grouped by cluster, model, node or engine at fleet scale (one line
-per group, with its min–max band); a chart, the table and a CSV download."""
+per group, with its min-max band); a chart, the table and a CSV download."""
 
 from __future__ import annotations
 
@@ -71,7 +71,7 @@ def render() -> None:
     group_by = GROUPINGS[grouping]
     if group_by is None:
         group_by = auto_grouping(listed, info.measurement if info else "gpu", nodes, clusters)
-    band = c12.checkbox("min–max band", value=True, disabled=not group_by)
+    band = c12.checkbox("min-max band", value=True, disabled=not group_by)
     try:
         request = fleet_pb2.HistoryRequest(
             metric=metric,
@@ -100,16 +100,20 @@ def render() -> None:
         else f"the {resp.measurement} roll-up"
     )
     grouped = f", {agg} across each {' and '.join(group_by)}" if group_by else ""
+    why = f" (grouped automatically: more than {MAX_LINES} lines)" if grouping == "auto" and group_by else ""
     st.caption(
         f"{len(resp.series)} {'groups' if group_by else 'series'}{grouped}, step {resp.step_ns / 1e9:g} s, "
-        f"{agg} per step, from {source}; unit: {unit}"
-        + (f" (grouped automatically: more than {MAX_LINES} lines)" if grouping == "auto" and group_by else "")
+        f"{agg} per step, from {source}; unit: {unit}{why}"
     )
-    lines = alt.Chart(frame).mark_line().encode(
-        x=alt.X("time:T"),
-        y=alt.Y(f"{metric}:Q", title=f"{metric} ({unit})" if unit else metric),
-        color=alt.Color("series:N", title=" / ".join(group_by) if group_by else "series"),
-        tooltip=["time:T", "series:N", alt.Tooltip(f"{metric}:Q", format=".2f")],
+    lines = (
+        alt.Chart(frame)
+        .mark_line()
+        .encode(
+            x=alt.X("time:T"),
+            y=alt.Y(f"{metric}:Q", title=f"{metric} ({unit})" if unit else metric),
+            color=alt.Color("series:N", title=" / ".join(group_by) if group_by else "series"),
+            tooltip=["time:T", "series:N", alt.Tooltip(f"{metric}:Q", format=".2f")],
+        )
     )
     layers: list[alt.Chart] = [lines]
     if group_by and band:
