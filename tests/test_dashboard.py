@@ -3,12 +3,16 @@ simulated collector (the browser test comes with the dashboard issue)."""
 
 from __future__ import annotations
 
+import csv
+import io
+import json
 from pathlib import Path
 from typing import Any
 
+import pandas as pd
 import pytest
 from conftest import Cluster, free_port, wait_until
-from test_repair_slurm import repair_flags
+from test_repair_slurm import gpufleet_cli, repair_flags
 
 from gpufleet.dashboard.data import classify
 from gpufleet.protos import fleet_pb2, telemetry_pb2
@@ -240,6 +244,23 @@ def test_node_page_events_survive_an_aggregator_restart(
     at.selectbox[0].set_value("dash-2").run()
     assert not at.exception, at.exception
     assert_node_events(at.dataframe[1].value)
+
+    # The same history from `gpufleet events`: JSON, CSV, filters by XID and kind.
+    def events(*args: str) -> str:
+        out = gpufleet_cli(again, cluster, "viewer", "events", "--since", "1h", *args)
+        assert out.returncode == 0, out.stderr
+        return out.stdout
+
+    listed = json.loads(events("--node", "dash-2", "--json"))["events"]
+    assert_node_events(pd.DataFrame(listed).assign(time=lambda f: pd.to_datetime(f["time"])))
+    only = json.loads(events("--xid", "79", "--json"))["events"]
+    assert [(e["node"], e["gpu"], e["what"]) for e in only] == [("dash-2", 1, "XID 79")]
+    rows = list(csv.DictReader(io.StringIO(events("--kind", "repair", "--csv"))))
+    assert rows and {r["kind"] for r in rows} == {"repair"} and {r["node"] for r in rows} == {"dash-2"}
+    assert "XID 79" in events("--node", "dash-2")
+    assert events("--node", "dash-1", "--kind", "xid").startswith("no events in")
+    bad = gpufleet_cli(again, cluster, "viewer", "events", "--since", "1h", "--until", "2h")
+    assert bad.returncode == 2 and "must be before end" in bad.stderr
 
 
 def test_history_explorer_groups_200_nodes_into_one_line_per_cluster(

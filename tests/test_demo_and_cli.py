@@ -220,3 +220,51 @@ def test_collector_probe_prints_one_sample_in_our_schema(tmp_path: Path) -> None
         timeout=60,
     ).stdout
     assert "GPU 0  NVIDIA H100 80GB HBM3" in table and "not reported" in table
+
+
+def test_history_groups_across_series(demo: tuple[dict[str, str], Path]) -> None:
+    """--group-by: one series per group, its count the sum of its members' counts (every sample
+    of the group, not a mean of means); the CSV names the group's tags, not the GPUs'."""
+    import time
+    from datetime import UTC, datetime
+
+    env, _ = demo
+    span: list[str] = []
+
+    def read(*extra: str) -> dict[str, object]:
+        r = cli(env, "history", "util_gpu_pct", *span, "--agg", "count", "--json", *extra)
+        assert r.returncode == 0, r.stderr
+        return json.loads(r.stdout)
+
+    def settled() -> tuple[list, list] | None:
+        end = int(time.time()) - 5  # a closed range in the past: what is in it is settled
+        since, until = (datetime.fromtimestamp(t, UTC).isoformat() for t in (end - 30, end))
+        span[:] = ["--since", since, "--until", until, "--step", "10s"]
+        # A report still in flight could land between two reads: read until two agree.
+        before, grouped, after = read()["series"], read("--group-by", "node")["series"], read()["series"]
+        return (before, grouped) if before and before == after else None
+
+    per_gpu, per_node = wait_until(settled, 30, "a settled range")
+    assert sorted(s["tags"]["node"] for s in per_node) == [f"demo-node-{i:02d}" for i in range(1, 5)]
+    assert all(set(s["tags"]) == {"node"} for s in per_node)
+    for group in per_node:
+        members = [s for s in per_gpu if s["tags"]["node"] == group["tags"]["node"]]
+        assert len(members) == 8
+        for p in group["points"]:
+            want = sum(
+                q["value"] for s in members for q in s["points"] if q["time_unix_ns"] == p["time_unix_ns"]
+            )
+            assert p["value"] == want
+    rows = list(
+        csv.DictReader(
+            io.StringIO(
+                cli(env, "history", "util_gpu_pct", *span, "--group-by", "cluster,model", "--csv").stdout
+            )
+        )
+    )
+    assert rows and set(rows[0]) == {"time", "cluster", "model", "util_gpu_pct"}
+    table = cli(env, "history", "util_gpu_pct", *span, "--group-by", "model")
+    assert table.returncode == 0 and "NVIDIA H200" in table.stdout
+    bad = cli(env, "history", "util_gpu_pct", "--group-by", "pid")
+    assert bad.returncode == 2 and "cannot group util_gpu_pct by 'pid'" in bad.stderr
+    assert "gpu_count" in cli(env, "history", "gpu_count", "--group-by", "cluster", "--csv").stdout
