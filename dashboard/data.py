@@ -312,8 +312,18 @@ def history_frame(resp: fleet_pb2.HistoryResponse) -> pd.DataFrame:
         tags = dict(s.tags)
         label = series_label(tags, varying)
         for t, v in zip(s.times_unix_ns, s.values, strict=True):
-            rows.append({"time": pd.Timestamp(iso(t)), "series": label, resp.metric: v, **tags})
+            # Three decimals: enough for a ratio, plenty for a percentage (the CSV keeps all).
+            rows.append({"time": pd.Timestamp(iso(t)), "series": label, resp.metric: round(v, 3), **tags})
     return pd.DataFrame(rows)
+
+
+def time_format(frame: pd.DataFrame) -> str:
+    """A time axis label format that fits the frame's span (seconds for a few minutes, days
+    for weeks): Vega's own choice prints '.500' ticks for a short range."""
+    if frame.empty:
+        return "%H:%M:%S"
+    span_s = (frame["time"].max() - frame["time"].min()).total_seconds()
+    return "%H:%M:%S" if span_s <= 3600 else "%H:%M" if span_s <= 2 * 86400 else "%b %d %H:%M"
 
 
 def band_frame(low: fleet_pb2.HistoryResponse, high: fleet_pb2.HistoryResponse) -> pd.DataFrame:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import math
 from pathlib import Path
 from typing import Any
 
@@ -103,6 +104,7 @@ def fleet_with_a_quarantined_node(cluster: Cluster) -> Any:
 
 
 CLUSTERS = {"east": "H100", "west": "H100", "north": "H200", "south": "H200"}
+LOAD = {"east": (25.0, 15.0), "west": (50.0, 10.0), "north": (70.0, 12.0), "south": (88.0, 6.0)}
 S = 1_000_000_000
 
 
@@ -130,7 +132,10 @@ def fleet_of_200_nodes(cluster: Cluster) -> Any:
                     "model": CLUSTERS[cl],
                     "cluster": cl,
                 }
-                util = float((n * 7 + g * 13 + i * 3) % 100)
+                # Each cluster its own level and spread, a slow swing over the half hour.
+                level, spread = LOAD[cl]
+                jitter = ((n * 7 + g * 13 + i * 3) % 21 - 10) / 10
+                util = round(min(99.0, max(0.0, level + spread * jitter + 8 * math.sin(i / 9))), 1)
                 points.append(Point("gpu", tags, {"util_gpu_pct": util, "lost": False}, t))
             points.append(
                 Point(

@@ -9,7 +9,7 @@ import streamlit as st
 
 from gpufleet.cli.present import AGGREGATES, history_csv
 from gpufleet.cli.timeparse import parse_duration_ns, parse_time_ns
-from gpufleet.dashboard.data import band_frame, history_frame
+from gpufleet.dashboard.data import band_frame, history_frame, time_format
 from gpufleet.dashboard.fleet import call
 from gpufleet.protos import fleet_pb2
 
@@ -109,7 +109,11 @@ def render() -> None:
         alt.Chart(frame)
         .mark_line()
         .encode(
-            x=alt.X("time:T"),
+            x=alt.X(
+                "time:T",
+                scale=alt.Scale(type="utc"),
+                axis=alt.Axis(format=time_format(frame), title="time (UTC)"),
+            ),
             y=alt.Y(f"{metric}:Q", title=f"{metric} ({unit})" if unit else metric),
             color=alt.Color("series:N", title=" / ".join(group_by) if group_by else "series"),
             tooltip=["time:T", "series:N", alt.Tooltip(f"{metric}:Q", format=".2f")],
@@ -126,7 +130,7 @@ def render() -> None:
                 0,
                 alt.Chart(spread)
                 .mark_area(opacity=0.15)
-                .encode(x="time:T", y="min:Q", y2="max:Q", color=alt.Color("series:N", legend=None)),
+                .encode(x="time:T", y="min:Q", y2="max:Q", color="series:N"),
             )
     st.altair_chart(alt.layer(*layers), width="stretch")
     st.dataframe(frame, hide_index=True, width="stretch")

@@ -16,6 +16,7 @@ from gpufleet.dashboard.data import (
     history_frame,
     incidents_frame,
     node_gpus_table,
+    time_format,
 )
 from gpufleet.dashboard.fleet import call
 from gpufleet.protos import fleet_pb2
@@ -87,7 +88,11 @@ def render() -> None:
             alt.Chart(frame)
             .mark_line()
             .encode(
-                x=alt.X("time:T"),
+                x=alt.X(
+                    "time:T",
+                    scale=alt.Scale(type="utc"),
+                    axis=alt.Axis(format=time_format(frame), title="time (UTC)"),
+                ),
                 y=alt.Y(f"{metric}:Q", title=label),
                 color=alt.Color("series:N", title="GPU"),
             )
