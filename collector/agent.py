@@ -96,6 +96,8 @@ class CollectorAgent:
         self.kmsg_inflight: set[int] = set()
         self._kmsg_unacked: dict[int, int] = {}
         self.last_sample: telemetry_pb2.NodeReport | None = None  # what /metrics shows
+        # XIDs reported since start, by (GPU, number), for /metrics (collector/metrics_endpoint.py).
+        self.xid_counts: dict[tuple[str, int], int] = {}
         endpoints = parse_endpoints(config.engines)
         # Simulated GPUs report made-up PIDs: discovery only looks at a real node's processes.
         self.discovery = (
@@ -143,6 +145,14 @@ class CollectorAgent:
             stats=self._stats(),
             **parts,
         )
+        xids = [e for e in report.events if e.kind == vocabulary_pb2.EVENT_KIND_XID]
+        if xids:
+            # A new dict, swapped in whole: /metrics reads it from its own thread.
+            counts = dict(self.xid_counts)
+            for e in xids:
+                key = (str(e.gpu_index) if e.HasField("gpu_index") else "", e.xid)
+                counts[key] = counts.get(key, 0) + max(1, e.count)
+            self.xid_counts = counts
         kmsg_seqs = [e.kmsg_seq for e in report.events if e.kmsg_seq]
         if kmsg_seqs:
             self._kmsg_unacked[report.seq] = min(kmsg_seqs)

@@ -55,7 +55,7 @@ async def run_collector(config: CollectorConfig) -> None:
         agent.simulated_reset = lambda index: sim_node.gpus[index].reset()
     if config.metrics_listen:
         try:
-            port = serve(config.metrics_listen, lambda: agent.last_sample)
+            port = serve(config.metrics_listen, lambda: agent.last_sample, lambda: agent.xid_counts)
         except OSError as exc:
             raise MetricsUnavailable(
                 f"cannot serve /metrics on {config.metrics_listen}: {exc}. Set --metrics-listen "

@@ -1,6 +1,7 @@
 """The collector's Prometheus text endpoint (/metrics), for teams that already scrape
-Prometheus: every GPU field of the last sample, with node/gpu/uuid/model labels, plus the
-collector's own health.
+Prometheus: every GPU field of the last sample, with node/cluster/gpu/uuid/model labels; XIDs
+counted by GPU and number; each inference engine's KV-cache pressure; the collector's own
+health. deploy/prometheus/ has alert rules and deploy/grafana/ a dashboard built on these names.
 
 Names follow Prometheus conventions (base units: ratios not percent, hertz not MHz, watts,
 celsius, bytes; counters end in _total). A field the GPU does not report has no sample —
@@ -18,7 +19,8 @@ from prometheus_client.registry import Collector
 
 from gpufleet.protos import telemetry_pb2
 
-_LABELS = ["node", "gpu", "uuid", "model"]
+_LABELS = ["node", "cluster", "gpu", "uuid", "model"]
+_ENGINE_LABELS = ["node", "cluster", "engine", "model", "port"]
 
 
 @dataclass(frozen=True)
@@ -75,6 +77,15 @@ GPU_FIELDS = [
     _Field("process_count", "compute_processes", "compute processes on the GPU"),
 ]
 
+# (EngineSample field, Prometheus name, help, counter?)
+ENGINE_FIELDS = [
+    ("kv_cache_usage_ratio", "kv_cache_usage_ratio", "KV-cache blocks in use, 0-1", False),
+    ("requests_running", "requests_running", "requests being decoded", False),
+    ("requests_waiting", "requests_waiting", "requests queued for a KV-cache slot or a batch", False),
+    ("preemptions_total", "preemptions", "requests preempted (KV cache full)", True),
+    ("prefix_cache_hit_ratio", "prefix_cache_hit_ratio", "prefix-cache hit ratio, 0-1", False),
+]
+
 # (CollectorStats field, Prometheus name, help, counter?)
 SELF_FIELDS = [
     ("reports_dropped_total", "reports_dropped", "reports dropped because the replay buffer was full", True),
@@ -102,16 +113,27 @@ SELF_FIELDS = [
 ]
 
 
-class GpuMetrics(Collector):
-    """Renders the latest report (from `latest()`) at scrape time."""
+# XIDs since the collector started: (GPU index, or "" for a bus id that is no GPU of this node;
+# XID number) -> occurrences, a folded storm counted in full (collector/xid_fold.py).
+XidCounts = dict[tuple[str, int], int]
 
-    def __init__(self, latest: Callable[[], telemetry_pb2.NodeReport | None]) -> None:
+
+class GpuMetrics(Collector):
+    """Renders the latest report (from `latest()`) and the XID counts at scrape time."""
+
+    def __init__(
+        self,
+        latest: Callable[[], telemetry_pb2.NodeReport | None],
+        xid_counts: Callable[[], XidCounts] = dict,
+    ) -> None:
         self._latest = latest
+        self._xid_counts = xid_counts
 
     def collect(self) -> Iterator[Metric]:
         report = self._latest()
         if report is None:
             return
+        node, cluster = report.node, report.cluster
         for spec in GPU_FIELDS:
             family_type = CounterMetricFamily if spec.counter else GaugeMetricFamily
             family = family_type(
@@ -120,25 +142,57 @@ class GpuMetrics(Collector):
             for gpu in report.gpus:
                 if gpu.HasField(spec.field):
                     family.add_metric(
-                        [report.node, str(gpu.index), gpu.uuid, gpu.model],
+                        [node, cluster, str(gpu.index), gpu.uuid, gpu.model],
                         float(getattr(gpu, spec.field)) * spec.scale,
                     )
             yield family
         lost = GaugeMetricFamily("gpufleet_gpu_lost", "1 when NVML answers GPU_IS_LOST", labels=_LABELS)
         for gpu in report.gpus:
-            lost.add_metric([report.node, str(gpu.index), gpu.uuid, gpu.model], float(gpu.lost))
+            lost.add_metric([node, cluster, str(gpu.index), gpu.uuid, gpu.model], float(gpu.lost))
         yield lost
+        xids = CounterMetricFamily(
+            "gpufleet_xid_errors",
+            "XIDs since the collector started, by GPU and XID number (a storm counted in full)",
+            labels=["node", "cluster", "gpu", "xid"],
+        )
+        for (gpu, xid), count in sorted(self._xid_counts().items()):
+            xids.add_metric([node, cluster, gpu, str(xid)], float(count))
+        yield xids
+        yield from self._engines(report)
         for field, name, help_text, counter in SELF_FIELDS:
             family_type = CounterMetricFamily if counter else GaugeMetricFamily
-            family = family_type(f"gpufleet_collector_{name}", help_text, labels=["node"])
-            family.add_metric([report.node], float(getattr(report.stats, field)))
+            family = family_type(f"gpufleet_collector_{name}", help_text, labels=["node", "cluster"])
+            family.add_metric([node, cluster], float(getattr(report.stats, field)))
+            yield family
+
+    @staticmethod
+    def _engines(report: telemetry_pb2.NodeReport) -> Iterator[Metric]:
+        up = GaugeMetricFamily(
+            "gpufleet_engine_up",
+            "1 when the engine's /metrics was read at the last sample",
+            labels=_ENGINE_LABELS,
+        )
+        labels = [[report.node, report.cluster, e.engine, e.model, str(e.port)] for e in report.engines]
+        for engine, values in zip(report.engines, labels, strict=True):
+            up.add_metric(values, float(engine.readable))
+        yield up
+        for field, name, help_text, counter in ENGINE_FIELDS:
+            family_type = CounterMetricFamily if counter else GaugeMetricFamily
+            family = family_type(f"gpufleet_engine_{name}", help_text, labels=_ENGINE_LABELS)
+            for engine, values in zip(report.engines, labels, strict=True):
+                if engine.HasField(field):
+                    family.add_metric(values, float(getattr(engine, field)))
             yield family
 
 
-def serve(address: str, latest: Callable[[], telemetry_pb2.NodeReport | None]) -> int:
+def serve(
+    address: str,
+    latest: Callable[[], telemetry_pb2.NodeReport | None],
+    xid_counts: Callable[[], XidCounts] = dict,
+) -> int:
     """Serve /metrics on address (host:port, port 0 picks one); return the port."""
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(GpuMetrics(latest))
+    registry.register(GpuMetrics(latest, xid_counts))
     host, _, port = address.rpartition(":")
     server, _thread = start_http_server(int(port), host.strip("[]") or "0.0.0.0", registry=registry)
     return server.server_port
