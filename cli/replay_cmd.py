@@ -1,5 +1,5 @@
 """`gpufleet replay`: what would automatic repair have done on this fault history?
-(docs/architecture.md "Policy replay"; every figure is defined in the README.)
+(docs/architecture.md "Policy replay"; every figure is defined in docs/repair.md.)
 
 Three inputs: the aggregator's own store (--since/--until, through the Fleet API: the
 aggregator replays its history with its own rails and commands), a trace file (--trace) or a
@@ -30,7 +30,7 @@ def add_arguments(sub: Any, client: argparse.ArgumentParser) -> None:
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--since", help="replay the store's history from: 2h, 7d ago, or an ISO time")
     src.add_argument(
-        "--trace", help="a trace file: JSON lines, one XID or signal each (README: Policy replay)"
+        "--trace", help="a trace file: JSON lines, one XID or signal each (docs/repair.md: Policy replay)"
     )
     src.add_argument("--generate", choices=["llama3"], help="a generated history: the Llama 3 Table 5 mix")
     p.add_argument("--until", default="now", help="with --since: the end (default now)")

@@ -1,6 +1,6 @@
 """Settings from a TOML file, environment variables and flags, in that order of
 precedence (flag > environment > file > default), for any of the components' config
-dataclasses. The same metadata generates the configuration reference in the README
+dataclasses. The same metadata generates the configuration reference in docs/configuration.md
 (`gpufleet config reference`).
 
     /etc/gpufleet/gpufleet.toml (or --config FILE, or $GPUFLEET_CONFIG):

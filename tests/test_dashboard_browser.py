@@ -1,7 +1,7 @@
 """The dashboard in a real browser: headless Chromium (Debian's chromium, driven by Playwright)
 loads every page from `gpufleet dashboard` against a real aggregator and simulated collectors,
 checks the page's key elements are there, and saves a PNG of each page in the folder the
-README names (build/screenshots/, or $GPUFLEET_SCREENSHOTS)."""
+docs/components.md names (build/screenshots/, or $GPUFLEET_SCREENSHOTS)."""
 
 from __future__ import annotations
 

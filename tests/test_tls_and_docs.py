@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 from pathlib import Path
 
@@ -72,13 +73,13 @@ def test_collector_and_cli_over_tls(cluster: Cluster, tmp_path: Path) -> None:
     assert plain.returncode == 3, "a plaintext client cannot talk to a TLS port"
 
 
-def test_readme_configuration_reference_matches_the_code() -> None:
-    readme = (ROOT / "README.md").read_text()
+def test_configuration_reference_matches_the_code() -> None:
+    readme = (ROOT / "docs" / "configuration.md").read_text()
     start = readme.index("<!-- config-reference:start -->") + len("<!-- config-reference:start -->")
     end = readme.index("<!-- config-reference:end -->")
     current = settings.reference({"collector": CollectorConfig, "aggregator": AggregatorConfig})
     assert readme[start:end].strip() == current.strip(), (
-        "README's configuration reference is out of date: paste `gpufleet config reference` "
+        "docs/configuration.md is out of date: paste `gpufleet config reference` "
         "between the config-reference markers"
     )
 
@@ -88,3 +89,20 @@ def test_readme_commands_exist() -> None:
     for script in ("scripts/demo.sh", "scripts/test.sh"):
         assert f"./{script}" in readme and os.access(ROOT / script, os.X_OK)
     assert "scripts/test.sh" in (ROOT / ".ci" / "run").read_text()
+
+
+def test_every_relative_link_in_the_docs_leads_somewhere() -> None:
+    """The README is short and sends a newcomer to docs/: every link it and the docs pages make
+    to a file of the repository names one that exists."""
+    pages = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+    assert len(pages) >= 9
+    for page in pages:
+        for target in re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", page.read_text()):
+            if "://" in target:
+                continue
+            where = page.relative_to(ROOT)
+            assert (page.parent / target).exists(), f"{where} links to {target}, which is not there"
+    readme = (ROOT / "README.md").read_text()
+    assert len(readme.splitlines()) < 200, "the README keeps what a newcomer needs first"
+    linked = set(re.findall(r"\]\((docs/[\w.-]+\.md)\)", readme))
+    assert linked == {f"docs/{p.name}" for p in (ROOT / "docs").glob("*.md")}, "every docs page is linked"

@@ -46,7 +46,7 @@ def render() -> None:
     st.caption(
         "Replays the store's history through the real repair controller on a virtual clock, "
         "with the aggregator's rails and commands (nothing is done to any node), under the "
-        'current policy and the proposed one. The README\'s "Policy replay" defines each figure.'
+        'current policy and the proposed one. docs/repair.md, "Policy replay", defines each figure.'
     )
     c1, c2 = st.columns(2)
     since = c1.text_input("from (e.g. 1h, 7d, 2026-11-29T10:00)", "1h")

@@ -1,5 +1,5 @@
 """What a replay did, measured from its own audit log and incidents (docs/architecture.md
-"Policy replay"; every figure is defined in the README's "Policy replay" section):
+"Policy replay"; every figure is defined in docs/repair.md, "Policy replay"):
 
 - nodes_taken_out: nodes automation cordoned, in the order of their first cordon;
 - gpu_hours_out_of_service: from each automatic cordon to the node's return (automatic
