@@ -15,7 +15,7 @@ plane) moves only after the points are durable (in the store or its spool, throu
 group-commit writer), and a point's identity is measurement + tags + time, so a copy made
 twice (a restart between the write and the cursor) overwrites itself. Findings are copied
 from the open incidents and those opened since the last pass; a finding copied once in this
-process is not written again.
+process is not written again while its incident is still read.
 """
 
 from __future__ import annotations
@@ -118,7 +118,8 @@ class EventExporter:
         self.interval_s = interval_s
         self._findings_done: set[tuple[str, str, int]] = set()
         self._incidents_since_ns = 0
-        self.exported_total = 0
+        self.exported_total = 0  # points made durable (gpufleet_history_export_points)
+        self.failures_total = 0  # passes that failed and will be tried again
 
     async def run(self, stop: asyncio.Event) -> None:
         """Export until stop is set; a failed pass is logged and tried again next interval (the
@@ -127,7 +128,13 @@ class EventExporter:
             try:
                 await self.export_once()
             except Exception as exc:  # the store or the control plane is down: next interval
-                log.warning("history export of repair and health events failed: %s; retrying", exc)
+                self.failures_total += 1
+                log.warning(
+                    "history export of repair and health events failed (%d so far): %s; retrying in %g s",
+                    self.failures_total,
+                    exc,
+                    self.interval_s,
+                )
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), self.interval_s)
 
@@ -136,7 +143,9 @@ class EventExporter:
         cursor = int(await asyncio.to_thread(self._state.get, CURSOR_KEY) or 0)
         rows = await asyncio.to_thread(self._state.audit_after, cursor, BATCH_ROWS)
         points = [repair_point(r, self._cluster_of(r.node)) for _, r in rows]
-        incidents = await asyncio.to_thread(self._incidents)
+        incidents = await asyncio.to_thread(
+            self._state.incidents_open_or_opened_since, self._incidents_since_ns, BATCH_ROWS
+        )
         fresh: list[tuple[str, str, int]] = []
         for incident in incidents:
             for p in health_points(incident, self._cluster_of(incident.node)):
@@ -149,17 +158,13 @@ class EventExporter:
         await self._write(_one_per_identity(points))
         if rows:
             await asyncio.to_thread(self._state.put, CURSOR_KEY, str(rows[-1][0]))
-        self._findings_done.update(fresh)
+        # What was written is remembered only while its incident is still read (open, or opened
+        # since the last pass): the set stays the size of what is current.
+        current = {i.id for i in incidents}
+        self._findings_done = {k for k in self._findings_done | set(fresh) if k[0] in current}
         if incidents:
             newest = max(i.opened_ns for i in incidents)
             self._incidents_since_ns = max(self._incidents_since_ns, newest - _INCIDENT_MARGIN_NS)
         self.exported_total += len(points)
         log.debug("history export: %d repair and health points", len(points))
         return len(points)
-
-    def _incidents(self) -> list[Incident]:
-        return [
-            i
-            for i in self._state.incidents(limit=BATCH_ROWS)
-            if i.open or i.opened_ns >= self._incidents_since_ns
-        ]

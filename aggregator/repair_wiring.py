@@ -279,3 +279,13 @@ class RepairWiring:
         Gauge(
             "gpufleet_repair_last_pass_seconds", "how long the last repair pass took", registry=r
         ).set_function(of(lambda c: c.last_pass_s))
+        Gauge(
+            "gpufleet_history_export_points",
+            "repair actions and health findings this leader term copied into the history store",
+            registry=r,
+        ).set_function(lambda: float(self.exporter.exported_total) if self.exporter else 0.0)
+        Gauge(
+            "gpufleet_history_export_failures",
+            "history export passes that failed this leader term (each logged, tried again)",
+            registry=r,
+        ).set_function(lambda: float(self.exporter.failures_total) if self.exporter else 0.0)

@@ -132,6 +132,8 @@ def print_node(detail: fleet_pb2.NodeDetail, as_json: bool) -> None:
         f"{'connected' if s.connected else 'not connected'}, last report "
         f"{row['last_report'] or 'never'} ({s.seconds_since_report:.1f}s ago), seq {s.last_seq}"
     )
+    if s.scheduler_node:
+        print(f"in the scheduler: {s.scheduler_node} (scheduler_names)")
     print(
         f"collector boot {s.boot_id or NA}, interval {s.interval_s:g}s, driver "
         f"{s.driver_version or NA}{', simulated GPUs' if s.simulated else ''}\n"

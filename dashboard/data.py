@@ -3,6 +3,7 @@ the Streamlit pages so it is plain, testable code."""
 
 from __future__ import annotations
 
+import altair as alt
 import pandas as pd
 
 from gpufleet.cli.present import (
@@ -68,11 +69,11 @@ def nodes_frame(resp: fleet_pb2.ListNodesResponse) -> pd.DataFrame:
                 "GPUs": r["gpu_count"],
                 "GPUs lost": r["gpus_lost"],
                 "models": ", ".join(sorted({g.model for g in n.gpus if g.model})),
-                "util %": r["util_gpu_mean_pct"],
-                "HBM used GiB": None if r["hbm_used_bytes"] is None else r["hbm_used_bytes"] / GIB,
-                "HBM total GiB": None if r["hbm_total_bytes"] is None else r["hbm_total_bytes"] / GIB,
-                "max temp °C": r["temp_gpu_max_c"],
-                "power W": r["power_w"],
+                "util %": _rounded(r["util_gpu_mean_pct"], 1),
+                "HBM used GiB": _gib(r["hbm_used_bytes"]),
+                "HBM total GiB": _gib(r["hbm_total_bytes"]),
+                "max temp °C": _rounded(r["temp_gpu_max_c"], 0),
+                "power W": _rounded(r["power_w"], 0),
             }
         )
     return pd.DataFrame(
@@ -141,6 +142,14 @@ def _rounded(value: float | None, digits: int) -> float | None:
     return None if value is None else round(value, digits)
 
 
+def _percent(ratio: float | None) -> float | None:
+    return None if ratio is None else round(100 * ratio, 1)
+
+
+def _gib(value: int | None) -> float | None:
+    return None if value is None else round(value / GIB, 1)
+
+
 def node_gpus_table(summary: fleet_pb2.NodeSummary) -> pd.DataFrame:
     """The node page's GPU table: people's column names, units in them, sensible rounding;
     absent values stay empty (never 0)."""
@@ -157,8 +166,8 @@ def node_gpus_table(summary: fleet_pb2.NodeSummary) -> pd.DataFrame:
                 "health": gpu_health(g),
                 "GPU util %": _rounded(opt(g, "util_gpu_pct"), 0),
                 "memory util %": _rounded(opt(g, "util_mem_pct"), 0),
-                "HBM used GiB": None if used is None else round(used / GIB, 1),
-                "HBM total GiB": None if total is None else round(total / GIB, 1),
+                "HBM used GiB": _gib(used),
+                "HBM total GiB": _gib(total),
                 "HBM used %": round(100 * used / total, 1) if used is not None and total else None,
                 "temp °C": _rounded(opt(g, "temp_gpu_c"), 0),
                 "HBM temp °C": _rounded(opt(g, "temp_mem_c"), 0),
@@ -267,10 +276,8 @@ def replicas_frame(resp: fleet_pb2.ListNodesResponse) -> pd.DataFrame:
                     "model": e.model,
                     "port": e.port,
                     "GPUs": ",".join(str(i) for i in e.gpu_indices),
-                    "GPU util %": gpu_util,
-                    "KV-cache usage %": None
-                    if opt(e, "kv_cache_usage_ratio") is None
-                    else 100 * e.kv_cache_usage_ratio,
+                    "GPU util %": _rounded(gpu_util, 1),
+                    "KV-cache usage %": _percent(opt(e, "kv_cache_usage_ratio")),
                     "running": opt(e, "requests_running"),
                     "waiting": opt(e, "requests_waiting"),
                     "preemptions": opt(e, "preemptions_total"),
@@ -290,11 +297,11 @@ def engines_frame(engines: list) -> pd.DataFrame:
                 "model": e.model,
                 "port": e.port,
                 "GPUs": ",".join(str(i) for i in e.gpu_indices),
-                "KV-cache usage": opt(e, "kv_cache_usage_ratio"),
+                "KV-cache usage %": _percent(opt(e, "kv_cache_usage_ratio")),
                 "running": opt(e, "requests_running"),
                 "waiting": opt(e, "requests_waiting"),
                 "preemptions": opt(e, "preemptions_total"),
-                "prefix-cache hit ratio": opt(e, "prefix_cache_hit_ratio"),
+                "prefix-cache hit %": _percent(opt(e, "prefix_cache_hit_ratio")),
                 "status": "ok" if e.readable else f"unreadable: {e.unreadable_reason}",
             }
             for e in engines
@@ -317,13 +324,12 @@ def history_frame(resp: fleet_pb2.HistoryResponse) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def time_format(frame: pd.DataFrame) -> str:
-    """A time axis label format that fits the frame's span (seconds for a few minutes, days
-    for weeks): Vega's own choice prints '.500' ticks for a short range."""
-    if frame.empty:
-        return "%H:%M:%S"
-    span_s = (frame["time"].max() - frame["time"].min()).total_seconds()
-    return "%H:%M:%S" if span_s <= 3600 else "%H:%M" if span_s <= 2 * 86400 else "%b %d %H:%M"
+def time_x(frame: pd.DataFrame) -> alt.X:
+    """The time axis of a chart of frame, in UTC, labelled to fit the frame's span (seconds for a
+    few minutes, days for weeks): Vega's own choice prints '.500' ticks for a short range."""
+    span_s = (frame["time"].max() - frame["time"].min()).total_seconds() if not frame.empty else 0
+    fmt = "%H:%M:%S" if span_s <= 3600 else "%H:%M" if span_s <= 2 * 86400 else "%b %d %H:%M"
+    return alt.X("time:T", scale=alt.Scale(type="utc"), axis=alt.Axis(format=fmt, title="time (UTC)"))
 
 
 def band_frame(low: fleet_pb2.HistoryResponse, high: fleet_pb2.HistoryResponse) -> pd.DataFrame:

@@ -471,6 +471,15 @@ class RepairState(ABC):
         args.append(limit)
         return [Incident.from_body(b) for (b,) in self._execute(sql, args)]
 
+    def incidents_open_or_opened_since(self, since_ns: int, limit: int = 1000) -> list[Incident]:
+        """Every open incident and those opened since since_ns, newest first (the history
+        export's read: aggregator/event_export.py)."""
+        rows = self._execute(
+            "SELECT body FROM incident WHERE closed_ns = 0 OR opened_ns >= ? ORDER BY opened_ns DESC LIMIT ?",
+            (since_ns, limit),
+        )
+        return [Incident.from_body(b) for (b,) in rows]
+
     def incidents_since(self, node: str, since_ns: int) -> int:
         rows = self._execute(
             "SELECT COUNT(*) FROM incident WHERE node = ? AND opened_ns >= ?", (node, since_ns)

@@ -464,6 +464,10 @@ def kv_cache() -> dict[str, Any]:
     )
 
 
+# Counts per interval: the legend's table shows each series' total over the range.
+SUM_LEGEND = {"options": {"legend": {"displayMode": "table", "placement": "right", "calcs": ["sum"]}}}
+
+
 def xids_and_repairs() -> dict[str, Any]:
     where = f"$timeFilter AND {CLUSTER}"
     return dashboard(
@@ -481,9 +485,7 @@ def xids_and_repairs() -> dict[str, Any]:
                     'GROUP BY time($__interval), "node" fill(none)'
                 ],
                 legend="$tag_node",
-                extra={
-                    "options": {"legend": {"displayMode": "table", "placement": "right", "calcs": ["sum"]}}
-                },
+                extra=SUM_LEGEND,
             ),
             Panel(
                 "Repair actions per interval by action",
@@ -492,9 +494,7 @@ def xids_and_repairs() -> dict[str, Any]:
                     'GROUP BY time($__interval), "action" fill(none)'
                 ],
                 legend="$tag_action",
-                extra={
-                    "options": {"legend": {"displayMode": "table", "placement": "right", "calcs": ["sum"]}}
-                },
+                extra=SUM_LEGEND,
             ),
             Panel(
                 "XIDs",

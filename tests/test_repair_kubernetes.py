@@ -261,3 +261,29 @@ def test_dry_run_and_a_tripped_breaker_write_nothing_to_the_api_server(cluster: 
     assert not [r for r in kube.requests if r["verb"] in ("PATCH", "POST")], "nothing written"
     assert not kube.nodes["k8s-gpu-1"]["spec"].get("unschedulable") and ("default", "web-1") in kube.pods
     kube.close()
+
+
+@pytest.mark.slow
+def test_scheduler_names_reach_the_kubernetes_node(cluster: Cluster) -> None:
+    """A collector named `rack4-gpu-2.example.com` is Kubernetes node `k8s-gpu-2` by the pattern:
+    the automation's cordon and a person's uncordon patch that node, no other."""
+    kube = KubeStandin()
+    for name in ("k8s-gpu-1", "k8s-gpu-2"):
+        kube.add_node(name)
+    agg = k8s_aggregator(
+        cluster,
+        kube,
+        "--scheduler-name-regex",
+        r"rack\d+-gpu-(\d+)\.example\.com",
+        "--scheduler-name-replace",
+        r"k8s-gpu-\1",
+    )
+    faulty(cluster, agg, "rack4-gpu-2.example.com")
+    node = kube.nodes["k8s-gpu-2"]
+    wait_until(lambda: node["spec"].get("unschedulable"), 30, "k8s-gpu-2 cordoned for its collector")
+    assert not kube.nodes["k8s-gpu-1"]["spec"].get("unschedulable")
+    touched = {r["path"].split("/nodes/")[1].split("/")[0] for r in kube.requests if "/nodes/" in r["path"]}
+    assert touched == {"k8s-gpu-2"}, "only the mapped node is read and patched"
+    out = gpufleet_cli(agg, cluster, "ops", "uncordon", "rack4-gpu-2.example.com", "--reason", "GPU reseated")
+    assert out.returncode == 0, out.stderr
+    assert not node["spec"].get("unschedulable")

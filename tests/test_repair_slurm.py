@@ -355,7 +355,9 @@ def test_aggregator_killed_mid_reset_resumes_without_repeating_it(cluster: Clust
 
 
 @pytest.mark.slow
-def test_scheduler_names_map_collector_nodes_to_slurm_nodes(cluster: Cluster, slurm: Any) -> None:
+def test_scheduler_names_map_collector_nodes_to_slurm_nodes(
+    cluster: Cluster, slurm: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Collector names that are not Slurm NodeNames: a pattern maps `gpu-node-03.dc1.example.com`
     to gpu-node-03, a table maps `rack7-slot2` to gpu-node-04. The automation's drain, a person's
     cordon and uncordon, and the node's detail all go through the mapping."""
@@ -386,6 +388,15 @@ def test_scheduler_names_map_collector_nodes_to_slurm_nodes(cluster: Cluster, sl
     assert drained(slurm, "gpu-node-04") and "bad fan" in slurm.state("gpu-node-04")[1]
     shown = json.loads(gpufleet_cli(agg, cluster, "viewer", "nodes", "--json").stdout)["nodes"]
     assert {n["node"]: n["scheduler_node"] for n in shown} == {faulty: "gpu-node-03", by_hand: "gpu-node-04"}
+    assert "in the scheduler: gpu-node-04" in gpufleet_cli(agg, cluster, "viewer", "node", by_hand).stdout
+    # The node page says which scheduler node it is (Streamlit's AppTest on the real aggregator).
+    from test_dashboard import app
+
+    at = app(monkeypatch, agg.fleet, cluster.secrets.tokens["viewer"]).run()
+    at.sidebar.radio[0].set_value("Node").run()
+    at.selectbox[0].set_value(faulty).run()
+    assert not at.exception, at.exception
+    assert any("In the scheduler: **gpu-node-03**" in c.value for c in at.caption)
     out = gpufleet_cli(agg, cluster, "ops", "uncordon", by_hand, "--reason", "fan replaced")
     assert out.returncode == 0, out.stderr
     assert not drained(slurm, "gpu-node-04")

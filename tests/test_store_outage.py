@@ -9,6 +9,7 @@ import re
 import signal
 import subprocess
 import time
+from typing import Any
 
 import pytest
 from conftest import Cluster, InfluxServer, Proc, free_port, gpufleet_argv, wait_until
@@ -48,8 +49,8 @@ def last_seq(collector: Proc) -> int:
 
 
 def start(
-    cluster: Cluster, influx: InfluxServer, database: str, ingest: int, fleet: int, name: str
-) -> object:
+    cluster: Cluster, influx: InfluxServer, database: str, ingest: int, fleet: int, name: str, *extra: str
+) -> Any:
     return cluster.aggregator(
         name,
         ingest,
@@ -61,6 +62,7 @@ def start(
         influx.url,
         "--influx-database",
         database,
+        *extra,
     )
 
 
@@ -127,9 +129,72 @@ def test_aggregator_restart_with_a_full_spool_loses_and_doubles_nothing(cluster:
         assert status(agg2.fleet, viewer)["spool"]["batches"] >= 10, "the spool survived the restart"
         influx.start()
         wait_until(lambda: status(agg2.fleet, viewer)["spool"]["batches"] == 0, 60, "the spool to drain")
+        # The collectors' reports from the kill on wait for a stream to the new aggregator: stopped
+        # before they reconnect, a collector without a state_dir rightly exits with them unsent.
+        wait_until(
+            lambda: status(agg2.fleet, viewer)["streams_open"] == len(NODES), 30, "the collectors back"
+        )
         for c in collectors:
             assert c.stop(signal.SIGTERM) == 0
         for node, collector in zip(NODES, collectors, strict=True):
             assert sorted(seqs(influx.url, "restart", node)) == list(range(1, last_seq(collector) + 1)), node
+    finally:
+        influx.kill()
+
+
+@pytest.mark.slow
+def test_repair_actions_reach_history_through_an_influxdb_outage(cluster: Cluster) -> None:
+    """The repair controller acts while InfluxDB is down: its audit rows and findings are spooled
+    by the history export and reach the store when it comes back; after the aggregator is
+    SIGKILLed and restarted every one is there once (tests/test_dashboard.py has the restart on
+    the embedded store)."""
+    from test_repair_slurm import audit, repair_flags, xid_scenario
+
+    influx = InfluxServer(cluster.tmp / "influx")
+    influx.start()
+    try:
+        policy = cluster.tmp / "policy.toml"
+        policy.write_text("[workflow]\nvalidate_s = 2.0\n")
+        ingest, fleet = free_port(), free_port()
+        agg = start(cluster, influx, "repairs", ingest, fleet, "aggregator", *repair_flags(policy))
+        viewer = cluster.secrets.tokens["viewer"]
+        wait_until(lambda: status(agg.fleet, viewer)["store_ok"], 30, "the store to be up")
+        influx.kill()
+        scenario = xid_scenario(cluster.tmp / "xid79.toml", 79, gpu=2, lost=True, at_s=2.0)
+        cluster.collector("outage-node", agg.ingest, "--interval-s", "0.5", "--sim-scenario", str(scenario))
+
+        def done() -> list[dict[str, object]]:
+            rows = audit(agg, cluster, "outage-node")
+            return rows if any(r["action"] == "ticket" for r in rows) else []
+
+        actions = wait_until(done, 60, "the repair, down to the skipped ticket, while InfluxDB is down")
+        wait_until(lambda: agg.metric_value("gpufleet_history_export_points") > 0, 30, "the export spooled")
+        assert status(agg.fleet, viewer)["spool"]["batches"] > 0
+        agg.proc.stop(signal.SIGKILL)
+        influx.start()
+        agg2 = start(cluster, influx, "repairs", ingest, fleet, "aggregator-2", *repair_flags(policy))
+        wait_until(lambda: status(agg2.fleet, viewer)["spool"]["batches"] == 0, 60, "the spool to drain")
+
+        def repairs() -> list[object]:
+            store = InfluxStore(influx.url, "repairs", create_database=False)
+            try:
+                return store.query_points("repair", 0, time.time_ns() + 10**12, {"node": ["outage-node"]})
+            finally:
+                store.close()
+
+        def caught_up() -> list[tuple[str, str]]:
+            # The node's whole audit log (the restarted aggregator's rows too) is in history, once.
+            want = sorted((a["action"], a["outcome"]) for a in audit(agg2, cluster, "outage-node"))
+            got = sorted((p.tags["action"], p.fields["outcome"]) for p in repairs())
+            return got if got == want else []
+
+        stored = wait_until(caught_up, 30, "every audit row of the node in InfluxDB, once")
+        assert len(stored) >= len(actions) and ("cordon", "ok") in stored
+        store = InfluxStore(influx.url, "repairs", create_database=False)
+        try:
+            codes = {p.tags["code"] for p in store.query_points("health", 0, time.time_ns() + 10**12)}
+        finally:
+            store.close()
+        assert {"xid_79", "gpu_lost"} <= codes
     finally:
         influx.kill()

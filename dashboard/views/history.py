@@ -9,7 +9,7 @@ import streamlit as st
 
 from gpufleet.cli.present import AGGREGATES, history_csv
 from gpufleet.cli.timeparse import parse_duration_ns, parse_time_ns
-from gpufleet.dashboard.data import band_frame, history_frame, time_format
+from gpufleet.dashboard.data import band_frame, history_frame, time_x
 from gpufleet.dashboard.fleet import call
 from gpufleet.protos import fleet_pb2
 
@@ -109,11 +109,7 @@ def render() -> None:
         alt.Chart(frame)
         .mark_line()
         .encode(
-            x=alt.X(
-                "time:T",
-                scale=alt.Scale(type="utc"),
-                axis=alt.Axis(format=time_format(frame), title="time (UTC)"),
-            ),
+            x=time_x(frame),
             y=alt.Y(f"{metric}:Q", title=f"{metric} ({unit})" if unit else metric),
             color=alt.Color("series:N", title=" / ".join(group_by) if group_by else "series"),
             tooltip=["time:T", "series:N", alt.Tooltip(f"{metric}:Q", format=".2f")],

@@ -16,7 +16,7 @@ from gpufleet.dashboard.data import (
     history_frame,
     incidents_frame,
     node_gpus_table,
-    time_format,
+    time_x,
 )
 from gpufleet.dashboard.fleet import call
 from gpufleet.protos import fleet_pb2
@@ -41,7 +41,7 @@ EVENT_COLOURS = {
     "repair": "#3778bf",
 }
 ENGINE_SERIES = {
-    "KV-cache usage": "kv_cache_usage_ratio",
+    "KV-cache usage (0-1)": "kv_cache_usage_ratio",
     "requests waiting": "requests_waiting",
     "requests running": "requests_running",
     "preemptions": "preemptions_total",
@@ -88,11 +88,7 @@ def render() -> None:
             alt.Chart(frame)
             .mark_line()
             .encode(
-                x=alt.X(
-                    "time:T",
-                    scale=alt.Scale(type="utc"),
-                    axis=alt.Axis(format=time_format(frame), title="time (UTC)"),
-                ),
+                x=time_x(frame),
                 y=alt.Y(f"{metric}:Q", title=label),
                 color=alt.Color("series:N", title="GPU"),
             )
