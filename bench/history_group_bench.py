@@ -7,7 +7,8 @@ against the per-series SQL the store ran before group_by existed (the baseline, 
 Each query reads util_gpu_pct over the whole hour at a 60 s step (what the history explorer asks
 for an hour). Printed: the median of --repeat runs of each, the series returned, and the ratios
 to the baseline:
-- baseline: the old SQL (`series_id IN json_each(...)`, GROUP BY series and bucket), as raw SQL;
+- baseline: the store's per-series query as it was before group_by (`series_id IN json_each(...)`,
+  GROUP BY series and bucket, and its loop building the series), run beside the store;
 - per-series: `query_history` without group_by (the same answer through the new SQL);
 - grouped by cluster / by node: `query_history` with group_by (4 / N series back).
 """
@@ -24,7 +25,8 @@ from pathlib import Path
 
 from loadgen import machine  # bench/ is on sys.path when a bench script runs
 
-from gpufleet.aggregator.store import EmbeddedStore, HistoryQuery, Point
+from gpufleet.aggregator.store import EmbeddedStore, HistoryQuery, Point, Series
+from gpufleet.protos import fleet_pb2
 
 S = 1_000_000_000
 CLUSTERS = ("east", "west", "north", "south")
@@ -53,16 +55,27 @@ def fill(store: EmbeddedStore, nodes: int, gpus: int, samples: int, start: int) 
 
 
 def baseline(conn: sqlite3.Connection, start: int, end: int, step: int) -> int:
-    """The per-series query as the store ran it before group_by, on a reader connection of its
-    own to the same file, kept open like the store's (kept here, not in the store)."""
-    sids = [sid for (sid,) in conn.execute("SELECT id FROM series WHERE measurement = 'gpu'")]
+    """The per-series query_history as the store ran it before group_by (its SQL and its loop
+    building the series), on a reader connection of its own to the same file, kept open like the
+    store's. Kept here, not in the store."""
+    tags = {
+        sid: dict(json.loads(t))
+        for sid, t in conn.execute("SELECT id, tags FROM series WHERE measurement = 'gpu'")
+    }
     rows = conn.execute(
         f"SELECT series_id, ts / {step}, AVG(util_gpu_pct) FROM m_gpu WHERE series_id IN "
         "(SELECT value FROM json_each(?)) AND ts >= ? AND ts < ? AND util_gpu_pct IS NOT NULL "
         "GROUP BY 1, 2 ORDER BY 1, 2",
-        (json.dumps(sids), start, end),
+        (json.dumps(list(tags)), start, end),
     ).fetchall()
-    return len({r[0] for r in rows})
+    out: dict[int, Series] = {}
+    for sid, bucket, value in rows:
+        series = out.get(sid)
+        if series is None:
+            series = out[sid] = Series(dict(tags[sid]), [], [])
+        series.times_unix_ns.append(bucket * step)
+        series.values.append(float(value))
+    return len(sorted(out.values(), key=lambda s: sorted(s.tags.items())))
 
 
 def timed(fn, repeat: int) -> tuple[float, int]:
@@ -98,6 +111,16 @@ def main() -> None:
             q = HistoryQuery("gpu", "util_gpu_pct", start, end, step, "mean", {}, group_by=group_by)
             return len(store.query_history(q))
 
+        def wire_bytes(*group_by: str) -> int:
+            """What the Fleet API would send the dashboard for the answer."""
+            q = HistoryQuery("gpu", "util_gpu_pct", start, end, step, "mean", {}, group_by=group_by)
+            return fleet_pb2.HistoryResponse(
+                series=[
+                    fleet_pb2.Series(tags=s.tags, times_unix_ns=s.times_unix_ns, values=s.values)
+                    for s in store.query_history(q)
+                ]
+            ).ByteSize()
+
         conn = sqlite3.connect(path)
         store.query_history(HistoryQuery("gpu", "util_gpu_pct", start, end, step))  # warm the caches
         baseline(conn, start, end, step)
@@ -124,6 +147,11 @@ def main() -> None:
         print(f"{'query':32} {'median s':>9} {'series':>7} {'vs baseline':>12}")
         for name, seconds, series in rows:
             print(f"{name:32} {seconds:9.3f} {series:7d} {seconds / base:11.2f}x")
+        each, grouped = wire_bytes(), wire_bytes("cluster")
+        print(
+            f"Fleet API answer: {each:,} bytes per series, {grouped:,} grouped by cluster "
+            f"({each / grouped:.0f}x less)"
+        )
         conn.close()
         store.close()
 
