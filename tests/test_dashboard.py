@@ -97,9 +97,16 @@ def fleet_with_a_quarantined_node(cluster: Cluster) -> Any:
         events = stub.QueryEvents(
             fleet_pb2.EventsRequest(nodes=["dash-2"]), metadata=viewer_meta(cluster)
         ).events
-        return any(e.kind == "repair" and e.code == "ticket" for e in events)
+        # The lost GPU's finding joins the incident at the first pass that sees the lost sample,
+        # which may come after the ticket: both are waited for.
+        findings = {e.code for e in events if e.kind == "health"}
+        return findings >= {"xid_79", "gpu_lost"} and any(
+            e.kind == "repair" and e.code == "ticket" for e in events
+        )
 
-    wait_until(in_history, 30, "dash-2's last repair step (the skipped ticket) in stored history")
+    wait_until(
+        in_history, 30, "dash-2's findings and last repair step (the skipped ticket) in stored history"
+    )
     return agg
 
 
