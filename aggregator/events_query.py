@@ -30,10 +30,13 @@ class EventQuery:
     clusters: tuple[str, ...] = ()
 
 
-def _measurements(query: EventQuery) -> list[str]:
+def _kinds(query: EventQuery) -> set[str]:
+    """The kinds the query asks for: an XID number filter asks for XIDs alone."""
     kinds = set(query.kinds or EVENT_KINDS)
-    if query.xids:
-        kinds &= {"xid"}
+    return kinds & {"xid"} if query.xids else kinds
+
+
+def _measurements(kinds: set[str]) -> list[str]:
     out = []
     if kinds & set(_COLLECTOR_KINDS):
         out.append("event")
@@ -85,9 +88,9 @@ def read_events(store: Store, query: EventQuery) -> list[fleet_pb2.HistoryEvent]
         filters["cluster"] = list(query.clusters)
     if query.gpus:
         filters["gpu"] = [str(g) for g in query.gpus]
-    kinds, xids = set(query.kinds or EVENT_KINDS), set(query.xids)
+    kinds, xids = _kinds(query), set(query.xids)
     points: list[Point] = []
-    for measurement in _measurements(query):
+    for measurement in _measurements(kinds):
         for p in store.query_points(measurement, query.start_unix_ns, query.end_unix_ns, filters):
             if measurement == "event":
                 if p.tags.get("kind") not in kinds:

@@ -418,3 +418,11 @@ def test_scheduler_name_settings_refuse_what_cannot_work(tmp_path: Path) -> None
         AggregatorConfig(scheduler_names_file=str(clash))
     with pytest.raises(ValueError, match="cannot be read"):
         AggregatorConfig(scheduler_names_file=str(tmp_path / "missing.toml"))
+    not_a_table = tmp_path / "flat.toml"
+    not_a_table.write_text('nodes = "n1"\n')
+    with pytest.raises(ValueError, match=r"\[nodes\] must map collector node names"):
+        AggregatorConfig(scheduler_names_file=str(not_a_table))
+    empty = tmp_path / "empty.toml"
+    empty.write_text('[nodes]\na = ""\n')
+    with pytest.raises(ValueError, match=r"\['a'\] is not"):
+        AggregatorConfig(scheduler_names_file=str(empty))

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import re
 import tomllib
+from collections import Counter
 from pathlib import Path
 
 from gpufleet.repair.backends.base import Backend, DrainProgress, NotOurs, Observed
@@ -45,10 +46,10 @@ class SchedulerNames:
         self._replace = replace
         self._table = dict(table or {})
         self._reverse: dict[str, str] = {v: k for k, v in self._table.items()}
-        clashes = [v for v in self._table.values() if list(self._table.values()).count(v) > 1]
+        clashes = sorted(name for name, n in Counter(self._table.values()).items() if n > 1)
         if clashes:
             raise NameMapError(
-                f"scheduler_names_file maps several collector nodes to {sorted(set(clashes))[0]!r}: "
+                f"scheduler_names_file maps several collector nodes to {clashes[0]!r}: "
                 "each scheduler node must belong to one collector node"
             )
 
@@ -61,7 +62,11 @@ class SchedulerNames:
             except (OSError, tomllib.TOMLDecodeError) as exc:
                 raise NameMapError(f"scheduler_names_file={table_file!r} cannot be read: {exc}") from exc
             nodes = data.get("nodes", {})
-            bad = [k for k, v in nodes.items() if not isinstance(v, str) or not v]
+            bad = (
+                [k for k, v in nodes.items() if not isinstance(v, str) or not v]
+                if isinstance(nodes, dict)
+                else []
+            )
             if not isinstance(nodes, dict) or bad:
                 raise NameMapError(
                     f"scheduler_names_file={table_file!r}: [nodes] must map collector node names to "
