@@ -103,7 +103,9 @@ def gpu_row(g: telemetry_pb2.GpuSample) -> list[str]:
     ]
 
 
-def print_node(detail: fleet_pb2.NodeDetail, as_json: bool) -> None:
+def print_node(detail: fleet_pb2.NodeDetail, stored: fleet_pb2.EventsResponse, as_json: bool) -> None:
+    """stored: the node's events of the last day from history (they outlive an aggregator
+    restart; detail.recent_events is the aggregator's memory since it started)."""
     s = detail.summary
     row = node_row(s)
     events = [
@@ -123,6 +125,7 @@ def print_node(detail: fleet_pb2.NodeDetail, as_json: bool) -> None:
             driver_version=s.driver_version,
             engines=[message_fields(e) for e in detail.engines],
             recent_events=events,
+            events=[event_row(e) for e in stored.events],
             collector_stats=message_fields(detail.collector_stats),
         )
         print(json.dumps(row, indent=2))
@@ -183,15 +186,21 @@ def print_node(detail: fleet_pb2.NodeDetail, as_json: bool) -> None:
         f"{st.reports_rejected_total} rejected, {st.reconnects_total} reconnects, "
         f"{st.sample_errors_total} NVML errors, last sample took {st.sample_duration_s * 1000:.1f} ms"
     )
-    if events:
-        print("\nrecent events:")
-        for e in events[-10:]:
-            gpu = f"GPU {e['gpu_index']}" if "gpu_index" in e else "node"
-            kind = e["kind"].removeprefix("EVENT_KIND_")
-            what = f"XID {e['xid']}" if kind == "XID" else kind
-            if int(e.get("count", 1)) > 1:  # a folded storm (collector/xid_fold.py)
-                what += f" x{int(e['count'])} since {iso(int(e['first_time_unix_ns']))}"
-            print(f"  {e['time']}  {what}  {gpu}  {e.get('message', '')}")
+    if stored.events:
+        shown = stored.events[-20:]
+        earlier = len(stored.events) - len(shown)
+        print(
+            f"\nevents since {iso(stored.start_unix_ns)} (from history"
+            + (
+                f"; {earlier} earlier not shown, `gpufleet events --node {s.node}` lists them"
+                if earlier
+                else ""
+            )
+            + "):"
+        )
+        for e in shown:
+            gpu = f"GPU {e.gpu_index}" if e.HasField("gpu_index") else "node"
+            print(f"  {iso(e.time_unix_ns)}  {event_what(e)}  {gpu}  {e.summary[:100]}")
 
 
 def history_request(args: Any) -> fleet_pb2.HistoryRequest:
@@ -394,7 +403,11 @@ def run(client: FleetClient, args: Any) -> None:
             client.call("ListNodes", fleet_pb2.ListNodesRequest(clusters=args.cluster or [])), args.json
         )
     elif args.command == "node":
-        print_node(client.call("GetNode", fleet_pb2.GetNodeRequest(node=args.name)), args.json)
+        detail = client.call("GetNode", fleet_pb2.GetNodeRequest(node=args.name))
+        stored = client.call(
+            "QueryEvents", fleet_pb2.EventsRequest(nodes=[args.name], start_unix_ns=parse_time_ns("24h"))
+        )
+        print_node(detail, stored, args.json)
     elif args.command == "history":
         print_history(client.call("QueryHistory", history_request(args)), _output(args))
     elif args.command == "events":

@@ -271,6 +271,12 @@ def test_node_page_events_survive_an_aggregator_restart(
     assert rows and {r["kind"] for r in rows} == {"repair"} and {r["node"] for r in rows} == {"dash-2"}
     assert "XID 79" in events("--node", "dash-2")
     assert events("--node", "dash-1", "--kind", "xid").startswith("no events in")
+    shown = gpufleet_cli(again, cluster, "viewer", "node", "dash-2")
+    assert shown.returncode == 0 and "(from history" in shown.stdout and "XID 79" in shown.stdout
+    times = [line.split()[0] for line in shown.stdout.split("(from history")[1].splitlines()[1:] if line]
+    assert times == sorted(times), "oldest first, newest last"
+    as_json = json.loads(gpufleet_cli(again, cluster, "viewer", "node", "dash-2", "--json").stdout)
+    assert "XID 79" in {e["what"] for e in as_json["events"]} and as_json["recent_events"] == []
     bad = gpufleet_cli(again, cluster, "viewer", "events", "--since", "1h", "--until", "2h")
     assert bad.returncode == 2 and "must be before end" in bad.stderr
 
