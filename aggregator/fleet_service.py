@@ -56,6 +56,20 @@ def default_step_ns(span_ns: int, target_buckets: int = 300) -> int:
     return int(want_s) * 1_000_000_000
 
 
+def _time_range(start_ns: int, end_ns: int, default_span_s: int) -> tuple[int, int]:
+    """A history range from a request: end 0 is now, start 0 is default_span_s before the end.
+    Refused unless 0 <= start < end (times are nanoseconds since 1970: a negative one, which
+    the wire allows, would also take the default start past what a store's integers hold)."""
+    end = end_ns or time.time_ns()
+    start = start_ns or end - default_span_s * 1_000_000_000
+    if not 0 <= start < end:
+        raise _Refused(
+            grpc.StatusCode.INVALID_ARGUMENT,
+            f"start ({start}) must be before end ({end}), both nanoseconds since 1970, not before it",
+        )
+    return start, end
+
+
 class _Refused(Exception):
     def __init__(self, code: grpc.StatusCode, message: str) -> None:
         super().__init__(message)
@@ -185,10 +199,7 @@ class FleetService(fleet_pb2_grpc.FleetServicer):
             )
         if request.aggregate not in fleet_pb2.Aggregate.values():
             raise _Refused(grpc.StatusCode.INVALID_ARGUMENT, f"unknown aggregate {request.aggregate}")
-        end = request.end_unix_ns or time.time_ns()
-        start = request.start_unix_ns or end - 3600 * 1_000_000_000
-        if start >= end:
-            raise _Refused(grpc.StatusCode.INVALID_ARGUMENT, f"start ({start}) must be before end ({end})")
+        start, end = _time_range(request.start_unix_ns, request.end_unix_ns, 3600)
         step = request.step_ns or default_step_ns(end - start)
         if step < 0:
             raise _Refused(grpc.StatusCode.INVALID_ARGUMENT, f"step {step} ns must be positive")
@@ -259,10 +270,7 @@ class FleetService(fleet_pb2_grpc.FleetServicer):
 
     @_rpc("viewer")
     async def QueryEvents(self, request: fleet_pb2.EventsRequest, principal: Principal) -> Any:
-        end = request.end_unix_ns or time.time_ns()
-        start = request.start_unix_ns or end - 24 * 3600 * 1_000_000_000
-        if start >= end:
-            raise _Refused(grpc.StatusCode.INVALID_ARGUMENT, f"start ({start}) must be before end ({end})")
+        start, end = _time_range(request.start_unix_ns, request.end_unix_ns, 24 * 3600)
         unknown = [k for k in request.kinds if k not in EVENT_KINDS]
         if unknown:
             raise _Refused(

@@ -184,3 +184,32 @@ def test_grouped_history_answers_every_group_or_refuses(
     if aggregate == fleet_pb2.AGGREGATE_COUNT:
         # Every sample in the range is in exactly one group's count.
         assert sum(sum(s.values) for s in resp.series) == len(gpu_points)
+
+
+times = st.one_of(st.just(0), st.integers(T0 - 100 * S, T0 + 700 * S), st.integers(-(2**63), 2**63 - 1))
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    start=times,
+    end=times,
+    step=st.one_of(st.just(0), st.integers(-(2**63), 2**63 - 1), st.integers(1, 600 * S)),
+    group_by=st.lists(st.sampled_from(["cluster", "node", "model"]), max_size=2),
+)
+def test_history_over_any_range_answers_or_refuses(
+    fleet: tuple, start: int, end: int, step: int, group_by: list[str]
+) -> None:
+    """Any range and step on the wire: data within the range, or INVALID_ARGUMENT saying why."""
+    stub, meta = fleet
+    request = fleet_pb2.HistoryRequest(
+        metric="util_gpu_pct", start_unix_ns=start, end_unix_ns=end, step_ns=step, group_by=group_by
+    )
+    try:
+        resp = stub.QueryHistory(request, metadata=meta, timeout=30)
+    except grpc.RpcError as exc:
+        assert exc.code() == grpc.StatusCode.INVALID_ARGUMENT, (exc.code(), exc.details())
+        assert exc.details().startswith(("start (", "step ")) or "buckets; the limit is" in exc.details()
+        return
+    assert 0 <= resp.start_unix_ns < resp.end_unix_ns and resp.step_ns > 0
+    for s in resp.series:
+        assert all(resp.start_unix_ns - resp.step_ns < t < resp.end_unix_ns for t in s.times_unix_ns)
