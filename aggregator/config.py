@@ -240,7 +240,10 @@ class AggregatorConfig:
                 "(seconds between whole-fleet scheduler reads)"
             )
         try:
-            self.scheduler_names()
+            # Read and checked once, here; the repair wiring uses this one.
+            self._scheduler_names = SchedulerNames.from_settings(
+                self.scheduler_name_regex, self.scheduler_name_replace, self.scheduler_names_file
+            )
         except NameMapError as exc:
             raise ValueError(str(exc)) from exc
         if self.repair_backend == "hook" and not (self.repair_hook_cordon and self.repair_hook_uncordon):
@@ -266,10 +269,9 @@ class AggregatorConfig:
             raise ValueError(f"replica_advertise={self.replica_advertise!r} must be host:port or empty")
 
     def scheduler_names(self) -> SchedulerNames:
-        """collector node name -> the repair backend's (scheduler_name_*, scheduler_names_file)."""
-        return SchedulerNames.from_settings(
-            self.scheduler_name_regex, self.scheduler_name_replace, self.scheduler_names_file
-        )
+        """collector node name -> the repair backend's (scheduler_name_*, scheduler_names_file),
+        as read when these settings were checked."""
+        return self._scheduler_names
 
     @property
     def replicated(self) -> bool:
