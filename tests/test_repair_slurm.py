@@ -276,6 +276,22 @@ def test_a_persons_cordon_wins_and_their_uncordon_cancels_the_workflow(cluster: 
     assert slurm.state(human)[1] == "alice: checking cables", "the person's reason is untouched"
     assert slurm.state(auto)[1].startswith("gpufleet: ")
 
+    # The person looks once both faults are showing: the lost GPU is seen at the sampling tick after
+    # the XID, and a ticket-only ladder can quarantine the node before that tick (a resume then
+    # would come before the lost GPU was ever a finding, which may rightly cordon it again).
+    wait_until(
+        lambda: (
+            {"xid_79", "gpu_lost"}
+            <= {
+                f["code"]
+                for n in repair_status(agg, cluster)["nodes"]
+                if n["node"] == auto
+                for f in n["findings"]
+            }
+        ),
+        30,
+        "both findings active on the quarantined node",
+    )
     # A person resumes the quarantined node in Slurm: the workflow is cancelled, and the same
     # findings do not cordon it again.
     slurm.scontrol("update", f"NodeName={auto}", "State=RESUME")
