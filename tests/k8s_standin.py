@@ -43,11 +43,12 @@ USER = "system:serviceaccount:gpufleet:gpufleet-aggregator"
 RBAC = Path(__file__).resolve().parent.parent / "deploy" / "kubernetes" / "rbac.yaml"
 
 
-def cluster_role(name: str = "gpufleet-aggregator") -> set[tuple[str, str, str]]:
-    """(API group, resource, verb) the named ClusterRole in deploy/kubernetes/rbac.yaml grants."""
+def cluster_role(name: str = "gpufleet-aggregator", kind: str = "ClusterRole") -> set[tuple[str, str, str]]:
+    """(API group, resource, verb) the named ClusterRole (or namespaced Role) in
+    deploy/kubernetes/rbac.yaml grants."""
     granted = set()
     for doc in yaml.safe_load_all(RBAC.read_text()):
-        if doc and doc.get("kind") == "ClusterRole" and doc["metadata"]["name"] == name:
+        if doc and doc.get("kind") == kind and doc["metadata"]["name"] == name:
             for rule in doc["rules"]:
                 for group in rule["apiGroups"]:
                     for resource in rule["resources"]:
@@ -79,7 +80,9 @@ class KubeStandin:
         self.pdbs: list[dict[str, Any]] = []  # {"namespace", "selector": {labels}, "min_available"}
         self.requests: list[dict[str, Any]] = []
         self.tokens: dict[str, dict[str, Any]] = {}  # issued token -> its claims
-        self.granted = cluster_role()  # what the aggregator's ServiceAccount may do
+        self.granted = cluster_role()  # what the aggregator's ServiceAccount may do anywhere
+        # ... and in its own namespace only (the Role: reading the pods its collectors run in)
+        self.granted_in = {"gpufleet": cluster_role("gpufleet-aggregator", "Role")}
         self.unavailable = False  # while True every request gets 503
         self.forbidden: list[tuple[str, str, str]] = []  # requests RBAC refused
         self._interfere: dict[str, Callable[[dict[str, Any]], None]] = {}
@@ -125,7 +128,9 @@ class KubeStandin:
                                 "the server is currently unable to handle the request",
                             ),
                         )
-                    elif attribute not in standin.granted:
+                    elif attribute not in standin.granted and attribute not in standin.granted_in.get(
+                        _namespace(record), set()
+                    ):
                         standin.forbidden.append(attribute)
                         code, body = 403, _forbidden(record, attribute)
                     else:
@@ -249,10 +254,22 @@ class KubeStandin:
             if gone_at is not None and now >= gone_at:
                 del self.pods[key]
 
-    def issue_token(self, namespace: str, service_account: str, pod: str, audiences: list[str]) -> str:
+    def issue_token(
+        self,
+        namespace: str,
+        service_account: str,
+        pod: str,
+        audiences: list[str],
+        expires_in_s: float = 3600.0,
+        bind_uid: bool = True,
+    ) -> str:
         """A projected ServiceAccount token for a pod (a JWT in shape; only this stand-in can
-        read it, as only the real API server can verify a real one)."""
+        read it, as only the real API server can verify a real one). It expires as projected
+        tokens do (`exp`, an hour by default); bind_uid False leaves the pod's uid out of the
+        review, as a token bound to no pod incarnation would."""
         claims = {
+            "exp": int(time.time() + expires_in_s),
+            "bind_uid": bind_uid,
             "aud": audiences,
             "sub": f"system:serviceaccount:{namespace}:{service_account}",
             "kubernetes.io": {
@@ -276,6 +293,10 @@ class KubeStandin:
         status: dict[str, Any] = {"authenticated": False, "user": {}}
         if claims is None:
             status["error"] = "[invalid bearer token, square/go-jose: error in cryptographic primitive]"
+        elif claims["exp"] <= time.time():
+            status["error"] = (
+                "[invalid bearer token, square/go-jose/jwt: validation failed, token is expired (exp)]"
+            )
         elif wanted and not set(wanted) & set(claims["aud"]):
             status["error"] = (
                 f"[invalid bearer token, token audiences {json.dumps(claims['aud'])} is invalid for the "
@@ -300,7 +321,11 @@ class KubeStandin:
                         ],
                         "extra": {
                             "authentication.kubernetes.io/pod-name": [ref["pod"]["name"]],
-                            "authentication.kubernetes.io/pod-uid": [ref["pod"]["uid"]],
+                            **(
+                                {"authentication.kubernetes.io/pod-uid": [ref["pod"]["uid"]]}
+                                if claims["bind_uid"]
+                                else {}
+                            ),
                             "authentication.kubernetes.io/node-name": [pod["spec"]["nodeName"]],
                         },
                     },
@@ -447,6 +472,13 @@ def _attribute(r: dict[str, Any]) -> tuple[str, str, str]:
     resource = parts[0] + (f"/{parts[2]}" if len(parts) > 2 else "")
     verb = "list" if r["verb"] == "GET" and len(parts) == 1 else verbs[r["verb"]]
     return group, resource, verb
+
+
+def _namespace(r: dict[str, Any]) -> str:
+    """The namespace a request is in ("" for cluster-scoped requests)."""
+    segments = r["path"].split("/")
+    parts = segments[3:] if segments[1] == "api" else segments[4:]
+    return parts[1] if len(parts) > 2 and parts[0] == "namespaces" else ""
 
 
 def _forbidden(r: dict[str, Any], attribute: tuple[str, str, str]) -> dict[str, Any]:

@@ -19,6 +19,7 @@ import pytest
 import yaml
 from conftest import Cluster, free_port, wait_until
 from k8s_standin import KubeStandin
+from pki import Pki
 
 from gpufleet.aggregator.k8s_auth import API_CALLS as K8S_AUTH_CALLS
 from gpufleet.protos import fleet_pb2, fleet_pb2_grpc
@@ -57,19 +58,27 @@ def test_every_manifest_validates_against_the_kubernetes_schema() -> None:
     assert component["kind"] == "Component" and component["resources"] == ["influxdb.yaml"]
 
 
-def test_rbac_allows_exactly_what_the_aggregator_calls() -> None:
-    role = by_kind("ClusterRole", "gpufleet-aggregator")
-    granted = {
+def _grants(doc: dict[str, Any]) -> set[tuple[str, str, str]]:
+    return {
         (g, r, v)
-        for rule in role["rules"]
+        for rule in doc["rules"]
         for g in rule["apiGroups"]
         for r in rule["resources"]
         for v in rule["verbs"]
     }
-    assert granted == API_CALLS | K8S_AUTH_CALLS
-    binding = by_kind("ClusterRoleBinding", "gpufleet-aggregator")
+
+
+def test_rbac_allows_exactly_what_the_aggregator_calls() -> None:
+    cluster_wide = _grants(by_kind("ClusterRole", "gpufleet-aggregator"))
+    namespaced = by_kind("Role", "gpufleet-aggregator")
+    assert cluster_wide | _grants(namespaced) == API_CALLS | K8S_AUTH_CALLS
+    # Reading a collector's pod (the token check) is granted in gpufleet only, not cluster-wide.
+    assert namespaced["metadata"]["namespace"] == "gpufleet"
+    assert ("", "pods", "get") in _grants(namespaced) and ("", "pods", "get") not in cluster_wide
     aggregator = by_kind("StatefulSet", "gpufleet-aggregator")
-    assert binding["subjects"][0]["name"] == aggregator["spec"]["template"]["spec"]["serviceAccountName"]
+    account = aggregator["spec"]["template"]["spec"]["serviceAccountName"]
+    for kind in ("ClusterRoleBinding", "RoleBinding"):
+        assert by_kind(kind, "gpufleet-aggregator")["subjects"][0]["name"] == account
 
 
 def test_credentials_live_in_secrets_only() -> None:
@@ -96,61 +105,106 @@ def test_collector_runs_on_gpu_nodes_only_with_what_nvml_and_xids_need() -> None
     assert security["allowPrivilegeEscalation"] is False and "privileged" not in security
     assert {"livenessProbe", "readinessProbe", "resources"} <= set(container)
     assert any(v.get("hostPath", {}).get("path") == "/dev/kmsg" for v in spec["volumes"])
+    assert spec["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    # The TLS Secret reaches a GPU node with its CA only, never the aggregator's key.
+    (tls,) = [v for v in spec["volumes"] if v.get("secret", {}).get("secretName") == "gpufleet-tls"]
+    assert [i["key"] for i in tls["secret"]["items"]] == ["ca.crt"]
+
+
+def test_every_datastore_and_the_dashboard_are_behind_a_network_policy() -> None:
+    """InfluxDB, PostgreSQL and the dashboard take connections only from who needs them; an
+    InfluxDB of ours runs with authentication on."""
+    for path, component, allowed in (
+        (K8S / "components" / "influxdb" / "influxdb.yaml", "influxdb", {"aggregator"}),
+        (K8S / "components" / "postgresql" / "postgresql.yaml", "postgresql", {"aggregator"}),
+        (K8S / "networkpolicy.yaml", "dashboard", set()),
+    ):
+        (policy,) = [
+            d
+            for d in docs(path)
+            if d["kind"] == "NetworkPolicy"
+            and d["spec"]["podSelector"]["matchLabels"]["app.kubernetes.io/component"] == component
+        ]
+        sources = [src for rule in policy["spec"]["ingress"] for src in rule["from"]]
+        pods = {
+            s["podSelector"]["matchLabels"]["app.kubernetes.io/component"]
+            for s in sources
+            if "podSelector" in s
+        }
+        assert pods == allowed, (component, pods)
+        assert policy["spec"]["policyTypes"] == ["Ingress"]
+    influx = {d["kind"]: d for d in docs(K8S / "components" / "influxdb" / "influxdb.yaml")}
+    env = {e["name"]: e for e in influx["StatefulSet"]["spec"]["template"]["spec"]["containers"][0]["env"]}
+    assert env["INFLUXDB_HTTP_AUTH_ENABLED"]["value"] == "true"
+    assert env["INFLUXDB_ADMIN_PASSWORD"]["valueFrom"]["secretKeyRef"]["name"] == "gpufleet-influxdb"
+
+
+UNITS = ("gpufleet-aggregator.service", "gpufleet-collector.service", "gpufleet-gpu-reset.service")
+
+
+def _verify(unit: Path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(["systemd-analyze", "verify", str(unit)], capture_output=True, text=True, env=env)
 
 
 def test_systemd_units_verify(tmp_path: Path) -> None:
     if shutil.which("systemd-analyze") is None:
         pytest.fail("systemd-analyze is missing: scripts/install-test-deps.sh installs Debian's systemd")
     gpufleet = Path(sys.executable).with_name("gpufleet")
-    for unit in SYSTEMD.glob("*.service"):
+    assert sorted(p.name for p in SYSTEMD.glob("*.service")) == sorted(UNITS)
+    for name in UNITS:
+        unit = SYSTEMD / name
         # Only the install path differs from a real host: verify checks that ExecStart exists.
         copy = tmp_path / unit.name
         copy.write_text(unit.read_text().replace("/opt/gpufleet/venv/bin/gpufleet", str(gpufleet)))
-        out = subprocess.run(["systemd-analyze", "verify", str(copy)], capture_output=True, text=True)
+        out = _verify(copy)
         assert out.returncode == 0 and not out.stderr.strip(), f"{unit.name}: {out.stderr}"
         text = unit.read_text()
-        for option in (
-            "NoNewPrivileges=yes",
-            "ProtectSystem=strict",
-            "PrivateTmp=yes",
-            "User=gpufleet",
-            "Restart=on-failure",
-            "EnvironmentFile=",
-        ):
+        for option in ("NoNewPrivileges=yes", "ProtectSystem=strict", "PrivateTmp=yes", "Restart=on-failure"):
             assert option in text, f"{unit.name} lacks {option}"
+        if name != "gpufleet-gpu-reset.service":  # the one unit that runs as root (below)
+            parser = configparser.ConfigParser(strict=False, interpolation=None)
+            parser.read_string(text)
+            assert parser["Service"]["User"] == "gpufleet" and "EnvironmentFile" in parser["Service"], name
+            assert "CAP_SYS_ADMIN" not in " ".join(parser["Service"].values()), f"{name} holds CAP_SYS_ADMIN"
 
 
-def test_the_gpu_reset_drop_in_verifies_and_grants_what_a_reset_needs(tmp_path: Path) -> None:
+def test_the_gpu_reset_helper_alone_holds_cap_sys_admin_and_no_network(tmp_path: Path) -> None:
     if shutil.which("systemd-analyze") is None:
         pytest.fail("systemd-analyze is missing: scripts/install-test-deps.sh installs Debian's systemd")
     gpufleet = Path(sys.executable).with_name("gpufleet")
     units = tmp_path / "units"
     (units / "gpufleet-collector.service.d").mkdir(parents=True)
-    unit = units / "gpufleet-collector.service"
-    unit.write_text(
-        (SYSTEMD / "gpufleet-collector.service")
-        .read_text()
-        .replace("/opt/gpufleet/venv/bin/gpufleet", str(gpufleet))
-    )
+    for name in ("gpufleet-collector.service", "gpufleet-gpu-reset.service"):
+        (units / name).write_text(
+            (SYSTEMD / name).read_text().replace("/opt/gpufleet/venv/bin/gpufleet", str(gpufleet))
+        )
     drop_in = SYSTEMD / "gpufleet-collector.service.d" / "gpu-reset.conf"
     (units / "gpufleet-collector.service.d" / drop_in.name).write_text(drop_in.read_text())
     # verify reads drop-ins from the unit path: the directory is put on it, and a drop-in with
     # a typo is reported (so the real one is read, not skipped).
     env = {**os.environ, "SYSTEMD_UNIT_PATH": f"{units}:"}
-    out = subprocess.run(["systemd-analyze", "verify", str(unit)], capture_output=True, text=True, env=env)
+    out = _verify(units / "gpufleet-collector.service", env)
     assert out.returncode == 0 and not out.stderr.strip(), out.stderr
     typo = units / "gpufleet-collector.service.d" / "typo.conf"
     typo.write_text("[Service]\nAmbientCapability=CAP_SYS_ADMIN\n")
-    out = subprocess.run(["systemd-analyze", "verify", str(unit)], capture_output=True, text=True, env=env)
+    out = _verify(units / "gpufleet-collector.service", env)
     assert "Unknown key" in out.stderr, out.stderr
-    service = configparser.ConfigParser(strict=False, interpolation=None)
-    service.read_string(drop_in.read_text())
-    granted = service["Service"]
-    assert granted["User"] == "root" and "CAP_SYS_ADMIN" in granted["CapabilityBoundingSet"]
-    assert (
-        "CAP_SYS_ADMIN" in granted["AmbientCapabilities"] and "CAP_SYSLOG" in granted["AmbientCapabilities"]
-    )
-    assert "--gpu-reset -i {gpu_index}" in granted["Environment"]
+    typo.unlink()
+    drop = configparser.ConfigParser(strict=False, interpolation=None)
+    drop.read_string(drop_in.read_text())
+    # The drop-in gives the collector no privilege: only the helper's socket.
+    granted = " ".join(drop["Service"].values())
+    assert "CAP_SYS_ADMIN" not in granted and "User" not in drop["Service"], granted
+    assert drop["Unit"]["Wants"] == "gpufleet-gpu-reset.service"
+    helper = configparser.ConfigParser(strict=False, interpolation=None)
+    helper.read_string((SYSTEMD / "gpufleet-gpu-reset.service").read_text())
+    service = helper["Service"]
+    assert service["CapabilityBoundingSet"] == "CAP_SYS_ADMIN" == service["AmbientCapabilities"]
+    assert service["PrivateNetwork"] == "yes" and service["RestrictAddressFamilies"] == "AF_UNIX"
+    assert service["Group"] == "gpufleet", "the socket is the collector's group's to open"
+    socket_dir = f"/run/{service['RuntimeDirectory']}/"
+    assert socket_dir in service["ExecStart"] and "--gpu-reset -i {gpu_index}" in service["ExecStart"]
+    assert f"GPUFLEET_COLLECTOR_RESET_SOCKET={socket_dir}gpu-reset.sock" in drop["Service"]["Environment"]
 
 
 def _json_patch(doc: dict[str, Any], ops: list[dict[str, Any]]) -> dict[str, Any]:
@@ -169,7 +223,7 @@ def _json_patch(doc: dict[str, Any], ops: list[dict[str, Any]]) -> dict[str, Any
     return doc
 
 
-def test_the_gpu_reset_component_patches_the_collector_into_a_valid_daemonset() -> None:
+def test_the_gpu_reset_component_adds_a_helper_and_leaves_the_collector_unprivileged() -> None:
     import kubernetes_validate
 
     component = yaml.safe_load((K8S / "components" / "gpu-reset" / "kustomization.yaml").read_text())
@@ -179,11 +233,20 @@ def test_the_gpu_reset_component_patches_the_collector_into_a_valid_daemonset() 
     assert patch["target"] == {"kind": "DaemonSet", "name": "gpufleet-collector"}
     patched = _json_patch(daemonset, yaml.safe_load(patch["patch"]))
     kubernetes_validate.validate(patched, "1.33.0", strict=True)
-    (container,) = patched["spec"]["template"]["spec"]["containers"]
-    assert container["securityContext"]["capabilities"]["add"] == ["SYSLOG", "SYS_ADMIN"]
-    env = {e["name"]: e.get("value") for e in container["env"]}
-    assert env["GPUFLEET_COLLECTOR_RESET_COMMAND"] == "nvidia-smi --gpu-reset -i {gpu_index}"
-    assert env["NVIDIA_DRIVER_CAPABILITIES"] == "utility", "nvidia-smi is mounted by the toolkit"
+    collector, helper = patched["spec"]["template"]["spec"]["containers"]
+    # The network-facing collector keeps what telemetry needs and nothing more.
+    assert collector["securityContext"]["capabilities"] == {"drop": ["ALL"], "add": ["SYSLOG"]}
+    assert "ports" not in helper, "the helper listens on nothing but its Unix socket"
+    assert helper["securityContext"]["capabilities"] == {"drop": ["ALL"], "add": ["SYS_ADMIN"]}
+    env = {e["name"]: e.get("value") for e in collector["env"]}
+    socket_path = env["GPUFLEET_COLLECTOR_RESET_SOCKET"]
+    assert "GPUFLEET_COLLECTOR_RESET_COMMAND" not in env
+    assert helper["args"][:3] == ["gpu-reset-helper", "--socket", socket_path]
+    assert helper["args"][3:] == ["--reset-command", "nvidia-smi --gpu-reset -i {gpu_index}"]
+    shared = {m["name"]: m["mountPath"] for m in helper["volumeMounts"]}
+    assert {m["name"]: m["mountPath"] for m in collector["volumeMounts"]}["gpu-reset"] == shared["gpu-reset"]
+    assert socket_path.startswith(shared["gpu-reset"] + "/")
+    assert {e["name"]: e["value"] for e in helper["env"]}["NVIDIA_DRIVER_CAPABILITIES"] == "utility"
 
 
 def test_dockerfile_passes_hadolint() -> None:
@@ -216,14 +279,43 @@ def config_file(argv: list[str], tmp: Path, text: str) -> list[str]:
     return [str(copy) if a == "/etc/gpufleet/gpufleet.toml" else a for a in argv]
 
 
-class FleetAt:
-    """The Fleet API of an aggregator started from the deploy files."""
+TLS_MOUNT = "/etc/gpufleet/tls/"  # where the manifests and units keep certificates
 
-    def __init__(self, address: str) -> None:
+
+def tls_mount(tmp: Path) -> Path:
+    """What the deploy files expect at TLS_MOUNT, made by a throwaway CA: the aggregator's
+    certificate (for 127.0.0.1 here, and the name the replicas check) under both names the files
+    use (cert-manager's tls.crt/tls.key on Kubernetes, aggregator.crt/.key on bare metal)."""
+    pki = Pki(tmp / "pki")
+    key, cert = pki.issue("aggregator", "IP:127.0.0.1,DNS:localhost,DNS:gpufleet-aggregator.gpufleet.svc")
+    mount = tmp / "tls"
+    mount.mkdir(exist_ok=True)
+    for src, names in (
+        (cert, ("tls.crt", "aggregator.crt")),
+        (key, ("tls.key", "aggregator.key")),
+        (pki.ca, ("ca.crt",)),
+    ):
+        for name in names:
+            shutil.copy(src, mount / name)
+    return mount
+
+
+def mounted(values: dict[str, str], mount: Path) -> dict[str, str]:
+    """Paths under TLS_MOUNT in these settings, as the volume mount puts them."""
+    return {k: v.replace(TLS_MOUNT, f"{mount}/") for k, v in values.items()}
+
+
+class FleetAt:
+    """The Fleet API of an aggregator started from the deploy files (TLS, as they configure it)."""
+
+    def __init__(self, address: str, tls: Path) -> None:
         self.address = address
+        self.ca = (tls / "ca.crt").read_bytes()
 
     def fleet_stub(self) -> fleet_pb2_grpc.FleetStub:
-        return fleet_pb2_grpc.FleetStub(grpc.insecure_channel(self.address))
+        return fleet_pb2_grpc.FleetStub(
+            grpc.secure_channel(self.address, grpc.ssl_channel_credentials(self.ca))
+        )
 
 
 def reported(agg: Any, cluster: Cluster, node: str) -> bool:
@@ -254,7 +346,9 @@ def test_systemd_units_start_the_components_as_written(cluster: Cluster) -> None
     )
     assert set(agg_env) >= {"GPUFLEET_AGGREGATOR_DATA_DIR", "GPUFLEET_AGGREGATOR_SECRETS_FILE"}
     toml = (SYSTEMD / "gpufleet.toml").read_text()
-    start(cluster, "aggregator", config_file(agg_argv, cluster.tmp, toml), agg_env)
+    tls = tls_mount(cluster.tmp)
+    assert agg_env["GPUFLEET_AGGREGATOR_TLS_CERT"].startswith(TLS_MOUNT)
+    start(cluster, "aggregator", config_file(agg_argv, cluster.tmp, toml), mounted(agg_env, tls))
     col_argv, col_env = unit("gpufleet-collector.service")
     token = cluster.tmp / "collector.token"
     token.write_text(cluster.secrets.collector_token("slurm-gpu-01"))
@@ -270,8 +364,9 @@ def test_systemd_units_start_the_components_as_written(cluster: Cluster) -> None
             "GPUFLEET_COLLECTOR_SIMULATE": "true",  # no GPU here
         }
     )
-    start(cluster, "collector", config_file(col_argv, cluster.tmp, toml), col_env)
-    agg = FleetAt(f"127.0.0.1:{fleet}")
+    assert col_env["GPUFLEET_COLLECTOR_TLS_CA"].startswith(TLS_MOUNT)
+    start(cluster, "collector", config_file(col_argv, cluster.tmp, toml), mounted(col_env, tls))
+    agg = FleetAt(f"127.0.0.1:{fleet}", tls)
     wait_until(lambda: reported(agg, cluster, "slurm-gpu-01"), 60, "reports from the unit-started collector")
 
 
@@ -291,7 +386,10 @@ def test_kubernetes_manifests_start_the_components_as_written(cluster: Cluster) 
     kube.add_node("k8s-gpu-node-1")
     kube.add_pod("gpufleet", "gpufleet-collector-x7k2p", "k8s-gpu-node-1", owner_kind="DaemonSet")
     ingest, fleet = free_port(), free_port()
+    tls = tls_mount(cluster.tmp)
     toml = by_kind("ConfigMap", "gpufleet-config")["data"]["gpufleet.toml"]
+    assert f'tls_cert = "{TLS_MOUNT}tls.crt"' in toml and f'tls_ca = "{TLS_MOUNT}ca.crt"' in toml
+    toml = toml.replace(TLS_MOUNT, f"{tls}/")  # the Secret gpufleet-tls, mounted
     agg_container = by_kind("StatefulSet", "gpufleet-aggregator")["spec"]["template"]["spec"]["containers"][0]
     agg_env = container_env(agg_container, {})
     agg_env.update(
@@ -331,7 +429,7 @@ def test_kubernetes_manifests_start_the_components_as_written(cluster: Cluster) 
         }
     )
     start(cluster, "collector", config_file(col_container["args"], cluster.tmp, toml), col_env)
-    agg = FleetAt(f"127.0.0.1:{fleet}")
+    agg = FleetAt(f"127.0.0.1:{fleet}", tls)
     wait_until(
         lambda: reported(agg, cluster, "k8s-gpu-node-1"), 60, "reports from the manifest-started collector"
     )
@@ -390,7 +488,8 @@ def test_the_replicas_component_starts_replicas_that_elect_one_leader(
     cluster: Cluster, pg_url: str, influxd: str
 ) -> None:
     kube = KubeStandin()
-    toml = by_kind("ConfigMap", "gpufleet-config")["data"]["gpufleet.toml"]
+    tls = tls_mount(cluster.tmp)
+    toml = by_kind("ConfigMap", "gpufleet-config")["data"]["gpufleet.toml"].replace(TLS_MOUNT, f"{tls}/")
     _, deployment, _ = replicas_component()
     container = deployment["spec"]["template"]["spec"]["containers"][0]
     fleets = []
@@ -419,7 +518,7 @@ def test_the_replicas_component_starts_replicas_that_elect_one_leader(
             }
         )
         start(cluster, pod, config_file(container["args"], cluster.tmp, toml), env)
-        fleets.append(FleetAt(f"127.0.0.1:{fleet}"))
+        fleets.append(FleetAt(f"127.0.0.1:{fleet}", tls))
     meta = (("authorization", f"Bearer {cluster.secrets.tokens['viewer']}"),)
 
     def statuses() -> list[Any] | None:
