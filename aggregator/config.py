@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from gpufleet.aggregator.node_budget import BudgetLimits
 from gpufleet.aggregator.store import Store, open_store
 from gpufleet.repair.backends.names import NameMapError, SchedulerNames
 
@@ -46,14 +47,55 @@ class AggregatorConfig:
         730 * 86400.0, "how long 1-hour roll-ups are kept (InfluxDB: retention policy gpufleet_1h)"
     )
     retention_s: float = _setting(14 * 86400.0, "how long raw history is kept, in seconds")
-    tls_cert: str = _setting("", "PEM certificate: serve both gRPC ports with TLS")
+    tls_cert: str = _setting(
+        "",
+        "PEM certificate: serve both gRPC ports with TLS (needed to listen on any address but "
+        "loopback, unless allow_plaintext)",
+    )
     tls_key: str = _setting("", "PEM private key for tls_cert")
+    tls_client_ca: str = _setting(
+        "",
+        "PEM CA bundle that signs collector client certificates (collector_auth = mtls): the ingest "
+        "port then requires one, and its CN or DNS name is the node",
+    )
+    tls_server_name: str = _setting(
+        "",
+        "the name in the replicas' certificate that one replica checks when it forwards a repair call "
+        "to the leader at its pod address (e.g. gpufleet-aggregator.gpufleet.svc); empty: the address",
+    )
+    allow_plaintext: bool = _setting(
+        False,
+        "listen on a non-loopback address without TLS (bearer tokens and GPU-reset commands then "
+        "cross the network in clear): only on a network you trust",
+    )
     max_report_bytes: int = _setting(
         1024 * 1024,
         "largest report accepted; larger ones are rejected with RESOURCE_EXHAUSTED",
     )
     max_clock_skew_s: float = _setting(300.0, "how far ahead of the aggregator's clock a report may be")
-    hello_timeout_s: float = _setting(30.0, "a collector stream that sends no hello within this is refused")
+    hello_timeout_s: float = _setting(
+        10.0, "an authenticated collector stream that sends no hello within this is refused"
+    )
+    max_streams: int = _setting(
+        50_000, "collector streams open at once (authenticated or not); more are refused"
+    )
+    max_streams_per_peer: int = _setting(
+        256, "collector streams open at once from one peer address (a NAT in front of many nodes: raise it)"
+    )
+    node_reports_per_s: float = _setting(
+        50.0, "reports a second one node may send on average; faster, its stream is read more slowly"
+    )
+    node_report_burst: int = _setting(
+        4000, "reports one node may send at once above that rate (a collector replaying its buffer)"
+    )
+    node_bytes_per_s: float = _setting(262144.0, "report bytes a second one node may send on average")
+    node_byte_burst: int = _setting(16 * 1024 * 1024, "report bytes one node may send at once above that")
+    max_series_per_node: int = _setting(
+        256,
+        "distinct series (GPUs by index, uuid, model; engines by name, model, port) one node may make "
+        "within series_window_s; a hello or report past it is refused",
+    )
+    series_window_s: float = _setting(86400.0, "the window of max_series_per_node, in seconds")
     ingest_workers: int = _setting(
         0,
         "processes that decode, validate and store reports (0: the main process does it; N: N "
@@ -68,7 +110,8 @@ class AggregatorConfig:
         "hmac",
         "how collectors prove their node: hmac (per-node tokens from `gpufleet auth collector-token`), "
         "kubernetes (a projected ServiceAccount token checked with TokenReview and its pod's node), "
-        "or both, comma-separated",
+        "mtls (a client certificate whose CN or DNS name is the node; needs tls_client_ca), or "
+        "several, comma-separated",
     )
     collector_k8s_audience: str = _setting(
         "gpufleet-aggregator", "kubernetes collector auth: the audience the projected token must carry"
@@ -206,9 +249,32 @@ class AggregatorConfig:
         if not 1 <= self.ack_watchdog_s <= 3600:
             raise ValueError(f"ack_watchdog_s={self.ack_watchdog_s:g} must be between 1 and 3600")
         modes = self.collector_auth_modes
-        if not modes or not modes <= {"hmac", "kubernetes"}:
+        if not modes or not modes <= {"hmac", "kubernetes", "mtls"}:
             raise ValueError(
-                f"collector_auth={self.collector_auth!r}: use hmac, kubernetes or hmac,kubernetes"
+                f"collector_auth={self.collector_auth!r}: use hmac, kubernetes, mtls or several, "
+                "comma-separated"
+            )
+        if ("mtls" in modes) != bool(self.tls_client_ca) or ("mtls" in modes and not self.tls_cert):
+            raise ValueError(
+                "collector_auth = mtls needs tls_cert, tls_key and tls_client_ca (the CA that signs the "
+                "collectors' certificates), and tls_client_ca is only for collector_auth = mtls"
+            )
+        if not 1 <= self.max_streams_per_peer <= self.max_streams <= 1_000_000:
+            raise ValueError(
+                f"need 1 <= max_streams_per_peer ({self.max_streams_per_peer}) <= max_streams "
+                f"({self.max_streams}) <= 1000000"
+            )
+        if self.node_reports_per_s <= 0 or self.node_bytes_per_s <= 0:
+            raise ValueError("node_reports_per_s and node_bytes_per_s must be more than 0")
+        if self.node_report_burst < 1 or self.node_byte_burst < 2 * self.max_report_bytes:
+            raise ValueError(
+                f"node_report_burst ({self.node_report_burst}) must be at least 1 and node_byte_burst "
+                f"({self.node_byte_burst}) at least twice max_report_bytes ({self.max_report_bytes})"
+            )
+        if not 8 <= self.max_series_per_node <= 100_000 or self.series_window_s < 60:
+            raise ValueError(
+                f"max_series_per_node={self.max_series_per_node} must be 8..100000 and "
+                f"series_window_s={self.series_window_s:g} at least 60"
             )
         if not 1 <= self.stale_after_intervals < self.silent_after_intervals:
             raise ValueError(
@@ -297,6 +363,17 @@ class AggregatorConfig:
                 if self.store == "influxdb"
                 else {}
             ),
+        )
+
+    def budget_limits(self) -> BudgetLimits:
+        """What one node may cost the ingest (aggregator/node_budget.py)."""
+        return BudgetLimits(
+            self.node_reports_per_s,
+            self.node_report_burst,
+            self.node_bytes_per_s,
+            self.node_byte_burst,
+            self.max_series_per_node,
+            self.series_window_s,
         )
 
     @property

@@ -37,6 +37,7 @@ from gpufleet.aggregator.fleet_state import FleetState
 from gpufleet.aggregator.ingest import IngestService
 from gpufleet.aggregator.repair_wiring import RepairWiring
 from gpufleet.aggregator.supervise import Supervisor
+from gpufleet.common.redact import redact
 from gpufleet.protos import fleet_pb2, ingest_pb2, vocabulary_pb2
 from gpufleet.repair.state import (
     AuditRecord,
@@ -47,7 +48,6 @@ from gpufleet.repair.state import (
     ReplicaInfo,
     StateError,
     Workflow,
-    redact,
 )
 
 log = logging.getLogger("gpufleet.aggregator.control_plane")
@@ -80,6 +80,8 @@ class ControlPlane:
         self.replica = config.replica_name
         self.url = redact(config.control_plane)
         self.tls_cert = config.tls_cert
+        self.tls_server_name = config.tls_server_name
+        self.allow_plaintext = config.allow_plaintext
         self._lease_s = config.leader_lease_s
         self._sync_s = config.live_sync_s
         self._fleet, self._ingest, self._repair, self._supervisor = fleet, ingest, repair, supervisor

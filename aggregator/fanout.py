@@ -22,7 +22,8 @@ from gpufleet.protos import ingest_pb2, telemetry_pb2
 
 log = logging.getLogger("gpufleet.aggregator.fanout")
 
-ReportListener = Callable[[telemetry_pb2.NodeReport, int], None]  # (report, received_unix_ns)
+# (report, received_unix_ns, stream): stream is the ingest stream's number (fleet_state.py), 0 if none
+ReportListener = Callable[[telemetry_pb2.NodeReport, int, int], None]
 CommandListener = Callable[[str, ingest_pb2.CommandResult], None]  # (node, result)
 
 
@@ -30,6 +31,7 @@ CommandListener = Callable[[str, ingest_pb2.CommandResult], None]  # (node, resu
 class _Report:
     report: telemetry_pb2.NodeReport
     received_ns: int
+    stream: int
     queued: float  # monotonic
 
 
@@ -56,8 +58,8 @@ class Fanout:
     def on_command_result(self, name: str, listener: CommandListener) -> None:
         self.command_listeners.append((name, listener))
 
-    def report(self, report: telemetry_pb2.NodeReport, received_ns: int) -> None:
-        self._put(_Report(report, received_ns, time.monotonic()), report.node)
+    def report(self, report: telemetry_pb2.NodeReport, received_ns: int, stream: int = 0) -> None:
+        self._put(_Report(report, received_ns, stream, time.monotonic()), report.node)
 
     def command_result(self, node: str, result: ingest_pb2.CommandResult) -> None:
         self._put(_Command(node, result, time.monotonic()), node)
@@ -89,7 +91,7 @@ class Fanout:
             self._oldest_queued = item.queued
             if isinstance(item, _Report):
                 for name, fn in self.report_listeners:
-                    self._call(name, item.report.node, fn, item.report, item.received_ns)
+                    self._call(name, item.report.node, fn, item.report, item.received_ns, item.stream)
             else:
                 for name, fn in self.command_listeners:
                     self._call(name, item.node, fn, item.node, item.result)

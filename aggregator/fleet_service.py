@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import logging
 import time
@@ -20,7 +21,10 @@ from gpufleet.aggregator.replay_source import history_from_store
 from gpufleet.aggregator.rollups import read_as_stored, route
 from gpufleet.aggregator.schema import METRICS, TAGS
 from gpufleet.aggregator.store import HistoryQuery, Store, StoreError
+from gpufleet.common.net import is_loopback
+from gpufleet.common.redact import redact
 from gpufleet.protos import fleet_pb2, fleet_pb2_grpc
+from gpufleet.protos.credentials import TOKEN_ID_RE
 from gpufleet.protos.names import aggregate_name, health_value
 from gpufleet.repair.controller import RepairController, RepairRefused
 from gpufleet.repair.policy import Policy, PolicyError, load_policy_text
@@ -36,11 +40,15 @@ log = logging.getLogger("gpufleet.aggregator.fleet")
 
 MAX_BUCKETS = 20_000
 _FORWARDED = "x-gpufleet-forwarded-by"  # set on a repair call a replica passed to the leader
+NODES_PAGE = 500  # ListNodes: nodes a page by default
+NODES_PAGE_MAX = 2000
+NODES_PAGE_BYTES = 3 << 20  # ... and a page stops once it is this big (a client takes 4 MiB)
 
 
-def _channel(address: str, tls_ca: bytes | None) -> grpc.aio.Channel:
+def _channel(address: str, tls_ca: bytes | None, server_name: str = "") -> grpc.aio.Channel:
     if tls_ca is not None:
-        return grpc.aio.secure_channel(address, grpc.ssl_channel_credentials(tls_ca))
+        options = [("grpc.ssl_target_name_override", server_name)] if server_name else []
+        return grpc.aio.secure_channel(address, grpc.ssl_channel_credentials(tls_ca), options=options)
     return grpc.aio.insecure_channel(address)
 
 
@@ -93,8 +101,9 @@ def _rpc(
                     result = await fn(self, request, principal)
             except _Refused as r:
                 self._metrics.fleet_requests.labels(method=name, code=r.code.name).inc()
-                log.info("fleet %s refused: %s", name, r.message, extra={"code": r.code.name})
-                await context.abort(r.code, r.message)
+                message = redact(r.message)  # a store's URL or DSN never reaches a client with its password
+                log.info("fleet %s refused: %s", name, message, extra={"code": r.code.name})
+                await context.abort(r.code, message)
             self._metrics.fleet_requests.labels(method=name, code="OK").inc()
             return result
 
@@ -149,18 +158,49 @@ class FleetService(fleet_pb2_grpc.FleetServicer):
 
     @_rpc("viewer")
     async def ListNodes(self, request: fleet_pb2.ListNodesRequest, principal: Principal) -> Any:
+        """The fleet a page at a time, in name order (docs/security.md "Bounded per-node
+        state"): at most page_size nodes and about NODES_PAGE_BYTES, so no fleet and no node's
+        reports can make the answer bigger than a client takes. A GPU's process list is left
+        out here (GetNode has it)."""
+        if request.page_size > NODES_PAGE_MAX:
+            raise _Refused(
+                grpc.StatusCode.INVALID_ARGUMENT, f"page_size {request.page_size} is over {NODES_PAGE_MAX}"
+            )
+        limit = request.page_size or NODES_PAGE
         now = time.time_ns()
         clusters = set(request.clusters)
         wanted = set(request.liveness)
-        nodes = []
+        nodes: list[fleet_pb2.NodeSummary] = []
+        total, size, next_token = 0, 0, ""
         for name in sorted(self._fleet.nodes):
-            summary = self._with_health(self._fleet.summary(self._fleet.nodes[name], now))
-            if clusters and summary.cluster not in clusters:
+            live = self._fleet.nodes[name]
+            if clusters and live.cluster not in clusters:
                 continue
-            if wanted and summary.liveness not in wanted:
+            if wanted and self._fleet.liveness(live, now) not in wanted:
                 continue
+            total += 1
+            if name <= request.page_token or next_token:
+                continue
+            if len(nodes) >= limit or (nodes and size >= NODES_PAGE_BYTES):
+                next_token = nodes[-1].node
+                continue
+            summary = self._with_health(self._viewer_summary(self._fleet.summary(live, now)))
+            size += summary.ByteSize()
             nodes.append(summary)
-        return fleet_pb2.ListNodesResponse(nodes=nodes, server_time_unix_ns=now)
+        return fleet_pb2.ListNodesResponse(
+            nodes=nodes, server_time_unix_ns=now, next_page_token=next_token, total_nodes=total
+        )
+
+    @staticmethod
+    def _viewer_summary(summary: fleet_pb2.NodeSummary, processes: bool = False) -> fleet_pb2.NodeSummary:
+        """What a viewer sees of a node: its collector's boot id only as a digest (the id is
+        what a stream of this node presents: docs/security.md "Masking faults")."""
+        if summary.boot_id:
+            summary.boot_id = "b-" + hashlib.sha256(summary.boot_id.encode()).hexdigest()[:12]
+        if not processes:
+            for gpu in summary.gpus:
+                gpu.ClearField("processes")
+        return summary
 
     @_rpc("viewer")
     async def GetNode(self, request: fleet_pb2.GetNodeRequest, principal: Principal) -> Any:
@@ -172,7 +212,7 @@ class FleetService(fleet_pb2_grpc.FleetServicer):
                 f"({len(self._fleet.nodes)} nodes are); `gpufleet nodes` lists them",
             )
         detail = self._fleet.detail(live)
-        self._with_health(detail.summary)
+        self._with_health(self._viewer_summary(detail.summary, processes=True))
         return detail
 
     @_rpc("viewer")
@@ -378,10 +418,20 @@ class FleetService(fleet_pb2_grpc.FleetServicer):
                 f"{self._shared.lease_info.describe() if self._shared.lease_info else 'unknown'}); "
                 f"a replica takes it within leader_lease_s: try again in a few seconds",
             )
+        if (
+            self._tls_ca is None
+            and not self._shared.allow_plaintext
+            and not is_loopback(address.rpartition(":")[0])
+        ):
+            raise _Refused(
+                grpc.StatusCode.UNAVAILABLE,
+                f"the repair leader {holder} is at {address}, another host, and this replica has no TLS: "
+                "the caller's token is not sent there in clear (set tls_cert, or allow_plaintext)",
+            )
         metadata = [(k, v) for k, v in context.invocation_metadata() if k == "authorization"]
         metadata.append((_FORWARDED, self._shared.replica))
         try:
-            async with _channel(address, self._tls_ca) as channel:
+            async with _channel(address, self._tls_ca, self._shared.tls_server_name) as channel:
                 stub = fleet_pb2_grpc.FleetStub(channel)
                 return await getattr(stub, name)(request, metadata=metadata, timeout=60)
         except grpc.aio.AioRpcError as exc:
@@ -515,6 +565,38 @@ class FleetService(fleet_pb2_grpc.FleetServicer):
     @_rpc("operator", forward=True)
     async def Uncordon(self, request: fleet_pb2.CordonRequest, principal: Principal) -> Any:
         return await self._manual("uncordon", request, principal)
+
+    @_rpc("operator")
+    async def RevokeCollectorToken(self, request: fleet_pb2.RevokeTokenRequest, principal: Principal) -> Any:
+        """Put one collector token on the revocation list in the control plane (every replica
+        reads it within seconds: aggregator/server.py `revocation_loop`); audited."""
+        if not TOKEN_ID_RE.fullmatch(request.token_id):
+            raise _Refused(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"token id {request.token_id[:80]!r} is not one: `gpufleet auth collector-token` prints it",
+            )
+        if not request.reason.strip():
+            raise _Refused(grpc.StatusCode.INVALID_ARGUMENT, "a revocation needs a reason (--reason TEXT)")
+        records = self._repair_records()
+        try:
+            added = await asyncio.to_thread(
+                records.revoke_collector_token,
+                request.token_id,
+                request.node,
+                principal.name,
+                request.reason.strip()[:300],
+            )
+            revoked = await asyncio.to_thread(records.revoked_collector_tokens)
+        except StateError as exc:
+            raise _Refused(grpc.StatusCode.UNAVAILABLE, f"revocation not recorded: {exc}") from exc
+        log.warning(
+            "collector token %s revoked by %s: %s",
+            request.token_id,
+            principal.name,
+            request.reason.strip(),
+            extra={"node": request.node},
+        )
+        return fleet_pb2.RevokeTokenResponse(newly_revoked=added, revoked_total=len(revoked))
 
     @_rpc("operator", forward=True)
     async def ResetBreaker(self, request: fleet_pb2.ResetBreakerRequest, principal: Principal) -> Any:

@@ -1,6 +1,14 @@
 """The live view of the fleet: for each node, when it was last heard, its liveness and the
 latest sample of every GPU and engine. Updated only with reports that are already durable,
-so the view never shows what the store does not hold."""
+so the view never shows what the store does not hold.
+
+Every node is untrusted (docs/security.md), so what one node's reports can do here is bounded
+and its own: a node's engines are the ones its latest sampling report carries (an engine it
+stopped reporting is dropped, so renaming engines cannot grow the view); its events are the
+last 100, each listed once; and the live values follow the node's *current* stream: a report
+of a stream that a newer one superseded never overwrites the newer stream's values, and each
+stream starts its sequence anew, so one report with a huge seq (or a time far ahead) cannot
+freeze the view the repair controller reads."""
 
 from __future__ import annotations
 
@@ -11,6 +19,34 @@ from dataclasses import dataclass, field
 
 from gpufleet.aggregator.store import Point
 from gpufleet.protos import fleet_pb2, ingest_pb2, telemetry_pb2, vocabulary_pb2
+
+RECENT_EVENTS = 100
+
+
+class RecentEvents(deque[telemetry_pb2.Event]):
+    """A node's newest events (at most RECENT_EVENTS), each listed once: an event sent again (a
+    replayed report; a kernel-log XID resent after a collector crash, collector/kmsg_cursor.py)
+    is the same event (same kind, source, time, GPU, XID, count, kernel record) and is not added
+    twice. Membership is a set lookup, so a report of a thousand events costs a thousand."""
+
+    def __init__(self, events: Iterable[telemetry_pb2.Event] = ()) -> None:
+        super().__init__(maxlen=RECENT_EVENTS)
+        self._keys: dict[bytes, int] = {}
+        for event in events:
+            self.add(event)
+
+    def add(self, event: telemetry_pb2.Event) -> None:
+        key = event.SerializeToString(deterministic=True)
+        if key in self._keys:
+            return
+        if len(self) == RECENT_EVENTS:
+            old = self[0].SerializeToString(deterministic=True)
+            if self._keys[old] == 1:
+                del self._keys[old]
+            else:
+                self._keys[old] -= 1
+        self.append(event)
+        self._keys[key] = self._keys.get(key, 0) + 1
 
 
 @dataclass
@@ -29,9 +65,13 @@ class NodeLive:
     connected: bool = False
     gpus: dict[int, telemetry_pb2.GpuSample] = field(default_factory=dict)
     engines: dict[tuple[str, int], telemetry_pb2.EngineSample] = field(default_factory=dict)
-    events: deque[telemetry_pb2.Event] = field(default_factory=lambda: deque(maxlen=100))
+    events: RecentEvents = field(default_factory=RecentEvents)
     stats: telemetry_pb2.CollectorStats = field(default_factory=telemetry_pb2.CollectorStats)
     replica: str = ""  # another aggregator replica holding the node's stream; "": this one
+    # Whose values the view shows: the newest stream (ingest's stream number), and the seq and
+    # report time it has shown; a new stream starts its seq at 0 and its time at or before now.
+    stream: int = 0
+    order_time_ns: int = 0
 
 
 class FleetState:
@@ -64,12 +104,20 @@ class FleetState:
         """Nodes taken by take_changed() whose state could not be passed on: again next time."""
         self._changed.update(nodes)
 
-    def on_hello(self, hello: ingest_pb2.Hello, heard_ns: int | None = None) -> None:
+    def on_hello(self, hello: ingest_pb2.Hello, heard_ns: int | None = None, stream: int = 0) -> None:
         live = self._node(hello.node)
         self._changed.add(hello.node)
         live.replica = ""  # its stream is here now
         # A hello is hearing from the node: a collector that just connected is not silent.
-        live.last_heard_ns = max(live.last_heard_ns, heard_ns or time.time_ns())
+        now_ns = heard_ns or time.time_ns()
+        live.last_heard_ns = max(live.last_heard_ns, now_ns)
+        if stream:
+            # The values follow this stream from now on: its seqs count from 1 again, and a
+            # report time ahead of the aggregator's clock (a stream it superseded may have sent
+            # one) no longer holds them back.
+            live.stream = max(live.stream, stream)
+            live.last_seq = 0
+            live.order_time_ns = min(live.order_time_ns, now_ns)
         live.cluster = hello.cluster
         live.interval_s = hello.interval_s
         live.simulated = hello.simulated
@@ -87,22 +135,19 @@ class FleetState:
             self.nodes[node].connected = False
             self._changed.add(node)
 
-    def on_report(self, report: telemetry_pb2.NodeReport, heard_ns: int) -> None:
+    def on_report(self, report: telemetry_pb2.NodeReport, heard_ns: int, stream: int = 0) -> None:
         live = self._node(report.node)
         live.last_heard_ns = max(live.last_heard_ns, heard_ns)
         self._changed.add(report.node)
-        if report.boot_id == live.boot_id and report.seq <= live.last_seq:
-            return  # a replay of a report already applied: its events are already listed
-        for event in report.events:
-            # A kernel-log XID sent again after a collector crash (before its acknowledgement
-            # arrived): the same record, already listed (collector/kmsg_cursor.py).
-            if event.kmsg_seq and any(
-                e.kmsg_seq == event.kmsg_seq and e.kernel_boot_id == event.kernel_boot_id for e in live.events
-            ):
-                continue
-            live.events.append(event)
-        if report.time_unix_ns < live.last_report_ns:
-            return  # older than what the view shows: keep the newer live values
+        for event in report.events[-RECENT_EVENTS:]:
+            live.events.add(event)
+        if stream < live.stream:
+            return  # a stream a newer one superseded: the newer one's values stand
+        if stream > live.stream:  # its hello was not seen here (the view was restored meanwhile)
+            live.stream, live.last_seq = stream, 0
+        if report.seq <= live.last_seq or report.time_unix_ns < live.order_time_ns:
+            return  # a replay of a report already applied, or older than what the view shows
+        live.order_time_ns = report.time_unix_ns
         live.last_report_ns = report.time_unix_ns
         live.last_seq = report.seq
         live.cluster = report.cluster
@@ -110,10 +155,12 @@ class FleetState:
         live.stats = report.stats
         if report.gpus:
             live.last_sample_ns = report.time_unix_ns
+        if report.gpus or report.engines:
+            # A sampling report: it carries every engine found at this tick (a report that only
+            # pushes events carries neither), so the engines it does not carry are gone.
+            live.engines = {(eng.engine, eng.port): eng for eng in report.engines}
         for gpu in report.gpus:
             live.gpus[gpu.index] = gpu
-        for eng in report.engines:
-            live.engines[(eng.engine, eng.port)] = eng
 
     def restore(self, collector_points: list[Point], gpu_points: list[Point]) -> None:
         """Seed the view from the store after a restart: every node known, as last seen. A node
@@ -126,7 +173,7 @@ class FleetState:
             restored.add(p.tags["node"])
             live = self._node(p.tags["node"])
             live.cluster = p.tags.get("cluster", "")
-            live.last_report_ns = live.last_heard_ns = p.time_unix_ns
+            live.last_report_ns = live.last_heard_ns = live.order_time_ns = p.time_unix_ns
             live.last_seq = int(p.fields.get("seq", 0))
             live.boot_id = str(p.fields.get("boot_id", ""))
             live.gpu_count = int(p.fields.get("gpu_count", 0))
@@ -169,7 +216,7 @@ class FleetState:
         live.connected = connected
         live.gpus = {g.index: g for g in s.gpus}
         live.engines = {(e.engine, e.port): e for e in detail.engines}
-        live.events = deque(detail.recent_events, maxlen=100)
+        live.events = RecentEvents(detail.recent_events)
         live.stats = detail.collector_stats
         return any(e.time_unix_ns > newest for e in detail.recent_events)
 

@@ -10,43 +10,31 @@ acknowledge out of its Service and an operator's probe says why.
 from __future__ import annotations
 
 import json
-import threading
 from collections.abc import Callable
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+
+from gpufleet.common.bounded_http import BoundedHTTPServer
+from gpufleet.common.bounded_http import serve as serve_routes
 
 
 def serve(
     host: str, port: int, registry: CollectorRegistry, unhealthy: Callable[[], list[str]]
-) -> ThreadingHTTPServer:
-    """Start serving in a daemon thread; the caller shuts the server down."""
+) -> BoundedHTTPServer:
+    """Start serving in a daemon thread (common/bounded_http.py: bounded connections and idle
+    timeouts); the caller shuts the server down."""
 
-    class Handler(BaseHTTPRequestHandler):
-        def do_GET(self) -> None:
-            path = self.path.split("?", 1)[0]
-            if path == "/metrics":
-                self._send(200, CONTENT_TYPE_LATEST, generate_latest(registry))
-            elif path == "/healthz":
-                self._send(200, "text/plain; charset=utf-8", b"ok\n")
-            elif path == "/ready":
-                reasons = unhealthy()
-                body = json.dumps({"ready": not reasons, "reasons": reasons}).encode()
-                self._send(503 if reasons else 200, "application/json", body)
-            else:
-                self._send(404, "text/plain; charset=utf-8", b"not found: try /metrics, /healthz or /ready\n")
+    def ready() -> tuple[int, str, bytes]:
+        reasons = unhealthy()
+        body = json.dumps({"ready": not reasons, "reasons": reasons}).encode()
+        return (503 if reasons else 200), "application/json", body
 
-        def _send(self, status: int, content_type: str, body: bytes) -> None:
-            self.send_response(status)
-            self.send_header("Content-Type", content_type)
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, format: str, *args: object) -> None:
-            return  # probes every few seconds would flood the log
-
-    server = ThreadingHTTPServer((host or "0.0.0.0", port), Handler)
-    server.daemon_threads = True
-    threading.Thread(target=server.serve_forever, name="metrics-http", daemon=True).start()
-    return server
+    return serve_routes(
+        host,
+        port,
+        {
+            "/metrics": lambda: (200, CONTENT_TYPE_LATEST, generate_latest(registry)),
+            "/healthz": lambda: (200, "text/plain; charset=utf-8", b"ok\n"),
+            "/ready": ready,
+        },
+    )

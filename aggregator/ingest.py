@@ -1,10 +1,12 @@
 """The Ingest service: one bidirectional stream per collector.
 
-A stream is: credential check (metadata), Hello (protocol version, node identity bound to
-the credential), then reports. Each report is validated, made durable through the group
--commit writer, and only then acknowledged. A bad report is rejected alone (Reject with a
-gRPC status code and a message); a bad stream (credential, protocol, undecodable bytes)
-is ended with that status. Every refusal is counted by reason and logged with the node.
+A stream is: stream limits (per peer address and in all), the credential (metadata or client
+certificate: who the stream is, checked before a single message is read or decoded), the Hello
+(protocol version, the node the credential proves), then reports. Each report is validated,
+made durable through the group-commit writer, and only then acknowledged. A bad report is
+rejected alone (Reject with a gRPC status code and a message); a bad stream (credential,
+protocol, undecodable bytes) is ended with that status. Every refusal is counted by reason
+and logged with the node.
 """
 
 from __future__ import annotations
@@ -19,10 +21,11 @@ import grpc
 from google.protobuf.message import DecodeError
 
 import gpufleet
-from gpufleet.aggregator.auth import AuthError, CollectorAuth, bearer, is_service_account_token
+from gpufleet.aggregator.auth import AuthError, CollectorAuth, CollectorIdentity
 from gpufleet.aggregator.fanout import Fanout
 from gpufleet.aggregator.fleet_state import FleetState
 from gpufleet.aggregator.metrics import AggregatorMetrics
+from gpufleet.aggregator.node_budget import BudgetLimits, NodeBudgets
 from gpufleet.aggregator.store import StoreError
 from gpufleet.aggregator.store.base import PointsRefused
 from gpufleet.aggregator.validation import Checker, Rejection
@@ -62,6 +65,7 @@ class _End:
 class _Session:
     hello: ingest_pb2.Hello
     peer: str
+    identity: CollectorIdentity
     out: asyncio.Queue[ingest_pb2.AggregatorMessage | _End | None]
     stream_id: int = 0  # this stream's number, as the ingest workers know it
     acks: list[int] = field(default_factory=list)  # seqs durable this turn of the loop, not yet sent
@@ -76,7 +80,58 @@ class IngestLimits:
     max_report_bytes: int = 1024 * 1024
     retention_s: float = 14 * 86400
     max_clock_skew_s: float = 300.0
-    hello_timeout_s: float = 30.0
+    hello_timeout_s: float = 10.0
+    max_streams: int = 50_000  # collector streams open at once, authenticated or not
+    max_streams_per_peer: int = 256  # ... from one peer address
+    budget: BudgetLimits = field(default_factory=BudgetLimits)
+
+
+def peer_host(peer: str) -> str:
+    """The address part of a gRPC peer ("ipv4:10.0.0.5:51234" -> "ipv4:10.0.0.5")."""
+    host, sep, port = peer.rpartition(":")
+    return host if sep and port.isdigit() else peer
+
+
+COMMANDS_PER_NODE = 256  # commands awaiting an answer that one node's book keeps (oldest forgotten)
+COMMAND_ANSWER_S = 3600.0  # an answer later than this is refused (the step timed out long ago)
+
+
+@dataclass
+class _SentCommand:
+    boot_id: str
+    sent: float  # monotonic
+
+
+class CommandBook:
+    """The commands sent to each node's collector and not yet answered (docs/security.md
+    "Commands bound to their node"): an answer is taken only for a command sent to that node,
+    from the same collector boot it was sent to (a later stream of that boot may carry it: a
+    result the broken stream did not), and only once. Anything else is refused and counted."""
+
+    def __init__(self) -> None:
+        self._sent: dict[str, dict[str, _SentCommand]] = {}
+
+    def sent(self, node: str, command_id: str, boot_id: str) -> None:
+        book = self._sent.setdefault(node, {})
+        book[command_id] = _SentCommand(boot_id, time.monotonic())
+        while len(book) > COMMANDS_PER_NODE:
+            del book[next(iter(book))]
+
+    def answer(self, node: str, command_id: str, boot_id: str) -> str:
+        """Why this answer is refused ("" when it is this node's, taken now)."""
+        book = self._sent.get(node, {})
+        sent = book.get(command_id)
+        if sent is None:
+            return f"no command {command_id[:80]!r} was sent to node {node!r} (or it was answered already)"
+        if sent.boot_id != boot_id:
+            return (
+                f"command {command_id[:80]!r} was sent to another collector boot of node {node!r}; "
+                "a restarted collector cannot answer it"
+            )
+        del book[command_id]
+        if time.monotonic() - sent.sent > COMMAND_ANSWER_S:
+            return f"command {command_id[:80]!r} was sent more than {COMMAND_ANSWER_S:g} s ago"
+        return ""
 
 
 class IngestService:
@@ -97,6 +152,11 @@ class IngestService:
         self._limits = limits
         self._streams: dict[str, _Session] = {}
         self._checker = Checker(limits.max_report_bytes, limits.retention_s, limits.max_clock_skew_s)
+        self._budgets = NodeBudgets(limits.budget)
+        self.commands = CommandBook()
+        self._open_total = 0  # streams in the handler now, authenticated or not
+        self._open_by_peer: dict[str, int] = {}
+        self._throttle_logged: dict[str, float] = {}
         # Told of every durable report and every command result, from its own task: the fleet
         # view, the health watch and the repair controller never run on the ack path.
         self.fanout = fanout
@@ -118,6 +178,7 @@ class IngestService:
         session = self._streams.get(node)
         if session is None or session.closed:
             return False
+        self.commands.sent(node, command.id, session.hello.boot_id)
         session.out.put_nowait(ingest_pb2.AggregatorMessage(command=command))
         log.info("command %s sent: %s", command.id, command.WhichOneof("action"), extra={"node": node})
         return True
@@ -137,54 +198,68 @@ class IngestService:
         )
         return _End(code, message)
 
+    async def _identify(self, context: grpc.aio.ServicerContext) -> CollectorIdentity | _End:
+        """Who the stream is, from its metadata and certificate alone: nothing it sends is read
+        before this, so an unauthenticated peer costs no decode and no memory."""
+        try:
+            return await self._auth.identify(context.invocation_metadata(), context.auth_context())
+        except AuthError as exc:
+            return self._refuse("unauthenticated", grpc.StatusCode.UNAUTHENTICATED, str(exc))
+
     async def _open(
         self, requests: AsyncIterator[object], context: grpc.aio.ServicerContext
     ) -> _Session | _End:
-        """Authenticate and read the Hello; a session, or why the stream ends."""
-        try:
-            token = bearer(context.invocation_metadata())
-        except AuthError as exc:
-            return self._refuse("unauthenticated", grpc.StatusCode.UNAUTHENTICATED, str(exc))
+        """Authenticate, then read the Hello; a session, or why the stream ends."""
+        identity = await self._identify(context)
+        if isinstance(identity, _End):
+            return identity
+        node = identity.node
         try:
             first = await asyncio.wait_for(anext(requests), self._limits.hello_timeout_s)
         except (StopAsyncIteration, TimeoutError):
             return self._refuse(
                 "no_hello",
                 grpc.StatusCode.INVALID_ARGUMENT,
-                f"no hello within {self._limits.hello_timeout_s:g} s of opening the stream",
+                f"node {node!r}: no hello within {self._limits.hello_timeout_s:g} s of opening the stream",
+                node,
             )
         if isinstance(first, Malformed):
             return self._refuse(
                 "malformed",
                 grpc.StatusCode.INVALID_ARGUMENT,
-                f"first message ({first.size} bytes) is not a gpufleet.v1.CollectorMessage: {first.error}",
+                f"node {node!r}: first message ({first.size} bytes) is not a gpufleet.v1.CollectorMessage: "
+                f"{first.error}",
+                node,
             )
         if first.WhichOneof("body") != "hello":
             return self._refuse(
                 "no_hello",
                 grpc.StatusCode.INVALID_ARGUMENT,
-                f"the first message must be a hello, got {first.WhichOneof('body')}",
+                f"node {node!r}: the first message must be a hello, got {first.WhichOneof('body')}",
+                node,
             )
         hello = first.hello
         try:
             self._checker.check_hello(hello)
         except Rejection as r:
             return self._refuse(r.reason, r.code, r.message, hello.node)
-        try:
-            await self._auth.check(token, hello.node)
-        except AuthError as exc:
+        if hello.node != node:
             return self._refuse(
                 "unauthenticated",
                 grpc.StatusCode.UNAUTHENTICATED,
-                f"{exc}"
-                + (
-                    ""
-                    if is_service_account_token(token)
-                    else f"; issue one with `gpufleet auth collector-token {hello.node}`"
-                ),
+                f"the credential presented belongs to the collector on node {node!r}, not "
+                f"{hello.node!r}; give {hello.node!r} its own (`gpufleet auth collector-token "
+                f"{hello.node}`)",
                 hello.node,
             )
-        existing = self._streams.get(hello.node)
+        why = self._budgets.admit_series(
+            node, "gpu", ((g.index, g.uuid, g.model, hello.cluster) for g in hello.gpus)
+        )
+        if why:
+            return self._refuse(
+                "series_cap", grpc.StatusCode.RESOURCE_EXHAUSTED, f"node {node!r}: hello refused: {why}", node
+            )
+        existing = self._streams.get(node)
         if existing and existing.hello.boot_id != hello.boot_id:
             interval = existing.hello.interval_s
             quiet_s = time.monotonic() - existing.last_message_monotonic
@@ -192,11 +267,11 @@ class IngestService:
                 return self._refuse(
                     "duplicate_node",
                     grpc.StatusCode.ALREADY_EXISTS,
-                    f"node {hello.node!r} is already streaming from {existing.peer} (collector boot "
-                    f"{existing.hello.boot_id}, last message {quiet_s:.1f} s ago); this second "
-                    f"collector (boot {hello.boot_id}) is refused. Two hosts share this node name "
-                    "or credential.",
-                    hello.node,
+                    f"node {node!r} is already streaming from {existing.peer} (last message "
+                    f"{quiet_s:.1f} s ago); this second collector (boot {hello.boot_id}) is refused. "
+                    "Two hosts share this node name or credential. (The first one's boot id is not "
+                    "told: it is what a stream of that collector presents.)",
+                    node,
                 )
         if existing:
             # The same collector reconnecting, or an old stream gone quiet: the new one wins.
@@ -205,19 +280,62 @@ class IngestService:
             )
         self._next_stream_id += 1
         session = _Session(
-            hello=hello, peer=context.peer(), out=asyncio.Queue(), stream_id=self._next_stream_id
+            hello=hello,
+            peer=context.peer(),
+            identity=identity,
+            out=asyncio.Queue(),
+            stream_id=self._next_stream_id,
         )
-        self._streams[hello.node] = session
+        self._streams[node] = session
         if self._pool is not None:
             self._pool.open_stream(session.stream_id, hello)
-        self._fleet.on_hello(hello)
+        self._fleet.on_hello(hello, stream=session.stream_id)
         return session
+
+    def _close_slot(self, peer: str) -> None:
+        self._open_total -= 1
+        left = self._open_by_peer.pop(peer) - 1
+        if left:
+            self._open_by_peer[peer] = left
+
+    def end_invalid_streams(self) -> int:
+        """End every stream whose credential has expired or been revoked since it opened (called
+        when the revocation list changes); how many were ended."""
+        ended = 0
+        for node, session in list(self._streams.items()):
+            why = self._auth.still_valid(session.identity)
+            if why and not session.closed:
+                session.out.put_nowait(
+                    self._refuse("unauthenticated", grpc.StatusCode.UNAUTHENTICATED, why, node)
+                )
+                ended += 1
+        return ended
 
     async def stream(
         self, requests: AsyncIterator[object], context: grpc.aio.ServicerContext
     ) -> AsyncIterator[ingest_pb2.AggregatorMessage]:
-        opened = await self._open(requests, context)
+        peer = peer_host(context.peer())
+        if self._open_total >= self._limits.max_streams or (
+            self._open_by_peer.get(peer, 0) >= self._limits.max_streams_per_peer
+        ):
+            end = self._refuse(
+                "stream_limit",
+                grpc.StatusCode.RESOURCE_EXHAUSTED,
+                f"too many collector streams: {self._open_by_peer.get(peer, 0)} open from {peer} "
+                f"(max_streams_per_peer {self._limits.max_streams_per_peer}), {self._open_total} in all "
+                f"(max_streams {self._limits.max_streams}); try again later",
+            )
+            await context.abort(end.code, end.message)
+            return
+        self._open_total += 1
+        self._open_by_peer[peer] = self._open_by_peer.get(peer, 0) + 1
+        try:
+            opened = await self._open(requests, context)
+        except BaseException:
+            self._close_slot(peer)
+            raise
         if isinstance(opened, _End):
+            self._close_slot(peer)
             await context.abort(opened.code, opened.message)
             return
         session = opened
@@ -254,6 +372,7 @@ class IngestService:
             if self._pool is not None:
                 self._pool.close_stream(session.stream_id)
             self._metrics.streams_open.dec()
+            self._close_slot(peer)
             if self._streams.get(node) is session:
                 del self._streams[node]
                 self._fleet.on_disconnect(node)
@@ -276,8 +395,15 @@ class IngestService:
                     )
                     return
                 body = msg.WhichOneof("body")
+                expired = self._auth.still_valid(session.identity)
+                if expired:
+                    session.out.put_nowait(
+                        self._refuse("unauthenticated", grpc.StatusCode.UNAUTHENTICATED, expired, node)
+                    )
+                    return
                 try:
                     if body == "report":
+                        await self._pace(node, msg.report)
                         await self._accept(session, msg.report)
                         continue
                     if body == "command_result":
@@ -315,6 +441,25 @@ class IngestService:
         self._send_acks(session)
         session.out.put_nowait(None)
 
+    async def _pace(self, node: str, report: telemetry_pb2.NodeReport) -> None:
+        """Hold the stream back while the node sends faster than its budget (node_budget.py)."""
+        wait_s = self._budgets.pace(node, report.ByteSize())
+        if wait_s <= 0:
+            return
+        self._metrics.throttled.inc()
+        now = time.monotonic()
+        if now - self._throttle_logged.get(node, -1e9) > 60:
+            self._throttle_logged[node] = now
+            log.warning(
+                "node sends faster than its report or byte rate (node_reports_per_s %g, node_bytes_per_s "
+                "%g): its stream is read more slowly (%.2f s now); logged once a minute",
+                self._limits.budget.reports_per_s,
+                self._limits.budget.bytes_per_s,
+                wait_s,
+                extra={"node": node},
+            )
+        await asyncio.sleep(wait_s)  # rate limiting, not synchronisation: the stream waits its turn
+
     def _command_result(self, session: _Session, msg: ingest_pb2.CollectorMessage) -> None:
         node, result = session.hello.node, msg.command_result
         try:
@@ -323,6 +468,14 @@ class IngestService:
             # Nothing to reject on the wire (a result has no seq): counted, logged, not acted on.
             self._metrics.reject(r.reason, r.code.name)
             log.warning("ignored command result: %s", r.message, extra={"node": node, "reason": r.reason})
+            return
+        why = self.commands.answer(node, result.id, session.hello.boot_id)
+        if why:
+            self._metrics.command_results_refused.inc()
+            self._metrics.reject("command_not_ours", grpc.StatusCode.PERMISSION_DENIED.name)
+            log.warning(
+                "refused a command result: %s", why, extra={"node": node, "command_id": result.id[:80]}
+            )
             return
         log.info(
             "command %s on the node ended %s: %s",
@@ -350,6 +503,23 @@ class IngestService:
             )
 
     async def _accept(self, session: _Session, report: telemetry_pb2.NodeReport) -> None:
+        if report.engines:
+            why = self._budgets.admit_series(
+                session.hello.node,
+                "engine",
+                ((e.engine, e.model, e.port, session.hello.cluster) for e in report.engines),
+            )
+            if why:
+                self._reject(
+                    session,
+                    report.seq,
+                    Rejection(
+                        grpc.StatusCode.RESOURCE_EXHAUSTED,
+                        "series_cap",
+                        f"node {session.hello.node!r}: report seq {report.seq} refused: {why}",
+                    ),
+                )
+                return
         if self._pool is not None:
             if not self._pool.has_room:
                 await self._pool.wait_for_room()
@@ -406,7 +576,7 @@ class IngestService:
                 )
             )
             return
-        self.fanout.report(report, time.time_ns())
+        self.fanout.report(report, time.time_ns(), session.stream_id)
         self._metrics.reports_accepted.inc()
         self._metrics.gpu_samples.inc(len(report.gpus))
         if not session.closed:

@@ -8,18 +8,34 @@ ServiceAccount, and reads the pod the token is bound to (`authentication.kuberne
 and `pod-uid` in the review's extra): the pod must still exist with that uid and run on the
 node the collector's hello names. So a token taken from node A's collector can only ever
 report as node A, and a token minted for another audience (or any other ServiceAccount) is
-refused. A positive answer is remembered for `cache_s` (60 s) per token, so reconnect storms
-do not become TokenReview storms; a refusal is not remembered.
+refused. The review must name the pod's uid (a replaced pod's token is refused). A positive
+answer is remembered for `cache_s` (60 s) per token, never past the token's own `exp`, so
+reconnect storms do not become TokenReview storms; a refusal is not remembered. The node comes
+from the token, before the stream's Hello is read (docs/security.md).
 """
 
 from __future__ import annotations
 
+import base64
 import hashlib
+import json
 import threading
 import time
 from typing import Any
 
 from gpufleet.aggregator.auth import AuthError
+
+
+def _jwt_expiry(token: str) -> float:
+    """The `exp` claim (unix seconds) of a JWT the API server has just authenticated; 0 if it
+    has none. Read, not verified: TokenReview verified the token."""
+    try:
+        payload = token.split(".")[1]
+        claims = json.loads(base64.urlsafe_b64decode(payload + "=" * (-len(payload) % 4)))
+        return float(claims.get("exp") or 0)
+    except (IndexError, ValueError, TypeError, AttributeError):
+        return 0.0
+
 
 # What this module calls on the API server, as RBAC names it (the ClusterRole grants exactly
 # these plus the repair backend's; tests/test_deploy.py checks the manifests against both).
@@ -58,7 +74,8 @@ class KubernetesCollectorAuth:
         self._auth_api = kubernetes.client.AuthenticationV1Api(api_client)
         self._core_api = kubernetes.client.CoreV1Api(api_client)
         self._cache_s = cache_s
-        self._cache: dict[str, tuple[float, str]] = {}  # sha256(token) -> (expiry, node)
+        # sha256(token) -> (remembered until, unix s; the pod's node; the token's expiry, ns)
+        self._cache: dict[str, tuple[float, str, int]] = {}
         self._lock = threading.Lock()
 
     def _api_client(self, kubeconfig: str) -> Any:
@@ -70,28 +87,32 @@ class KubernetesCollectorAuth:
             k.config.load_incluster_config(client_configuration=configuration)
         return k.client.ApiClient(configuration)
 
-    def check(self, token: str, node: str) -> None:
-        """Raise AuthError unless token is a live pod's token for this audience, of the
-        collector ServiceAccount, and that pod runs on `node`. Blocking: call from a thread."""
+    def identify(self, token: str) -> tuple[str, int]:
+        """(node, expires_ns) of a live pod's token for this audience, of the collector
+        ServiceAccount; AuthError otherwise. Blocking: call from a thread. A positive answer is
+        remembered for cache_s, never past the token's own expiry (its `exp` claim)."""
         key = hashlib.sha256(token.encode()).hexdigest()
-        now = time.monotonic()
+        now = time.time()
         with self._lock:
             cached = self._cache.get(key)
         if cached and cached[0] > now:
-            if cached[1] != node:
-                raise AuthError(
-                    f"this Kubernetes token belongs to the collector on node {cached[1]!r}, not {node!r}"
-                )
-            return
+            return cached[1], cached[2]
         pod_node = self._review(token)
-        if pod_node != node:
-            raise AuthError(
-                f"this Kubernetes token belongs to the collector on node {pod_node!r}, not {node!r}"
-            )
+        if not pod_node:
+            raise AuthError("the token's pod is not scheduled on a node yet")
+        expires = _jwt_expiry(token)
+        if expires and expires <= now:
+            raise AuthError("the collector's Kubernetes token has expired; the kubelet rotates it: reconnect")
+        expires_ns = int(expires * 1e9) if expires else 0
         with self._lock:
             if len(self._cache) >= _CACHE_MAX:
                 self._cache.clear()
-            self._cache[key] = (now + self._cache_s, pod_node)
+            self._cache[key] = (
+                min(now + self._cache_s, expires or now + self._cache_s),
+                pod_node,
+                expires_ns,
+            )
+        return pod_node, expires_ns
 
     def _review(self, token: str) -> str:
         """The node of the pod the token is bound to, after checking everything else."""
@@ -139,7 +160,12 @@ class KubernetesCollectorAuth:
             ) from exc
         except Exception as exc:
             raise AuthError(f"cannot read the token's pod {self.namespace}/{pod_name}: {exc}") from exc
-        if pod_uid and pod.metadata.uid != pod_uid:
+        if not pod_uid:
+            raise AuthError(
+                f"the token names pod {self.namespace}/{pod_name} but no pod uid: only a projected "
+                "serviceAccountToken (bound to one pod incarnation) is accepted"
+            )
+        if pod.metadata.uid != pod_uid:
             raise AuthError(
                 f"the token's pod {self.namespace}/{pod_name} was replaced (uid {pod.metadata.uid})"
             )

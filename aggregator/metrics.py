@@ -28,6 +28,16 @@ class AggregatorMetrics:
         self.streams_open = Gauge(
             "gpufleet_ingest_streams_open", "collector streams connected now", registry=r
         )
+        self.throttled = Counter(
+            "gpufleet_ingest_throttled_reports",
+            "reports a node sent faster than its report or byte rate allows, held back (not refused)",
+            registry=r,
+        )
+        self.command_results_refused = Counter(
+            "gpufleet_ingest_command_results_refused",
+            "command results refused: not a command this aggregator sent to that node's collector boot",
+            registry=r,
+        )
         self.store_write_seconds = Histogram(
             "gpufleet_store_write_seconds", "time to make one batch durable", registry=r
         )

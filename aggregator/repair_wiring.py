@@ -120,7 +120,7 @@ class RepairWiring:
         ingest.fanout.on_command_result("repair", self.on_command_result)
         self._health_watch = HealthWatch(self.poke)
         ingest.fanout.on_report(
-            "health_watch", lambda report, _received_ns: self._health_watch.on_report(report)
+            "health_watch", lambda report, _received_ns, _stream: self._health_watch.on_report(report)
         )
         self._gauges(r)
 

@@ -10,14 +10,13 @@ import os
 import signal
 import time
 from dataclasses import dataclass
-from http.server import ThreadingHTTPServer
 from pathlib import Path
 
 import grpc
 
 import gpufleet
 from gpufleet.aggregator import rollups
-from gpufleet.aggregator.auth import Authenticator, CollectorAuth
+from gpufleet.aggregator.auth import Authenticator, CollectorAuth, Revocations
 from gpufleet.aggregator.config import AggregatorConfig
 from gpufleet.aggregator.control_plane import ControlPlane
 from gpufleet.aggregator.fanout import Fanout
@@ -32,23 +31,30 @@ from gpufleet.aggregator.store import Store, StoreError
 from gpufleet.aggregator.supervise import Supervisor
 from gpufleet.aggregator.workers import WorkerPool
 from gpufleet.aggregator.writer import GroupCommitWriter
+from gpufleet.common.bounded_http import BoundedHTTPServer
+from gpufleet.common.net import is_loopback
+from gpufleet.common.redact import redact
 from gpufleet.protos import fleet_pb2, fleet_pb2_grpc
-from gpufleet.repair.state import RepairState, open_state
+from gpufleet.repair.state import RepairState, StateError, open_state
 
 log = logging.getLogger("gpufleet.aggregator")
 
 RETENTION_EVERY_S = 600.0
 ROLLUP_EVERY_S = 60.0
-SERVER_OPTIONS = [
-    # Our own size check (max_report_bytes) answers with a precise Reject; this transport
-    # limit only stops what is far beyond it.
-    ("grpc.max_receive_message_length", 16 * 1024 * 1024),
-    ("grpc.max_send_message_length", 64 * 1024 * 1024),
-    ("grpc.keepalive_time_ms", 30_000),
-    ("grpc.keepalive_timeout_ms", 10_000),
-    ("grpc.http2.min_recv_ping_interval_without_data_ms", 10_000),
-    ("grpc.keepalive_permit_without_calls", 1),
-]
+REVOCATIONS_EVERY_S = 5.0
+
+
+def server_options(max_report_bytes: int) -> list[tuple[str, int]]:
+    """Our own size check (max_report_bytes) answers with a precise Reject; the transport limit
+    only stops what is far beyond it (twice that, at least 4 MiB), before it is decoded."""
+    return [
+        ("grpc.max_receive_message_length", max(4 << 20, 2 * max_report_bytes)),
+        ("grpc.max_send_message_length", 64 * 1024 * 1024),
+        ("grpc.keepalive_time_ms", 30_000),
+        ("grpc.keepalive_timeout_ms", 10_000),
+        ("grpc.http2.min_recv_ping_interval_without_data_ms", 10_000),
+        ("grpc.keepalive_permit_without_calls", 1),
+    ]
 
 
 @dataclass
@@ -63,13 +69,30 @@ def _split(address: str) -> tuple[str, int]:
     return host.strip("[]"), int(port)
 
 
-def _add_port(server: grpc.aio.Server, address: str, config: AggregatorConfig) -> str:
+def _add_port(server: grpc.aio.Server, address: str, config: AggregatorConfig, clients: bool = False) -> str:
+    """Listen on address: with TLS when tls_cert is set (clients: also require a collector's
+    client certificate signed by tls_client_ca, collector_auth = mtls); in plaintext only on
+    loopback unless allow_plaintext (docs/security.md "In transit")."""
+    host, _ = _split(address)
     if config.tls_cert:
         creds = grpc.ssl_server_credentials(
-            [(Path(config.tls_key).read_bytes(), Path(config.tls_cert).read_bytes())]
+            [(Path(config.tls_key).read_bytes(), Path(config.tls_cert).read_bytes())],
+            root_certificates=Path(config.tls_client_ca).read_bytes() if clients else None,
+            require_client_auth=clients,
         )
         port = server.add_secure_port(address, creds)
+    elif not is_loopback(host) and not config.allow_plaintext:
+        raise ValueError(
+            f"refusing to listen on {address} without TLS: collector tokens, Fleet API tokens and "
+            "GPU-reset commands would cross the network in clear. Set tls_cert and tls_key (see "
+            "docs/security.md), listen on 127.0.0.1, or set allow_plaintext = true on a network you trust"
+        )
     else:
+        if not is_loopback(host):
+            log.warning(
+                "listening on %s in plaintext (allow_plaintext = true): tokens cross the network in clear",
+                address,
+            )
         port = server.add_insecure_port(address)
     if port == 0:
         raise OSError(f"cannot listen on {address}: is the port in use or the address wrong?")
@@ -93,7 +116,8 @@ class Aggregator:
         config.data_path.mkdir(parents=True, exist_ok=True)
         self.metrics = AggregatorMetrics()
         self.supervisor = Supervisor(self.metrics.registry)
-        self.auth = Authenticator.from_file(config.secrets_path)
+        self.revocations = Revocations()
+        self.auth = Authenticator.from_file(config.secrets_path, self.revocations)
         self.store: Store = config.open_store()
         self.fleet = FleetState(config.stale_after_intervals, config.silent_after_intervals)
         self._restored = self._restore()
@@ -118,21 +142,20 @@ class Aggregator:
             self.fleet,
             self.metrics,
             IngestLimits(
-                config.max_report_bytes, config.retention_s, config.max_clock_skew_s, config.hello_timeout_s
+                config.max_report_bytes,
+                config.retention_s,
+                config.max_clock_skew_s,
+                config.hello_timeout_s,
+                config.max_streams,
+                config.max_streams_per_peer,
+                config.budget_limits(),
             ),
             self.fanout,
             self.pool,
         )
         self.repair = RepairWiring(config, self.fleet, self.ingest, self.metrics, self.writer.write)
 
-        def open_control_plane() -> RepairState:
-            # A connect attempt is bounded well inside the lease: a replica that cannot reach
-            # PostgreSQL learns it before its lease runs out.
-            return open_state(
-                config.control_plane,
-                str(config.data_path / "repair.sqlite3"),
-                connect_timeout_s=min(5.0, config.leader_lease_s / 2),
-            )
+        open_control_plane = self._open_control_plane
 
         # One box: the repair state in SQLite, one repair term from start to stop. Replicas: the
         # shared PostgreSQL, and a term only while this replica holds the lease.
@@ -148,11 +171,21 @@ class Aggregator:
             self.auth, self.fleet, self.store, self.metrics, self.status, self.repair, self.control_plane
         )
         self._servers: list[grpc.aio.Server] = []
-        self._http: ThreadingHTTPServer | None = None
+        self._http: BoundedHTTPServer | None = None
         self._tasks: dict[str, asyncio.Task[None]] = {}  # watched: one that ends is unhealthy
         self._loops: list[asyncio.Task[None]] = []
         self._stopping = False
         self._started = False
+
+    def _open_control_plane(self) -> RepairState:
+        # A connect attempt is bounded well inside the lease: a replica that cannot reach
+        # PostgreSQL learns it before its lease runs out.
+        config = self.config
+        return open_state(
+            config.control_plane,
+            str(config.data_path / "repair.sqlite3"),
+            connect_timeout_s=min(5.0, config.leader_lease_s / 2),
+        )
 
     def _collector_auth(self, config: AggregatorConfig) -> CollectorAuth:
         modes = config.collector_auth_modes
@@ -164,8 +197,8 @@ class Aggregator:
                 config.collector_k8s_audience,
                 config.collector_k8s_service_account,
                 config.collector_k8s_kubeconfig,
-            ).check
-        return CollectorAuth(self.auth if "hmac" in modes else None, kubernetes)
+            ).identify
+        return CollectorAuth(self.auth, modes, kubernetes)
 
     def _restore(self) -> bool:
         """Seed the live view from the store; False (logged) if the store is unreachable now."""
@@ -238,7 +271,7 @@ class Aggregator:
             version=gpufleet.__version__,
             store=self.config.store,
             store_ok=batches == 0 and not not_acking,
-            store_error=not_acking or (store_error if batches else ""),
+            store_error=redact(not_acking or (store_error if batches else "")),
             spool=fleet_pb2.SpoolStatus(
                 bytes=size,
                 batches=batches,
@@ -258,12 +291,14 @@ class Aggregator:
             nodes=len(self.fleet.nodes),
             streams_open=self.ingest.streams_open,
             healthy=not reasons,
-            unhealthy_reasons=reasons,
+            unhealthy_reasons=[redact(r) for r in reasons],
             acknowledging=not not_acking,
-            not_acknowledging_reason=not_acking,
+            not_acknowledging_reason=redact(not_acking),
             oldest_unacked_s=self.sink.oldest_waiting_s(),
             tasks=[
-                fleet_pb2.TaskStatus(name=r.name, restarts_total=r.restarts_total, last_error=r.last_error)
+                fleet_pb2.TaskStatus(
+                    name=r.name, restarts_total=r.restarts_total, last_error=redact(r.last_error)
+                )
                 for r in self.supervisor.records.values()
             ],
             store_refused_reports_total=self.sink.refused_reports_total,
@@ -305,10 +340,13 @@ class Aggregator:
                 self._tasks[task.get_name()] = task
         self._tasks["fanout"] = self.supervisor.start("fanout", self.fanout.run)
         self._started = True
-        ingest_server = grpc.aio.server(options=SERVER_OPTIONS)
+        options = server_options(self.config.max_report_bytes)
+        ingest_server = grpc.aio.server(options=options)
         ingest_server.add_generic_rpc_handlers((self.ingest.handler(),))
-        ingest_addr = _add_port(ingest_server, self.config.ingest_listen, self.config)
-        fleet_server = grpc.aio.server(options=SERVER_OPTIONS)
+        ingest_addr = _add_port(
+            ingest_server, self.config.ingest_listen, self.config, "mtls" in self.config.collector_auth_modes
+        )
+        fleet_server = grpc.aio.server(options=options)
         fleet_pb2_grpc.add_FleetServicer_to_server(self.fleet_service, fleet_server)
         fleet_addr = _add_port(fleet_server, self.config.fleet_listen, self.config)
         self._servers = [ingest_server, fleet_server]
@@ -358,6 +396,33 @@ class Aggregator:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), RETENTION_EVERY_S)
 
+    async def revocation_loop(self, stop: asyncio.Event) -> None:
+        """Keep the collector token revocation list as the control plane has it (every
+        REVOCATIONS_EVERY_S, on a connection of its own); a token revoked meanwhile ends its
+        stream at once. While the control plane cannot be read, the last list stands."""
+        state: RepairState | None = None
+        try:
+            while not stop.is_set():
+                try:
+                    if state is None:
+                        state = await asyncio.to_thread(self._open_control_plane)
+                    revoked = await asyncio.to_thread(state.revoked_collector_tokens)
+                    if revoked != self.revocations.ids:
+                        self.revocations.update(revoked)
+                        ended = self.ingest.end_invalid_streams()
+                        log.info(
+                            "collector token revocation list: %d token(s); %d open stream(s) ended",
+                            len(revoked),
+                            ended,
+                        )
+                except StateError as exc:
+                    log.warning("cannot read the collector token revocation list: %s", exc)
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(stop.wait(), REVOCATIONS_EVERY_S)
+        finally:
+            if state is not None:
+                state.close()
+
     def run_background(self, stop: asyncio.Event) -> None:
         """The aggregator's periodic loops, each supervised (a crash is logged, counted and the
         loop restarted; a loop that ends early shows in the watchdog)."""
@@ -365,6 +430,7 @@ class Aggregator:
             "retention": lambda: self.retention_loop(stop),
             "restore": lambda: self.restore_loop(stop),
             "rollups": lambda: self.rollup_loop(stop),
+            "revocations": lambda: self.revocation_loop(stop),
         }
         if self.control_plane is not None:
             loops["control-plane-lease"] = lambda: self.control_plane.lease_loop(stop)  # type: ignore[union-attr]

@@ -19,13 +19,11 @@ from gpufleet.aggregator.wire_rules import (
     MAX_ENGINES_PER_REPORT,
     MAX_EVENTS_PER_REPORT,
     MAX_GPUS_PER_NODE,
-    MAX_NAME,
-    RULES,
     Rejection,
     WireValidator,
-    text_why,
 )
 from gpufleet.protos import ingest_pb2, telemetry_pb2
+from gpufleet.protos.credentials import node_name_problem
 
 SUPPORTED_PROTOCOLS = frozenset({1})
 GPU_VALUES = frozenset(GPU_VALUE_FIELDS)
@@ -54,6 +52,17 @@ class Checker:
         # Each GPU sample: its stored values and (index, uuid, model, lost), checked in one pass.
         self._gpu_values = self._wire.values_for(telemetry_pb2.GpuSample.DESCRIPTOR, GPU_VALUES, GPU_IDENTITY)
         self._converter = PointConverter()
+        self._declared_by_stream: dict[tuple[str, str], dict[int, tuple[str, str]]] = {}
+
+    def _declared(self, hello: ingest_pb2.Hello) -> dict[int, tuple[str, str]]:
+        """index -> (uuid, model) as the hello declared them, worked out once per stream."""
+        key = (hello.node, hello.boot_id)
+        declared = self._declared_by_stream.get(key)
+        if declared is None:
+            if len(self._declared_by_stream) > 100_000:
+                self._declared_by_stream.clear()
+            declared = self._declared_by_stream[key] = {g.index: (g.uuid, g.model) for g in hello.gpus}
+        return declared
 
     def check_message(self, msg: ingest_pb2.CollectorMessage, where: str) -> None:
         """The wire rules alone (a command result, or anything not checked below)."""
@@ -70,13 +79,11 @@ class Checker:
                 "Run matching collector and aggregator releases.",
             )
         for what, value in (("node name", hello.node), ("cluster name", hello.cluster or "default")):
-            why = "is empty" if not value else text_why(value, RULES["Hello.node"])  # type: ignore[arg-type]
+            # One grammar for names (protos/credentials.py): a node name reaches scheduler argv
+            # and hooks, a cluster name tags, alerts and Grafana variables.
+            why = node_name_problem(value)
             if why:
-                raise _invalid(
-                    "bad_name",
-                    f"{what} {value!r} is not usable ({why}): give 1-{MAX_NAME} characters, no "
-                    "control characters, backslashes or surrounding spaces",
-                )
+                raise _invalid("bad_name", f"{what} {value[:300]!r} is not usable: {why}")
         try:
             self._wire.check(hello, where)
         except Rejection as r:
@@ -122,6 +129,12 @@ class Checker:
             raise _invalid(
                 "boot_id", f"{where} carries boot_id {report.boot_id!r}, the stream's is {hello.boot_id!r}"
             )
+        if report.cluster != hello.cluster:
+            raise _invalid(
+                "cluster",
+                f"{where} names cluster {report.cluster!r}, but this stream's hello named "
+                f"{hello.cluster!r}; a node reports for the cluster it said hello in",
+            )
         if not 1 <= report.seq <= INT64_MAX:
             raise _invalid("bad_seq", f"{where}: seq must be 1..{INT64_MAX}")
         now_ns = now_ns or time.time_ns()
@@ -140,6 +153,7 @@ class Checker:
             self._wire.check(report, where)
         gpu_rows = []
         gpu_count = len(hello.gpus)
+        declared = self._declared(hello)
         for gpu in report.gpus:
             row = self._gpu_values(gpu)
             if row is None:
@@ -166,6 +180,15 @@ class Checker:
             if len(set(indices)) != len(indices):
                 twice = next(i for i in indices if indices.count(i) > 1)
                 raise _invalid("gpu_index", f"{where} has GPU index {twice} twice")
+            for _, ident in gpu_rows:  # (index, uuid, model, lost)
+                if declared.get(ident[0]) != ident[1:3]:
+                    uuid, model = declared[ident[0]]
+                    raise _invalid(
+                        "gpu_identity",
+                        f"{where} has GPU {ident[0]} as uuid {ident[1]!r}, model {ident[2]!r}; the hello "
+                        f"declared uuid {uuid!r}, model {model!r}. A GPU's identity is the one its "
+                        "collector said hello with (a new GPU is a new collector start)",
+                    )
         engines: set[tuple[str, str, int]] = set()
         for eng in report.engines:
             key = (eng.engine, eng.model, eng.port)

@@ -28,12 +28,14 @@ from google.protobuf.message import Message
 
 from gpufleet.aggregator.schema import INT64_MAX, METRICS
 from gpufleet.protos import ingest_pb2, telemetry_pb2
+from gpufleet.protos.limits import (
+    MAX_ENGINES_PER_REPORT,
+    MAX_EVENTS_PER_REPORT,
+    MAX_GPUS_PER_NODE,
+    MAX_PROCESSES_PER_GPU,
+)
 
 UINT32_MAX = 2**32 - 1
-MAX_GPUS_PER_NODE = 64
-MAX_ENGINES_PER_REPORT = 64
-MAX_EVENTS_PER_REPORT = 1000
-MAX_PROCESSES_PER_GPU = 4096
 MAX_NAME = 253  # a DNS name: node and cluster names
 _TIB = 1 << 40
 

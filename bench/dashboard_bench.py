@@ -38,7 +38,7 @@ from ingest_bench import aggregator_argv, wait_for_file
 from loadgen import build_report
 
 from gpufleet.aggregator import rollups
-from gpufleet.aggregator.auth import collector_token, new_secrets_file
+from gpufleet.aggregator.auth import issue_collector_token, new_secrets_file
 from gpufleet.aggregator.store import EmbeddedStore, Point
 from gpufleet.protos import fleet_pb2, fleet_pb2_grpc, ingest_pb2, telemetry_pb2
 
@@ -91,7 +91,7 @@ async def seed_fleet(ingest: str, secret: str, nodes: int) -> None:
             "/gpufleet.v1.Ingest/Stream",
             request_serializer=ingest_pb2.CollectorMessage.SerializeToString,
             response_deserializer=ingest_pb2.AggregatorMessage.FromString,
-        )(metadata=(("authorization", f"Bearer {collector_token(secret, node)}"),))
+        )(metadata=(("authorization", f"Bearer {issue_collector_token(secret, node)[0]}"),))
         await call.write(
             ingest_pb2.CollectorMessage(
                 hello=ingest_pb2.Hello(

@@ -41,8 +41,24 @@ def wait_for_file(path: Path, proc: subprocess.Popen[bytes], timeout_s: float) -
     raise SystemExit(f"server not ready after {timeout_s}s")
 
 
+# Every simulated node streams from this one loopback address, and flood mode sends as fast as
+# acks come back: the per-peer stream limit and the per-node rates (docs/security.md), which
+# protect a real fleet from one node, would measure themselves here instead of the ingest.
+BENCH_LIMITS = (
+    "--max-streams",
+    "100000",
+    "--max-streams-per-peer",
+    "100000",
+    "--node-reports-per-s",
+    "1000000",
+    "--node-bytes-per-s",
+    "1e12",
+)
+
+
 def aggregator_argv(data_dir: Path, secrets: Path, ready: Path, *extra: str) -> list[str]:
-    """`gpufleet aggregator run` on free loopback ports, quiet, writing a ready file."""
+    """`gpufleet aggregator run` on free loopback ports, quiet, writing a ready file, with the
+    per-peer and per-node limits out of the way (BENCH_LIMITS)."""
     return [
         sys.executable,
         "-m",
@@ -63,6 +79,7 @@ def aggregator_argv(data_dir: Path, secrets: Path, ready: Path, *extra: str) -> 
         "",
         "--ready-file",
         str(ready),
+        *BENCH_LIMITS,
         *extra,
     ]
 

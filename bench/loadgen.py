@@ -25,7 +25,7 @@ from pathlib import Path
 import grpc
 import psutil
 
-from gpufleet.aggregator.auth import collector_token
+from gpufleet.aggregator.auth import issue_collector_token
 from gpufleet.protos import ingest_pb2, telemetry_pb2
 
 METHOD = "/gpufleet.v1.Ingest/Stream"
@@ -127,7 +127,7 @@ async def node_stream(
         METHOD,
         request_serializer=bytes,  # messages are written as bytes (ReportBytes)
         response_deserializer=ingest_pb2.AggregatorMessage.FromString,
-    )(metadata=(("authorization", f"Bearer {collector_token(args.secret, node)}"),))
+    )(metadata=(("authorization", f"Bearer {issue_collector_token(args.secret, node)[0]}"),))
     hello = ingest_pb2.CollectorMessage(
         hello=ingest_pb2.Hello(
             protocol_version=1,
@@ -135,7 +135,10 @@ async def node_stream(
             cluster="bench",
             boot_id="bench-boot",
             interval_s=args.interval,
-            gpus=[telemetry_pb2.GpuIdentity(index=i) for i in range(args.gpus)],
+            gpus=[
+                telemetry_pb2.GpuIdentity(index=i, uuid=f"GPU-{node}-{i}", model="NVIDIA H100 80GB HBM3")
+                for i in range(args.gpus)
+            ],
         )
     )
     await call.write(hello.SerializeToString())

@@ -103,6 +103,24 @@ class FleetClient:
         except grpc.RpcError as exc:
             raise self._explain(exc) from None
 
+    def list_nodes(self, request: object | None = None) -> object:
+        """Every node, as one ListNodesResponse: the Fleet API answers a page at a time (so no
+        fleet makes one answer too big), and this asks for each page in turn."""
+        from gpufleet.protos import fleet_pb2
+
+        page = fleet_pb2.ListNodesRequest()
+        if request is not None:
+            page.CopyFrom(request)  # type: ignore[arg-type]
+        merged = fleet_pb2.ListNodesResponse()
+        while True:
+            answer = self.call("ListNodes", page)
+            merged.nodes.extend(answer.nodes)  # type: ignore[attr-defined]
+            merged.server_time_unix_ns = merged.server_time_unix_ns or answer.server_time_unix_ns  # type: ignore[attr-defined]
+            merged.total_nodes = answer.total_nodes  # type: ignore[attr-defined]
+            if not answer.next_page_token:  # type: ignore[attr-defined]
+                return merged
+            page.page_token = answer.next_page_token  # type: ignore[attr-defined]
+
     def _explain(self, exc: grpc.RpcError) -> ClientError:
         code, details = exc.code(), exc.details()  # type: ignore[attr-defined]
         where = f"the Fleet API at {self.settings.fleet} (address from {self.settings.source})"

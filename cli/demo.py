@@ -22,10 +22,11 @@ import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from gpufleet.aggregator.auth import collector_token, new_secrets_file
+from gpufleet.aggregator.auth import issue_collector_token, new_secrets_file
 from gpufleet.cli.client import ClientSettings, FleetClient, client_config_path
 from gpufleet.collector.simnvml import GPU_PROFILES
-from gpufleet.protos import fleet_pb2, vocabulary_pb2
+from gpufleet.common.files import write_private
+from gpufleet.protos import vocabulary_pb2
 
 DEMO_MODELS = ["H100", "H200", "A100", "B200"]
 # Inference replicas on some nodes (KV-cache pressure in the dashboard), training on the rest.
@@ -150,9 +151,7 @@ def run_demo(args: argparse.Namespace) -> int:
     tokens_path = data_dir / "demo-tokens.json"
     if not (secrets_path.exists() and tokens_path.exists()):
         issued = new_secrets_file(secrets_path, [("demo-operator", "operator"), ("demo-viewer", "viewer")])
-        fd = os.open(tokens_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "w") as fh:
-            json.dump(issued, fh)
+        write_private(tokens_path, json.dumps(issued))
     tokens = json.loads(tokens_path.read_text())
     secret = tomllib.loads(secrets_path.read_text())["collector_secret"]
     ready = data_dir / "aggregator.ready.json"
@@ -228,22 +227,20 @@ def run_demo(args: argparse.Namespace) -> int:
                     *(["--sim-engine", DEMO_ENGINES[i % 4]] if DEMO_ENGINES[i % 4] else []),
                     *(["--sim-scenario", str(Path(args.scenario).resolve())] if args.scenario else []),
                 ),
-                env={"GPUFLEET_COLLECTOR_TOKEN": collector_token(secret, node)},
+                env={"GPUFLEET_COLLECTOR_TOKEN": issue_collector_token(secret, node, days=30)[0]},
             )
         client_cfg = client_config_path()
-        client_cfg.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(client_cfg, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "w") as fh:
-            fh.write(
-                f"# written by `gpufleet demo` (pid {os.getpid()}); removed when it stops\n"
-                f'fleet = "{bound["fleet"]}"\ntoken = "{tokens["demo-operator"]}"\n'
-                f"demo_pid = {os.getpid()}\n"
-            )
+        write_private(
+            client_cfg,
+            f"# written by `gpufleet demo` (pid {os.getpid()}); removed when it stops\n"
+            f'fleet = "{bound["fleet"]}"\ntoken = "{tokens["demo-operator"]}"\n'
+            f"demo_pid = {os.getpid()}\n",
+        )
         demo.client_config = client_cfg
         client = FleetClient(ClientSettings(bound["fleet"], tokens["demo-viewer"], "", "demo"))
 
         def all_reporting() -> bool:
-            resp = client.call("ListNodes", fleet_pb2.ListNodesRequest())
+            resp = client.list_nodes()
             live = [
                 n for n in resp.nodes if n.node in nodes and n.liveness == vocabulary_pb2.LIVENESS_REPORTING
             ]

@@ -4,7 +4,8 @@ gpufleet demo                      simulated fleet + aggregator (+ dashboard), o
 gpufleet collector run             the per-node collector
 gpufleet aggregator run            the control-plane aggregator
 gpufleet nodes | node NAME | history METRIC | metrics | whoami   (Fleet API)
-gpufleet auth init | collector-token NODE | add-token NAME
+gpufleet auth init | collector-token NODE | add-token NAME | revoke TOKEN_ID
+gpufleet gpu-reset-helper          the privileged GPU-reset helper beside a collector
 gpufleet config reference          every setting, its flag, environment variable, default
 """
 
@@ -145,15 +146,40 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--operator", action="append", default=[], help="name of an operator token")
     p.add_argument("--viewer", action="append", default=[], help="name of a viewer token")
     p.add_argument("--force", action="store_true", help="overwrite an existing file")
-    p = auth_sub.add_parser("collector-token", help="print the credential of one node")
+    p = auth_sub.add_parser(
+        "collector-token", help="issue a credential for one node (its id and expiry go to stderr)"
+    )
     p.add_argument("node")
     p.add_argument("--secrets", required=True)
+    p.add_argument("--days", type=float, default=365.0, help="how long it is valid (default 365)")
+    p = auth_sub.add_parser(
+        "revoke", parents=[client], help="revoke one collector token by its id (through the Fleet API)"
+    )
+    p.add_argument("token_id")
+    p.add_argument("--reason", required=True, help="why (it goes in the audit log)")
+    p.add_argument("--node", default="", help="the node it was issued for (recorded)")
     p = auth_sub.add_parser("add-token", help="add a fleet token to a secrets file")
     p.add_argument("name")
     p.add_argument("--role", required=True, choices=["viewer", "operator"])
     p.add_argument("--secrets", required=True)
 
     repair_cmds.add_arguments(sub, client)
+
+    p = sub.add_parser(
+        "gpu-reset-helper",
+        help="the privileged GPU-reset helper: resets a GPU when the collector asks on a Unix socket",
+    )
+    p.add_argument(
+        "--socket", required=True, help="Unix socket to listen on, e.g. /run/gpufleet/gpu-reset.sock"
+    )
+    p.add_argument(
+        "--reset-command", required=True, help="e.g. 'nvidia-smi --gpu-reset -i {gpu_index}' (no shell)"
+    )
+    p.add_argument("--timeout-s", type=float, default=300.0, help="longest a reset may run")
+    p.add_argument("--min-interval-s", type=float, default=300.0, help="no second reset of a GPU within this")
+    p.add_argument(
+        "--socket-mode", default="660", help="the socket's mode, octal (default 660: owner and group)"
+    )
 
     cfg = sub.add_parser("config", help="configuration")
     cfg_sub = cfg.add_subparsers(dest="action", required=True)
@@ -235,9 +261,16 @@ def _run_db(args: argparse.Namespace) -> int:
 
 
 def _run_auth(args: argparse.Namespace) -> int:
+    import time
     import tomllib
 
-    from gpufleet.aggregator.auth import collector_token, new_secrets_file, token_sha256
+    from gpufleet.aggregator.auth import (
+        fleet_token_entry,
+        issue_collector_token,
+        new_fleet_token,
+        new_secrets_file,
+    )
+    from gpufleet.common.files import append_private
 
     path = Path(args.secrets)
     if args.action == "init":
@@ -257,16 +290,21 @@ def _run_auth(args: argparse.Namespace) -> int:
     except (OSError, tomllib.TOMLDecodeError) as exc:
         raise SystemExit(f"gpufleet auth: cannot read {path}: {exc}") from exc
     if args.action == "collector-token":
-        print(collector_token(data["collector_secret"], args.node))
-        return 0
-    import secrets as pysecrets
-
-    token = f"gf{args.role[0]}1_{pysecrets.token_urlsafe(32)}"
-    with open(path, "a", encoding="utf-8") as fh:
-        fh.write(
-            f'\n[[fleet_tokens]]\nname = "{args.name}"\nrole = "{args.role}"\n'
-            f'sha256 = "{token_sha256(token)}"\n'
+        try:
+            token, token_id, expires = issue_collector_token(data["collector_secret"], args.node, args.days)
+        except ValueError as exc:
+            print(f"gpufleet auth collector-token: {exc}", file=sys.stderr)
+            return EXIT_CONFIG
+        print(token)
+        print(
+            f"token id {token_id} for node {args.node}, valid until "
+            f"{time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime(expires))}; revoke it with "
+            f"`gpufleet auth revoke {token_id} --reason ...`",
+            file=sys.stderr,
         )
+        return 0
+    token = new_fleet_token(args.role)
+    append_private(path, "\n" + "\n".join(fleet_token_entry(args.name, args.role, token)))
     print(token)
     print(
         f"added {args.role} token {args.name!r} to {path}; restart the aggregator to load it", file=sys.stderr
@@ -283,8 +321,26 @@ def main(argv: list[str] | None = None) -> int:
             from gpufleet.cli.demo import run_demo
 
             return run_demo(args)
-        if args.command == "auth":
+        if args.command == "auth" and args.action != "revoke":
             return _run_auth(args)
+        if args.command == "gpu-reset-helper":
+            from gpufleet.collector.reset_helper import run_reset_helper
+
+            configure_logging(args.log_level, component="gpu-reset-helper")
+            try:
+                asyncio.run(
+                    run_reset_helper(
+                        args.socket,
+                        args.reset_command,
+                        args.timeout_s,
+                        args.min_interval_s,
+                        int(args.socket_mode, 8),
+                    )
+                )
+            except (OSError, ValueError) as exc:
+                print(f"gpufleet gpu-reset-helper: {exc}", file=sys.stderr)
+                return EXIT_CONFIG
+            return 0
         if args.command == "db":
             return _run_db(args)
         if args.command == "engines":
@@ -305,16 +361,26 @@ def main(argv: list[str] | None = None) -> int:
             from gpufleet.cli.dashboard import run_dashboard
 
             return run_dashboard(args)
+        from gpufleet.protos import fleet_pb2
+
         client = FleetClient(resolve_client(args.fleet, args.token, args.token_file))
         try:
             if args.command == "whoami":
-                from gpufleet.protos import fleet_pb2
-
                 me = client.call("WhoAmI", fleet_pb2.WhoAmIRequest())
                 print(f"{me.name} ({me.role}) at {client.settings.fleet}")
                 return 0
             from gpufleet.cli import sre
 
+            if args.command == "auth":  # revoke
+                answer = client.call(
+                    "RevokeCollectorToken",
+                    fleet_pb2.RevokeTokenRequest(token_id=args.token_id, node=args.node, reason=args.reason),
+                )
+                state = "revoked" if answer.newly_revoked else "was already revoked"
+                print(
+                    f"collector token {args.token_id} {state}; {answer.revoked_total} on the revocation list"
+                )
+                return 0
             if args.command in ("cordon", "uncordon", "incidents", "audit", "breaker"):
                 repair_cmds.run(client, args)
             else:

@@ -399,9 +399,7 @@ def _output(args: Any) -> str:
 
 def run(client: FleetClient, args: Any) -> None:
     if args.command == "nodes":
-        print_nodes(
-            client.call("ListNodes", fleet_pb2.ListNodesRequest(clusters=args.cluster or [])), args.json
-        )
+        print_nodes(client.list_nodes(fleet_pb2.ListNodesRequest(clusters=args.cluster or [])), args.json)
     elif args.command == "node":
         detail = client.call("GetNode", fleet_pb2.GetNodeRequest(node=args.name))
         stored = client.call(

@@ -22,7 +22,7 @@ import grpc
 
 import gpufleet
 from gpufleet.collector import carryover
-from gpufleet.collector.commands import run_command
+from gpufleet.collector.commands import CommandGuard, run_command
 from gpufleet.collector.config import CollectorConfig
 from gpufleet.collector.replay_buffer import ReplayBuffer
 from gpufleet.collector.sources.engines.discovery import EngineDiscovery
@@ -36,6 +36,7 @@ from gpufleet.protos.names import event_source_name
 log = logging.getLogger("gpufleet.collector")
 
 PROTOCOL_VERSION = 1
+NODE_METADATA = "x-gpufleet-node"  # aggregator/auth.py reads it
 # Statuses that will not cure themselves by retrying soon: wait the longest backoff.
 _CONFIG_ERRORS = {
     grpc.StatusCode.UNAUTHENTICATED,
@@ -57,9 +58,18 @@ def status_name(code: int) -> str:
     return next((c.name for c in grpc.StatusCode if c.value[0] == code), str(code))
 
 
-def open_channel(address: str, tls_ca: str = "") -> grpc.aio.Channel:
+def open_channel(
+    address: str, tls_ca: str = "", client_cert: str = "", client_key: str = ""
+) -> grpc.aio.Channel:
+    """A channel to the aggregator: TLS when tls_ca is set (with this node's client certificate
+    for mTLS when one is given); plaintext otherwise (CollectorConfig allows that only to
+    loopback unless allow_plaintext)."""
     if tls_ca:
-        creds = grpc.ssl_channel_credentials(Path(tls_ca).read_bytes())
+        creds = grpc.ssl_channel_credentials(
+            Path(tls_ca).read_bytes(),
+            private_key=Path(client_key).read_bytes() if client_key else None,
+            certificate_chain=Path(client_cert).read_bytes() if client_cert else None,
+        )
         return grpc.aio.secure_channel(address, creds, options=CHANNEL_OPTIONS)
     return grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS)
 
@@ -85,6 +95,7 @@ class CollectorAgent:
         self._sample_duration_s = 0.0
         self._welcomed = False
         self._command_tasks: set[asyncio.Task[None]] = set()
+        self.command_guard = CommandGuard(config.reset_min_interval_s)
         self._write_lock = asyncio.Lock()
         self._unsent_results: list[ingest_pb2.CommandResult] = []  # kept across a broken stream
         self._sampling_stopped = asyncio.Event()
@@ -297,11 +308,15 @@ class CollectorAgent:
 
     async def _stream_once(self, stop: asyncio.Event) -> None:
         """One connection: hello, replay, then live reports until something breaks."""
-        async with open_channel(self.aggregator, self.config.tls_ca) as channel:
+        c = self.config
+        async with open_channel(self.aggregator, c.tls_ca, c.tls_client_cert, c.tls_client_key) as channel:
             stub = ingest_pb2_grpc.IngestStub(channel)
             # Read again at every connect: a projected Kubernetes token is rotated by the kubelet.
-            self.token = self.config.resolve_token()
-            call = stub.Stream(metadata=(("authorization", f"Bearer {self.token}"),))
+            self.token = c.resolve_token()
+            metadata = [(NODE_METADATA, c.node)]  # which of its certificate's names (mTLS) this node is
+            if self.token:
+                metadata.append(("authorization", f"Bearer {self.token}"))
+            call = stub.Stream(metadata=tuple(metadata))
             await call.write(self._hello())
             first = await call.read()
             if first is grpc.aio.EOF or first.WhichOneof("body") != "welcome":
@@ -375,13 +390,16 @@ class CollectorAgent:
                 task.add_done_callback(self._command_tasks.discard)
 
     async def _answer_command(self, call: grpc.aio.StreamStreamCall, command: ingest_pb2.Command) -> None:
-        result = await run_command(
-            command,
-            self.source.inventory(),
-            self.config.reset_command,
-            self.config.reset_timeout_s,
-            self.simulated_reset,
-        )
+        result = self.command_guard.refuse(command)
+        if result is None:
+            result = await run_command(
+                command,
+                self.source.inventory(),
+                self.config.reset_command,
+                self.config.reset_timeout_s,
+                self.simulated_reset,
+                self.config.reset_socket,
+            )
         try:
             await self._write(call, ingest_pb2.CollectorMessage(command_result=result))
         except (grpc.aio.AioRpcError, asyncio.InvalidStateError) as exc:

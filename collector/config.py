@@ -4,12 +4,14 @@ the metadata on each field; here they are typed and checked."""
 from __future__ import annotations
 
 import socket
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
 from gpufleet.collector.simnvml import GPU_PROFILES
 from gpufleet.collector.sources.engines.scrape import parse_endpoints
-from gpufleet.protos.credentials import collector_token
+from gpufleet.common.net import is_loopback
+from gpufleet.protos.credentials import SHARED_SECRET_TOKEN_ID, collector_token, node_name_problem
 
 
 def _setting(default: Any, help_text: str, **kw: Any) -> Any:
@@ -82,7 +84,22 @@ class CollectorConfig:
         "find engines from the GPUs' NVML process ids (needs the host PID namespace); off with simulate",
     )
     engine_timeout_s: float = _setting(2.0, "seconds an engine endpoint may take to answer a scrape")
-    tls_ca: str = _setting("", "PEM CA bundle: connect with TLS and verify the aggregator against it")
+    tls_ca: str = _setting(
+        "",
+        "PEM CA bundle: connect with TLS and verify the aggregator against it (needed for any "
+        "aggregator address but loopback, unless allow_plaintext)",
+    )
+    tls_client_cert: str = _setting(
+        "",
+        "PEM client certificate whose CN or DNS name is this node (aggregator collector_auth = mtls): "
+        "it proves the node instead of a token",
+    )
+    tls_client_key: str = _setting("", "PEM private key of tls_client_cert")
+    allow_plaintext: bool = _setting(
+        False,
+        "connect to a non-loopback aggregator without TLS (the token and GPU-reset commands then cross "
+        "the network in clear): only on a network you trust",
+    )
     reset_command: str = _setting(
         "",
         "command run for a GPU reset the aggregator asks for, e.g. "
@@ -90,6 +107,14 @@ class CollectorConfig:
         "simulated GPU is reset)",
     )
     reset_timeout_s: float = _setting(300.0, "seconds before a reset command is killed and reported failed")
+    reset_socket: str = _setting(
+        "",
+        "Unix socket of the privileged GPU-reset helper (`gpufleet gpu-reset-helper`): resets go "
+        "there, so this network-facing collector needs no CAP_SYS_ADMIN; wins over reset_command",
+    )
+    reset_min_interval_s: float = _setting(
+        300.0, "a second reset of the same GPU within this many seconds is refused (a repeated command)"
+    )
     backoff_max_s: float = _setting(30.0, "longest wait between reconnect attempts")
     shutdown_grace_s: float = _setting(
         5.0,
@@ -102,10 +127,12 @@ class CollectorConfig:
     )
 
     def __post_init__(self) -> None:
-        if not self.node or len(self.node) > 253 or any(c.isspace() or ord(c) < 32 for c in self.node):
-            raise ValueError(
-                f"node name {self.node!r} is not usable: give 1-253 characters without whitespace"
-            )
+        problem = node_name_problem(self.node)
+        if problem:
+            raise ValueError(f"node name {self.node[:300]!r} is not usable: {problem}")
+        problem = node_name_problem(self.cluster)
+        if problem:
+            raise ValueError(f"cluster name {self.cluster[:300]!r} is not usable: {problem}")
         if not 0.05 <= self.interval_s <= 3600:
             raise ValueError(f"interval_s={self.interval_s} must be between 0.05 and 3600 seconds")
         if not 0 <= self.xid_storm_window_s <= 86400:
@@ -134,6 +161,21 @@ class CollectorConfig:
             )
         if not self.aggregator_addresses or any(":" not in a for a in self.aggregator_addresses):
             raise ValueError(f"aggregator={self.aggregator!r} must be host:port, or several comma-separated")
+        if bool(self.tls_client_cert) != bool(self.tls_client_key):
+            raise ValueError("tls_client_cert and tls_client_key must be given together")
+        if self.tls_client_cert and not self.tls_ca:
+            raise ValueError("tls_client_cert needs tls_ca: a client certificate is only sent over TLS")
+        remote = [a for a in self.aggregator_addresses if not is_loopback(a.rpartition(":")[0])]
+        if remote and not self.tls_ca and not self.allow_plaintext:
+            raise ValueError(
+                f"aggregator {remote[0]} is not on this machine and tls_ca is not set: the collector "
+                "token and GPU-reset commands would cross the network in clear. Set tls_ca (see "
+                "docs/security.md), or allow_plaintext = true on a network you trust"
+            )
+        if not 0 <= self.reset_min_interval_s <= 86400:
+            raise ValueError(
+                f"reset_min_interval_s={self.reset_min_interval_s:g} must be between 0 and 86400"
+            )
 
     @property
     def aggregator_addresses(self) -> list[str]:
@@ -141,7 +183,10 @@ class CollectorConfig:
 
     def resolve_token(self) -> str:
         if self.secret_file:
-            return collector_token(self._read("secret_file"), self.node)
+            # Derived again at every connect, valid for a day; all derived tokens share one id,
+            # so revoking it cuts off every node that derives its own (docs/security.md).
+            expires = int(time.time()) + 86400
+            return collector_token(self._read("secret_file"), self.node, SHARED_SECRET_TOKEN_ID, expires)
         if self.token_file:
             return self._read("token_file")
         return self.token

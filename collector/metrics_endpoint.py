@@ -13,10 +13,11 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
-from prometheus_client import CollectorRegistry, start_http_server
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from gpufleet.common.bounded_http import serve as serve_routes
 from gpufleet.protos import telemetry_pb2
 
 _LABELS = ["node", "cluster", "gpu", "uuid", "model"]
@@ -194,5 +195,10 @@ def serve(
     registry = CollectorRegistry(auto_describe=False)
     registry.register(GpuMetrics(latest, xid_counts))
     host, _, port = address.rpartition(":")
-    server, _thread = start_http_server(int(port), host.strip("[]") or "0.0.0.0", registry=registry)
+
+    def metrics() -> tuple[int, str, bytes]:
+        return 200, CONTENT_TYPE_LATEST, generate_latest(registry)
+
+    # Bounded connections and idle timeouts (common/bounded_http.py), unlike start_http_server.
+    server = serve_routes(host.strip("[]"), int(port), {"/metrics": metrics, "/": metrics})
     return server.server_port

@@ -33,6 +33,16 @@ def try_call(method: str, request: object, timeout_s: float | None = None) -> tu
         return None, str(exc)
 
 
+def list_nodes(request: fleet_pb2.ListNodesRequest | None = None) -> fleet_pb2.ListNodesResponse:
+    """Every node (the Fleet API's pages, asked for in turn); on failure the page says why."""
+    try:
+        return client().list_nodes(request)  # type: ignore[return-value]
+    except ClientError as exc:
+        st.error(str(exc))
+        st.stop()
+        raise  # st.stop() ends the run; this line is for the type checker
+
+
 def whoami() -> fleet_pb2.WhoAmIResponse:
     if "whoami" not in st.session_state:
         st.session_state["whoami"] = call("WhoAmI", fleet_pb2.WhoAmIRequest())

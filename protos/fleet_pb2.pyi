@@ -26,6 +26,24 @@ AGGREGATE_P95: Aggregate
 AGGREGATE_LAST: Aggregate
 AGGREGATE_COUNT: Aggregate
 
+class RevokeTokenRequest(_message.Message):
+    __slots__ = ("token_id", "node", "reason")
+    TOKEN_ID_FIELD_NUMBER: _ClassVar[int]
+    NODE_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    token_id: str
+    node: str
+    reason: str
+    def __init__(self, token_id: _Optional[str] = ..., node: _Optional[str] = ..., reason: _Optional[str] = ...) -> None: ...
+
+class RevokeTokenResponse(_message.Message):
+    __slots__ = ("newly_revoked", "revoked_total")
+    NEWLY_REVOKED_FIELD_NUMBER: _ClassVar[int]
+    REVOKED_TOTAL_FIELD_NUMBER: _ClassVar[int]
+    newly_revoked: bool
+    revoked_total: int
+    def __init__(self, newly_revoked: _Optional[bool] = ..., revoked_total: _Optional[int] = ...) -> None: ...
+
 class ReplayRequest(_message.Message):
     __slots__ = ("start_unix_ns", "end_unix_ns", "policy_toml", "compare", "compare_toml", "policy_name", "compare_name")
     START_UNIX_NS_FIELD_NUMBER: _ClassVar[int]
@@ -335,12 +353,16 @@ class WhoAmIResponse(_message.Message):
     def __init__(self, name: _Optional[str] = ..., role: _Optional[str] = ...) -> None: ...
 
 class ListNodesRequest(_message.Message):
-    __slots__ = ("clusters", "liveness")
+    __slots__ = ("clusters", "liveness", "page_size", "page_token")
     CLUSTERS_FIELD_NUMBER: _ClassVar[int]
     LIVENESS_FIELD_NUMBER: _ClassVar[int]
+    PAGE_SIZE_FIELD_NUMBER: _ClassVar[int]
+    PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
     clusters: _containers.RepeatedScalarFieldContainer[str]
     liveness: _containers.RepeatedScalarFieldContainer[_vocabulary_pb2.Liveness]
-    def __init__(self, clusters: _Optional[_Iterable[str]] = ..., liveness: _Optional[_Iterable[_Union[_vocabulary_pb2.Liveness, str]]] = ...) -> None: ...
+    page_size: int
+    page_token: str
+    def __init__(self, clusters: _Optional[_Iterable[str]] = ..., liveness: _Optional[_Iterable[_Union[_vocabulary_pb2.Liveness, str]]] = ..., page_size: _Optional[int] = ..., page_token: _Optional[str] = ...) -> None: ...
 
 class NodeSummary(_message.Message):
     __slots__ = ("node", "cluster", "liveness", "last_report_unix_ns", "seconds_since_report", "boot_id", "last_seq", "interval_s", "simulated", "driver_version", "gpu_count", "gpus", "connected", "health", "health_detail", "engines", "last_sample_unix_ns", "replica", "lemon", "recent_incidents", "scheduler_node")
@@ -389,12 +411,16 @@ class NodeSummary(_message.Message):
     def __init__(self, node: _Optional[str] = ..., cluster: _Optional[str] = ..., liveness: _Optional[_Union[_vocabulary_pb2.Liveness, str]] = ..., last_report_unix_ns: _Optional[int] = ..., seconds_since_report: _Optional[float] = ..., boot_id: _Optional[str] = ..., last_seq: _Optional[int] = ..., interval_s: _Optional[float] = ..., simulated: _Optional[bool] = ..., driver_version: _Optional[str] = ..., gpu_count: _Optional[int] = ..., gpus: _Optional[_Iterable[_Union[_telemetry_pb2.GpuSample, _Mapping]]] = ..., connected: _Optional[bool] = ..., health: _Optional[_Union[_vocabulary_pb2.NodeHealth, str]] = ..., health_detail: _Optional[str] = ..., engines: _Optional[_Iterable[_Union[_telemetry_pb2.EngineSample, _Mapping]]] = ..., last_sample_unix_ns: _Optional[int] = ..., replica: _Optional[str] = ..., lemon: _Optional[bool] = ..., recent_incidents: _Optional[int] = ..., scheduler_node: _Optional[str] = ...) -> None: ...
 
 class ListNodesResponse(_message.Message):
-    __slots__ = ("nodes", "server_time_unix_ns")
+    __slots__ = ("nodes", "server_time_unix_ns", "next_page_token", "total_nodes")
     NODES_FIELD_NUMBER: _ClassVar[int]
     SERVER_TIME_UNIX_NS_FIELD_NUMBER: _ClassVar[int]
+    NEXT_PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    TOTAL_NODES_FIELD_NUMBER: _ClassVar[int]
     nodes: _containers.RepeatedCompositeFieldContainer[NodeSummary]
     server_time_unix_ns: int
-    def __init__(self, nodes: _Optional[_Iterable[_Union[NodeSummary, _Mapping]]] = ..., server_time_unix_ns: _Optional[int] = ...) -> None: ...
+    next_page_token: str
+    total_nodes: int
+    def __init__(self, nodes: _Optional[_Iterable[_Union[NodeSummary, _Mapping]]] = ..., server_time_unix_ns: _Optional[int] = ..., next_page_token: _Optional[str] = ..., total_nodes: _Optional[int] = ...) -> None: ...
 
 class GetNodeRequest(_message.Message):
     __slots__ = ("node",)

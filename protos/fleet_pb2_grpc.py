@@ -104,6 +104,11 @@ class FleetStub:
                 request_serializer=gpufleet_dot_v1_dot_fleet__pb2.ReplayRequest.SerializeToString,
                 response_deserializer=gpufleet_dot_v1_dot_fleet__pb2.ReplayResponse.FromString,
                 _registered_method=True)
+        self.RevokeCollectorToken = channel.unary_unary(
+                '/gpufleet.v1.Fleet/RevokeCollectorToken',
+                request_serializer=gpufleet_dot_v1_dot_fleet__pb2.RevokeTokenRequest.SerializeToString,
+                response_deserializer=gpufleet_dot_v1_dot_fleet__pb2.RevokeTokenResponse.FromString,
+                _registered_method=True)
 
 
 class FleetServicer:
@@ -197,6 +202,13 @@ class FleetServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def RevokeCollectorToken(self, request, context):
+        """Collector credentials (operator): revoke one collector token by its id; its stream ends.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_FleetServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -269,6 +281,11 @@ def add_FleetServicer_to_server(servicer, server):
                     servicer.ReplayPolicy,
                     request_deserializer=gpufleet_dot_v1_dot_fleet__pb2.ReplayRequest.FromString,
                     response_serializer=gpufleet_dot_v1_dot_fleet__pb2.ReplayResponse.SerializeToString,
+            ),
+            'RevokeCollectorToken': grpc.unary_unary_rpc_method_handler(
+                    servicer.RevokeCollectorToken,
+                    request_deserializer=gpufleet_dot_v1_dot_fleet__pb2.RevokeTokenRequest.FromString,
+                    response_serializer=gpufleet_dot_v1_dot_fleet__pb2.RevokeTokenResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -649,6 +666,33 @@ class Fleet:
             '/gpufleet.v1.Fleet/ReplayPolicy',
             gpufleet_dot_v1_dot_fleet__pb2.ReplayRequest.SerializeToString,
             gpufleet_dot_v1_dot_fleet__pb2.ReplayResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RevokeCollectorToken(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/gpufleet.v1.Fleet/RevokeCollectorToken',
+            gpufleet_dot_v1_dot_fleet__pb2.RevokeTokenRequest.SerializeToString,
+            gpufleet_dot_v1_dot_fleet__pb2.RevokeTokenResponse.FromString,
             options,
             channel_credentials,
             insecure,

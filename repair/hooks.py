@@ -11,6 +11,8 @@ import shlex
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
+from gpufleet.protos.credentials import node_name_problem
+
 
 @dataclass
 class HookResult:
@@ -23,6 +25,11 @@ HookRunner = Callable[..., Awaitable["HookResult"]]
 
 
 async def run_hook(template: str, timeout_s: float, **values: str) -> HookResult:
+    node = values.get("node")
+    if node is not None:
+        problem = node_name_problem(node)
+        if problem:  # defence in depth: ingest and token issuance refuse such names first
+            return HookResult(False, f"refused: node name {node[:120]!r} is not one: {problem}")
     try:
         argv = [arg.format(**values) for arg in shlex.split(template)]
     except (ValueError, KeyError, IndexError) as exc:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import secrets
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -43,6 +44,17 @@ class _Pending:
     results: dict[int, str | None] = field(default_factory=dict)
 
 
+@dataclass(frozen=True)
+class _SentReset:
+    """What one command id was: the reset of this GPU of this node, for this ledger entry. Ids
+    carry a random nonce (docs/security.md "Commands bound to their node"): one cannot be
+    guessed, and an answer is matched by lookup, never by parsing the id."""
+
+    key: str
+    node: str
+    gpu: int
+
+
 class StepRunner:
     def __init__(
         self,
@@ -60,6 +72,7 @@ class StepRunner:
         self._send_command = send_command
         self._poke = poke
         self._pending: dict[str, _Pending] = {}  # ledger key → reset results
+        self._sent: dict[str, _SentReset] = {}  # command id → what it asked
         self._tasks: dict[str, asyncio.Task[None]] = {}
 
     def close(self) -> None:
@@ -72,13 +85,18 @@ class StepRunner:
             await asyncio.gather(*list(self._tasks.values()), return_exceptions=True)
 
     def on_command_result(self, node: str, result: ingest_pb2.CommandResult) -> None:
-        key, _, gpu = result.id.rpartition("#")
-        pending = self._pending.get(key)
-        if pending is None or not gpu.isdigit():
-            log.warning("result of unknown command %s ignored", result.id, extra={"node": node})
+        sent = self._sent.get(result.id)
+        pending = self._pending.get(sent.key) if sent is not None else None
+        if sent is None or pending is None or sent.node != node:
+            log.warning(
+                "result of a command not sent to this node ignored: %s",
+                result.id[:80],
+                extra={"node": node, "command_id": result.id[:80]},
+            )
             return
+        del self._sent[result.id]
         outcome = vocabulary_pb2.CommandOutcome.Name(result.outcome).removeprefix("COMMAND_OUTCOME_").lower()
-        pending.results[int(gpu)] = "ok" if outcome == "succeeded" else f"{outcome}: {result.detail[:300]}"
+        pending.results[sent.gpu] = "ok" if outcome == "succeeded" else f"{outcome}: {result.detail[:300]}"
         self._poke(node)
 
     def begin(self, wf: Workflow, step: Step, key: str, snap: NodeSnapshot | None, now: int) -> None:
@@ -120,8 +138,10 @@ class StepRunner:
         self._desk.audit(wf, Step.RESET_GPU, reset_target(wf), "started", now)
         pending = self._pending[key] = _Pending()
         for gpu in wf.gpus:
+            command_id = f"{key}#{gpu}~{secrets.token_hex(8)}"
+            self._sent[command_id] = _SentReset(key, wf.node, gpu)
             command = ingest_pb2.Command(
-                id=f"{key}#{gpu}",
+                id=command_id,
                 reason=f"gpufleet {wf.incident_id}",
                 reset_gpu=ingest_pb2.ResetGpu(gpu_index=gpu, gpu_uuid=uuids.get(gpu, "")),
             )
@@ -153,3 +173,5 @@ class StepRunner:
         self._state.finish_action(key, outcome)
         self._desk.audit(wf, Step.RESET_GPU, reset_target(wf), outcome[:300], now)
         self._pending.pop(key, None)
+        for command_id in [c for c, sent in self._sent.items() if sent.key == key]:
+            del self._sent[command_id]  # a late answer to a step already decided is ignored

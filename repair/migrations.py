@@ -72,4 +72,12 @@ MIGRATIONS: tuple[Migration, ...] = (
         ),
         postgresql_only=("CREATE SEQUENCE node_live_version_seq",),
     ),
+    Migration(
+        3,
+        "collector token revocation list (docs/security.md): one row per revoked token id",
+        (
+            "CREATE TABLE revoked_token (token_id TEXT PRIMARY KEY, node TEXT NOT NULL, "
+            "revoked_ns BIGINT NOT NULL, actor TEXT NOT NULL, reason TEXT NOT NULL)",
+        ),
+    ),
 )

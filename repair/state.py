@@ -30,6 +30,7 @@ from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from gpufleet.common.redact import redact
 from gpufleet.repair.migrations import MIGRATIONS
 from gpufleet.repair.model import Finding
 
@@ -383,16 +384,20 @@ class RepairState(ABC):
         self, replica: str, nodes: Sequence[str], max_age_s: float = 600.0
     ) -> list[QueuedCommand]:
         """Commands not yet taken for these nodes (the streams this replica holds), marked taken
-        by it in the same transaction: one replica sends each command once. A command older
-        than max_age_s is never sent (its step has timed out: a GPU reset long after the
-        controller stopped waiting for it would surprise everyone)."""
+        by it in the same transaction: one replica sends each command once. Only commands queued
+        under the lease's current epoch are taken. A command older than max_age_s is never sent
+        (its step has timed out: a GPU reset long after the controller stopped waiting for it
+        would surprise everyone)."""
         if not nodes:
             return []
         taken = []
         with self._transaction():
+            # Only commands of the leader that holds the lease now: a command a deposed leader
+            # queued (or a row written into the table by anything else) is never relayed.
             rows = self._execute(
                 "SELECT seq, node, command_id, body, epoch FROM command "
                 "WHERE taken_by = '' AND queued_ns >= ? "
+                "AND epoch = (SELECT epoch FROM leader_lease WHERE id = 1) "
                 "ORDER BY seq",
                 (self._store_now_ns() - int(max_age_s * 1e9),),
             )
@@ -423,6 +428,27 @@ class RepairState(ABC):
 
     def last_command_result_seq(self) -> int:
         return int(self._execute("SELECT COALESCE(MAX(seq), 0) FROM command_result")[0][0])
+
+    # --- collector credentials -----------------------------------------------------------------
+    def revoke_collector_token(self, token_id: str, node: str, actor: str, reason: str) -> bool:
+        """Add a collector token id to the revocation list (not fenced: any replica may record
+        a person's revocation), with an audit row; False when it was already revoked."""
+        with self._transaction():
+            added = self._execute(
+                "INSERT INTO revoked_token VALUES (?, ?, ?, ?, ?) ON CONFLICT (token_id) DO NOTHING "
+                "RETURNING token_id",
+                (token_id, node, time.time_ns(), actor, reason),
+            )
+            if added:
+                self._execute(
+                    "INSERT INTO audit (time_ns, actor, node, action, reason, outcome, incident_id) "
+                    "VALUES (?, ?, ?, 'revoke_token', ?, 'ok', '')",
+                    (time.time_ns(), actor, node, f"token {token_id}: {reason}"[:300]),
+                )
+        return bool(added)
+
+    def revoked_collector_tokens(self) -> set[str]:
+        return {str(t) for (t,) in self._execute("SELECT token_id FROM revoked_token")}
 
     # --- workflows -------------------------------------------------------------------------
     def workflows(self) -> dict[str, Workflow]:
@@ -621,15 +647,6 @@ class RepairState(ABC):
                 "INSERT INTO meta VALUES (?, ?) ON CONFLICT (key) DO UPDATE SET value = excluded.value",
                 (key, value),
             )
-
-
-def redact(url: str) -> str:
-    """The URL without its password, for logs and errors."""
-    scheme, sep, rest = url.partition("://")
-    creds, at, host = rest.rpartition("@")
-    if not at or ":" not in creds:
-        return url
-    return f"{scheme}{sep}{creds.split(':', 1)[0]}:***@{host}"
 
 
 def open_state(

@@ -21,7 +21,8 @@ from typing import Any
 
 import psycopg
 
-from gpufleet.repair.state import RepairState, StateError, redact
+from gpufleet.common.redact import redact
+from gpufleet.repair.state import RepairState, StateError
 
 _NOW_NS = "(extract(epoch from clock_timestamp()) * 1000000000)::bigint"
 
@@ -72,7 +73,7 @@ class PostgresState(RepairState):
                 )
             except psycopg.Error as exc:
                 raise StateError(
-                    f"cannot connect to the control-plane PostgreSQL at {redact(self._url)}: {exc}".strip()
+                    redact(f"cannot connect to the control-plane PostgreSQL at {self._url}: {exc}".strip())
                 ) from exc
             self._box[0] = conn
         return conn
@@ -87,7 +88,7 @@ class PostgresState(RepairState):
                 cur = conn.execute(text, tuple(args))  # type: ignore[call-overload]
                 return cur.fetchall() if cur.description else []
             except psycopg.Error as exc:
-                raise StateError(f"control-plane PostgreSQL {redact(self._url)}: {exc}".strip()) from exc
+                raise StateError(redact(f"control-plane PostgreSQL {self._url}: {exc}".strip())) from exc
 
     def _execute_many(self, sql: str, rows: Sequence[Sequence[Any]]) -> None:
         with self._transaction():
@@ -95,7 +96,7 @@ class PostgresState(RepairState):
                 # psycopg pipelines executemany: one round trip for the lot, not one per row.
                 self._connection().cursor().executemany(sql.replace("?", "%s"), [tuple(r) for r in rows])
             except psycopg.Error as exc:
-                raise StateError(f"control-plane PostgreSQL {redact(self._url)}: {exc}".strip()) from exc
+                raise StateError(redact(f"control-plane PostgreSQL {self._url}: {exc}".strip())) from exc
 
     @contextmanager
     def _transaction(self, lock_lease: bool = False) -> Iterator[None]:
@@ -107,7 +108,7 @@ class PostgresState(RepairState):
                         self._execute("SELECT 1 FROM leader_lease WHERE id = 1 FOR UPDATE")
                     yield
             except psycopg.Error as exc:  # the commit itself failed
-                raise StateError(f"control-plane PostgreSQL {redact(self._url)}: {exc}".strip()) from exc
+                raise StateError(redact(f"control-plane PostgreSQL {self._url}: {exc}".strip())) from exc
 
     def _store_now_ns(self) -> int:
         return int(self._execute(f"SELECT {_NOW_NS}")[0][0])

@@ -8,6 +8,7 @@
 #   chromium                       the dashboard's real-browser test
 #   systemd-analyze (systemd)      verifies deploy/systemd's units
 #   initdb, postgres (postgresql)  the control plane's PostgreSQL tests start a real server
+#   ssh (openssh-client)           the hook the adversarial tests run (a crafted node name once made ssh run a command)
 set -euo pipefail
 missing=()
 command -v promtool >/dev/null 2>&1 || missing+=(prometheus)
@@ -18,6 +19,7 @@ command -v munged >/dev/null 2>&1 || missing+=(munge)
 command -v chromium >/dev/null 2>&1 || missing+=(chromium)
 command -v systemd-analyze >/dev/null 2>&1 || missing+=(systemd)
 ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || missing+=(postgresql)
+command -v ssh >/dev/null 2>&1 || missing+=(openssh-client)
 [ ${#missing[@]} -eq 0 ] && exit 0
 if [ "$(id -u)" -ne 0 ] && ! command -v sudo >/dev/null 2>&1; then
   echo "install-test-deps: need ${missing[*]} (Debian packages); run as root or install them" >&2

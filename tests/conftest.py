@@ -19,7 +19,7 @@ from typing import Any, TypeVar
 import grpc
 import pytest
 
-from gpufleet.aggregator.auth import collector_token, new_secrets_file
+from gpufleet.aggregator.auth import issue_collector_token, new_secrets_file
 from gpufleet.protos import fleet_pb2_grpc
 
 T = TypeVar("T")
@@ -78,8 +78,9 @@ class Secrets:
     secret: str
     tokens: dict[str, str]
 
-    def collector_token(self, node: str) -> str:
-        return collector_token(self.secret, node)
+    def collector_token(self, node: str, days: float = 30) -> str:
+        """A fresh credential for node, as `gpufleet auth collector-token` issues it."""
+        return issue_collector_token(self.secret, node, days)[0]
 
 
 @dataclass
@@ -212,7 +213,13 @@ def fleet_metadata() -> Callable[[str], tuple[tuple[str, str], ...]]:
 class RawStream:
     """A hand-driven collector stream, able to send anything (including raw bytes)."""
 
-    def __init__(self, address: str, token: str | None) -> None:
+    def __init__(
+        self,
+        address: str,
+        token: str | None,
+        credentials: grpc.ChannelCredentials | None = None,
+        metadata: tuple[tuple[str, str], ...] = (),
+    ) -> None:
         import queue
         import threading
 
@@ -220,14 +227,16 @@ class RawStream:
 
         self._outgoing: queue.Queue[object] = queue.Queue()
         self._incoming: queue.Queue[object] = queue.Queue()
-        self._channel = grpc.insecure_channel(address)
+        self._channel = (
+            grpc.secure_channel(address, credentials) if credentials else grpc.insecure_channel(address)
+        )
         method = self._channel.stream_stream(
             "/gpufleet.v1.Ingest/Stream",
             request_serializer=lambda m: m if isinstance(m, bytes) else m.SerializeToString(),
             response_deserializer=ingest_pb2.AggregatorMessage.FromString,
         )
-        metadata = (("authorization", f"Bearer {token}"),) if token is not None else ()
-        self._responses = method(iter(self._outgoing.get, None), metadata=metadata)
+        auth = (("authorization", f"Bearer {token}"),) if token is not None else ()
+        self._responses = method(iter(self._outgoing.get, None), metadata=auth + metadata)
 
         def pump() -> None:
             try:

@@ -10,11 +10,12 @@ secret on a node is an explicit opt-in."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 
 import grpc
 import pytest
-from conftest import AggregatorHandle, Cluster, RawStream, hello, report
+from conftest import AggregatorHandle, Cluster, RawStream, hello, report, wait_until
 from k8s_standin import KubeStandin
 
 from gpufleet.collector.config import CollectorConfig
@@ -140,3 +141,38 @@ def test_the_shared_fleet_secret_on_a_node_is_an_explicit_opt_in(tmp_path: objec
     with pytest.raises(ValueError, match="allow_shared_secret = true"):
         CollectorConfig(node="gpu-a", secret_file="/etc/gpufleet/collector-secret")
     CollectorConfig(node="gpu-a", secret_file="/etc/gpufleet/collector-secret", allow_shared_secret=True)
+
+
+def test_a_token_bound_to_no_pod_incarnation_is_refused(
+    k8s: tuple[Cluster, AggregatorHandle, KubeStandin],
+) -> None:
+    _, agg, kube = k8s
+    token = kube.issue_token("gpufleet", SA, "collector-gpu-a", [AUDIENCE], bind_uid=False)
+    err = refused(agg, token, "gpu-a")
+    assert err.code() == grpc.StatusCode.UNAUTHENTICATED
+    assert "but no pod uid" in err.details(), err.details()
+
+
+def test_a_reviewed_token_is_trusted_no_longer_than_it_is_valid(
+    k8s: tuple[Cluster, AggregatorHandle, KubeStandin],
+) -> None:
+    """The review of a token is remembered, but never past the token's `exp`: the open stream
+    ends when it expires, and a new one with it is refused, though the cache is younger than
+    its 60 s."""
+    _, agg, kube = k8s
+    token = kube.issue_token("gpufleet", SA, "collector-gpu-b", [AUDIENCE], expires_in_s=3)
+    s = RawStream(agg.ingest, token)
+    s.send(hello("gpu-b"))
+    assert s.recv().WhichOneof("body") == "welcome"
+    s.send(report("gpu-b", 1))
+    assert list(s.recv().ack.seqs) == [1]
+    exp = kube.tokens[token]["exp"]
+    wait_until(lambda: time.time() > exp + 0.2, 10, "the token to expire")
+    s.send(report("gpu-b", 2))
+    with pytest.raises(grpc.RpcError) as info:
+        while True:
+            s.recv()
+    assert info.value.code() == grpc.StatusCode.UNAUTHENTICATED and "expired" in info.value.details()
+    s.close()
+    err = refused(agg, token, "gpu-b")
+    assert err.code() == grpc.StatusCode.UNAUTHENTICATED and "expired" in err.details(), err.details()

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import wait_until
 
 from gpufleet.repair.migrations import MIGRATIONS
 from gpufleet.repair.model import Finding
@@ -209,6 +210,30 @@ def test_commands_go_to_one_replica_once_and_results_come_back(make_state: Any) 
     b.put_command_result("n1", "inc:0:reset_gpu#3", b"ok")
     b.put_command_result("n1", "inc:0:reset_gpu#3", b"ok")  # a retried write: once
     assert [(n, body) for _, n, body in a.command_results(first)] == [("n1", b"ok")]
+
+
+def test_replicas_relay_only_commands_of_the_current_leader(make_state: Any) -> None:
+    """A command a deposed leader queued (or any row put in the table under another epoch) is
+    never sent to a node: replicas take only what the lease's current epoch queued."""
+    a, b = make_state(), make_state()
+    old = a.acquire_lease("leader-a", 0.2)
+    assert old is not None
+    a.fenced("leader-a", old).queue_command("n1", "inc:0:reset_gpu#3~old", b"old")
+    wait_until(lambda: not b.lease().live, 5, "the first leader's lease to run out")
+    new = b.acquire_lease("leader-b", 30)
+    assert new == old + 1
+    b.fenced("leader-b", new).queue_command("n1", "inc:1:reset_gpu#3~new", b"new")
+    assert [q.command_id for q in b.take_commands("replica-c", ["n1"])] == ["inc:1:reset_gpu#3~new"]
+    assert b.take_commands("replica-c", ["n1"]) == []
+
+
+def test_collector_tokens_are_revoked_by_id_on_every_replica(make_state: Any) -> None:
+    a, b = make_state(), make_state()
+    assert a.revoke_collector_token("0123abcd", "gpu-7", "alice", "host reimaged") is True
+    assert a.revoke_collector_token("0123abcd", "gpu-7", "alice", "again") is False  # once
+    assert b.revoked_collector_tokens() == {"0123abcd"}
+    (entry,) = [e for e in b.audit_log("gpu-7", 10) if e.action == "revoke_token"]
+    assert (entry.actor, entry.reason) == ("alice", "token 0123abcd: host reimaged")
 
 
 def test_replicas_heartbeat(make_state: Any) -> None:

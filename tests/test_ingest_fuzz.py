@@ -32,7 +32,18 @@ from conftest import (
 )
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis.control import currently_in_test_context
-from wire_strategies import BOOT, GPUS, NODE, Case, hellos, next_report_time_ns, reports
+from wire_strategies import (
+    BOOT,
+    CLUSTER,
+    GPUS,
+    MODEL,
+    NODE,
+    Case,
+    declared_uuid,
+    hellos,
+    next_report_time_ns,
+    reports,
+)
 
 from gpufleet.aggregator.schema import ENGINE_VALUE_FIELDS, GPU_VALUE_FIELDS
 from gpufleet.aggregator.store.influx import InfluxStore
@@ -47,7 +58,7 @@ CODES = {
 NAMES_THE_FIELD = re.compile(
     r"has [\w.\[\]]+=|has \d+ [\w.\[\]]+, more than|names node|carries boot_id|seq must be|"
     r"time_unix_ns=|GPU index|names GPU|event for GPU|is \d+ bytes|engines and \d+ events|twice|"
-    r"above hbm_total_bytes"
+    r"above hbm_total_bytes|names cluster|has GPU \d+ as uuid"
 )
 
 HELLO_NAMES_THE_FIELD = re.compile(
@@ -202,7 +213,9 @@ def _env(
 def env(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
     store, workers = request.param
     cluster = Cluster(tmp_path_factory.mktemp(f"fuzz-{store}-{workers}"))
-    flags: tuple[str, ...] = ("--ingest-workers", str(workers))
+    # Every example names engines of its own: the per-node series cap (its own test in
+    # test_adversarial_node.py) is set past what 120 examples make.
+    flags: tuple[str, ...] = ("--ingest-workers", str(workers), "--max-series-per-node", "100000")
     if store == "embedded":
         yield from _env(
             cluster, flags, lambda agg: ReadBack("embedded", str(Path(agg.data_dir) / "store.sqlite3"))
@@ -273,8 +286,10 @@ def test_every_report_is_stored_exactly_or_refused_by_field(env: Env, case: Case
 
 
 def _regression(build: Callable[[telemetry_pb2.NodeReport], None]) -> Case:
-    r = telemetry_pb2.NodeReport(node=NODE, boot_id=BOOT, seq=1, time_unix_ns=next_report_time_ns())
-    r.gpus.add(index=0, uuid="GPU-0", model="NVIDIA H100 80GB HBM3", util_gpu_pct=10.0)
+    r = telemetry_pb2.NodeReport(
+        node=NODE, cluster=CLUSTER, boot_id=BOOT, seq=1, time_unix_ns=next_report_time_ns()
+    )
+    r.gpus.add(index=0, uuid=declared_uuid(0), model=MODEL, util_gpu_pct=10.0)
     build(r)
     return Case(r, valid=False)
 
@@ -305,9 +320,14 @@ def test_reports_that_once_stopped_ingest_are_refused_alone(env: Env, name: str)
 @settings(FUZZ, max_examples=40)
 @given(h=hellos())
 def test_every_hello_is_welcomed_or_refused_by_field(env: Env, h: ingest_pb2.Hello) -> None:
-    from gpufleet.protos.credentials import collector_token
+    from gpufleet.protos.credentials import node_name_problem
 
-    s = RawStream(env.agg.ingest, collector_token(env.cluster.secrets.secret, h.node))
+    # The stream's credential is the hello's node when that is a name one can be issued for;
+    # else another node's: the hello is refused by its field before the two are compared.
+    s = RawStream(
+        env.agg.ingest,
+        env.cluster.secrets.collector_token("fuzz-other" if node_name_problem(h.node) else h.node),
+    )
     try:
         s.send(ingest_pb2.CollectorMessage(hello=h))
         try:

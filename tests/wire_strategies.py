@@ -17,8 +17,18 @@ from hypothesis import strategies as st
 
 from gpufleet.aggregator.wire_rules import RULES, Many, Num, Text
 from gpufleet.protos import ingest_pb2, telemetry_pb2
+from gpufleet.protos.credentials import NODE_NAME_RE
 
-NODE, BOOT, GPUS = "fuzz-node", "fuzz-boot", 8
+NODE, BOOT, GPUS, CLUSTER = "fuzz-node", "fuzz-boot", 8, "test"
+MODEL = "NVIDIA H100 80GB HBM3"
+# Node and cluster names by the one grammar (protos/credentials.py); up to 40 characters here.
+NAMES = st.from_regex(NODE_NAME_RE, fullmatch=True).filter(lambda n: len(n) <= 40)
+
+
+def declared_uuid(i: int) -> str:
+    """The uuid the fuzz stream's hello declares for GPU i (conftest.hello)."""
+    return f"GPU-{NODE}-{i}"
+
 
 # --- values at their edges ------------------------------------------------------------------
 INT_EDGES = [0, 1, 7, 8, 63, 64, 65535, 2**31 - 1, 2**31, 2**32 - 1, 2**63 - 1, 2**63, 2**64 - 1]
@@ -120,6 +130,8 @@ def reports(draw: st.DrawFn) -> Case:
         message(telemetry_pb2.NodeReport.DESCRIPTOR, valid, frozenset({"node", "boot_id", "time_unix_ns"}))
     )
     r.node, r.boot_id, r.time_unix_ns = NODE, BOOT, ts
+    if valid or draw(st.integers(0, 3)):
+        r.cluster = CLUSTER  # bound to the stream: the hello's (an edge case now and then names another)
     if valid:
         r.seq = max(r.seq, 1)
     elif draw(st.integers(0, 9)) == 0:  # now and then, the stream-level identity at its edges
@@ -130,6 +142,9 @@ def reports(draw: st.DrawFn) -> Case:
     for i in indices if valid else draw(st.lists(edge_value(_field("GpuSample", "index")), max_size=3)):
         gpu = draw(message(telemetry_pb2.GpuSample.DESCRIPTOR, valid, frozenset({"index", "processes"})))
         gpu.index = i
+        if valid or draw(st.integers(0, 3)):
+            # A GPU is what its collector's hello declared (an edge case now and then is not).
+            gpu.uuid, gpu.model = declared_uuid(i) if isinstance(i, int) and 0 <= i < GPUS else "", MODEL
         for _ in range(draw(st.integers(0, 2))):
             gpu.processes.append(draw(message(telemetry_pb2.GpuProcess.DESCRIPTOR, valid)))
         if valid and gpu.HasField("hbm_used_bytes") and gpu.HasField("hbm_total_bytes"):
@@ -192,6 +207,8 @@ def _field(message_name: str, field: str) -> FieldDescriptor:
 def hellos(draw: st.DrawFn) -> ingest_pb2.Hello:
     valid = draw(st.booleans())
     h = draw(message(ingest_pb2.Hello.DESCRIPTOR, valid, frozenset({"protocol_version"})))
+    if valid:
+        h.node, h.cluster = draw(NAMES), draw(NAMES)
     h.protocol_version = (
         1
         if valid or draw(st.booleans())

@@ -37,6 +37,7 @@ from gpufleet.aggregator.store.base import (
     StoreUnavailable,
 )
 from gpufleet.aggregator.store.lineproto import LineEncoder, influxql_identifier, influxql_string
+from gpufleet.common.redact import redact
 
 log = logging.getLogger("gpufleet.aggregator.influx")
 
@@ -84,8 +85,12 @@ class InfluxStore(Store):
         long shards, so a 30-day query of a tier touches one or two shards, not five."""
         parts = urllib.parse.urlparse(url)
         if parts.scheme not in ("http", "https") or not parts.hostname:
-            raise StoreError(f"influx_url {url!r} is not an http(s) URL")
-        self.url = url
+            raise StoreError(f"influx_url {redact(url)!r} is not an http(s) URL")
+        # What logs, errors and GetStatus show: never the password or a query string.
+        self.url = redact(url)
+        if parts.username and not (token or username):  # http://user:password@host:8086
+            username = urllib.parse.unquote(parts.username)
+            password = urllib.parse.unquote(parts.password or "")
         self.database = database
         self.retention_policy = retention_policy
         self._parts = parts

@@ -16,6 +16,7 @@ from typing import Any
 import pynvml
 
 from gpufleet.protos import telemetry_pb2
+from gpufleet.protos.limits import MAX_PROCESSES_PER_GPU
 
 log = logging.getLogger("gpufleet.collector.nvml")
 
@@ -124,7 +125,7 @@ def _read_processes(handle: Any, sample: telemetry_pb2.GpuSample) -> None:
         # A driver without the _v3 symbol: pynvml raises a plain Exception, not NVMLError.
         raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED) from exc
     sample.process_count = len(procs)
-    for proc in procs:
+    for proc in procs[:MAX_PROCESSES_PER_GPU]:  # the contract's bound; process_count has them all
         entry = sample.processes.add(pid=int(proc.pid))
         if proc.usedGpuMemory is not None:
             entry.used_memory_bytes = int(proc.usedGpuMemory)

@@ -10,7 +10,7 @@ import streamlit as st
 from gpufleet.cli.present import AGGREGATES, history_csv
 from gpufleet.cli.timeparse import parse_duration_ns, parse_time_ns
 from gpufleet.dashboard.data import band_frame, history_frame, time_x
-from gpufleet.dashboard.fleet import call
+from gpufleet.dashboard.fleet import call, list_nodes
 from gpufleet.protos import fleet_pb2
 
 # More lines than this and a chart is a tangle: "auto" groups instead of drawing each series.
@@ -44,7 +44,7 @@ def auto_grouping(
 def render() -> None:
     st.header("History explorer")
     metrics = call("ListMetrics", fleet_pb2.ListMetricsRequest()).metrics
-    listed = list(call("ListNodes", fleet_pb2.ListNodesRequest()).nodes)
+    listed = list(list_nodes().nodes)
     names = [n.node for n in listed]
     c1, c2, c3, c4 = st.columns(4)
     metric = c1.selectbox("metric", [m.name for m in metrics])

@@ -7,8 +7,7 @@ import altair as alt
 import streamlit as st
 
 from gpufleet.dashboard.data import CLASS_RULE, REPLICA_COLUMNS, replicas_frame
-from gpufleet.dashboard.fleet import call
-from gpufleet.protos import fleet_pb2
+from gpufleet.dashboard.fleet import list_nodes
 
 CLASSES = ["KV-bound", "compute-bound", "idle", "unknown", "unreadable"]
 CLASS_COLOURS = ["#b2182b", "#3778bf", "#7f7f7f", "#c7c7c7", "#000000"]
@@ -16,7 +15,7 @@ CLASS_COLOURS = ["#b2182b", "#3778bf", "#7f7f7f", "#c7c7c7", "#000000"]
 
 def render() -> None:
     st.header("Inference")
-    replicas = replicas_frame(call("ListNodes", fleet_pb2.ListNodesRequest()))
+    replicas = replicas_frame(list_nodes())
     st.markdown(CLASS_RULE)
     if replicas.empty:
         st.info("No inference engines found in the fleet (vLLM, SGLang, TGI, TensorRT-LLM).")

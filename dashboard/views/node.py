@@ -18,7 +18,7 @@ from gpufleet.dashboard.data import (
     node_gpus_table,
     time_x,
 )
-from gpufleet.dashboard.fleet import call
+from gpufleet.dashboard.fleet import call, list_nodes
 from gpufleet.protos import fleet_pb2
 from gpufleet.protos.names import health_name
 
@@ -50,7 +50,7 @@ ENGINE_SERIES = {
 
 def render() -> None:
     st.header("Node")
-    names = [n.node for n in call("ListNodes", fleet_pb2.ListNodesRequest()).nodes]
+    names = [n.node for n in list_nodes().nodes]
     if not names:
         st.info("No nodes have reported to this aggregator yet.")
         return

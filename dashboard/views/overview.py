@@ -8,13 +8,12 @@ import pandas as pd
 import streamlit as st
 
 from gpufleet.dashboard.data import HEAT_METRICS, STATE_COLOURS, STATES, gpus_frame, headline, nodes_frame
-from gpufleet.dashboard.fleet import call
-from gpufleet.protos import fleet_pb2
+from gpufleet.dashboard.fleet import list_nodes
 
 
 def render() -> None:
     st.header("Fleet overview")
-    resp = call("ListNodes", fleet_pb2.ListNodesRequest())
+    resp = list_nodes()
     nodes, gpus = nodes_frame(resp), gpus_frame(resp)
     if nodes.empty:
         st.info("No nodes have reported to this aggregator yet. Start collectors, or `gpufleet demo`.")
@@ -50,12 +49,31 @@ def render() -> None:
     if gpus.empty:
         st.info("No GPU matches these filters.")
         return
-    st.altair_chart(heat_map(gpus, shown), width="stretch")
+    drawn = heat_map_nodes(nodes)
+    if len(drawn) < len(nodes):
+        st.caption(
+            f"The heat map shows {len(drawn):,} of {len(nodes):,} nodes: every node out of the healthy "
+            "state first, then by name. Filter by cluster, model or state to see the others; the table "
+            "below lists them all."
+        )
+    st.altair_chart(heat_map(gpus[gpus["node"].isin(drawn)], shown), width="stretch")
     st.caption(
         "Left column: the node's state (silent: its collector is not heard from). Grey cells: the GPU "
         "did not report this value (absent, not zero)."
     )
     st.dataframe(nodes.round(1), hide_index=True, width="stretch")
+
+
+HEAT_MAP_NODES = 1000  # rows a heat map draws: past that a browser draws slowly and no one reads it
+
+
+def heat_map_nodes(nodes: pd.DataFrame, limit: int = HEAT_MAP_NODES) -> list[str]:
+    """The nodes the heat map draws: all of them up to limit; past it, every node that is not
+    healthy first (what an SRE looks for), then the healthy ones by name."""
+    if len(nodes) <= limit:
+        return list(nodes["node"])
+    ranked = nodes.assign(_healthy=nodes["state"] == "healthy").sort_values(["_healthy", "node"])
+    return list(ranked["node"].head(limit))
 
 
 def heat_map(gpus: pd.DataFrame, shown: str) -> alt.HConcatChart:

@@ -5,6 +5,8 @@ from __future__ import annotations
 import abc
 from dataclasses import dataclass
 
+from gpufleet.protos.credentials import node_name_problem
+
 # Reasons the automation writes start with this; it only ever undoes cordons that carry it.
 AUTOMATION_PREFIX = "gpufleet:"
 
@@ -25,6 +27,23 @@ class NotOurs(BackendError):
     def __init__(self, node: str, reason: str) -> None:
         super().__init__(f"{node} is cordoned by someone else ({reason or 'no reason given'}); not touched")
         self.node, self.reason = node, reason
+
+
+def scheduler_node(node: str, backend: str) -> str:
+    """node, when it is a name by the one grammar (protos/credentials.py); BackendError before
+    any argv, URL or path is built from one that is not (defence in depth: ingest refuses such
+    a name at the Hello, and no token is issued for one). Slurm never sees a hostlist or a
+    comma, a tool never sees an option, a URL never sees a '/'."""
+    problem = node_name_problem(node)
+    if problem:
+        raise BackendError(f"{backend}: refusing node name {node[:120]!r}: {problem}")
+    return node
+
+
+def scheduler_nodes(nodes: list[str]) -> list[str]:
+    """The names among nodes that are names by the grammar (observe leaves the others out, as
+    it does a node the scheduler does not know)."""
+    return [n for n in nodes if not node_name_problem(n)]
 
 
 @dataclass(frozen=True)

@@ -1,12 +1,15 @@
 """Cordon, drain and uncordon through operator commands (IPMI, a cloud API, a ticket system).
 
-{node} and {reason} are substituted per argument. A drain command that exits 0 means the node
+{node} and {reason} are substituted per argument, never through a shell, and a node name outside
+the grammar (protos/credentials.py) is refused before any argv is built. The grammar allows no
+leading '-', so {node} is never read as an option; where a tool takes `--`, putting {node}
+after it is still good practice (docs/security.md). A drain command that exits 0 means the node
 is drained; non-zero means not yet (it is run again on the next pass). Without an observe
 command gpufleet's own records are the truth."""
 
 from __future__ import annotations
 
-from gpufleet.repair.backends.base import Backend, BackendError, DrainProgress, Observed
+from gpufleet.repair.backends.base import Backend, BackendError, DrainProgress, Observed, scheduler_node
 from gpufleet.repair.hooks import run_hook
 
 
@@ -26,17 +29,20 @@ class HookBackend(Backend):
         return {}
 
     async def cordon(self, node: str, reason: str, automation: bool) -> None:
+        scheduler_node(node, "hook")
         result = await run_hook(self._cordon, self._timeout_s, node=node, reason=reason)
         if not result.ok:
             raise BackendError(f"cordon hook for {node}: {result.detail}")
 
     async def drain(self, node: str) -> DrainProgress:
+        scheduler_node(node, "hook")
         if not self._drain:
             return DrainProgress(True, "no drain hook configured")
         result = await run_hook(self._drain, self._timeout_s, node=node, reason="")
         return DrainProgress(result.ok, result.detail or ("drained" if result.ok else "draining"))
 
     async def uncordon(self, node: str, automation: bool = True) -> None:
+        scheduler_node(node, "hook")
         result = await run_hook(self._uncordon, self._timeout_s, node=node, reason="")
         if not result.ok:
             raise BackendError(f"uncordon hook for {node}: {result.detail}")

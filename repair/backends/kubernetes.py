@@ -32,6 +32,8 @@ from gpufleet.repair.backends.base import (
     DrainProgress,
     NotOurs,
     Observed,
+    scheduler_node,
+    scheduler_nodes,
 )
 
 TAINT_KEY = "gpufleet.io/unhealthy"
@@ -92,6 +94,7 @@ class KubernetesBackend(Backend):
         return Observed(cordoned=bool(node.spec.unschedulable), ours=ours, reason=reason)
 
     async def observe(self, nodes: list[str], whole_fleet: bool = True) -> dict[str, Observed]:
+        nodes = scheduler_nodes(nodes)
         if not nodes:
             return {}
         if whole_fleet:  # one LIST rather than a GET per node
@@ -130,6 +133,7 @@ class KubernetesBackend(Backend):
         return [ser(t) for t in kept] + ([ser(add)] if add is not None else [])
 
     async def cordon(self, node: str, reason: str, automation: bool) -> None:
+        scheduler_node(node, "kubernetes")
         value = "automation" if automation else "manual"
         taint = self._k8s.client.V1Taint(key=TAINT_KEY, value=value, effect="NoSchedule")
 
@@ -163,6 +167,7 @@ class KubernetesBackend(Backend):
         )
 
     async def drain(self, node: str) -> DrainProgress:
+        scheduler_node(node, "kubernetes")
         pods = await self._call(
             f"list pods on {node}",
             self._core.list_pod_for_all_namespaces,
@@ -212,6 +217,8 @@ class KubernetesBackend(Backend):
         return DrainProgress(True, "no pods left to evict")
 
     async def uncordon(self, node: str, automation: bool = True) -> None:
+        scheduler_node(node, "kubernetes")
+
         def change(current: Any) -> dict[str, Any] | None:
             seen = self._seen(current)
             mine = any(t.key == TAINT_KEY for t in current.spec.taints or [])

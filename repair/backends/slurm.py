@@ -28,6 +28,8 @@ from gpufleet.repair.backends.base import (
     DrainProgress,
     NotOurs,
     Observed,
+    scheduler_node,
+    scheduler_nodes,
 )
 
 _BUSY = {"ALLOCATED", "ALLOC", "MIXED", "COMPLETING"}
@@ -80,6 +82,7 @@ class SlurmBackend(Backend):
     async def observe(self, nodes: list[str], whole_fleet: bool = True) -> dict[str, Observed]:
         if not nodes:
             return {}
+        nodes = scheduler_nodes(nodes)
         if whole_fleet:
             text = await self._run("-o", "show", "node")
         else:
@@ -110,6 +113,7 @@ class SlurmBackend(Backend):
         return seen
 
     async def cordon(self, node: str, reason: str, automation: bool) -> None:
+        scheduler_node(node, "slurm")
         if automation:
             seen = await self._read(node)
             if seen.cordoned and not seen.ours:
@@ -117,12 +121,14 @@ class SlurmBackend(Backend):
         await self._run("update", f"NodeName={node}", "State=DRAIN", f"Reason={reason}")
 
     async def drain(self, node: str) -> DrainProgress:
+        scheduler_node(node, "slurm")
         seen = await self._read(node)
         if seen.drained:
             return DrainProgress(True, "no jobs left")
         return DrainProgress(False, "jobs still running (Slurm lets them finish)")
 
     async def uncordon(self, node: str, automation: bool = True) -> None:
+        scheduler_node(node, "slurm")
         seen = await self._read(node)
         if not seen.cordoned:
             return
