@@ -20,7 +20,6 @@ from dataclasses import dataclass, field
 import grpc
 from google.protobuf.message import DecodeError
 
-import gpufleet
 from gpufleet.aggregator.auth import AuthError, CollectorAuth, CollectorIdentity
 from gpufleet.aggregator.fanout import Fanout
 from gpufleet.aggregator.fleet_state import FleetState
@@ -31,6 +30,7 @@ from gpufleet.aggregator.store.base import PointsRefused
 from gpufleet.aggregator.validation import Checker, Rejection
 from gpufleet.aggregator.workers import WorkerPool
 from gpufleet.aggregator.writer import GroupCommitWriter
+from gpufleet.common.version import __version__
 from gpufleet.protos import ingest_pb2, telemetry_pb2
 
 log = logging.getLogger("gpufleet.aggregator.ingest")
@@ -353,7 +353,7 @@ class IngestService:
             yield ingest_pb2.AggregatorMessage(
                 welcome=ingest_pb2.Welcome(
                     protocol_version=session.hello.protocol_version,
-                    aggregator_version=gpufleet.__version__,
+                    aggregator_version=__version__,
                     max_report_bytes=self._limits.max_report_bytes,
                 )
             )

@@ -14,7 +14,6 @@ from pathlib import Path
 
 import grpc
 
-import gpufleet
 from gpufleet.aggregator import rollups
 from gpufleet.aggregator.auth import Authenticator, CollectorAuth, Revocations
 from gpufleet.aggregator.config import AggregatorConfig
@@ -34,6 +33,7 @@ from gpufleet.aggregator.writer import GroupCommitWriter
 from gpufleet.common.bounded_http import BoundedHTTPServer
 from gpufleet.common.net import is_loopback
 from gpufleet.common.redact import redact
+from gpufleet.common.version import __version__
 from gpufleet.protos import fleet_pb2, fleet_pb2_grpc
 from gpufleet.repair.state import RepairState, StateError, open_state
 
@@ -268,7 +268,7 @@ class Aggregator:
         not_acking = self.sink.not_acking
         store_error = self.sink.store_error or self.writer.store_error
         return fleet_pb2.AggregatorStatus(
-            version=gpufleet.__version__,
+            version=__version__,
             store=self.config.store,
             store_ok=batches == 0 and not not_acking,
             store_error=redact(not_acking or (store_error if batches else "")),

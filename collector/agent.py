@@ -20,7 +20,6 @@ from pathlib import Path
 
 import grpc
 
-import gpufleet
 from gpufleet.collector import carryover
 from gpufleet.collector.commands import CommandGuard, run_command
 from gpufleet.collector.config import CollectorConfig
@@ -30,6 +29,7 @@ from gpufleet.collector.sources.engines.scrape import EngineScraper, parse_endpo
 from gpufleet.collector.sources.nvml import NvmlSource
 from gpufleet.collector.sources.xid_kmsg import KernelLogXidWatcher
 from gpufleet.collector.xid_fold import XidFolder
+from gpufleet.common.version import __version__
 from gpufleet.protos import ingest_pb2, ingest_pb2_grpc, telemetry_pb2, vocabulary_pb2
 from gpufleet.protos.names import event_source_name
 
@@ -290,7 +290,7 @@ class CollectorAgent:
                 node=self.config.node,
                 cluster=self.config.cluster,
                 boot_id=self.boot_id,
-                collector_version=gpufleet.__version__,
+                collector_version=__version__,
                 interval_s=self.config.interval_s,
                 gpus=self.source.inventory(),
                 driver_version=self.source.driver_version,
