@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gpufleet.aggregator.node_budget import BudgetLimits
+from gpufleet.aggregator.ingest.budget import BudgetLimits
 from gpufleet.aggregator.store import Store, open_store
 from gpufleet.repair.backends.names import NameMapError, SchedulerNames
 
@@ -366,7 +366,7 @@ class AggregatorConfig:
         )
 
     def budget_limits(self) -> BudgetLimits:
-        """What one node may cost the ingest (aggregator/node_budget.py)."""
+        """What one node may cost the ingest (aggregator/ingest/budget.py)."""
         return BudgetLimits(
             self.node_reports_per_s,
             self.node_report_burst,

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-from gpufleet.aggregator.spool import Spool
+from gpufleet.aggregator.ingest.spool import Spool
 from gpufleet.aggregator.store.base import Store
 
 

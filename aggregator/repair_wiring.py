@@ -11,9 +11,9 @@ from collections.abc import Callable, Iterable
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from gpufleet.aggregator.config import AggregatorConfig
-from gpufleet.aggregator.event_export import EventExporter, WritePoints
-from gpufleet.aggregator.fleet_state import FleetState
-from gpufleet.aggregator.ingest import IngestService
+from gpufleet.aggregator.fleet.export import EventExporter, WritePoints
+from gpufleet.aggregator.fleet.state import FleetState
+from gpufleet.aggregator.ingest.service import IngestService
 from gpufleet.aggregator.metrics import AggregatorMetrics
 from gpufleet.protos import ingest_pb2, telemetry_pb2
 from gpufleet.protos.names import HEALTH_STATES
@@ -79,7 +79,7 @@ class HealthWatch:
 class RepairWiring:
     """The repair controller of this aggregator, term by term. With the one-box control plane
     there is one term, from start to stop. With replicas, a term is this replica's time as
-    repair leader (aggregator/control_plane.py): `start_term` builds a controller, its alert
+    repair leader (aggregator/replication/control_plane.py): `start_term` builds a controller, its alert
     dispatcher and backend on the leader's fenced view of the store, reloading every workflow,
     incident, ledger entry and the breaker from it; `end_term` stops them. Listeners and
     gauges are registered once and read the term that is running (none: 0, nothing done)."""

@@ -14,22 +14,22 @@ from pathlib import Path
 
 import grpc
 
-from gpufleet.aggregator import rollups
-from gpufleet.aggregator.auth import Authenticator, CollectorAuth, Revocations
+from gpufleet.aggregator.api.service import FleetService
+from gpufleet.aggregator.auth.tokens import Authenticator, CollectorAuth, Revocations
 from gpufleet.aggregator.config import AggregatorConfig
-from gpufleet.aggregator.control_plane import ControlPlane
-from gpufleet.aggregator.fanout import Fanout
-from gpufleet.aggregator.fleet_service import FleetService
-from gpufleet.aggregator.fleet_state import FleetState
+from gpufleet.aggregator.fleet import rollups
+from gpufleet.aggregator.fleet.state import FleetState
 from gpufleet.aggregator.http_endpoints import serve as serve_http
-from gpufleet.aggregator.ingest import IngestLimits, IngestService
+from gpufleet.aggregator.ingest.fanout import Fanout
+from gpufleet.aggregator.ingest.service import IngestLimits, IngestService
+from gpufleet.aggregator.ingest.spool import Spool, adopt_orphans
+from gpufleet.aggregator.ingest.workers import WorkerPool
+from gpufleet.aggregator.ingest.writer import GroupCommitWriter
 from gpufleet.aggregator.metrics import AggregatorMetrics
 from gpufleet.aggregator.repair_wiring import RepairWiring
-from gpufleet.aggregator.spool import Spool, adopt_orphans
+from gpufleet.aggregator.replication.control_plane import ControlPlane
 from gpufleet.aggregator.store import Store, StoreError
 from gpufleet.aggregator.supervise import Supervisor
-from gpufleet.aggregator.workers import WorkerPool
-from gpufleet.aggregator.writer import GroupCommitWriter
 from gpufleet.common.bounded_http import BoundedHTTPServer
 from gpufleet.common.net import is_loopback
 from gpufleet.common.redact import redact
@@ -191,7 +191,7 @@ class Aggregator:
         modes = config.collector_auth_modes
         kubernetes = None
         if "kubernetes" in modes:
-            from gpufleet.aggregator.k8s_auth import KubernetesCollectorAuth
+            from gpufleet.aggregator.auth.kubernetes import KubernetesCollectorAuth
 
             kubernetes = KubernetesCollectorAuth(
                 config.collector_k8s_audience,

@@ -37,8 +37,8 @@ import grpc
 from ingest_bench import aggregator_argv, wait_for_file
 from loadgen import build_report
 
-from gpufleet.aggregator import rollups
-from gpufleet.aggregator.auth import issue_collector_token, new_secrets_file
+from gpufleet.aggregator.auth.tokens import issue_collector_token, new_secrets_file
+from gpufleet.aggregator.fleet import rollups
 from gpufleet.aggregator.store import EmbeddedStore, Point
 from gpufleet.protos import fleet_pb2, fleet_pb2_grpc, ingest_pb2, telemetry_pb2
 

@@ -25,7 +25,7 @@ from fleet_loader import load  # bench/ is on sys.path when a bench script runs
 from ingest_bench import aggregator_argv, wait_for_file
 from loadgen import machine
 
-from gpufleet.aggregator.auth import new_secrets_file
+from gpufleet.aggregator.auth.tokens import new_secrets_file
 from gpufleet.protos import fleet_pb2, fleet_pb2_grpc
 
 

@@ -28,8 +28,8 @@ from pathlib import Path
 from ingest_bench import aggregator_argv, wait_for_file  # bench/ is on sys.path when a bench script runs
 from loadgen import Load, drive, machine
 
-from gpufleet.aggregator import rollups
-from gpufleet.aggregator.auth import new_secrets_file
+from gpufleet.aggregator.auth.tokens import new_secrets_file
+from gpufleet.aggregator.fleet import rollups
 from gpufleet.aggregator.store import HistoryQuery, Point
 from gpufleet.aggregator.store.influx import InfluxStore
 from gpufleet.aggregator.store.lineproto import line

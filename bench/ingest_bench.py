@@ -25,7 +25,7 @@ from pathlib import Path
 
 from loadgen import CpuSampler, Load, drive, machine  # bench/ is on sys.path when a bench script runs
 
-from gpufleet.aggregator.auth import new_secrets_file
+from gpufleet.aggregator.auth.tokens import new_secrets_file
 
 HERE = Path(__file__).resolve().parent
 

@@ -25,7 +25,7 @@ from pathlib import Path
 import grpc
 import psutil
 
-from gpufleet.aggregator.auth import issue_collector_token
+from gpufleet.aggregator.auth.tokens import issue_collector_token
 from gpufleet.protos import ingest_pb2, telemetry_pb2
 
 METHOD = "/gpufleet.v1.Ingest/Stream"

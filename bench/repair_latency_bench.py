@@ -37,7 +37,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "tests"))
 from k8s_standin import KubeStandin  # noqa: E402  (the stand-in lives with the tests)
 
-from gpufleet.aggregator.auth import issue_collector_token, new_secrets_file  # noqa: E402
+from gpufleet.aggregator.auth.tokens import issue_collector_token, new_secrets_file  # noqa: E402
 from gpufleet.protos import fleet_pb2, fleet_pb2_grpc  # noqa: E402
 
 FAULTS = [  # (at_s, gpu, kind, xid, sampled)

@@ -38,7 +38,7 @@ from influx_bench import start_influxd  # bench/ is on sys.path when a bench scr
 from ingest_bench import aggregator_argv, wait_for_file
 from loadgen import CpuSampler, Load, drive, machine
 
-from gpufleet.aggregator.auth import new_secrets_file
+from gpufleet.aggregator.auth.tokens import new_secrets_file
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 from pg_harness import PostgresServer

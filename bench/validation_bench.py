@@ -7,7 +7,7 @@ cost of decoding it (what gRPC pays for every report anyway), in one process and
 A report of `--gpus` GPUs with every GpuSample field set (the worst case: an absent field
 costs nothing), one engine and the collector's stats. Prints the median µs per report over
 --runs runs of --n reports each for: decoding the report's bytes (baseline), the ingest checks
-plus point conversion (`Checker.check_report`, aggregator/validation.py), and their ratio.
+plus point conversion (`Checker.check_report`, aggregator/ingest/validation.py), and their ratio.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import argparse
 import statistics
 import time
 
-from gpufleet.aggregator.validation import Checker
+from gpufleet.aggregator.ingest.validation import Checker
 from gpufleet.protos import ingest_pb2, telemetry_pb2
 
 

@@ -22,8 +22,8 @@ import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from gpufleet.aggregator.auth import issue_collector_token, new_secrets_file
-from gpufleet.cli.client import ClientSettings, FleetClient, client_config_path
+from gpufleet.aggregator.auth.tokens import issue_collector_token, new_secrets_file
+from gpufleet.client.fleet import ClientSettings, FleetClient, client_config_path
 from gpufleet.collector.simnvml import GPU_PROFILES
 from gpufleet.common.files import write_private
 from gpufleet.protos import vocabulary_pb2

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from gpufleet.cli.present import NA, message_fields
+from gpufleet.client.present import NA, message_fields
 from gpufleet.collector.sources.engines.scrape import Endpoint, EngineScraper
 
 

@@ -18,8 +18,8 @@ import sys
 from pathlib import Path
 
 from gpufleet.cli import repair_cmds, replay_cmd, settings
-from gpufleet.cli.client import ClientError, FleetClient, resolve_client
-from gpufleet.cli.logsetup import configure as configure_logging
+from gpufleet.client.fleet import ClientError, FleetClient, resolve_client
+from gpufleet.common.logsetup import configure as configure_logging
 from gpufleet.protos.names import AGGREGATES, HISTORY_EVENT_KINDS
 
 EXIT_CONFIG = 2
@@ -264,7 +264,7 @@ def _run_auth(args: argparse.Namespace) -> int:
     import time
     import tomllib
 
-    from gpufleet.aggregator.auth import (
+    from gpufleet.aggregator.auth.tokens import (
         fleet_token_entry,
         issue_collector_token,
         new_fleet_token,

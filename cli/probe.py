@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from gpufleet.cli.present import NA, message_fields
+from gpufleet.client.present import NA, message_fields
 from gpufleet.collector.config import CollectorConfig
 from gpufleet.collector.main import open_source
 from gpufleet.protos import telemetry_pb2

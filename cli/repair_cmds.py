@@ -9,8 +9,8 @@ from typing import Any
 
 from tabulate import tabulate
 
-from gpufleet.cli.client import FleetClient
-from gpufleet.cli.timeparse import iso
+from gpufleet.client.fleet import FleetClient
+from gpufleet.client.timeparse import iso
 from gpufleet.protos import fleet_pb2
 from gpufleet.protos.names import action_name, health_name, severity_name
 

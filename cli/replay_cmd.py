@@ -15,8 +15,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from gpufleet.cli.client import FleetClient, resolve_client
-from gpufleet.cli.timeparse import parse_time_ns
+from gpufleet.client.fleet import FleetClient, resolve_client
+from gpufleet.client.timeparse import parse_time_ns
 
 
 def add_arguments(sub: Any, client: argparse.ArgumentParser) -> None:

@@ -12,8 +12,8 @@ from typing import Any
 
 from tabulate import tabulate
 
-from gpufleet.cli.client import FleetClient
-from gpufleet.cli.present import (
+from gpufleet.client.fleet import FleetClient
+from gpufleet.client.present import (
     AGGREGATES,
     NA,
     event_row,
@@ -30,7 +30,7 @@ from gpufleet.cli.present import (
     series_label,
     varying_tags,
 )
-from gpufleet.cli.timeparse import iso, parse_duration_ns, parse_time_ns
+from gpufleet.client.timeparse import iso, parse_duration_ns, parse_time_ns
 from gpufleet.protos import fleet_pb2, telemetry_pb2, vocabulary_pb2
 from gpufleet.protos.names import aggregate_name
 

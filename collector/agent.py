@@ -36,7 +36,7 @@ from gpufleet.protos.names import event_source_name
 log = logging.getLogger("gpufleet.collector")
 
 PROTOCOL_VERSION = 1
-NODE_METADATA = "x-gpufleet-node"  # aggregator/auth.py reads it
+NODE_METADATA = "x-gpufleet-node"  # aggregator/auth/tokens.py reads it
 # Statuses that will not cure themselves by retrying soon: wait the longest backoff.
 _CONFIG_ERRORS = {
     grpc.StatusCode.UNAUTHENTICATED,

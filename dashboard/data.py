@@ -6,7 +6,7 @@ from __future__ import annotations
 import altair as alt
 import pandas as pd
 
-from gpufleet.cli.present import (
+from gpufleet.client.present import (
     EVENT_COLUMNS,
     GIB,
     event_row,
@@ -16,7 +16,7 @@ from gpufleet.cli.present import (
     series_label,
     varying_tags,
 )
-from gpufleet.cli.timeparse import iso
+from gpufleet.client.timeparse import iso
 from gpufleet.protos import fleet_pb2, telemetry_pb2, vocabulary_pb2
 from gpufleet.protos.names import action_name, health_name, liveness_name, severity_name
 

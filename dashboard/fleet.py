@@ -7,7 +7,7 @@ from typing import Any
 
 import streamlit as st
 
-from gpufleet.cli.client import ClientError, FleetClient, resolve_client
+from gpufleet.client.fleet import ClientError, FleetClient, resolve_client
 from gpufleet.protos import fleet_pb2
 
 

@@ -1,5 +1,5 @@
 """The sizes of the ingest contract that both ends must agree on: the aggregator refuses a
-message past them (aggregator/wire_rules.py), and the collector never builds one (it lists at
+message past them (aggregator/ingest/wire_rules.py), and the collector never builds one (it lists at
 most MAX_PROCESSES_PER_GPU processes of a GPU, with process_count saying how many there are).
 docs/security.md "Bounded per-node state"."""
 

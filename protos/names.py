@@ -46,7 +46,7 @@ EVENT_KINDS = {event_kind_name(v): v for v in vocabulary_pb2.EventKind.values()}
 EVENT_SOURCES = {event_source_name(v): v for v in vocabulary_pb2.EventSource.values()}
 
 # What history's events are (the Fleet API's QueryEvents kinds): the collector's event kinds, then
-# the repair controller's health findings and repair actions (aggregator/events_query.py).
+# the repair controller's health findings and repair actions (aggregator/fleet/events.py).
 HISTORY_EVENT_KINDS = (*(k for k in EVENT_KINDS if k != "unspecified"), "health", "repair")
 
 

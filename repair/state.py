@@ -282,152 +282,41 @@ class RepairState(ABC):
         with self._write(what):
             pass
 
-    # --- the leader lease -----------------------------------------------------------------
+    # --- what extensions of the contract run on (aggregator/replication/records.py) --------
+    def execute(self, sql: str, args: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
+        """One statement ("?" placeholders), in the current transaction or its own."""
+        return self._execute(sql, args)
+
+    def execute_many(self, sql: str, rows: Sequence[Sequence[Any]]) -> None:
+        self._execute_many(sql, rows)
+
+    def transaction(self, lock_lease: bool = False) -> Any:
+        """One transaction (lock_lease: the lease row locked from its start)."""
+        return self._transaction(lock_lease)
+
+    def fenced_write(self, what: str) -> Any:
+        """One write, refused (Fenced) unless this view's leader still holds the lease."""
+        return self._write(what)
+
+    def store_now_ns(self) -> int:
+        return self._store_now_ns()
+
+    def lease_for_share(self) -> tuple[str, int, int, int]:
+        """(holder, epoch, expires_ns, now_ns), inside the current transaction."""
+        return self._read_lease_for_share()
+
+    def next_version_sql(self) -> str:
+        """SQL for the next version number of a live-view row (a sequence on PostgreSQL)."""
+        return self._next_version_sql()
+
+    def _next_version_sql(self) -> str:
+        return "(SELECT COALESCE(MAX(version), 0) + 1 FROM node_live)"
+
     def lease(self) -> LeaseInfo:
         holder, epoch, expires_ns = self._execute(
             "SELECT holder, epoch, expires_ns FROM leader_lease WHERE id = 1"
         )[0]
         return LeaseInfo(str(holder), int(epoch), int(expires_ns), self._store_now_ns())
-
-    def acquire_lease(self, holder: str, lease_s: float) -> int | None:
-        """Take the lease if it is free, expired or this holder's own (a restarted process
-        with the same replica id): the new epoch this holder leads with, or None if another
-        holds it. Every acquisition is a new epoch, so whatever an earlier process of the same
-        name still tries to write carries an old one and is refused. Keep it with renew_lease."""
-        with self._transaction(lock_lease=True):
-            cur_holder, epoch, expires_ns, now_ns = self._read_lease_for_share()
-            if cur_holder and cur_holder != holder and expires_ns > now_ns:
-                return None
-            self._execute(
-                "UPDATE leader_lease SET holder = ?, epoch = ?, expires_ns = ? WHERE id = 1",
-                (holder, epoch + 1, now_ns + int(lease_s * 1e9)),
-            )
-            return int(epoch + 1)
-
-    def renew_lease(self, holder: str, epoch: int, lease_s: float) -> bool:
-        """Extend this holder's lease; False if it has lost it (expired and taken, or newer)."""
-        with self._transaction(lock_lease=True):
-            cur_holder, cur_epoch, expires_ns, now_ns = self._read_lease_for_share()
-            if cur_holder != holder or cur_epoch != epoch or expires_ns <= now_ns:
-                return False
-            self._execute(
-                "UPDATE leader_lease SET expires_ns = ? WHERE id = 1", (now_ns + int(lease_s * 1e9),)
-            )
-            return True
-
-    def release_lease(self, holder: str, epoch: int) -> None:
-        """Give the lease up at once (a clean stop): another replica need not wait it out."""
-        with self._transaction(lock_lease=True):
-            cur_holder, cur_epoch, _, now_ns = self._read_lease_for_share()
-            if cur_holder == holder and cur_epoch == epoch:
-                self._execute("UPDATE leader_lease SET expires_ns = ? WHERE id = 1", (now_ns,))
-
-    # --- replicas -------------------------------------------------------------------------
-    def heartbeat(self, replica: str, info: dict[str, Any]) -> None:
-        self._execute(
-            "INSERT INTO replica VALUES (?, ?, ?) "
-            "ON CONFLICT (id) DO UPDATE SET info = excluded.info, heard_ns = excluded.heard_ns",
-            (replica, json.dumps(info), self._store_now_ns()),
-        )
-
-    def replicas(self, max_age_s: float = 3600.0) -> list[ReplicaInfo]:
-        now = self._store_now_ns()
-        rows = self._execute(
-            "SELECT id, info, heard_ns FROM replica WHERE heard_ns >= ? ORDER BY id",
-            (now - int(max_age_s * 1e9),),
-        )
-        return [ReplicaInfo(r, json.loads(i), int(h), (now - int(h)) / 1e9) for r, i, h in rows]
-
-    def forget_replica(self, replica: str) -> None:
-        self._execute("DELETE FROM replica WHERE id = ?", (replica,))
-
-    # --- the shared live view ----------------------------------------------------------------
-    def put_live(self, replica: str, rows: Sequence[tuple[str, int, bool, bytes]]) -> None:
-        """(node, heard_ns, connected, NodeDetail bytes) of the nodes this replica heard from.
-        A row is taken unless another replica has heard the node more recently: a replica that
-        lost a node's stream never overwrites the one that holds it now."""
-        if not rows:
-            return
-        self._execute_many(
-            "INSERT INTO node_live (node, replica, heard_ns, connected, version, body) "
-            f"VALUES (?, ?, ?, ?, {self._next_version_sql()}, ?) "
-            "ON CONFLICT (node) DO UPDATE SET replica = excluded.replica, "
-            "heard_ns = excluded.heard_ns, connected = excluded.connected, "
-            "version = excluded.version, body = excluded.body "
-            "WHERE excluded.heard_ns >= node_live.heard_ns OR node_live.replica = excluded.replica",
-            [(node, replica, heard_ns, bool(connected), body) for node, heard_ns, connected, body in rows],
-        )
-
-    def _next_version_sql(self) -> str:
-        return "(SELECT COALESCE(MAX(version), 0) + 1 FROM node_live)"
-
-    def live_rows(self, after_version: int = 0) -> list[LiveRow]:
-        rows = self._execute(
-            "SELECT node, replica, heard_ns, connected, version, body FROM node_live "
-            "WHERE version > ? ORDER BY version",
-            (after_version,),
-        )
-        return [LiveRow(n, r, int(h), bool(c), int(v), bytes(b)) for n, r, h, c, v, b in rows]
-
-    # --- commands for a node's stream ---------------------------------------------------------
-    def queue_command(self, node: str, command_id: str, body: bytes) -> None:
-        """A command (GPU reset) for the replica that holds the node's stream to send. Fenced:
-        only the leader queues one. Queuing the same id twice is a no-op."""
-        with self._write(f"queue command {command_id} for {node}"):
-            self._execute(
-                "INSERT INTO command (node, command_id, body, epoch, taken_by, queued_ns) "
-                "VALUES (?, ?, ?, ?, '', ?) ON CONFLICT (command_id) DO NOTHING",
-                (node, command_id, body, self._epoch or 0, self._store_now_ns()),
-            )
-
-    def take_commands(
-        self, replica: str, nodes: Sequence[str], max_age_s: float = 600.0
-    ) -> list[QueuedCommand]:
-        """Commands not yet taken for these nodes (the streams this replica holds), marked taken
-        by it in the same transaction: one replica sends each command once. Only commands queued
-        under the lease's current epoch are taken. A command older than max_age_s is never sent
-        (its step has timed out: a GPU reset long after the controller stopped waiting for it
-        would surprise everyone)."""
-        if not nodes:
-            return []
-        taken = []
-        with self._transaction():
-            # Only commands of the leader that holds the lease now: a command a deposed leader
-            # queued (or a row written into the table by anything else) is never relayed.
-            rows = self._execute(
-                "SELECT seq, node, command_id, body, epoch FROM command "
-                "WHERE taken_by = '' AND queued_ns >= ? "
-                "AND epoch = (SELECT epoch FROM leader_lease WHERE id = 1) "
-                "ORDER BY seq",
-                (self._store_now_ns() - int(max_age_s * 1e9),),
-            )
-            wanted = set(nodes)
-            for seq, node, command_id, body, epoch in rows:
-                if node in wanted:
-                    done = self._execute(
-                        "UPDATE command SET taken_by = ? WHERE seq = ? AND taken_by = '' RETURNING seq",
-                        (replica, seq),
-                    )
-                    if done:
-                        taken.append(QueuedCommand(int(seq), node, command_id, bytes(body), int(epoch)))
-        return taken
-
-    def put_command_result(self, node: str, command_id: str, body: bytes) -> None:
-        self._execute(
-            "INSERT INTO command_result (node, command_id, body) VALUES (?, ?, ?) "
-            "ON CONFLICT (command_id) DO NOTHING",
-            (node, command_id, body),
-        )
-
-    def command_results(self, after_seq: int = 0) -> list[tuple[int, str, bytes]]:
-        """(seq, node, CommandResult bytes) written since after_seq, oldest first."""
-        rows = self._execute(
-            "SELECT seq, node, body FROM command_result WHERE seq > ? ORDER BY seq", (after_seq,)
-        )
-        return [(int(s), n, bytes(b)) for s, n, b in rows]
-
-    def last_command_result_seq(self) -> int:
-        return int(self._execute("SELECT COALESCE(MAX(seq), 0) FROM command_result")[0][0])
 
     # --- collector credentials -----------------------------------------------------------------
     def revoke_collector_token(self, token_id: str, node: str, actor: str, reason: str) -> bool:
@@ -499,7 +388,7 @@ class RepairState(ABC):
 
     def incidents_open_or_opened_since(self, since_ns: int, limit: int = 1000) -> list[Incident]:
         """Every open incident and those opened since since_ns, newest first (the history
-        export's read: aggregator/event_export.py)."""
+        export's read: aggregator/fleet/export.py)."""
         rows = self._execute(
             "SELECT body FROM incident WHERE closed_ns = 0 OR opened_ns >= ? ORDER BY opened_ns DESC LIMIT ?",
             (since_ns, limit),
@@ -551,7 +440,7 @@ class RepairState(ABC):
 
     def audit_after(self, seq: int, limit: int = 1000) -> list[tuple[int, AuditRecord]]:
         """(seq, record) of the audit rows after seq, oldest first: a reader that keeps the last
-        seq it handled reads each row once (the history export, aggregator/event_export.py)."""
+        seq it handled reads each row once (the history export, aggregator/fleet/export.py)."""
         rows = self._execute(
             "SELECT seq, time_ns, actor, node, action, reason, outcome, incident_id FROM audit "
             "WHERE seq > ? ORDER BY seq LIMIT ?",

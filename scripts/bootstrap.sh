@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Create .venv (if missing) and install gpufleet into it, editable, with the given extras.
-# Idempotent and quick when nothing changed: the install is skipped while pyproject.toml
+# Idempotent and quick when nothing changed: the install is skipped while pyproject.toml,
+# setup.py, the package folders (setup.py maps each whole, so a new one needs a new install)
 # and the extras are the same as last time.
 #   scripts/bootstrap.sh dashboard        # for the demo
 #   scripts/bootstrap.sh dev,dashboard    # for the tests
@@ -24,7 +25,7 @@ if [ ! -x .venv/bin/python ]; then
   }
 fi
 stamp=".venv/.gpufleet-installed"
-want="$(sha256sum pyproject.toml | cut -d' ' -f1) $extras"
+want="$(cat pyproject.toml setup.py | sha256sum | cut -d' ' -f1) $(ls -d */__init__.py | tr '\n' ' ')$extras"
 if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   echo "bootstrap: installing gpufleet[$extras] into .venv (first time takes a minute or two)"
   log=".venv/bootstrap-pip.log"

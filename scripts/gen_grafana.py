@@ -3,7 +3,7 @@
     python scripts/gen_grafana.py            # rewrite deploy/grafana/dashboards/*.json
     python scripts/gen_grafana.py --check    # exit 1 if a committed dashboard is out of date
 
-Four dashboards read the InfluxDB schema (aggregator/schema.py; InfluxQL through InfluxDB's v1
+Four dashboards read the InfluxDB schema (aggregator/ingest/schema.py; InfluxQL through InfluxDB's v1
 API, which 1.x, 2.x and 3.x serve) and one reads the collector's Prometheus /metrics
 (collector/metrics_endpoint.py). Each query is written once here; tests/test_prometheus_grafana.py
 runs every one of them against a real influxd and a real Prometheus and checks the JSON's

@@ -19,7 +19,7 @@ from typing import Any, TypeVar
 import grpc
 import pytest
 
-from gpufleet.aggregator.auth import issue_collector_token, new_secrets_file
+from gpufleet.aggregator.auth.tokens import issue_collector_token, new_secrets_file
 from gpufleet.protos import fleet_pb2_grpc
 
 T = TypeVar("T")

@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 from conftest import wait_until
 
+from gpufleet.aggregator.replication.records import ReplicaRecords as R
 from gpufleet.repair.migrations import MIGRATIONS
 from gpufleet.repair.model import Finding
 from gpufleet.repair.state import AuditRecord, Fenced, RepairState, StateError, Workflow, open_state
@@ -99,33 +100,33 @@ def test_windows_alerts_and_breaker_values(make_state: Any) -> None:
 def test_one_leader_at_a_time_and_a_new_epoch_on_takeover(make_state: Any) -> None:
     a, b = make_state(), make_state()
     assert a.lease().holder == ""
-    epoch = a.acquire_lease("replica-a", 0.5)
+    epoch = R(a).acquire_lease("replica-a", 0.5)
     assert epoch == 1
-    assert b.acquire_lease("replica-b", 0.5) is None  # held
-    assert a.renew_lease("replica-a", 1, 0.5)  # renewing keeps the epoch
-    assert a.acquire_lease("replica-a", 0.5) == 2  # a restart under the same name: a new one
-    assert not a.renew_lease("replica-a", 1, 0.5)  # and the old epoch cannot renew
+    assert R(b).acquire_lease("replica-b", 0.5) is None  # held
+    assert R(a).renew_lease("replica-a", 1, 0.5)  # renewing keeps the epoch
+    assert R(a).acquire_lease("replica-a", 0.5) == 2  # a restart under the same name: a new one
+    assert not R(a).renew_lease("replica-a", 1, 0.5)  # and the old epoch cannot renew
     assert b.lease().holder == "replica-a" and b.lease().live
 
     deadline = time.monotonic() + 10
-    while (taken := b.acquire_lease("replica-b", 30)) is None:  # once a's lease runs out
+    while (taken := R(b).acquire_lease("replica-b", 30)) is None:  # once a's lease runs out
         assert time.monotonic() < deadline, "the lease never expired"
         time.sleep(0.05)
     assert taken == 3
-    assert not a.renew_lease("replica-a", 2, 30)  # the old leader learns it has lost it
-    b.release_lease("replica-b", 3)
+    assert not R(a).renew_lease("replica-a", 2, 30)  # the old leader learns it has lost it
+    R(b).release_lease("replica-b", 3)
     assert not b.lease().live
-    assert a.acquire_lease("replica-a", 30) == 4
+    assert R(a).acquire_lease("replica-a", 30) == 4
 
 
 def test_a_deposed_leaders_writes_are_refused_and_audited(make_state: Any) -> None:
     a, b = make_state(), make_state()
-    old = a.acquire_lease("replica-a", 0.2)
+    old = R(a).acquire_lease("replica-a", 0.2)
     assert old is not None
     leader_a = a.fenced("replica-a", old)
     leader_a.save(Workflow("n1", state="cordoned"))  # while it leads, it writes
     deadline = time.monotonic() + 10
-    while (new := b.acquire_lease("replica-b", 30)) is None:
+    while (new := R(b).acquire_lease("replica-b", 30)) is None:
         assert time.monotonic() < deadline
         time.sleep(0.05)
     leader_b = b.fenced("replica-b", new)
@@ -135,7 +136,7 @@ def test_a_deposed_leaders_writes_are_refused_and_audited(make_state: Any) -> No
         lambda: leader_a.begin_action("inc:0:reset_gpu"),
         lambda: leader_a.audit(AuditRecord(1, "automation", "n1", "uncordon", "clean", "started")),
         lambda: leader_a.put("breaker", "{}"),
-        lambda: leader_a.queue_command("n1", "inc:0:reset_gpu#3", b"x"),
+        lambda: R(leader_a).queue_command("n1", "inc:0:reset_gpu#3", b"x"),
         lambda: leader_a.check_fence("a repair pass"),
     ):
         with pytest.raises(Fenced, match="epoch 1"):
@@ -143,7 +144,7 @@ def test_a_deposed_leaders_writes_are_refused_and_audited(make_state: Any) -> No
     assert b.workflows()["n1"].state == "cordoned"  # none of it took effect
     assert b.action_outcome("inc:0:reset_gpu") is None
     assert b.get("breaker") is None
-    assert b.take_commands("replica-b", ["n1"]) == []
+    assert R(b).take_commands("replica-b", ["n1"]) == []
     refusals = [r for r in b.audit_log() if r.action == "fenced"]
     assert len(refusals) == 6
     assert refusals[0].actor == "replica-a (epoch 1)"
@@ -155,7 +156,7 @@ def test_a_deposed_leaders_writes_are_refused_and_audited(make_state: Any) -> No
 
 def test_an_expired_lease_fences_even_before_anyone_takes_over(make_state: Any) -> None:
     a = make_state()
-    epoch = a.acquire_lease("replica-a", 0.1)
+    epoch = R(a).acquire_lease("replica-a", 0.1)
     assert epoch is not None
     leader = a.fenced("replica-a", epoch)
     deadline = time.monotonic() + 10
@@ -168,36 +169,36 @@ def test_an_expired_lease_fences_even_before_anyone_takes_over(make_state: Any) 
 
 def test_live_view_rows_only_move_forward(make_state: Any) -> None:
     a, b = make_state(), make_state()
-    a.put_live("replica-a", [("n1", 100, True, b"a1"), ("n2", 100, True, b"a2")])
-    rows = b.live_rows()
+    R(a).put_live("replica-a", [("n1", 100, True, b"a1"), ("n2", 100, True, b"a2")])
+    rows = R(b).live_rows()
     assert {(r.node, r.replica, r.body) for r in rows} == {
         ("n1", "replica-a", b"a1"),
         ("n2", "replica-a", b"a2"),
     }
     cursor = max(r.version for r in rows)
-    b.put_live("replica-b", [("n1", 200, True, b"b1")])  # n1's collector moved to replica-b
-    a.put_live("replica-a", [("n1", 150, False, b"a1-disconnected")])  # a's late news of it
-    changed = a.live_rows(after_version=cursor)
+    R(b).put_live("replica-b", [("n1", 200, True, b"b1")])  # n1's collector moved to replica-b
+    R(a).put_live("replica-a", [("n1", 150, False, b"a1-disconnected")])  # a's late news of it
+    changed = R(a).live_rows(after_version=cursor)
     assert [(r.node, r.replica, r.heard_ns, r.connected, r.body) for r in changed] == [
         ("n1", "replica-b", 200, True, b"b1")
     ]
-    b.put_live("replica-b", [("n1", 190, False, b"b1-gone")])  # the holder's own row: always
-    assert {r.node: r.body for r in a.live_rows()}["n1"] == b"b1-gone"
+    R(b).put_live("replica-b", [("n1", 190, False, b"b1-gone")])  # the holder's own row: always
+    assert {r.node: r.body for r in R(a).live_rows()}["n1"] == b"b1-gone"
 
 
 def test_commands_go_to_one_replica_once_and_results_come_back(make_state: Any) -> None:
     a, b, c = make_state(), make_state(), make_state()
-    epoch = a.acquire_lease("leader", 30)
+    epoch = R(a).acquire_lease("leader", 30)
     assert epoch is not None
     leader = a.fenced("leader", epoch)
-    leader.queue_command("n1", "inc:0:reset_gpu#3", b"reset-3")
-    leader.queue_command("n1", "inc:0:reset_gpu#3", b"reset-3")  # queued twice: once
-    leader.queue_command("n2", "inc:1:reset_gpu#0", b"reset-0")
-    assert c.take_commands("replica-c", ["n9"]) == []
-    assert c.take_commands("replica-c", ["n1"], max_age_s=0) == []  # too old to send: never taken
+    R(leader).queue_command("n1", "inc:0:reset_gpu#3", b"reset-3")
+    R(leader).queue_command("n1", "inc:0:reset_gpu#3", b"reset-3")  # queued twice: once
+    R(leader).queue_command("n2", "inc:1:reset_gpu#0", b"reset-0")
+    assert R(c).take_commands("replica-c", ["n9"]) == []
+    assert R(c).take_commands("replica-c", ["n1"], max_age_s=0) == []  # too old to send: never taken
     got: list[Any] = []
     threads = [
-        threading.Thread(target=lambda s=s, name=name: got.extend(s.take_commands(name, ["n1", "n2"])))
+        threading.Thread(target=lambda s=s, name=name: got.extend(R(s).take_commands(name, ["n1", "n2"])))
         for s, name in ((b, "replica-b"), (c, "replica-c"))
     ]
     for t in threads:
@@ -206,25 +207,25 @@ def test_commands_go_to_one_replica_once_and_results_come_back(make_state: Any) 
         t.join()
     assert sorted(q.command_id for q in got) == ["inc:0:reset_gpu#3", "inc:1:reset_gpu#0"]
     assert all(q.epoch == epoch for q in got)
-    first = a.last_command_result_seq()
-    b.put_command_result("n1", "inc:0:reset_gpu#3", b"ok")
-    b.put_command_result("n1", "inc:0:reset_gpu#3", b"ok")  # a retried write: once
-    assert [(n, body) for _, n, body in a.command_results(first)] == [("n1", b"ok")]
+    first = R(a).last_command_result_seq()
+    R(b).put_command_result("n1", "inc:0:reset_gpu#3", b"ok")
+    R(b).put_command_result("n1", "inc:0:reset_gpu#3", b"ok")  # a retried write: once
+    assert [(n, body) for _, n, body in R(a).command_results(first)] == [("n1", b"ok")]
 
 
 def test_replicas_relay_only_commands_of_the_current_leader(make_state: Any) -> None:
     """A command a deposed leader queued (or any row put in the table under another epoch) is
     never sent to a node: replicas take only what the lease's current epoch queued."""
     a, b = make_state(), make_state()
-    old = a.acquire_lease("leader-a", 0.2)
+    old = R(a).acquire_lease("leader-a", 0.2)
     assert old is not None
-    a.fenced("leader-a", old).queue_command("n1", "inc:0:reset_gpu#3~old", b"old")
+    R(a.fenced("leader-a", old)).queue_command("n1", "inc:0:reset_gpu#3~old", b"old")
     wait_until(lambda: not b.lease().live, 5, "the first leader's lease to run out")
-    new = b.acquire_lease("leader-b", 30)
+    new = R(b).acquire_lease("leader-b", 30)
     assert new == old + 1
-    b.fenced("leader-b", new).queue_command("n1", "inc:1:reset_gpu#3~new", b"new")
-    assert [q.command_id for q in b.take_commands("replica-c", ["n1"])] == ["inc:1:reset_gpu#3~new"]
-    assert b.take_commands("replica-c", ["n1"]) == []
+    R(b.fenced("leader-b", new)).queue_command("n1", "inc:1:reset_gpu#3~new", b"new")
+    assert [q.command_id for q in R(b).take_commands("replica-c", ["n1"])] == ["inc:1:reset_gpu#3~new"]
+    assert R(b).take_commands("replica-c", ["n1"]) == []
 
 
 def test_collector_tokens_are_revoked_by_id_on_every_replica(make_state: Any) -> None:
@@ -238,14 +239,14 @@ def test_collector_tokens_are_revoked_by_id_on_every_replica(make_state: Any) ->
 
 def test_replicas_heartbeat(make_state: Any) -> None:
     a = make_state()
-    a.heartbeat("replica-a", {"fleet": "10.0.0.1:7711", "streams": 3})
-    a.heartbeat("replica-b", {"fleet": "10.0.0.2:7711", "streams": 0})
-    a.heartbeat("replica-a", {"fleet": "10.0.0.1:7711", "streams": 4})
-    got = make_state().replicas()
+    R(a).heartbeat("replica-a", {"fleet": "10.0.0.1:7711", "streams": 3})
+    R(a).heartbeat("replica-b", {"fleet": "10.0.0.2:7711", "streams": 0})
+    R(a).heartbeat("replica-a", {"fleet": "10.0.0.1:7711", "streams": 4})
+    got = R(make_state()).replicas()
     assert [(r.replica, r.info["streams"]) for r in got] == [("replica-a", 4), ("replica-b", 0)]
     assert all(r.age_s < 60 for r in got)
-    a.forget_replica("replica-b")
-    assert [r.replica for r in a.replicas()] == ["replica-a"]
+    R(a).forget_replica("replica-b")
+    assert [r.replica for r in R(a).replicas()] == ["replica-a"]
 
 
 def test_racing_replicas_elect_exactly_one_leader_per_epoch(make_state: Any) -> None:
@@ -255,7 +256,7 @@ def test_racing_replicas_elect_exactly_one_leader_per_epoch(make_state: Any) -> 
 
     def contend(i: int) -> None:
         barrier.wait()
-        wins.append((f"r{i}", states[i].acquire_lease(f"r{i}", 30)))
+        wins.append((f"r{i}", R(states[i]).acquire_lease(f"r{i}", 30)))
 
     threads = [threading.Thread(target=contend, args=(i,)) for i in range(len(states))]
     for t in threads:
@@ -357,7 +358,7 @@ def test_a_leader_paused_inside_a_transaction_does_not_block_a_takeover(pg_url: 
 
     paused, other = PostgresState(pg_url, connect_timeout_s=1.0), PostgresState(pg_url, connect_timeout_s=1.0)
     paused.migrate()
-    epoch = paused.acquire_lease("replica-a", 0.5)
+    epoch = R(paused).acquire_lease("replica-a", 0.5)
     assert epoch is not None
     leader = paused.fenced("replica-a", epoch)
     taken = None
@@ -367,7 +368,7 @@ def test_a_leader_paused_inside_a_transaction_does_not_block_a_takeover(pg_url: 
         while taken is None:
             assert time.monotonic() < deadline, "the takeover waited on the paused session's lock"
             try:
-                taken = other.acquire_lease("replica-b", 30)
+                taken = R(other).acquire_lease("replica-b", 30)
             except StateError:  # lock_timeout: the row is still locked; try again
                 continue
         paused._execute("INSERT INTO meta VALUES ('written-by-a', 'x')")

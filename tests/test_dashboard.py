@@ -93,7 +93,7 @@ def fleet_with_a_quarantined_node(cluster: Cluster) -> Any:
     wait_until(ready, 60, "two nodes with history, dash-2 quarantined")
 
     def in_history() -> bool:
-        # The repair controller's actions reach history through the export (aggregator/event_export.py).
+        # The repair controller's actions reach history through the export (aggregator/fleet/export.py).
         events = stub.QueryEvents(
             fleet_pb2.EventsRequest(nodes=["dash-2"]), metadata=viewer_meta(cluster)
         ).events
@@ -118,7 +118,7 @@ S = 1_000_000_000
 def fleet_of_200_nodes(cluster: Cluster) -> Any:
     """An aggregator started over a store holding 30 minutes of 200 nodes x 8 GPUs (4 clusters
     of 50): what a fleet's aggregator holds after a restart. The points are written with the
-    real embedded store in the schema's layout (aggregator/schema.py)."""
+    real embedded store in the schema's layout (aggregator/ingest/schema.py)."""
     import time
 
     from gpufleet.aggregator.store import EmbeddedStore, Point
@@ -355,29 +355,3 @@ def test_rejected_token_is_a_plain_error(cluster: Cluster, monkeypatch: pytest.M
     at = app(monkeypatch, agg.fleet, "gfv1_wrong").run()
     assert not at.exception
     assert any("rejected the credential" in e.value for e in at.error)
-
-
-def test_dashboard_imports_only_the_fleet_api_client_side_of_cli() -> None:
-    """The dashboard talks to the aggregator through the Fleet API client alone and shares what
-    both front ends make of its answers (cli/present.py); nothing of the CLI's commands, nothing
-    of the aggregator, the repair library or the collector."""
-    import ast
-
-    allowed = {"gpufleet.cli.client", "gpufleet.cli.present", "gpufleet.cli.timeparse"}
-    forbidden = ("gpufleet.aggregator", "gpufleet.repair", "gpufleet.collector")
-    seen = set()
-    for path in sorted((Path(APP).parent).rglob("*.py")):
-        for node in ast.walk(ast.parse(path.read_text())):
-            names = []
-            if isinstance(node, ast.ImportFrom) and node.module:
-                names = [node.module] + [
-                    f"{node.module}.{a.name}" for a in node.names if node.module == "gpufleet.cli"
-                ]
-            elif isinstance(node, ast.Import):
-                names = [a.name for a in node.names]
-            for name in names:
-                if name.startswith("gpufleet.cli") and name != "gpufleet.cli":
-                    assert name in allowed, f"{path.name} imports {name}"
-                    seen.add(name)
-                assert not name.startswith(forbidden), f"{path.name} imports {name}"
-    assert seen == allowed

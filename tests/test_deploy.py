@@ -21,7 +21,7 @@ from conftest import Cluster, free_port, wait_until
 from k8s_standin import KubeStandin
 from pki import Pki
 
-from gpufleet.aggregator.k8s_auth import API_CALLS as K8S_AUTH_CALLS
+from gpufleet.aggregator.auth.kubernetes import API_CALLS as K8S_AUTH_CALLS
 from gpufleet.protos import fleet_pb2, fleet_pb2_grpc
 from gpufleet.repair.backends.kubernetes import API_CALLS
 

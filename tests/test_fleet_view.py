@@ -9,7 +9,7 @@ import grpc
 import pytest
 from conftest import Cluster, free_port, wait_until
 
-from gpufleet.aggregator.fleet_state import FleetState
+from gpufleet.aggregator.fleet.state import FleetState
 from gpufleet.protos import fleet_pb2, ingest_pb2, telemetry_pb2, vocabulary_pb2
 
 

@@ -39,7 +39,7 @@ from conftest import (
 )
 from prometheus_client import CollectorRegistry
 
-from gpufleet.aggregator.spool import Spool
+from gpufleet.aggregator.ingest.spool import Spool
 from gpufleet.aggregator.store import EmbeddedStore, Point
 from gpufleet.aggregator.store.influx import InfluxStore
 from gpufleet.aggregator.supervise import Supervisor
@@ -158,7 +158,7 @@ def test_a_listener_that_raises_never_delays_an_ack(tmp_path: Path, caplog: pyte
     def prepare(agg: object) -> None:
         agg.fanout.report_listeners.insert(0, ("broken", broken))  # type: ignore[attr-defined]
 
-    caplog.set_level(logging.ERROR, logger="gpufleet.aggregator.fanout")
+    caplog.set_level(logging.ERROR, logger="gpufleet.aggregator.ingest.fanout")
     agg = InProcessAggregator(tmp_path, prepare)
     try:
         healthy = HealthyNode(agg.ingest, agg.secrets.collector_token("listened-node"), "listened-node", 0.05)
@@ -347,7 +347,7 @@ def test_reports_unacked_at_a_collector_stop_are_sent_after_its_restart(
 
 # --- a batch the store refuses: bisected ----------------------------------------------------
 def test_bisect_finds_exactly_the_points_the_store_refuses(tmp_path: Path) -> None:
-    from gpufleet.aggregator.writer import isolate
+    from gpufleet.aggregator.ingest.writer import isolate
 
     store = EmbeddedStore(tmp_path / "store.sqlite3", retention_s=86400)
     now = time.time_ns()

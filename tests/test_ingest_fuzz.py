@@ -45,7 +45,7 @@ from wire_strategies import (
     reports,
 )
 
-from gpufleet.aggregator.schema import ENGINE_VALUE_FIELDS, GPU_VALUE_FIELDS
+from gpufleet.aggregator.ingest.schema import ENGINE_VALUE_FIELDS, GPU_VALUE_FIELDS
 from gpufleet.aggregator.store.influx import InfluxStore
 from gpufleet.protos import ingest_pb2, telemetry_pb2, vocabulary_pb2
 
@@ -204,7 +204,7 @@ def _env(
 
 
 # Both stores, and both ingest paths: in the main process, and through two ingest worker
-# processes (aggregator/workers.py), where the same checks and writer run in another process.
+# processes (aggregator/ingest/workers.py), where the same checks and writer run in another process.
 @pytest.fixture(
     scope="module",
     params=[("embedded", 0), ("influxdb", 0), ("embedded", 2), ("influxdb", 2)],

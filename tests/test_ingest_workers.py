@@ -29,7 +29,7 @@ def workers_of(agg: AggregatorHandle) -> dict[int, psutil.Process]:
             argv = child.cmdline()
         except psutil.Error:
             continue
-        if "gpufleet.aggregator.ingest_worker" in argv and child.status() != psutil.STATUS_ZOMBIE:
+        if "gpufleet.aggregator.ingest.worker" in argv and child.status() != psutil.STATUS_ZOMBIE:
             found[int(argv[argv.index("--index") + 1])] = child
     return found
 

@@ -25,7 +25,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from k8s_standin import KubeStandin
 
-from gpufleet.aggregator.validation import Checker, Rejection
+from gpufleet.aggregator.ingest.validation import Checker, Rejection
 from gpufleet.protos import ingest_pb2
 from gpufleet.protos.credentials import NODE_NAME_RE
 from gpufleet.repair.backends.base import Backend, BackendError

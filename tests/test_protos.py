@@ -43,7 +43,7 @@ def test_check_fails_when_a_proto_changes_without_regenerating(tmp_path: Path) -
 def test_every_fleet_rpc_is_served_by_our_code_not_the_generated_placeholder() -> None:
     """protoc's FleetServicer answers every method with NotImplementedError (generated code,
     kept as generated); FleetService must override each one the .proto declares."""
-    from gpufleet.aggregator.fleet_service import FleetService
+    from gpufleet.aggregator.api.service import FleetService
     from gpufleet.protos import fleet_pb2, fleet_pb2_grpc
 
     methods = [m.name for m in fleet_pb2.DESCRIPTOR.services_by_name["Fleet"].methods]

@@ -9,7 +9,7 @@ import time
 
 from conftest import Cluster, gpufleet_argv
 
-from gpufleet.aggregator import rollups
+from gpufleet.aggregator.fleet import rollups
 from gpufleet.aggregator.store import EmbeddedStore, Point
 
 S = 1_000_000_000

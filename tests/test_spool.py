@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from gpufleet.aggregator.spool import Spool, SpoolFull, adopt_orphans
+from gpufleet.aggregator.ingest.spool import Spool, SpoolFull, adopt_orphans
 from gpufleet.aggregator.store import Point
 
 

@@ -218,7 +218,7 @@ def test_embedded_store_is_durable_across_reopen(tmp_path: Path) -> None:
 
 # --- roll-ups (built on the contract, so they run on both stores) -------------------------
 
-from gpufleet.aggregator import rollups  # noqa: E402
+from gpufleet.aggregator.fleet import rollups  # noqa: E402
 
 H0 = (T0 // (3600 * S) + 1) * 3600 * S  # an hour boundary: hourly buckets align to the epoch
 

@@ -11,8 +11,8 @@ from google.protobuf.descriptor import FieldDescriptor
 from hypothesis import HealthCheck, given, settings
 from wire_strategies import Case, hellos, reports
 
-from gpufleet.aggregator.schema import GPU_VALUE_FIELDS
-from gpufleet.aggregator.wire_rules import (
+from gpufleet.aggregator.ingest.schema import GPU_VALUE_FIELDS
+from gpufleet.aggregator.ingest.wire_rules import (
     INT64_MAX,
     RULES,
     Many,

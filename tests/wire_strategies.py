@@ -15,7 +15,7 @@ from typing import Any
 from google.protobuf.descriptor import Descriptor, FieldDescriptor
 from hypothesis import strategies as st
 
-from gpufleet.aggregator.wire_rules import RULES, Many, Num, Text
+from gpufleet.aggregator.ingest.wire_rules import RULES, Many, Num, Text
 from gpufleet.protos import ingest_pb2, telemetry_pb2
 from gpufleet.protos.credentials import NODE_NAME_RE
 

@@ -7,8 +7,8 @@ from __future__ import annotations
 import altair as alt
 import streamlit as st
 
-from gpufleet.cli.present import AGGREGATES, history_csv
-from gpufleet.cli.timeparse import parse_duration_ns, parse_time_ns
+from gpufleet.client.present import AGGREGATES, history_csv
+from gpufleet.client.timeparse import parse_duration_ns, parse_time_ns
 from gpufleet.dashboard.data import band_frame, history_frame, time_x
 from gpufleet.dashboard.fleet import call, list_nodes
 from gpufleet.protos import fleet_pb2

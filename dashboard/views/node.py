@@ -7,7 +7,7 @@ from __future__ import annotations
 import altair as alt
 import streamlit as st
 
-from gpufleet.cli.timeparse import parse_duration_ns, parse_time_ns
+from gpufleet.client.timeparse import parse_duration_ns, parse_time_ns
 from gpufleet.dashboard import actions
 from gpufleet.dashboard.data import (
     display_state,

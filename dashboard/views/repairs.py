@@ -7,7 +7,7 @@ import altair as alt
 import pandas as pd
 import streamlit as st
 
-from gpufleet.cli.timeparse import iso
+from gpufleet.client.timeparse import iso
 from gpufleet.dashboard.data import audit_frame, incidents_frame, queue_frame
 from gpufleet.dashboard.fleet import call
 from gpufleet.protos import fleet_pb2

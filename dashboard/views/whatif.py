@@ -11,7 +11,7 @@ import altair as alt
 import pandas as pd
 import streamlit as st
 
-from gpufleet.cli.timeparse import parse_time_ns
+from gpufleet.client.timeparse import parse_time_ns
 from gpufleet.dashboard.fleet import call
 from gpufleet.protos import fleet_pb2
 

@@ -12,9 +12,8 @@ import time
 
 import grpc
 
-from gpufleet.aggregator.schema import GPU_IDENTITY, GPU_VALUE_FIELDS, PointConverter
-from gpufleet.aggregator.store import Point
-from gpufleet.aggregator.wire_rules import (
+from gpufleet.aggregator.ingest.schema import GPU_IDENTITY, GPU_VALUE_FIELDS, PointConverter
+from gpufleet.aggregator.ingest.wire_rules import (
     INT64_MAX,
     MAX_ENGINES_PER_REPORT,
     MAX_EVENTS_PER_REPORT,
@@ -22,6 +21,7 @@ from gpufleet.aggregator.wire_rules import (
     Rejection,
     WireValidator,
 )
+from gpufleet.aggregator.store import Point
 from gpufleet.protos import ingest_pb2, telemetry_pb2
 from gpufleet.protos.credentials import node_name_problem
 

@@ -23,10 +23,10 @@ import logging
 import time
 from dataclasses import dataclass
 
-from gpufleet.aggregator.schema import METRICS
+from gpufleet.aggregator.ingest.schema import METRICS
 from gpufleet.aggregator.store import HistoryQuery, Point, Store
 
-log = logging.getLogger("gpufleet.aggregator.rollups")
+log = logging.getLogger("gpufleet.aggregator.fleet.rollups")
 
 S = 1_000_000_000
 ROLLED = ("gpu", "engine")

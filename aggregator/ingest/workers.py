@@ -5,7 +5,7 @@ One Python process is one core for Python code: at fleet scale the decode, valid
 conversion and store writes of every report, plus gRPC and the fleet view in the same
 interpreter, are more than that core can do. With `ingest_workers = N` the main process keeps
 the collector streams (credentials, hellos, sequence, acks, rejects, commands, the fleet view,
-repair) and hands each report's bytes to one of N worker processes (aggregator/ingest_worker.py)
+repair) and hands each report's bytes to one of N worker processes (aggregator/ingest/worker.py)
 chosen by its node, so a node's reports are stored in order. A worker answers each report with
 its outcome: durable (ack), rejected (Reject, counted under the same reasons) or not durable
 (the stream ends UNAVAILABLE; the collector replays).
@@ -33,14 +33,14 @@ from dataclasses import dataclass, field
 import grpc
 
 from gpufleet.aggregator.config import AggregatorConfig
+from gpufleet.aggregator.ingest.validation import Rejection
+from gpufleet.aggregator.ingest.wire_frames import frame, read_frame
 from gpufleet.aggregator.metrics import AggregatorMetrics
 from gpufleet.aggregator.store.base import PointsRefused, StoreError, StoreUnavailable
 from gpufleet.aggregator.supervise import Supervisor
-from gpufleet.aggregator.validation import Rejection
-from gpufleet.aggregator.wire_frames import frame, read_frame
 from gpufleet.protos import ingest_pb2, worker_pb2
 
-log = logging.getLogger("gpufleet.aggregator.workers")
+log = logging.getLogger("gpufleet.aggregator.ingest.workers")
 
 Outcome = worker_pb2.ReportOutcome
 # done(None): durable; done(Rejection | PointsRefused): refused; done(StoreError): not durable.
@@ -200,7 +200,7 @@ class WorkerPool:
             proc = await asyncio.create_subprocess_exec(
                 sys.executable,
                 "-m",
-                "gpufleet.aggregator.ingest_worker",
+                "gpufleet.aggregator.ingest.worker",
                 "--socket-fd",
                 str(child.fileno()),
                 "--index",

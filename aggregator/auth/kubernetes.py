@@ -23,7 +23,7 @@ import threading
 import time
 from typing import Any
 
-from gpufleet.aggregator.auth import AuthError
+from gpufleet.aggregator.auth.tokens import AuthError
 
 
 def _jwt_expiry(token: str) -> float:

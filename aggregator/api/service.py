@@ -13,13 +13,13 @@ from typing import TYPE_CHECKING, Any
 
 import grpc
 
-from gpufleet.aggregator.auth import Authenticator, AuthError, Principal, bearer
-from gpufleet.aggregator.events_query import DEFAULT_EVENTS, EVENT_KINDS, MAX_EVENTS, EventQuery, read_events
-from gpufleet.aggregator.fleet_state import FleetState
+from gpufleet.aggregator.auth.tokens import Authenticator, AuthError, Principal, bearer
+from gpufleet.aggregator.fleet.events import DEFAULT_EVENTS, EVENT_KINDS, MAX_EVENTS, EventQuery, read_events
+from gpufleet.aggregator.fleet.replay_source import history_from_store
+from gpufleet.aggregator.fleet.rollups import read_as_stored, route
+from gpufleet.aggregator.fleet.state import FleetState
+from gpufleet.aggregator.ingest.schema import METRICS, TAGS
 from gpufleet.aggregator.metrics import AggregatorMetrics
-from gpufleet.aggregator.replay_source import history_from_store
-from gpufleet.aggregator.rollups import read_as_stored, route
-from gpufleet.aggregator.schema import METRICS, TAGS
 from gpufleet.aggregator.store import HistoryQuery, Store, StoreError
 from gpufleet.common.net import is_loopback
 from gpufleet.common.redact import redact
@@ -33,8 +33,8 @@ from gpufleet.repair.replay.report import compare, summarize
 from gpufleet.repair.state import AuditRecord, Incident, RepairState, StateError, Workflow
 
 if TYPE_CHECKING:
-    from gpufleet.aggregator.control_plane import ControlPlane
     from gpufleet.aggregator.repair_wiring import RepairWiring
+    from gpufleet.aggregator.replication.control_plane import ControlPlane
 
 log = logging.getLogger("gpufleet.aggregator.fleet")
 

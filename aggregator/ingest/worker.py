@@ -1,9 +1,9 @@
 """An ingest worker process (docs/architecture.md "Ingest on several cores").
 
-Started by the aggregator's main process (aggregator/workers.py) with one end of a socket pair.
+Started by the aggregator's main process (aggregator/ingest/workers.py) with one end of a socket pair.
 The first frame is the aggregator's configuration (JSON); then ToWorker batches come in and
 FromWorker batches go out. For every report: decode, the complete validation
-(aggregator/validation.py, the same code as in one process), conversion to points and the
+(aggregator/ingest/validation.py, the same code as in one process), conversion to points and the
 group commit through the same writer, spool and store code; the outcome goes back by token.
 The worker's own stats go back about once a second.
 
@@ -25,17 +25,17 @@ import time
 import grpc
 
 from gpufleet.aggregator.config import AggregatorConfig
+from gpufleet.aggregator.ingest.spool import Spool, worker_spool_dir
+from gpufleet.aggregator.ingest.validation import Checker, Rejection
+from gpufleet.aggregator.ingest.wire_frames import frame, read_frame
+from gpufleet.aggregator.ingest.writer import GroupCommitWriter
 from gpufleet.aggregator.metrics import AggregatorMetrics
-from gpufleet.aggregator.spool import Spool, worker_spool_dir
 from gpufleet.aggregator.store import StoreError
 from gpufleet.aggregator.store.base import PointsRefused
 from gpufleet.aggregator.supervise import Supervisor
-from gpufleet.aggregator.validation import Checker, Rejection
-from gpufleet.aggregator.wire_frames import frame, read_frame
-from gpufleet.aggregator.writer import GroupCommitWriter
 from gpufleet.protos import ingest_pb2, telemetry_pb2, worker_pb2
 
-log = logging.getLogger("gpufleet.aggregator.ingest_worker")
+log = logging.getLogger("gpufleet.aggregator.ingest.worker")
 Outcome = worker_pb2.ReportOutcome
 STATS_EVERY_S = 1.0
 
@@ -210,7 +210,7 @@ def main() -> None:
     p.add_argument("--index", type=int, required=True)
     p.add_argument("--log-level", default="info")
     args = p.parse_args()
-    from gpufleet.cli.logsetup import configure
+    from gpufleet.common.logsetup import configure
 
     configure(args.log_level, component="aggregator", worker=str(args.index))
     # The main process decides when a worker stops: by closing its socket (a signal to the

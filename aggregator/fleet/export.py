@@ -29,7 +29,7 @@ from gpufleet.aggregator.store import Point
 from gpufleet.repair.incidents import AUTOMATION
 from gpufleet.repair.state import AuditRecord, Incident, RepairState
 
-log = logging.getLogger("gpufleet.aggregator.event_export")
+log = logging.getLogger("gpufleet.aggregator.fleet.export")
 
 CURSOR_KEY = "history_export_audit_seq"
 BATCH_ROWS = 2000
@@ -92,7 +92,7 @@ def health_points(incident: Incident, cluster: str) -> list[Point]:
 
 def _one_per_identity(points: list[Point]) -> list[Point]:
     """Two points with the same measurement, tags and nanosecond would be one: the later is
-    kept 1 ns after (as the collector's events are: aggregator/schema.py)."""
+    kept 1 ns after (as the collector's events are: aggregator/ingest/schema.py)."""
     taken: set[tuple[str, tuple[tuple[str, str], ...], int]] = set()
     out = []
     for p in points:

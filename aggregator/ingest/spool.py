@@ -35,7 +35,7 @@ from pathlib import Path
 
 from gpufleet.aggregator.store.base import Point, StoreUnavailable
 
-log = logging.getLogger("gpufleet.aggregator.spool")
+log = logging.getLogger("gpufleet.aggregator.ingest.spool")
 
 
 RESUME_RATIO = 0.9

@@ -33,13 +33,13 @@ from collections.abc import Awaitable, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import TypeVar
 
+from gpufleet.aggregator.ingest.spool import Spool
 from gpufleet.aggregator.metrics import AggregatorMetrics
-from gpufleet.aggregator.spool import Spool
 from gpufleet.aggregator.store import Point, Store, StoreError
 from gpufleet.aggregator.store.base import PointsRefused, StoreUnavailable, is_unavailable
 from gpufleet.aggregator.supervise import Supervisor
 
-log = logging.getLogger("gpufleet.aggregator.writer")
+log = logging.getLogger("gpufleet.aggregator.ingest.writer")
 
 Done = Callable[[StoreError | None], None]
 POISON_RETRIES = 3  # a spooled batch the store refuses this many times is bisected and quarantined
@@ -153,7 +153,7 @@ class GroupCommitWriter:
 
     async def write(self, points: list[Point]) -> None:
         """submit, and wait: returns once the points are durable, raises the StoreError if not
-        (for the aggregator's own points, e.g. aggregator/event_export.py)."""
+        (for the aggregator's own points, e.g. aggregator/fleet/export.py)."""
         loop = asyncio.get_running_loop()
         outcome: asyncio.Future[StoreError | None] = loop.create_future()
 

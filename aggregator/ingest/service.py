@@ -20,20 +20,20 @@ from dataclasses import dataclass, field
 import grpc
 from google.protobuf.message import DecodeError
 
-from gpufleet.aggregator.auth import AuthError, CollectorAuth, CollectorIdentity
-from gpufleet.aggregator.fanout import Fanout
-from gpufleet.aggregator.fleet_state import FleetState
+from gpufleet.aggregator.auth.tokens import AuthError, CollectorAuth, CollectorIdentity
+from gpufleet.aggregator.fleet.state import FleetState
+from gpufleet.aggregator.ingest.budget import BudgetLimits, NodeBudgets
+from gpufleet.aggregator.ingest.fanout import Fanout
+from gpufleet.aggregator.ingest.validation import Checker, Rejection
+from gpufleet.aggregator.ingest.workers import WorkerPool
+from gpufleet.aggregator.ingest.writer import GroupCommitWriter
 from gpufleet.aggregator.metrics import AggregatorMetrics
-from gpufleet.aggregator.node_budget import BudgetLimits, NodeBudgets
 from gpufleet.aggregator.store import StoreError
 from gpufleet.aggregator.store.base import PointsRefused
-from gpufleet.aggregator.validation import Checker, Rejection
-from gpufleet.aggregator.workers import WorkerPool
-from gpufleet.aggregator.writer import GroupCommitWriter
 from gpufleet.common.version import __version__
 from gpufleet.protos import ingest_pb2, telemetry_pb2
 
-log = logging.getLogger("gpufleet.aggregator.ingest")
+log = logging.getLogger("gpufleet.aggregator.ingest.service")
 
 SERVICE = "gpufleet.v1.Ingest"
 
@@ -161,7 +161,7 @@ class IngestService:
         # view, the health watch and the repair controller never run on the ack path.
         self.fanout = fanout
         # With ingest workers, each report's checks and its store write happen in a worker
-        # process (aggregator/workers.py); this process keeps the streams.
+        # process (aggregator/ingest/workers.py); this process keeps the streams.
         self._pool = pool
         self._next_stream_id = 0
 

@@ -33,9 +33,10 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Gauge
 
 from gpufleet.aggregator.config import AggregatorConfig
-from gpufleet.aggregator.fleet_state import FleetState
-from gpufleet.aggregator.ingest import IngestService
+from gpufleet.aggregator.fleet.state import FleetState
+from gpufleet.aggregator.ingest.service import IngestService
 from gpufleet.aggregator.repair_wiring import RepairWiring
+from gpufleet.aggregator.replication.records import ReplicaRecords
 from gpufleet.aggregator.supervise import Supervisor
 from gpufleet.common.redact import redact
 from gpufleet.protos import fleet_pb2, ingest_pb2, vocabulary_pb2
@@ -50,7 +51,7 @@ from gpufleet.repair.state import (
     Workflow,
 )
 
-log = logging.getLogger("gpufleet.aggregator.control_plane")
+log = logging.getLogger("gpufleet.aggregator.replication.control_plane")
 
 FULL_SYNC_EVERY = 30  # reads of the shared view between two reads of all of it
 LEASE_TRUST = 0.8  # a leader acts for this fraction of its lease after a renewal began
@@ -92,6 +93,7 @@ class ControlPlane:
         # 0.8 x leader_lease_s); a refused connection fails at once.
         self.state = open_state()
         self._lease_state = open_state()
+        self._lease = ReplicaRecords(self._lease_state)
         self._sync_state = open_state()
         self._check_name_free()
         self.epoch: int | None = None
@@ -113,7 +115,7 @@ class ControlPlane:
     def _check_name_free(self) -> None:
         """Two live replicas with one name would share a lease: refuse to start as the second."""
         me = f"{socket.gethostname()}:{os.getpid()}"
-        for r in self.state.replicas(max_age_s=2 * self._lease_s):
+        for r in ReplicaRecords(self.state).replicas(max_age_s=2 * self._lease_s):
             if r.replica == self.replica and r.info.get("process") not in (None, me):
                 raise ValueError(
                     f"replica_id {self.replica!r} is in use by {r.info.get('process')} (heartbeat "
@@ -168,14 +170,12 @@ class ControlPlane:
             began = time.monotonic()
             try:
                 if self.epoch is None:
-                    epoch = await asyncio.to_thread(
-                        self._lease_state.acquire_lease, self.replica, self._lease_s
-                    )
+                    epoch = await asyncio.to_thread(self._lease.acquire_lease, self.replica, self._lease_s)
                     if epoch is not None:
                         self._valid_until = began + self._lease_s * LEASE_TRUST
                         self._elected(epoch)
                 elif await asyncio.to_thread(
-                    self._lease_state.renew_lease, self.replica, self.epoch, self._lease_s
+                    self._lease.renew_lease, self.replica, self.epoch, self._lease_s
                 ):
                     self._valid_until = began + self._lease_s * LEASE_TRUST
                 else:
@@ -196,7 +196,7 @@ class ControlPlane:
             epoch = self.epoch
             await self._deposed("this aggregator is stopping", logging.INFO)
             with contextlib.suppress(StateError):
-                await asyncio.to_thread(self._lease_state.release_lease, self.replica, epoch)
+                await asyncio.to_thread(self._lease.release_lease, self.replica, epoch)
 
     def _next_lease_check_s(self) -> float:
         """A leader renews every third of its lease; a follower also wakes just after the
@@ -211,7 +211,7 @@ class ControlPlane:
         self.epoch = epoch
         self.terms_total += 1
         with contextlib.suppress(StateError):
-            self._result_cursor = self.state.last_command_result_seq()
+            self._result_cursor = ReplicaRecords(self.state).last_command_result_seq()
         log.warning(
             "this replica is the repair leader now (epoch %d); workflows, ledger and breaker loaded from %s",
             epoch,
@@ -291,17 +291,17 @@ class ControlPlane:
         leader: bool,
     ) -> _SyncResult:
         """One round trip's worth of work in the sync loop's thread."""
-        s = self._sync_state
-        s.put_live(self.replica, rows)
-        s.heartbeat(self.replica, info)
+        s, records = self._sync_state, ReplicaRecords(self._sync_state)
+        records.put_live(self.replica, rows)
+        records.heartbeat(self.replica, info)
         out = _SyncResult()
-        out.remote = s.live_rows(0 if full else self._cursor)
-        out.commands = s.take_commands(self.replica, held, COMMAND_MAX_AGE_S)
+        out.remote = records.live_rows(0 if full else self._cursor)
+        out.commands = records.take_commands(self.replica, held, COMMAND_MAX_AGE_S)
         if leader:
-            out.results = s.command_results(self._result_cursor)
+            out.results = records.command_results(self._result_cursor)
         else:
             out.workflows = s.workflows()
-        out.replicas = s.replicas(max_age_s=3 * self._lease_s)
+        out.replicas = records.replicas(max_age_s=3 * self._lease_s)
         out.lease = s.lease()
         return out
 
@@ -346,7 +346,7 @@ class ControlPlane:
         live = self._fleet.nodes.get(node)
         if live is None or not live.replica or not live.connected:
             return False
-        state.queue_command(node, command.id, command.SerializeToString())
+        ReplicaRecords(state).queue_command(node, command.id, command.SerializeToString())
         log.info(
             "command %s queued for replica %s",
             command.id,
@@ -361,7 +361,7 @@ class ControlPlane:
 
     def _write_result(self, node: str, result: ingest_pb2.CommandResult) -> None:
         try:
-            self.state.put_command_result(node, result.id, result.SerializeToString())
+            ReplicaRecords(self.state).put_command_result(node, result.id, result.SerializeToString())
         except StateError as exc:
             log.error(
                 "result of command %s could not be passed to the leader: %s",

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from gpufleet.aggregator.metrics import AggregatorMetrics
 from gpufleet.protos import ingest_pb2, telemetry_pb2
 
-log = logging.getLogger("gpufleet.aggregator.fanout")
+log = logging.getLogger("gpufleet.aggregator.ingest.fanout")
 
 # (report, received_unix_ns, stream): stream is the ingest stream's number (fleet_state.py), 0 if none
 ReportListener = Callable[[telemetry_pb2.NodeReport, int, int], None]

@@ -1,8 +1,8 @@
 """Events read back from the history store (the Fleet API's QueryEvents).
 
 Three measurements hold them: `event` (what collectors report: XIDs, a GPU lost or recovered,
-an engine unreadable; aggregator/schema.py), `health` and `repair` (findings and actions the
-repair controller recorded, copied by aggregator/event_export.py). Reading them from the store,
+an engine unreadable; aggregator/ingest/schema.py), `health` and `repair` (findings and actions the
+repair controller recorded, copied by aggregator/fleet/export.py). Reading them from the store,
 not the aggregator's memory, is what keeps the picture whole across a restart.
 """
 

@@ -26,7 +26,7 @@ import grpc
 from google.protobuf.descriptor import Descriptor, FieldDescriptor
 from google.protobuf.message import Message
 
-from gpufleet.aggregator.schema import INT64_MAX, METRICS
+from gpufleet.aggregator.ingest.schema import INT64_MAX, METRICS
 from gpufleet.protos import ingest_pb2, telemetry_pb2
 from gpufleet.protos.limits import (
     MAX_ENGINES_PER_REPORT,
@@ -405,7 +405,7 @@ class WireValidator:
             self._specs[d.full_name] = specs
         if missing:
             raise MissingRule(
-                f"wire fields without a rule in aggregator/wire_rules.py RULES: {', '.join(missing)}"
+                f"wire fields without a rule in aggregator/ingest/wire_rules.py RULES: {', '.join(missing)}"
             )
 
     @staticmethod

@@ -1,7 +1,6 @@
 """What both front ends (the `gpufleet` CLI and the dashboard) make of Fleet API answers: rows
 with the same names and units, the same series labels, the same CSV. It lives beside the Fleet
-API client (cli/client.py); the dashboard imports nothing else of cli/ but these and
-cli/timeparse.py (tests/test_dashboard.py checks that)."""
+API client (client/fleet.py)."""
 
 from __future__ import annotations
 
@@ -10,7 +9,7 @@ import io
 from collections.abc import Iterable
 from typing import Any
 
-from gpufleet.cli.timeparse import iso
+from gpufleet.client.timeparse import iso
 from gpufleet.protos import fleet_pb2, telemetry_pb2
 from gpufleet.protos.names import AGGREGATES, health_name, liveness_name
 

@@ -1,0 +1,156 @@
+"""The replication contract on the control-plane store (docs/architecture.md "Control plane and
+replicas"): the repair leader's lease, replica heartbeats, every node's live summary as the
+replica holding its stream last wrote it, and commands on their way to a node's stream with
+their results. Only this aggregator's replication uses it (control_plane.py); the repair
+library's memory is repair/state.py, whose connection, transactions, fencing and clock this
+runs on, in the same SQL on SQLite and PostgreSQL (one contract test suite runs both)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from typing import Any
+
+from gpufleet.repair.state import LiveRow, QueuedCommand, RepairState, ReplicaInfo
+
+
+class ReplicaRecords:
+    def __init__(self, state: RepairState) -> None:
+        self.state = state  # a leader's fenced view: queue_command is refused once it is deposed
+
+    def acquire_lease(self, holder: str, lease_s: float) -> int | None:
+        """Take the lease if it is free, expired or this holder's own (a restarted process
+        with the same replica id): the new epoch this holder leads with, or None if another
+        holds it. Every acquisition is a new epoch, so whatever an earlier process of the same
+        name still tries to write carries an old one and is refused. Keep it with renew_lease."""
+        with self.state.transaction(lock_lease=True):
+            cur_holder, epoch, expires_ns, now_ns = self.state.lease_for_share()
+            if cur_holder and cur_holder != holder and expires_ns > now_ns:
+                return None
+            self.state.execute(
+                "UPDATE leader_lease SET holder = ?, epoch = ?, expires_ns = ? WHERE id = 1",
+                (holder, epoch + 1, now_ns + int(lease_s * 1e9)),
+            )
+            return int(epoch + 1)
+
+    def renew_lease(self, holder: str, epoch: int, lease_s: float) -> bool:
+        """Extend this holder's lease; False if it has lost it (expired and taken, or newer)."""
+        with self.state.transaction(lock_lease=True):
+            cur_holder, cur_epoch, expires_ns, now_ns = self.state.lease_for_share()
+            if cur_holder != holder or cur_epoch != epoch or expires_ns <= now_ns:
+                return False
+            self.state.execute(
+                "UPDATE leader_lease SET expires_ns = ? WHERE id = 1", (now_ns + int(lease_s * 1e9),)
+            )
+            return True
+
+    def release_lease(self, holder: str, epoch: int) -> None:
+        """Give the lease up at once (a clean stop): another replica need not wait it out."""
+        with self.state.transaction(lock_lease=True):
+            cur_holder, cur_epoch, _, now_ns = self.state.lease_for_share()
+            if cur_holder == holder and cur_epoch == epoch:
+                self.state.execute("UPDATE leader_lease SET expires_ns = ? WHERE id = 1", (now_ns,))
+
+    # --- replicas -------------------------------------------------------------------------
+    def heartbeat(self, replica: str, info: dict[str, Any]) -> None:
+        self.state.execute(
+            "INSERT INTO replica VALUES (?, ?, ?) "
+            "ON CONFLICT (id) DO UPDATE SET info = excluded.info, heard_ns = excluded.heard_ns",
+            (replica, json.dumps(info), self.state.store_now_ns()),
+        )
+
+    def replicas(self, max_age_s: float = 3600.0) -> list[ReplicaInfo]:
+        now = self.state.store_now_ns()
+        rows = self.state.execute(
+            "SELECT id, info, heard_ns FROM replica WHERE heard_ns >= ? ORDER BY id",
+            (now - int(max_age_s * 1e9),),
+        )
+        return [ReplicaInfo(r, json.loads(i), int(h), (now - int(h)) / 1e9) for r, i, h in rows]
+
+    def forget_replica(self, replica: str) -> None:
+        self.state.execute("DELETE FROM replica WHERE id = ?", (replica,))
+
+    # --- the shared live view ----------------------------------------------------------------
+    def put_live(self, replica: str, rows: Sequence[tuple[str, int, bool, bytes]]) -> None:
+        """(node, heard_ns, connected, NodeDetail bytes) of the nodes this replica heard from.
+        A row is taken unless another replica has heard the node more recently: a replica that
+        lost a node's stream never overwrites the one that holds it now."""
+        if not rows:
+            return
+        self.state.execute_many(
+            "INSERT INTO node_live (node, replica, heard_ns, connected, version, body) "
+            f"VALUES (?, ?, ?, ?, {self.state.next_version_sql()}, ?) "
+            "ON CONFLICT (node) DO UPDATE SET replica = excluded.replica, "
+            "heard_ns = excluded.heard_ns, connected = excluded.connected, "
+            "version = excluded.version, body = excluded.body "
+            "WHERE excluded.heard_ns >= node_live.heard_ns OR node_live.replica = excluded.replica",
+            [(node, replica, heard_ns, bool(connected), body) for node, heard_ns, connected, body in rows],
+        )
+
+    def live_rows(self, after_version: int = 0) -> list[LiveRow]:
+        rows = self.state.execute(
+            "SELECT node, replica, heard_ns, connected, version, body FROM node_live "
+            "WHERE version > ? ORDER BY version",
+            (after_version,),
+        )
+        return [LiveRow(n, r, int(h), bool(c), int(v), bytes(b)) for n, r, h, c, v, b in rows]
+
+    # --- commands for a node's stream ---------------------------------------------------------
+    def queue_command(self, node: str, command_id: str, body: bytes) -> None:
+        """A command (GPU reset) for the replica that holds the node's stream to send. Fenced:
+        only the leader queues one. Queuing the same id twice is a no-op."""
+        with self.state.fenced_write(f"queue command {command_id} for {node}"):
+            self.state.execute(
+                "INSERT INTO command (node, command_id, body, epoch, taken_by, queued_ns) "
+                "VALUES (?, ?, ?, ?, '', ?) ON CONFLICT (command_id) DO NOTHING",
+                (node, command_id, body, self.state.epoch or 0, self.state.store_now_ns()),
+            )
+
+    def take_commands(
+        self, replica: str, nodes: Sequence[str], max_age_s: float = 600.0
+    ) -> list[QueuedCommand]:
+        """Commands not yet taken for these nodes (the streams this replica holds), marked taken
+        by it in the same transaction: one replica sends each command once. Only commands queued
+        under the lease's current epoch are taken. A command older than max_age_s is never sent
+        (its step has timed out: a GPU reset long after the controller stopped waiting for it
+        would surprise everyone)."""
+        if not nodes:
+            return []
+        taken = []
+        with self.state.transaction():
+            # Only commands of the leader that holds the lease now: a command a deposed leader
+            # queued (or a row written into the table by anything else) is never relayed.
+            rows = self.state.execute(
+                "SELECT seq, node, command_id, body, epoch FROM command "
+                "WHERE taken_by = '' AND queued_ns >= ? "
+                "AND epoch = (SELECT epoch FROM leader_lease WHERE id = 1) "
+                "ORDER BY seq",
+                (self.state.store_now_ns() - int(max_age_s * 1e9),),
+            )
+            wanted = set(nodes)
+            for seq, node, command_id, body, epoch in rows:
+                if node in wanted:
+                    done = self.state.execute(
+                        "UPDATE command SET taken_by = ? WHERE seq = ? AND taken_by = '' RETURNING seq",
+                        (replica, seq),
+                    )
+                    if done:
+                        taken.append(QueuedCommand(int(seq), node, command_id, bytes(body), int(epoch)))
+        return taken
+
+    def put_command_result(self, node: str, command_id: str, body: bytes) -> None:
+        self.state.execute(
+            "INSERT INTO command_result (node, command_id, body) VALUES (?, ?, ?) "
+            "ON CONFLICT (command_id) DO NOTHING",
+            (node, command_id, body),
+        )
+
+    def command_results(self, after_seq: int = 0) -> list[tuple[int, str, bytes]]:
+        """(seq, node, CommandResult bytes) written since after_seq, oldest first."""
+        rows = self.state.execute(
+            "SELECT seq, node, body FROM command_result WHERE seq > ? ORDER BY seq", (after_seq,)
+        )
+        return [(int(s), n, bytes(b)) for s, n, b in rows]
+
+    def last_command_result_seq(self) -> int:
+        return int(self.state.execute("SELECT COALESCE(MAX(seq), 0) FROM command_result")[0][0])
