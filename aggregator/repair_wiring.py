@@ -212,7 +212,7 @@ class RepairWiring:
             lambda only: snapshots(self._fleet, only),
             lambda node, command: self._send_command(state, node, command),
             on_action=lambda node, action, outcome: self._actions.labels(
-                action=action, outcome=outcome.split(":")[0]
+                action=action, outcome=outcome.status.value
             ).inc(),
             observe_interval_s=config.repair_observe_interval_s,
             liveness=self._fleet.liveness_by_node,

@@ -12,7 +12,7 @@ from tabulate import tabulate
 from gpufleet.client.fleet import FleetClient
 from gpufleet.client.timeparse import iso
 from gpufleet.protos import fleet_pb2
-from gpufleet.protos.names import action_name, health_name, severity_name
+from gpufleet.protos.names import action_name, health_name, outcome_status_name, severity_name
 
 
 def add_arguments(sub: Any, client: argparse.ArgumentParser) -> None:
@@ -100,6 +100,7 @@ def _audit_json(e: fleet_pb2.AuditEntry) -> dict[str, Any]:
         "action": e.action,
         "reason": e.reason,
         "outcome": e.outcome,
+        "status": outcome_status_name(e.status) if e.status else "",
         "incident": e.incident_id,
     }
 

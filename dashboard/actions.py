@@ -8,7 +8,7 @@ import streamlit as st
 
 from gpufleet.dashboard.fleet import try_call, whoami
 from gpufleet.protos import fleet_pb2
-from gpufleet.protos.names import health_name
+from gpufleet.protos.names import OUT_OF_SERVICE_STATES, health_name
 
 
 def render(node: str, state: str) -> None:
@@ -19,14 +19,7 @@ def render(node: str, state: str) -> None:
         )
         return
     with st.expander(f"Actions on {node}", expanded=False), st.form(f"actions-{node}", clear_on_submit=True):
-        cordoned = state in (
-            "cordoned",
-            "human_cordoned",
-            "draining",
-            "repairing",
-            "validating",
-            "quarantined",
-        )
+        cordoned = state in OUT_OF_SERVICE_STATES
         action = st.radio(
             "action",
             ["uncordon", "cordon"] if cordoned else ["cordon", "uncordon"],

@@ -18,7 +18,13 @@ from gpufleet.client.present import (
 )
 from gpufleet.client.timeparse import iso
 from gpufleet.protos import fleet_pb2, telemetry_pb2, vocabulary_pb2
-from gpufleet.protos.names import action_name, health_name, liveness_name, severity_name
+from gpufleet.protos.names import (
+    OUT_OF_SERVICE_STATES,
+    action_name,
+    health_name,
+    liveness_name,
+    severity_name,
+)
 
 HEAT_METRICS = {
     "GPU utilization %": "util_gpu_pct",
@@ -43,6 +49,10 @@ _FOLD = {
     "quarantined": "quarantined",
     "unspecified": "healthy",
 }
+# Every state the repair workflow counts as out of service (published once, protos/names.py)
+# is shown as such: a state added there without a colour here stops the import.
+if any(_FOLD.get(state, "healthy") in ("healthy", "suspect") for state in OUT_OF_SERVICE_STATES):
+    raise RuntimeError("dashboard/data.py _FOLD shows an out-of-service state as in service")
 
 
 def display_state(n: fleet_pb2.NodeSummary) -> str:

@@ -121,7 +121,7 @@ class Incident(_message.Message):
     def __init__(self, id: _Optional[str] = ..., node: _Optional[str] = ..., open: _Optional[bool] = ..., state: _Optional[_Union[_vocabulary_pb2.NodeHealth, str]] = ..., opened_unix_ns: _Optional[int] = ..., closed_unix_ns: _Optional[int] = ..., outcome: _Optional[str] = ..., findings: _Optional[_Iterable[_Union[Finding, _Mapping]]] = ..., actions: _Optional[_Iterable[_Union[AuditEntry, _Mapping]]] = ..., attempts: _Optional[int] = ...) -> None: ...
 
 class AuditEntry(_message.Message):
-    __slots__ = ("time_unix_ns", "actor", "node", "action", "reason", "outcome", "incident_id")
+    __slots__ = ("time_unix_ns", "actor", "node", "action", "reason", "outcome", "incident_id", "status")
     TIME_UNIX_NS_FIELD_NUMBER: _ClassVar[int]
     ACTOR_FIELD_NUMBER: _ClassVar[int]
     NODE_FIELD_NUMBER: _ClassVar[int]
@@ -129,6 +129,7 @@ class AuditEntry(_message.Message):
     REASON_FIELD_NUMBER: _ClassVar[int]
     OUTCOME_FIELD_NUMBER: _ClassVar[int]
     INCIDENT_ID_FIELD_NUMBER: _ClassVar[int]
+    STATUS_FIELD_NUMBER: _ClassVar[int]
     time_unix_ns: int
     actor: str
     node: str
@@ -136,7 +137,8 @@ class AuditEntry(_message.Message):
     reason: str
     outcome: str
     incident_id: str
-    def __init__(self, time_unix_ns: _Optional[int] = ..., actor: _Optional[str] = ..., node: _Optional[str] = ..., action: _Optional[str] = ..., reason: _Optional[str] = ..., outcome: _Optional[str] = ..., incident_id: _Optional[str] = ...) -> None: ...
+    status: _vocabulary_pb2.OutcomeStatus
+    def __init__(self, time_unix_ns: _Optional[int] = ..., actor: _Optional[str] = ..., node: _Optional[str] = ..., action: _Optional[str] = ..., reason: _Optional[str] = ..., outcome: _Optional[str] = ..., incident_id: _Optional[str] = ..., status: _Optional[_Union[_vocabulary_pb2.OutcomeStatus, str]] = ...) -> None: ...
 
 class ListIncidentsRequest(_message.Message):
     __slots__ = ("open_only", "node", "limit")

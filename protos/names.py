@@ -50,10 +50,22 @@ EVENT_SOURCES = {event_source_name(v): v for v in vocabulary_pb2.EventSource.val
 HISTORY_EVENT_KINDS = (*(k for k in EVENT_KINDS if k != "unspecified"), "health", "repair")
 
 
+def outcome_status_name(value: int) -> str:
+    """As the audit log spells an outcome's status: ok, failed, dry-run, ..."""
+    return vocabulary_pb2.OutcomeStatus.Name(value).removeprefix("OUTCOME_STATUS_").lower().replace("_", "-")
+
+
+OUTCOME_STATUSES = {outcome_status_name(v): v for v in vocabulary_pb2.OutcomeStatus.values() if v}
+
 ACTIONS = [v.name.removeprefix("ACTION_") for v in vocabulary_pb2.Action.DESCRIPTOR.values][1:]
 HEALTH_STATES = [
     v.name.removeprefix("NODE_HEALTH_").lower() for v in vocabulary_pb2.NodeHealth.DESCRIPTOR.values
 ][1:]
+# The node states that mean "out of service" (cordoned by automation or by a person): defined
+# here once, for the repair workflow (repair/health.py) and every front end alike.
+OUT_OF_SERVICE_STATES = frozenset(
+    {"cordoned", "draining", "repairing", "validating", "quarantined", "human_cordoned"}
+)
 
 
 def aggregate_name(value: int) -> str:

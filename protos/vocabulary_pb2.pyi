@@ -53,6 +53,19 @@ class NodeHealth(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     NODE_HEALTH_HUMAN_CORDONED: _ClassVar[NodeHealth]
     NODE_HEALTH_WAITING: _ClassVar[NodeHealth]
 
+class OutcomeStatus(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    OUTCOME_STATUS_UNSPECIFIED: _ClassVar[OutcomeStatus]
+    OUTCOME_STATUS_OK: _ClassVar[OutcomeStatus]
+    OUTCOME_STATUS_FAILED: _ClassVar[OutcomeStatus]
+    OUTCOME_STATUS_REFUSED: _ClassVar[OutcomeStatus]
+    OUTCOME_STATUS_SKIPPED: _ClassVar[OutcomeStatus]
+    OUTCOME_STATUS_DRY_RUN: _ClassVar[OutcomeStatus]
+    OUTCOME_STATUS_STARTED: _ClassVar[OutcomeStatus]
+    OUTCOME_STATUS_UNKNOWN: _ClassVar[OutcomeStatus]
+    OUTCOME_STATUS_OBSERVED: _ClassVar[OutcomeStatus]
+    OUTCOME_STATUS_HELD: _ClassVar[OutcomeStatus]
+
 class Action(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
     ACTION_UNSPECIFIED: _ClassVar[Action]
@@ -103,6 +116,16 @@ NODE_HEALTH_VALIDATING: NodeHealth
 NODE_HEALTH_QUARANTINED: NodeHealth
 NODE_HEALTH_HUMAN_CORDONED: NodeHealth
 NODE_HEALTH_WAITING: NodeHealth
+OUTCOME_STATUS_UNSPECIFIED: OutcomeStatus
+OUTCOME_STATUS_OK: OutcomeStatus
+OUTCOME_STATUS_FAILED: OutcomeStatus
+OUTCOME_STATUS_REFUSED: OutcomeStatus
+OUTCOME_STATUS_SKIPPED: OutcomeStatus
+OUTCOME_STATUS_DRY_RUN: OutcomeStatus
+OUTCOME_STATUS_STARTED: OutcomeStatus
+OUTCOME_STATUS_UNKNOWN: OutcomeStatus
+OUTCOME_STATUS_OBSERVED: OutcomeStatus
+OUTCOME_STATUS_HELD: OutcomeStatus
 ACTION_UNSPECIFIED: Action
 ACTION_IGNORE: Action
 ACTION_RESTART_APP: Action

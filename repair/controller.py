@@ -33,9 +33,10 @@ from gpufleet.repair.incidents import AUTOMATION, IncidentDesk
 from gpufleet.repair.ladder import Hooks, StepRunner, reset_target
 from gpufleet.repair.model import Finding, NodeSnapshot
 from gpufleet.repair.observe import SchedulerWatch
+from gpufleet.repair.outcome import OK, STARTED, Outcome, Status, failed
 from gpufleet.repair.policy import Policy
 from gpufleet.repair.rails import Breaker, Gate, Rails, SchedulerView
-from gpufleet.repair.state import Fenced, RepairState, Workflow
+from gpufleet.repair.state import Fenced, HeldStep, RepairState, Workflow
 
 log = logging.getLogger("gpufleet.repair")
 _YIELD_EVERY = 64  # nodes evaluated between two returns to the event loop in one pass
@@ -62,7 +63,7 @@ class RepairController:
         dispatcher: AlertDispatcher,
         snapshots: Callable[[set[str] | None], list[NodeSnapshot]],
         send_command: Callable[[str, ingest_pb2.Command], bool],
-        on_action: Callable[[str, str, str], None] = lambda node, action, outcome: None,
+        on_action: Callable[[str, str, Outcome], None] = lambda node, action, outcome: None,
         observe_interval_s: float = 15.0,
         liveness: Callable[[], dict[str, int]] | None = None,
         clock: Callable[[], int] = time.time_ns,
@@ -275,7 +276,7 @@ class RepairController:
             if ready:
                 await self._take_out(wf, ready, view, now)
                 return
-            wf.held = ""  # nothing is due: no step is held back
+            wf.held = None  # nothing is due: no step is held back
             if cordon:
                 worst = cordon[0]
                 left = self.evaluator.left_s(worst, now)
@@ -293,7 +294,7 @@ class RepairController:
         if wf.state == Health.CORDONED:
             if self._held(wf, Step.DRAIN, view, now, "start moving workloads off"):
                 return
-            self.desk.audit(wf, Step.DRAIN, "start moving workloads off", "started", now)
+            self.desk.audit(wf, Step.DRAIN, "start moving workloads off", STARTED, now)
             self._move(wf, Health.DRAINING, "draining")
             await self._drain(wf, view, now)
         elif wf.state == Health.DRAINING:
@@ -309,9 +310,9 @@ class RepairController:
         """Ask the rails; a held step is audited once (per step and rail) and said in detail."""
         hold = self.gate.check(step, wf, self.workflows, view)
         if hold is None:
-            wf.held = ""
+            wf.held = None
             return False
-        key = f"{step}:{hold.kind}"
+        key = HeldStep(step, hold.kind)
         if wf.held != key:
             wf.held = key
             self.desk.audit(wf, step, what, hold.outcome, now)
@@ -369,7 +370,7 @@ class RepairController:
         self.desk.observed(wf, "cordon", audit_reason, now)
         self.desk.close(wf, f"taken over by a person: {reason}", now, handed_to_person=True)
         wf.cordoned_by_us = False
-        wf.held = ""
+        wf.held = None
         self._move(wf, Health.HUMAN_CORDONED, reason)
 
     async def _take_out(self, wf: Workflow, ready: list[Finding], view: SchedulerView, now: int) -> None:
@@ -385,19 +386,19 @@ class RepairController:
             self._move(wf, Health.WAITING, wf.detail)
             return
         # Audited before the scheduler is changed: a process killed in between leaves a row.
-        self.desk.audit(wf, Step.CORDON, reason, "started", now)
+        self.desk.audit(wf, Step.CORDON, reason, STARTED, now)
         try:
             await self.backend.cordon(wf.node, reason, automation=True)
         except NotOurs as exc:
             self._handed_over(wf, exc.reason, now, f"cordoned by a person: {exc.reason}")
             return
         except BackendError as exc:
-            self.desk.audit(wf, Step.CORDON, reason, f"failed: {exc}", now)
+            self.desk.audit(wf, Step.CORDON, reason, failed(str(exc)), now)
             self._move(wf, Health.WAITING, f"cordon failed, retrying: {exc}")
             return
         finally:
             self.scheduler.forget(wf.node)  # changed (or maybe changed): read it again
-        self.desk.audit(wf, Step.CORDON, reason, "ok", now)
+        self.desk.audit(wf, Step.CORDON, reason, OK, now)
         wf.cordoned_by_us = True
         wf.ladder = list(worst.ladder)
         wf.step = 0
@@ -409,7 +410,7 @@ class RepairController:
         if lemon and self.policy.workflow["lemon_quarantine"]:
             # A lemon node (docs/architecture.md "Lemon nodes"): its faults keep coming back, so
             # the ladder is not tried again; a person decides.
-            self.desk.audit(wf, "quarantine", f"lemon node: {recent} incidents in {days:g} days", "ok", now)
+            self.desk.audit(wf, "quarantine", f"lemon node: {recent} incidents in {days:g} days", OK, now)
             self._move(
                 wf,
                 Health.QUARANTINED,
@@ -432,7 +433,7 @@ class RepairController:
         if not progress.done:
             wf.detail = progress.detail
             return
-        self.desk.audit(wf, Step.DRAIN, progress.detail, "ok", now)
+        self.desk.audit(wf, Step.DRAIN, progress.detail, OK, now)
         self._move(wf, Health.REPAIRING, "drained")
         await self._repair(wf, self._snapshot(wf.node), view, now)
 
@@ -441,7 +442,7 @@ class RepairController:
 
     async def _repair(self, wf: Workflow, snap: NodeSnapshot | None, view: SchedulerView, now: int) -> None:
         if wf.step >= len(wf.ladder):
-            self.desk.audit(wf, "quarantine", "every repair step was tried", "ok", now)
+            self.desk.audit(wf, "quarantine", "every repair step was tried", OK, now)
             self._move(wf, Health.QUARANTINED, "repair steps exhausted; a person decides")
             return
         step = Step(wf.ladder[wf.step])
@@ -453,22 +454,22 @@ class RepairController:
                 return
             self.steps.begin(wf, step, key, snap, now)
             return
-        if outcome == "":
+        if outcome.status is Status.STARTED:
             self.steps.check_running(wf, step, key, now)
             return
         if step is Step.TICKET:
-            self._move(wf, Health.QUARANTINED, f"hardware ticket: {outcome[:200]}")
+            self._move(wf, Health.QUARANTINED, f"hardware ticket: {str(outcome)[:200]}")
             return
-        if not outcome.startswith("ok"):
+        if not outcome.ok:
             wf.step += 1
-            wf.detail = f"{step} failed ({outcome[:200]}); next step"
+            wf.detail = f"{step} failed ({str(outcome)[:200]}); next step"
             await self._repair(wf, snap, view, now)
             return
         if step is Step.REBOOT:
             if snap is not None and snap.boot_id != wf.boot_id_at_step and snap.connected:
                 self._start_validation(wf, f"node came back after reboot (boot {snap.boot_id})", now, view)
             elif now - wf.step_started_ns > self.policy.workflow["reboot_timeout_s"] * 1e9:
-                self.desk.audit(wf, Step.REBOOT, "the collector did not come back", "failed: timeout", now)
+                self.desk.audit(wf, Step.REBOOT, "the collector did not come back", failed("timeout"), now)
                 wf.step += 1
             else:
                 wf.detail = "waiting for the node to come back from the reboot"
@@ -494,7 +495,7 @@ class RepairController:
         step = wf.ladder[wf.step] if wf.step < len(wf.ladder) else "repair"
         if bad:
             found = ", ".join(f"{f.code} ({f.evidence})" for f in bad)
-            self.desk.audit(wf, Step.VALIDATE, f"after {step}: {found}", "failed", now)
+            self.desk.audit(wf, Step.VALIDATE, f"after {step}: {found}", Outcome(Status.FAILED), now)
             wf.step += 1
             self._move(wf, Health.REPAIRING, f"{step} did not fix it: {bad[0].code}")
             return
@@ -507,7 +508,7 @@ class RepairController:
         why = f"clean for {validate_ns / 1e9:g} s after {step}"
         if self._held(wf, Step.UNCORDON, view, now, why):
             return
-        self.desk.audit(wf, Step.UNCORDON, why, "started", now)
+        self.desk.audit(wf, Step.UNCORDON, why, STARTED, now)
         try:
             await self.backend.uncordon(wf.node, automation=True)
         except NotOurs as exc:
@@ -515,11 +516,11 @@ class RepairController:
             return
         except BackendError as exc:
             wf.detail = f"uncordon failed, retrying: {exc}"
-            self.desk.audit(wf, Step.UNCORDON, why, f"failed: {exc}", now)
+            self.desk.audit(wf, Step.UNCORDON, why, failed(str(exc)), now)
             return
         finally:
             self.scheduler.forget(wf.node)
-        self.desk.audit(wf, Step.UNCORDON, why, "ok", now)
+        self.desk.audit(wf, Step.UNCORDON, why, OK, now)
         wf.cordoned_by_us = False
         self.desk.close(wf, f"repaired by {step}", now)
         self._move(wf, Health.HEALTHY, "")
@@ -530,7 +531,7 @@ class RepairController:
         wf.suppressed = sorted(set(wf.suppressed) | {finding_id(f) for f in findings})
         wf.cleared_before_ns = now
         wf.cordoned_by_us = False
-        wf.held = ""
+        wf.held = None
         self.desk.close(wf, outcome or "cancelled: a person returned the node to service", now)
         self._move(wf, Health.HEALTHY, "")
 
@@ -551,15 +552,15 @@ class RepairController:
             try:
                 await self.backend.cordon(node, text, automation=False)
             except BackendError as exc:
-                self.desk.audit(wf, "cordon", reason, f"failed: {exc}", now, actor=actor)
+                self.desk.audit(wf, "cordon", reason, failed(str(exc)), now, actor=actor)
                 raise RepairRefused("failed", f"cordon {node} failed: {exc}") from exc
             finally:
                 self.scheduler.forget(node)
-            self.desk.audit(wf, "cordon", reason, "ok", now, actor=actor)
+            self.desk.audit(wf, "cordon", reason, OK, now, actor=actor)
             if wf.state in BY_AUTOMATION or wf.incident_id:
                 self.desk.close(wf, f"taken over by {actor}: {reason}", now, handed_to_person=True)
             wf.cordoned_by_us = False
-            wf.held = ""
+            wf.held = None
             self._move(wf, Health.HUMAN_CORDONED, text)
             self._save(wf)
             return wf
@@ -571,11 +572,11 @@ class RepairController:
             try:
                 await self.backend.uncordon(node, automation=False)
             except BackendError as exc:
-                self.desk.audit(wf, "uncordon", reason, f"failed: {exc}", now, actor=actor)
+                self.desk.audit(wf, "uncordon", reason, failed(str(exc)), now, actor=actor)
                 raise RepairRefused("failed", f"uncordon {node} failed: {exc}") from exc
             finally:
                 self.scheduler.forget(node)
-            self.desk.audit(wf, "uncordon", reason, "ok", now, actor=actor)
+            self.desk.audit(wf, "uncordon", reason, OK, now, actor=actor)
             self._cancel(wf, self.findings.get(node, []), f"cancelled by {actor}: {reason}", now)
             self._save(wf)
             return wf

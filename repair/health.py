@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from enum import StrEnum
 
-from gpufleet.protos.names import HEALTH_STATES
+from gpufleet.protos.names import HEALTH_STATES, OUT_OF_SERVICE_STATES
 
 
 class Health(StrEnum):
@@ -26,6 +26,16 @@ if sorted(h.value for h in Health) != sorted(HEALTH_STATES):
     raise RuntimeError(f"repair.health.Health {sorted(Health)} differs from vocabulary.proto {HEALTH_STATES}")
 
 
+class HoldKind(StrEnum):
+    """Which safety rail holds a step back (repair/rails.py)."""
+
+    BREAKER = "breaker"
+    DRY_RUN = "dry_run"
+    SCHEDULER = "scheduler_unreadable"
+    CAP = "cap"
+    DRAIN_SLOT = "drain_slot"
+
+
 class Step(StrEnum):
     """Every automatic action; each passes the rails (repair/rails.py) before it is done."""
 
@@ -40,16 +50,7 @@ class Step(StrEnum):
 
 # Steps that change the scheduler: done only on a fresh, readable view of the node.
 SCHEDULER_STEPS = frozenset({Step.CORDON, Step.DRAIN, Step.UNCORDON})
-OUT_OF_SERVICE = frozenset(
-    {
-        Health.CORDONED,
-        Health.DRAINING,
-        Health.REPAIRING,
-        Health.VALIDATING,
-        Health.QUARANTINED,
-        Health.HUMAN_CORDONED,
-    }
-)
+OUT_OF_SERVICE = frozenset(Health(s) for s in OUT_OF_SERVICE_STATES)  # published in protos/names.py
 BY_AUTOMATION = OUT_OF_SERVICE - {Health.HUMAN_CORDONED}
 # States whose node the scheduler is asked about on every pass (the rest at the fleet-wide
 # observe interval): a workflow under way, or a person's cordon to watch for its release.

@@ -13,6 +13,7 @@ from gpufleet.repair.alerts.dispatcher import AlertDispatcher
 from gpufleet.repair.evaluator import finding_id
 from gpufleet.repair.health import Health
 from gpufleet.repair.model import Finding
+from gpufleet.repair.outcome import OK, Outcome, Status
 from gpufleet.repair.state import AuditRecord, Incident, RepairState, Workflow
 
 log = logging.getLogger("gpufleet.repair")
@@ -25,7 +26,7 @@ class IncidentDesk:
         self,
         state: RepairState,
         alerts: AlertDispatcher,
-        on_action: Callable[[str, str, str], None],
+        on_action: Callable[[str, str, Outcome], None],
         clock: Callable[[], int] = time.time_ns,
     ) -> None:
         self._state = state
@@ -35,8 +36,9 @@ class IncidentDesk:
 
     # --- the audit log ----------------------------------------------------------------
     def audit(
-        self, wf: Workflow, action: str, reason: str, outcome: str, now: int, actor: str = AUTOMATION
+        self, wf: Workflow, action: str, reason: str, outcome: Outcome, now: int, actor: str = AUTOMATION
     ) -> None:
+        outcome = outcome.trimmed()
         self._state.audit(AuditRecord(now, actor, wf.node, action, reason, outcome, wf.incident_id))
         log.warning(
             "%s %s by %s: %s (%s)",
@@ -51,7 +53,7 @@ class IncidentDesk:
 
     def observed(self, wf: Workflow, action: str, reason: str, now: int) -> None:
         """Audit what a person did in the scheduler, as gpufleet saw it there."""
-        self.audit(wf, action, reason, "observed", now, actor="scheduler")
+        self.audit(wf, action, reason, Outcome(Status.OBSERVED), now, actor="scheduler")
 
     # --- incidents --------------------------------------------------------------------
     def note(self, wf: Workflow, findings: list[Finding]) -> Incident:
@@ -134,7 +136,7 @@ class IncidentDesk:
         )
 
     def breaker_tripped(self, reason: str, now: int) -> None:
-        self._state.audit(AuditRecord(now, AUTOMATION, "", "breaker_trip", reason, "ok", ""))
+        self._state.audit(AuditRecord(now, AUTOMATION, "", "breaker_trip", reason, OK, ""))
         log.error(
             "circuit breaker tripped: %s; all automatic action halted until `gpufleet breaker reset`", reason
         )
@@ -144,7 +146,7 @@ class IncidentDesk:
         )
 
     def breaker_reset(self, actor: str, reason: str, was: str, now: int) -> None:
-        self._state.audit(AuditRecord(now, actor, "", "breaker_reset", reason, "ok", ""))
+        self._state.audit(AuditRecord(now, actor, "", "breaker_reset", reason, OK, ""))
         log.warning("circuit breaker reset by %s: %s", actor, reason)
         self.alerts.breaker(
             Alert(

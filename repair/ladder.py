@@ -19,6 +19,7 @@ from gpufleet.repair.health import Step
 from gpufleet.repair.hooks import HookRunner, run_hook
 from gpufleet.repair.incidents import IncidentDesk
 from gpufleet.repair.model import NodeSnapshot
+from gpufleet.repair.outcome import OK, STARTED, Outcome, Status, failed
 from gpufleet.repair.policy import Policy
 from gpufleet.repair.state import RepairState, Workflow
 
@@ -41,7 +42,14 @@ def reset_target(wf: Workflow) -> str:
 class _Pending:
     """A reset command in flight: GPU index → outcome (None until the collector answers)."""
 
-    results: dict[int, str | None] = field(default_factory=dict)
+    results: dict[int, Outcome | None] = field(default_factory=dict)
+
+
+# A collector's answer to a command, as the audit log says it.
+_COMMAND_STATUS = {
+    vocabulary_pb2.COMMAND_OUTCOME_FAILED: Status.FAILED,
+    vocabulary_pb2.COMMAND_OUTCOME_REFUSED: Status.REFUSED,
+}
 
 
 @dataclass(frozen=True)
@@ -95,8 +103,11 @@ class StepRunner:
             )
             return
         del self._sent[result.id]
-        outcome = vocabulary_pb2.CommandOutcome.Name(result.outcome).removeprefix("COMMAND_OUTCOME_").lower()
-        pending.results[sent.gpu] = "ok" if outcome == "succeeded" else f"{outcome}: {result.detail[:300]}"
+        pending.results[sent.gpu] = (
+            OK
+            if result.outcome == vocabulary_pb2.COMMAND_OUTCOME_SUCCEEDED
+            else Outcome(_COMMAND_STATUS.get(result.outcome, Status.FAILED), result.detail[:300])
+        )
         self._poke(node)
 
     def begin(self, wf: Workflow, step: Step, key: str, snap: NodeSnapshot | None, now: int) -> None:
@@ -108,11 +119,11 @@ class StepRunner:
         template = self._hooks.reboot_command if step is Step.REBOOT else self._hooks.ticket_command
         self._state.begin_action(key)
         if not template:
-            self._state.finish_action(key, f"skipped: no {step} command configured")
-            self._desk.audit(wf, step, f"no repair_{step}_command configured", "skipped", now)
+            self._state.finish_action(key, Outcome(Status.SKIPPED, f"no {step} command configured"))
+            self._desk.audit(wf, step, f"no repair_{step}_command configured", Outcome(Status.SKIPPED), now)
             return
         summary = self._desk.summary(wf)
-        self._desk.audit(wf, step, summary or step, "started", now)
+        self._desk.audit(wf, step, summary or step, STARTED, now)
         wf.detail = f"{step} in progress"
         node, incident, gpus = wf.node, wf.incident_id, ",".join(map(str, wf.gpus))
 
@@ -120,9 +131,9 @@ class StepRunner:
             result = await self._run_hook(
                 template, self._hooks.timeout_s, node=node, reason=summary, incident=incident, gpus=gpus
             )
-            outcome = ("ok" if result.ok else "failed") + (f": {result.detail}" if result.detail else "")
+            outcome = Outcome(Status.OK if result.ok else Status.FAILED, result.detail)
             self._state.finish_action(key, outcome)
-            self._desk.audit(wf, step, summary or step, outcome[:300], self._clock())
+            self._desk.audit(wf, step, summary or step, outcome, self._clock())
             self._tasks.pop(key, None)
             self._poke(node)
 
@@ -131,11 +142,11 @@ class StepRunner:
     def _begin_reset(self, wf: Workflow, key: str, snap: NodeSnapshot | None, now: int) -> None:
         if not wf.gpus:
             self._state.begin_action(key)
-            self._state.finish_action(key, "skipped: the finding is not about one GPU")
+            self._state.finish_action(key, Outcome(Status.SKIPPED, "the finding is not about one GPU"))
             return
         uuids = {i: g.uuid for i, g in (snap.gpus.items() if snap else [])}
         self._state.begin_action(key)  # before sending: a restart must not send it again
-        self._desk.audit(wf, Step.RESET_GPU, reset_target(wf), "started", now)
+        self._desk.audit(wf, Step.RESET_GPU, reset_target(wf), STARTED, now)
         pending = self._pending[key] = _Pending()
         for gpu in wf.gpus:
             command_id = f"{key}#{gpu}~{secrets.token_hex(8)}"
@@ -146,7 +157,7 @@ class StepRunner:
                 reset_gpu=ingest_pb2.ResetGpu(gpu_index=gpu, gpu_uuid=uuids.get(gpu, "")),
             )
             sent = self._send_command(wf.node, command)
-            pending.results[gpu] = None if sent else "failed: the node's collector is not connected"
+            pending.results[gpu] = None if sent else failed("the node's collector is not connected")
         wf.detail = f"resetting {reset_target(wf)}"
         self.check_running(wf, Step.RESET_GPU, key, now)
 
@@ -158,20 +169,22 @@ class StepRunner:
         if step is not Step.RESET_GPU or pending is None:
             # Begun by an aggregator process that died before it learned the outcome. Not
             # repeated: validation will show whether it worked.
-            self._state.finish_action(key, "ok: outcome unknown (the aggregator restarted); validating")
-            self._desk.audit(wf, step, "resumed after a restart; not repeated", "unknown", now)
+            self._state.finish_action(
+                key, Outcome(Status.OK, "outcome unknown (the aggregator restarted); validating")
+            )
+            self._desk.audit(wf, step, "resumed after a restart; not repeated", Outcome(Status.UNKNOWN), now)
             return
         results = pending.results
         if None in results.values():
             if now - wf.step_started_ns > self._policy.workflow["reset_timeout_s"] * 1e9:
-                outcome = "failed: no answer from the collector in time"
+                outcome = failed("no answer from the collector in time")
             else:
                 return
         else:
-            failed = [f"GPU {g}: {r}" for g, r in results.items() if r != "ok"]
-            outcome = f"failed: {'; '.join(failed)}" if failed else "ok"
+            bad = [f"GPU {g}: {r}" for g, r in results.items() if r is not None and not r.ok]
+            outcome = failed("; ".join(bad)) if bad else OK
         self._state.finish_action(key, outcome)
-        self._desk.audit(wf, Step.RESET_GPU, reset_target(wf), outcome[:300], now)
+        self._desk.audit(wf, Step.RESET_GPU, reset_target(wf), outcome, now)
         self._pending.pop(key, None)
         for command_id in [c for c, sent in self._sent.items() if sent.key == key]:
             del self._sent[command_id]  # a late answer to a step already decided is ignored

@@ -19,9 +19,9 @@ import json
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
-from enum import StrEnum
 
-from gpufleet.repair.health import OUT_OF_SERVICE, SCHEDULER_STEPS, Health, Step
+from gpufleet.repair.health import OUT_OF_SERVICE, SCHEDULER_STEPS, Health, HoldKind, Step
+from gpufleet.repair.outcome import Outcome, Status
 from gpufleet.repair.state import RepairState, Workflow
 
 
@@ -34,23 +34,15 @@ class Rails:
     breaker_window_s: float = 600.0
 
 
-class HoldKind(StrEnum):
-    BREAKER = "breaker"
-    DRY_RUN = "dry_run"
-    SCHEDULER = "scheduler_unreadable"
-    CAP = "cap"
-    DRAIN_SLOT = "drain_slot"
-
-
 @dataclass(frozen=True)
 class Hold:
     kind: HoldKind
     reason: str
 
     @property
-    def outcome(self) -> str:
+    def outcome(self) -> Outcome:
         """The audit row's outcome for a held step."""
-        return "dry-run" if self.kind is HoldKind.DRY_RUN else f"held: {self.reason}"
+        return Outcome(Status.DRY_RUN) if self.kind is HoldKind.DRY_RUN else Outcome(Status.HELD, self.reason)
 
 
 class Breaker:

@@ -31,8 +31,10 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from gpufleet.common.redact import redact
+from gpufleet.repair.health import Health, HoldKind, Step
 from gpufleet.repair.migrations import MIGRATIONS
 from gpufleet.repair.model import Finding
+from gpufleet.repair.outcome import STARTED, Outcome
 
 _NO_GPU = -1  # first_seen.gpu for a finding about the whole node
 
@@ -52,10 +54,18 @@ class Fenced(StateError):
         self.holder, self.epoch, self.current, self.what = holder, epoch, current, what
 
 
+@dataclass(frozen=True)
+class HeldStep:
+    """The step the rails hold back, and which rail: audited once per (step, kind)."""
+
+    step: Step
+    kind: HoldKind
+
+
 @dataclass
 class Workflow:
     node: str
-    state: str = "healthy"  # a NodeHealth name, lower case
+    state: Health = Health.HEALTHY
     incident_id: str = ""
     ladder: list[str] = field(default_factory=list)
     step: int = 0  # index into ladder of the step in progress (or next)
@@ -68,11 +78,16 @@ class Workflow:
     detail: str = ""
     suppressed: list[str] = field(default_factory=list)  # finding ids a person overrode
     cleared_before_ns: int = 0  # XIDs before this were dealt with (incident closed)
-    held: str = ""  # "step:hold kind" of the step the rails hold back (audited once), "" when none
+    held: HeldStep | None = None  # the step the rails hold back (audited once), None when none
 
     @classmethod
     def from_json(cls, text: str) -> Workflow:
-        return cls(**json.loads(text))
+        d = json.loads(text)
+        d["state"] = Health(d.get("state", Health.HEALTHY))
+        held = d.get("held")
+        # A hold written before holds were typed was a string: it is audited once more, harmlessly.
+        d["held"] = HeldStep(Step(held["step"]), HoldKind(held["kind"])) if isinstance(held, dict) else None
+        return cls(**d)
 
 
 @dataclass
@@ -108,8 +123,14 @@ class AuditRecord:
     node: str
     action: str
     reason: str
-    outcome: str
+    outcome: Outcome
     incident_id: str = ""
+
+    @classmethod
+    def from_row(cls, row: Sequence[Any]) -> AuditRecord:
+        """(time_ns, actor, node, action, reason, outcome text, incident_id) as stored."""
+        time_ns, actor, node, action, reason, outcome, incident_id = row
+        return cls(int(time_ns), actor, node, action, reason, Outcome.parse(str(outcome)), incident_id)
 
 
 @dataclass(frozen=True)
@@ -420,7 +441,7 @@ class RepairState(ABC):
                     record.node,
                     record.action,
                     record.reason,
-                    record.outcome,
+                    str(record.outcome),
                     record.incident_id,
                 ),
             )
@@ -436,7 +457,7 @@ class RepairState(ABC):
             args.append(incident_id)
         sql += " ORDER BY seq DESC LIMIT ?"
         args.append(limit)
-        return [AuditRecord(*row) for row in reversed(self._execute(sql, args))]
+        return [AuditRecord.from_row(row) for row in reversed(self._execute(sql, args))]
 
     def audit_after(self, seq: int, limit: int = 1000) -> list[tuple[int, AuditRecord]]:
         """(seq, record) of the audit rows after seq, oldest first: a reader that keeps the last
@@ -446,7 +467,7 @@ class RepairState(ABC):
             "WHERE seq > ? ORDER BY seq LIMIT ?",
             (seq, limit),
         )
-        return [(int(row[0]), AuditRecord(*row[1:])) for row in rows]
+        return [(int(row[0]), AuditRecord.from_row(row[1:])) for row in rows]
 
     # --- the action ledger ---------------------------------------------------------------------
     def begin_action(self, key: str) -> bool:
@@ -459,16 +480,17 @@ class RepairState(ABC):
             )
         return bool(rows)
 
-    def finish_action(self, key: str, outcome: str) -> None:
+    def finish_action(self, key: str, outcome: Outcome) -> None:
         with self._write(f"finish action {key}"):
-            self._execute("UPDATE action SET outcome = ? WHERE key = ?", (outcome, key))
+            self._execute("UPDATE action SET outcome = ? WHERE key = ?", (str(outcome), key))
 
-    def action_outcome(self, key: str) -> str | None:
-        """None: not begun; "": begun, outcome unknown (e.g. the aggregator died meanwhile)."""
+    def action_outcome(self, key: str) -> Outcome | None:
+        """None: not begun; STARTED: begun, its outcome not known yet (or never learned: the
+        aggregator died meanwhile); else what became of it."""
         rows = self._execute("SELECT outcome FROM action WHERE key = ?", (key,))
         if not rows:
             return None
-        return rows[0][0] or ""
+        return Outcome.parse(rows[0][0]) if rows[0][0] else STARTED
 
     # --- persistence windows ---------------------------------------------------------------------
     def first_seen(self) -> dict[tuple[str, int | None, str], int]:

@@ -15,6 +15,7 @@ from conftest import wait_until
 from gpufleet.aggregator.replication.records import ReplicaRecords as R
 from gpufleet.repair.migrations import MIGRATIONS
 from gpufleet.repair.model import Finding
+from gpufleet.repair.outcome import OK, STARTED, Outcome, Status, failed
 from gpufleet.repair.state import AuditRecord, Fenced, RepairState, StateError, Workflow, open_state
 
 
@@ -63,16 +64,17 @@ def test_workflows_incidents_audit_and_ledger_round_trip(make_state: Any) -> Non
     assert other.incidents_since("n1", 0) == 1
 
     for i in range(3):
-        state.audit(AuditRecord(i, "automation", "n1", "cordon", f"r{i}", "ok", incident.id))
-    state.audit(AuditRecord(9, "ops", "n2", "cordon", "by hand", "ok"))
+        state.audit(AuditRecord(i, "automation", "n1", "cordon", f"r{i}", OK, incident.id))
+    state.audit(AuditRecord(9, "ops", "n2", "cordon", "by hand", failed("the scheduler said no")))
+    assert other.audit_log(node="n2")[0].outcome == Outcome(Status.FAILED, "the scheduler said no")
     assert [a.reason for a in other.audit_log(node="n1")] == ["r0", "r1", "r2"]  # oldest first
     assert [a.reason for a in other.audit_log(limit=2)] == ["r2", "by hand"]
 
     assert state.begin_action("inc:0:reset_gpu") is True
     assert other.begin_action("inc:0:reset_gpu") is False  # begun by another: never twice
-    assert other.action_outcome("inc:0:reset_gpu") == ""
-    state.finish_action("inc:0:reset_gpu", "ok")
-    assert other.action_outcome("inc:0:reset_gpu") == "ok"
+    assert other.action_outcome("inc:0:reset_gpu") == STARTED  # begun, its outcome not known yet
+    state.finish_action("inc:0:reset_gpu", OK)
+    assert other.action_outcome("inc:0:reset_gpu") == OK
     assert other.action_outcome("never") is None
 
 
@@ -134,7 +136,7 @@ def test_a_deposed_leaders_writes_are_refused_and_audited(make_state: Any) -> No
     for write in (
         lambda: leader_a.save(Workflow("n1", state="healthy")),
         lambda: leader_a.begin_action("inc:0:reset_gpu"),
-        lambda: leader_a.audit(AuditRecord(1, "automation", "n1", "uncordon", "clean", "started")),
+        lambda: leader_a.audit(AuditRecord(1, "automation", "n1", "uncordon", "clean", STARTED)),
         lambda: leader_a.put("breaker", "{}"),
         lambda: R(leader_a).queue_command("n1", "inc:0:reset_gpu#3", b"x"),
         lambda: leader_a.check_fence("a repair pass"),
@@ -148,7 +150,8 @@ def test_a_deposed_leaders_writes_are_refused_and_audited(make_state: Any) -> No
     refusals = [r for r in b.audit_log() if r.action == "fenced"]
     assert len(refusals) == 6
     assert refusals[0].actor == "replica-a (epoch 1)"
-    assert "held by replica-b with epoch 2" in refusals[0].outcome
+    assert refusals[0].outcome.status is Status.REFUSED
+    assert "held by replica-b with epoch 2" in refusals[0].outcome.detail
     assert not [r for r in b.audit_log() if r.action == "uncordon"]
     leader_b.save(Workflow("n1", state="validating"))  # the new leader's writes go through
     assert a.workflows()["n1"].state == "validating"

@@ -86,7 +86,7 @@ def test_sustained_thermal_slowdown_is_cordoned_by_hook_and_alerted_everywhere(c
     ]
     (finding,) = [f for f in repairing.findings if f.code == "thermal_slowdown"]
     audit_rows = stub.ListAudit(fleet_pb2.ListAuditRequest(node=node), metadata=meta).entries
-    (started,) = [a for a in audit_rows if a.action == "cordon" and a.outcome == "started"]
+    (started,) = [a for a in audit_rows if a.action == "cordon" and str(a.outcome) == "started"]
     waited_s = (started.time_unix_ns - finding.first_seen_unix_ns) / 1e9
     assert waited_s >= 3.0, f"cordoned {waited_s:.2f} s after the finding: the 3 s window was not waited out"
     wait_until(lambda: state() == "quarantined", 30, "the ticket and quarantine")

@@ -272,9 +272,7 @@ def test_chaos_rails_hold_under_kills_scheduler_faults_and_a_person(cluster: Clu
             violations.append(
                 f"{node}: GPU resets {dict(done)} carried out, {dict(begun_gpus)} begun: repeated"
             )
-    counts = collections.Counter(
-        (r["action"], r["outcome"].split(":")[0]) for r in rows if r["actor"] == "automation"
-    )
+    counts = collections.Counter((r["action"], r["status"]) for r in rows if r["actor"] == "automation")
     holds = sum(n for (_, outcome), n in counts.items() if outcome == "held")
     print(
         f"chaos: {CHAOS_S:.0f} s, {len(nodes)} nodes, {restarts} aggregator kills, {looks} looks at Slurm, "

@@ -13,6 +13,7 @@ from gpufleet.repair.alerts.dispatcher import AlertDispatcher
 from gpufleet.repair.backends.none import NoBackend
 from gpufleet.repair.controller import Hooks, Rails, RepairController
 from gpufleet.repair.model import NodeSnapshot
+from gpufleet.repair.outcome import Status
 from gpufleet.repair.policy import load_policy
 from gpufleet.repair.state import open_state
 
@@ -89,7 +90,7 @@ def test_overridden_findings_stay_overridden_across_later_uncordons(tmp_path: Pa
         cordons = [
             a
             for a in repair.state.audit_log("n1")
-            if a.action == "cordon" and a.actor == "automation" and a.outcome == "ok"
+            if a.action == "cordon" and a.actor == "automation" and a.outcome.ok
         ]
         assert len(cordons) == 2
         # Once the ECC error clears (e.g. after a reset), a new one is acted on again: a third
@@ -117,7 +118,7 @@ def test_dry_run_decides_and_audits_but_touches_nothing(tmp_path: Path) -> None:
         wf = repair.workflows["n1"]
         assert wf.state == "waiting" and wf.detail == "dry-run: would cordon"
         (entry,) = [a for a in repair.state.audit_log("n1") if a.action == "cordon"]
-        assert entry.outcome == "dry-run" and entry.reason.startswith("gpufleet: xid_79 on GPU 0")
+        assert entry.outcome.status is Status.DRY_RUN and entry.reason.startswith("gpufleet: xid_79 on GPU 0")
         assert repair.out_of_service() == 0
 
     asyncio.run(scenario())
@@ -204,14 +205,16 @@ def test_the_demo_storm_after_the_trip_no_automatic_action_happens(tmp_path: Pat
         log = repair.state.audit_log(limit=1000)
         trip = next(i for i, a in enumerate(log) if a.action == "breaker_trip")
         after = [a for a in log[trip + 1 :] if a.actor == "automation"]
-        assert after and all(a.outcome.startswith("held: breaker tripped") for a in after), after
+        assert after and all(
+            a.outcome.status is Status.HELD and a.outcome.detail.startswith("breaker tripped") for a in after
+        ), after
         assert len({(a.node, a.action) for a in after}) == len(after), "each held step audited once"
         # Until a person resets it: then the held workflows carry on.
         await repair.reset_breaker("storm understood", "alice")
         fleet.tick()
         await repair.pass_once()
         resumed = [a for a in repair.state.audit_log(limit=1000)[len(log) :] if a.actor == "automation"]
-        assert any(not a.outcome.startswith("held") for a in resumed)
+        assert any(a.outcome.status is not Status.HELD for a in resumed)
 
     asyncio.run(scenario())
 

@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 from test_repair_slurm import FAST_POLICY, audit, gpufleet_cli, incidents, repair_aggregator, repair_status
 
 from gpufleet.repair.incidents import AUTOMATION
+from gpufleet.repair.outcome import Status
 from gpufleet.repair.policy import load_policy
 from gpufleet.repair.rails import Rails
 from gpufleet.repair.replay.engine import ReplayConfig, replay
@@ -155,17 +156,17 @@ def test_a_generated_llama3_history_is_replayed_with_every_rail_holding() -> Non
             tripped = True
         elif r.action == "breaker_reset":
             tripped = False
-        elif r.actor == AUTOMATION and r.outcome in ("started", "ok") and r.node:
+        elif r.actor == AUTOMATION and r.outcome.status in (Status.STARTED, Status.OK) and r.node:
             assert not tripped, f"{r.action} on {r.node} at {r.time_ns} while the breaker was tripped"
-        if r.action == "cordon" and r.outcome == "ok" and r.actor == AUTOMATION:
+        if r.action == "cordon" and r.outcome.ok and r.actor == AUTOMATION:
             out.add(r.node)
             assert len(out) <= rails.max_out_of_service, (
                 f"{len(out)} nodes out, cap {rails.max_out_of_service}"
             )
-        elif r.action == "uncordon" and r.outcome == "ok":
+        elif r.action == "uncordon" and r.outcome.ok:
             out.discard(r.node)
     assert report["breaker_trips"] >= 1, "three failing nodes in three hours trip it in three weeks"
-    held = [r for r in rows if r.outcome.startswith("held")]
+    held = [r for r in rows if r.outcome.status is Status.HELD]
     assert held, "the cap and the breaker held steps back"
     # A caught fault is cordoned no earlier than it happened.
     assert report["detect_latency_s"]["n"] and report["detect_latency_s"]["p50"] >= 0

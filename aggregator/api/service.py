@@ -27,6 +27,7 @@ from gpufleet.protos import fleet_pb2, fleet_pb2_grpc
 from gpufleet.protos.credentials import TOKEN_ID_RE
 from gpufleet.protos.names import aggregate_name, health_value
 from gpufleet.repair.controller import RepairController, RepairRefused
+from gpufleet.repair.health import Health
 from gpufleet.repair.policy import Policy, PolicyError, load_policy_text
 from gpufleet.repair.replay.engine import replay
 from gpufleet.repair.replay.report import compare, summarize
@@ -353,7 +354,7 @@ class FleetService(fleet_pb2_grpc.FleetServicer):
 
     def _with_health(self, summary: fleet_pb2.NodeSummary) -> fleet_pb2.NodeSummary:
         wf = self._workflows().get(summary.node)
-        summary.health = health_value(wf.state if wf else "healthy")
+        summary.health = health_value(wf.state if wf else Health.HEALTHY)
         summary.health_detail = wf.detail if wf else ""
         recent, lemon_at = self._recent_incidents()
         summary.recent_incidents = recent.get(summary.node, 0)
@@ -515,7 +516,7 @@ class FleetService(fleet_pb2_grpc.FleetServicer):
         for name in sorted(repair.workflows):
             wf = repair.workflows[name]
             findings = repair.findings.get(name, [])
-            if wf.state == "healthy" and not findings:
+            if wf.state is Health.HEALTHY and not findings:
                 continue
             nodes.append(
                 fleet_pb2.NodeRepairState(
@@ -616,8 +617,9 @@ def _audit_pb(e: AuditRecord) -> fleet_pb2.AuditEntry:
         node=e.node,
         action=e.action,
         reason=e.reason,
-        outcome=e.outcome,
+        outcome=str(e.outcome),
         incident_id=e.incident_id,
+        status=e.outcome.status.value_pb,
     )
 
 

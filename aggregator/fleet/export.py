@@ -6,7 +6,7 @@ the store. This task copies one into the other, on the repair leader (one box: a
 
 - every audit row (automatic or a person's action, the breaker) becomes a `repair` point:
   tags node, cluster, action, by (automation | person | scheduler); fields actor, reason,
-  outcome, result (the outcome's first word: ok, failed, refused, started, ...), incident_id;
+  outcome, result (the outcome's status: ok, failed, refused, started, ...), incident_id;
 - every finding of an incident becomes a `health` point: tags node, cluster, gpu, code,
   severity; fields action, cordon, reason, evidence, incident_id; at the time it was seen.
 
@@ -58,8 +58,8 @@ def repair_point(record: AuditRecord, cluster: str) -> Point:
         {
             "actor": record.actor,
             "reason": record.reason,
-            "outcome": record.outcome,
-            "result": record.outcome.split(":")[0].split(" ")[0],
+            "outcome": str(record.outcome),
+            "result": record.outcome.status.value,
             "incident_id": record.incident_id,
         },
         record.time_ns,

@@ -40,6 +40,7 @@ from gpufleet.aggregator.replication.records import ReplicaRecords
 from gpufleet.aggregator.supervise import Supervisor
 from gpufleet.common.redact import redact
 from gpufleet.protos import fleet_pb2, ingest_pb2, vocabulary_pb2
+from gpufleet.repair.outcome import OK
 from gpufleet.repair.state import (
     AuditRecord,
     LeaseInfo,
@@ -241,7 +242,7 @@ class ControlPlane:
         a replica cut off from the store cannot write, and says so in its log."""
         try:
             self.state.audit(
-                AuditRecord(time.time_ns(), f"{self.replica} (epoch {epoch})", "", action, reason[:300], "ok")
+                AuditRecord(time.time_ns(), f"{self.replica} (epoch {epoch})", "", action, reason[:300], OK)
             )
         except StateError as exc:
             log.warning("%s not in the audit log: %s", action, exc, extra={"replica": self.replica})

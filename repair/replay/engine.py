@@ -46,6 +46,7 @@ from gpufleet.repair.health import OUT_OF_SERVICE, Health
 from gpufleet.repair.hooks import HookResult
 from gpufleet.repair.ladder import Hooks
 from gpufleet.repair.model import NodeSnapshot
+from gpufleet.repair.outcome import Status
 from gpufleet.repair.policy import Policy
 from gpufleet.repair.rails import Rails
 from gpufleet.repair.replay.history import REPORTING, FaultHistory, FaultInput
@@ -338,7 +339,7 @@ class ReplayEngine:
             # a reboot that went ahead waits for the node to come back (an answer too).
             step = wf.ladder[wf.step]
             outcome = self.state.action_outcome(wf.step_key)
-            if not outcome or (step == "reboot" and outcome.startswith("ok")):
+            if outcome is None or outcome.status is Status.STARTED or (step == "reboot" and outcome.ok):
                 timeout_s = self.policy.workflow[
                     "reboot_timeout_s" if step == "reboot" else "reset_timeout_s"
                 ]

@@ -27,6 +27,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from gpufleet.repair.incidents import AUTOMATION
+from gpufleet.repair.outcome import Status
 from gpufleet.repair.replay.engine import TECHNICIAN, ReplayRun
 from gpufleet.repair.replay.history import ACTIONABLE, LABELS, FaultInput
 from gpufleet.repair.state import AuditRecord
@@ -90,7 +91,7 @@ def summarize(run: ReplayRun) -> dict[str, Any]:
         by_node[i.node].append(i)
     lookback_ns = int(policy.workflow["xid_lookback_s"] * 1e9)
 
-    cordons = [a for a in audit if a.actor == AUTOMATION and a.action == "cordon" and a.outcome == "ok"]
+    cordons = [a for a in audit if a.actor == AUTOMATION and a.action == "cordon" and a.outcome.ok]
     triggers: dict[int, list[FaultInput]] = {}
     for k, c in enumerate(cordons):
         triggers[k] = _triggering(c, incidents, by_node[c.node], lookback_ns)
@@ -99,9 +100,9 @@ def summarize(run: ReplayRun) -> dict[str, Any]:
     intervals: dict[str, list[tuple[int, int]]] = defaultdict(list)
     out_since: dict[str, int] = {}
     for a in audit:
-        if a.action == "cordon" and a.outcome == "ok" and a.actor == AUTOMATION:
+        if a.action == "cordon" and a.outcome.ok and a.actor == AUTOMATION:
             out_since.setdefault(a.node, a.time_ns)
-        elif a.action == "uncordon" and a.outcome == "ok" and a.node in out_since:
+        elif a.action == "uncordon" and a.outcome.ok and a.node in out_since:
             intervals[a.node].append((out_since.pop(a.node), a.time_ns))
     for node, since in out_since.items():
         intervals[node].append((since, max(since, history.end_ns)))
@@ -154,12 +155,12 @@ def summarize(run: ReplayRun) -> dict[str, Any]:
     auto = [a for a in audit if a.actor == AUTOMATION]
     actions = {
         "cordon": len(cordons),
-        "drain": sum(1 for a in auto if a.action == "drain" and a.outcome == "ok"),
-        "reset_gpu": sum(1 for a in auto if a.action == "reset_gpu" and a.outcome == "started"),
-        "reboot": sum(1 for a in auto if a.action == "reboot" and a.outcome == "started"),
-        "ticket": sum(1 for a in auto if a.action == "ticket" and a.outcome == "started"),
-        "quarantine": sum(1 for a in auto if a.action == "quarantine" and a.outcome == "ok"),
-        "uncordon": sum(1 for a in auto if a.action == "uncordon" and a.outcome == "ok"),
+        "drain": sum(1 for a in auto if a.action == "drain" and a.outcome.ok),
+        "reset_gpu": sum(1 for a in auto if a.action == "reset_gpu" and a.outcome.status is Status.STARTED),
+        "reboot": sum(1 for a in auto if a.action == "reboot" and a.outcome.status is Status.STARTED),
+        "ticket": sum(1 for a in auto if a.action == "ticket" and a.outcome.status is Status.STARTED),
+        "quarantine": sum(1 for a in auto if a.action == "quarantine" and a.outcome.ok),
+        "uncordon": sum(1 for a in auto if a.action == "uncordon" and a.outcome.ok),
         "returned_by_technician": sum(1 for a in audit if a.actor == TECHNICIAN and a.action == "uncordon"),
     }
     taken_out = list(dict.fromkeys(c.node for c in cordons))
@@ -170,7 +171,7 @@ def summarize(run: ReplayRun) -> dict[str, Any]:
                 {
                     "time": iso(a.time_ns),
                     "action": a.action,
-                    "outcome": a.outcome[:120],
+                    "outcome": str(a.outcome)[:120],
                     "reason": a.reason[:160],
                 }
             )
