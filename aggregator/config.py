@@ -9,6 +9,8 @@ from typing import Any
 
 from gpufleet.aggregator.ingest.budget import BudgetLimits
 from gpufleet.aggregator.store import Store, open_store
+from gpufleet.repair.backends import BACKENDS
+from gpufleet.repair.backends import described as described_backends
 from gpufleet.repair.backends.names import NameMapError, SchedulerNames
 
 
@@ -131,10 +133,7 @@ class AggregatorConfig:
         10.0,
         "a node is silent after this many intervals without a report",
     )
-    repair_backend: str = _setting(
-        "none",
-        "where cordons go: none (gpufleet's own records), slurm, kubernetes or hook",
-    )
+    repair_backend: str = _setting("none", f"where cordons go: {described_backends()}")
     repair_dry_run: bool = _setting(False, "decide and audit, but cordon, drain, reset and reboot nothing")
     repair_policy_file: str = _setting(
         "", "local health-policy overrides on top of the shipped defaults (`gpufleet policy check`)"
@@ -282,10 +281,8 @@ class AggregatorConfig:
                 f"silent_after_intervals ({self.silent_after_intervals:g})"
             )
 
-        if self.repair_backend not in ("none", "slurm", "kubernetes", "hook"):
-            raise ValueError(
-                f"repair_backend={self.repair_backend!r}: use one of none, slurm, kubernetes, hook"
-            )
+        if self.repair_backend not in BACKENDS:
+            raise ValueError(f"repair_backend={self.repair_backend!r}: use one of {', '.join(BACKENDS)}")
         if self.repair_max_out_of_service < 1 or not 0 < self.repair_max_out_of_service_fraction <= 1:
             raise ValueError(
                 f"repair_max_out_of_service={self.repair_max_out_of_service} must be ≥ 1 and "
@@ -364,6 +361,11 @@ class AggregatorConfig:
                 else {}
             ),
         )
+
+    def section(self, prefix: str) -> dict[str, Any]:
+        """The settings that start with prefix, the prefix taken off: what a plug-in's
+        from_settings reads (repair_ for backends, alert_ for alert sinks)."""
+        return {k.removeprefix(prefix): v for k, v in vars(self).items() if k.startswith(prefix)}
 
     def budget_limits(self) -> BudgetLimits:
         """What one node may cost the ingest (aggregator/ingest/budget.py)."""

@@ -179,24 +179,9 @@ class RepairWiring:
 
     def start_term(self, state: RepairState, spawn: Spawn) -> RepairController:
         config = self._config
-        backend = open_backend(
-            config.repair_backend,
-            self.scheduler_names,
-            slurm_scontrol=config.repair_slurm_scontrol,
-            slurm_conf=config.repair_slurm_conf,
-            kubeconfig=config.repair_kubeconfig,
-            hook_cordon=config.repair_hook_cordon,
-            hook_uncordon=config.repair_hook_uncordon,
-            hook_drain=config.repair_hook_drain,
-            hook_timeout_s=config.repair_hook_timeout_s,
-        )
+        backend = open_backend(config.repair_backend, self.scheduler_names, **config.section("repair_"))
         dispatcher = AlertDispatcher(
-            open_sinks(
-                [u.strip() for u in config.alert_webhooks.split(",") if u.strip()],
-                config.alert_slack_url,
-                config.alert_pagerduty_routing_key,
-                config.alert_pagerduty_url,
-            ),
+            open_sinks(config.section("alert_")),
             group_wait_s=config.alert_group_wait_s,
             max_age_s=config.alert_max_age_s,
             count=lambda sink, outcome: self._alert_count.labels(sink=sink, outcome=outcome).inc(),

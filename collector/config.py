@@ -9,6 +9,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gpufleet.collector.simnvml import GPU_PROFILES
+from gpufleet.collector.simnvml.engine_server import ENGINES as SIMULATED_ENGINES
+from gpufleet.collector.sources.engines import REGISTRY as ENGINE_PARSERS
 from gpufleet.collector.sources.engines.scrape import parse_endpoints
 from gpufleet.common.net import is_loopback
 from gpufleet.protos.credentials import SHARED_SECRET_TOKEN_ID, collector_token, node_name_problem
@@ -72,12 +74,14 @@ class CollectorConfig:
         "0.0.0.0:9410", "Prometheus /metrics address (host:port; port 0 picks one); empty disables"
     )
     sim_engine: str = _setting(
-        "", "with simulate: serve and scrape a simulated inference engine (vllm or sglang) on this node"
+        "",
+        f"with simulate: serve and scrape a simulated inference engine ({' or '.join(SIMULATED_ENGINES)}) "
+        "on this node",
     )
     engines: str = _setting(
         "",
         "inference-engine /metrics endpoints, ';'-separated, each 'URL [gpus=0,1]' "
-        "(vLLM, SGLang, TGI, TensorRT-LLM)",
+        f"({', '.join(p.name for p in ENGINE_PARSERS)})",
     )
     engine_discovery: bool = _setting(
         True,
@@ -147,8 +151,8 @@ class CollectorConfig:
             )
         if not 0 <= self.sim_gpus <= 64:
             raise ValueError(f"sim_gpus={self.sim_gpus} must be between 0 and 64")
-        if self.sim_engine and self.sim_engine not in ("vllm", "sglang"):
-            raise ValueError(f"sim_engine={self.sim_engine!r} must be vllm or sglang")
+        if self.sim_engine and self.sim_engine not in SIMULATED_ENGINES:
+            raise ValueError(f"sim_engine={self.sim_engine!r} must be {' or '.join(SIMULATED_ENGINES)}")
         if not 0.1 <= self.engine_timeout_s <= 60:
             raise ValueError(f"engine_timeout_s={self.engine_timeout_s} must be between 0.1 and 60")
         parse_endpoints(self.engines)  # raises ValueError naming the bad entry

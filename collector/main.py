@@ -9,14 +9,13 @@ import signal
 
 from gpufleet.collector.agent import CollectorAgent
 from gpufleet.collector.config import CollectorConfig
-from gpufleet.collector.kmsg_cursor import KmsgCursor, cursor_path, read_boot_id
 from gpufleet.collector.metrics_endpoint import serve
 from gpufleet.collector.simnvml import SimulatedNode, SimulatedNvmlLibrary, install
 from gpufleet.collector.simnvml.engine_server import SimulatedEngine
 from gpufleet.collector.simnvml.scenario import ScenarioRunner, load
 from gpufleet.collector.sources.nvml import NvmlSource
+from gpufleet.collector.sources.registry import EVENT_SOURCES, SourceContext
 from gpufleet.collector.sources.xid_kmsg import KernelLogXidWatcher
-from gpufleet.collector.sources.xid_nvml import NvmlXidWatcher
 from gpufleet.protos import telemetry_pb2
 
 log = logging.getLogger("gpufleet.collector")
@@ -73,25 +72,13 @@ async def run_collector(config: CollectorConfig) -> None:
             agent.kmsg_inflight.add(event.kmsg_seq)
             loop.call_soon_threadsafe(agent.push_events, [event])
 
-    xids = NvmlXidWatcher(source, push)
-    xids.start()
-    # The host's kernel log says nothing about simulated GPUs: read it only on a real node,
-    # or when a path is given (tests feed a FIFO).
-    kmsg_path = config.kmsg_path or ("" if config.simulate else "/dev/kmsg")
-    if kmsg_path:
-        cursor = None
-        if config.state_dir:
-            cursor = KmsgCursor(
-                cursor_path(config.state_dir, config.node), read_boot_id(config.kmsg_boot_id_path)
-            )
-        else:
-            log.warning(
-                "no state_dir: the kernel log is read from its end, so XIDs logged while the "
-                "collector was down are not reported; set state_dir to catch up on them"
-            )
-        agent.kmsg = KernelLogXidWatcher(kmsg_path, source, push, cursor)
-        if not agent.kmsg.start():
-            agent.kmsg = None
+    started = {}
+    for name, open_source_ in EVENT_SOURCES.items():
+        running = open_source_(SourceContext(config, source, push))
+        if running is not None:
+            started[name] = running
+    kmsg = started.get("kmsg")
+    agent.kmsg = kmsg if isinstance(kmsg, KernelLogXidWatcher) else None  # its counters go in each report
     if scenario:
         scenario.start()
     stop = asyncio.Event()
@@ -102,9 +89,8 @@ async def run_collector(config: CollectorConfig) -> None:
     finally:
         if scenario:
             scenario.stop()
-        xids.stop()
-        if agent.kmsg:
-            agent.kmsg.stop()
+        for running in started.values():
+            running.stop()
         if sim_engine:
             sim_engine.stop()
         source.close()

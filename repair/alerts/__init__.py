@@ -1,4 +1,5 @@
-"""Alert sinks, registered by name: a new one is a file with a Sink subclass and a line here.
+"""Alert sinks, registered by name: a new one is a file with a Sink subclass (its name, its
+from_settings) and a line in SINKS.
 
 Why not a notification library (apprise and the like): each sink here is one HTTP POST of a
 documented JSON body, and what we need around it — one alert identity per incident
@@ -8,20 +9,17 @@ The sinks stay a few lines each, on the standard library's HTTP client."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
 from gpufleet.repair.alerts.base import Sink
 from gpufleet.repair.alerts.pagerduty import PagerDutySink
 from gpufleet.repair.alerts.slack import SlackSink
 from gpufleet.repair.alerts.webhook import WebhookSink
 
+SINKS: dict[str, type[Sink]] = {cls.name: cls for cls in (WebhookSink, SlackSink, PagerDutySink)}
 
-def open_sinks(webhook_urls: list[str], slack_url: str, pagerduty_key: str, pagerduty_url: str) -> list[Sink]:
-    sinks: list[Sink] = []
-    for i, url in enumerate(webhook_urls):
-        sink = WebhookSink(url)
-        sink.name = f"webhook{i + 1}" if len(webhook_urls) > 1 else "webhook"
-        sinks.append(sink)
-    if slack_url:
-        sinks.append(SlackSink(slack_url))
-    if pagerduty_key:
-        sinks.append(PagerDutySink(pagerduty_key, pagerduty_url))
-    return sinks
+
+def open_sinks(settings: Mapping[str, Any]) -> list[Sink]:
+    """Every sink the alert settings (alert_* without the prefix) configure, of every kind."""
+    return [sink for kind in SINKS.values() for sink in kind.from_settings(settings)]

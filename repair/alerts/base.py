@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import abc
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -41,6 +42,12 @@ class Request:
 
 class Sink(abc.ABC):
     name = ""
+
+    @classmethod
+    @abc.abstractmethod
+    def from_settings(cls, settings: Mapping[str, Any]) -> list[Sink]:
+        """The sinks of this kind the aggregator's alert settings (alert_* without the prefix)
+        configure: none when its settings are empty."""
 
     @abc.abstractmethod
     def request(self, alert: Alert) -> Request:

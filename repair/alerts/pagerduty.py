@@ -3,6 +3,9 @@ so updates land on the same page instead of paging again."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
 from gpufleet.repair.alerts.base import Alert, Request, Sink
 
 EVENTS_URL = "https://events.pagerduty.com/v2/enqueue"
@@ -11,6 +14,11 @@ _SEVERITY = {"critical": "critical", "warning": "warning", "info": "info"}
 
 class PagerDutySink(Sink):
     name = "pagerduty"
+
+    @classmethod
+    def from_settings(cls, settings: Mapping[str, Any]) -> list[Sink]:
+        key = settings.get("pagerduty_routing_key")
+        return [cls(key, settings.get("pagerduty_url", EVENTS_URL))] if key else []
 
     def __init__(self, routing_key: str, url: str = EVENTS_URL) -> None:
         self._key = routing_key

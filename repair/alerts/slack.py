@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
 from gpufleet.repair.alerts.base import Alert, Request, Sink
 
 _ICON = {"critical": ":red_circle:", "warning": ":warning:", "info": ":information_source:"}
@@ -9,6 +12,10 @@ _ICON = {"critical": ":red_circle:", "warning": ":warning:", "info": ":informati
 
 class SlackSink(Sink):
     name = "slack"
+
+    @classmethod
+    def from_settings(cls, settings: Mapping[str, Any]) -> list[Sink]:
+        return [cls(settings["slack_url"])] if settings.get("slack_url") else []
 
     def __init__(self, url: str) -> None:
         self._url = url

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import abc
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from gpufleet.protos.credentials import node_name_problem
 
@@ -64,9 +66,15 @@ class DrainProgress:
 
 class Backend(abc.ABC):
     name = ""
+    help = ""  # one line for people: the settings reference and errors say it
     # True when observe() sees the scheduler's real state (cordons made by people outside
     # gpufleet included); False when gpufleet's own records are the only truth.
     observes = True
+
+    @classmethod
+    def from_settings(cls, settings: Mapping[str, Any]) -> Backend:
+        """This backend from the aggregator's repair settings (repair_* without the prefix)."""
+        return cls()
 
     @abc.abstractmethod
     async def observe(self, nodes: list[str], whole_fleet: bool = True) -> dict[str, Observed]:

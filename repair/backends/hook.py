@@ -9,13 +9,26 @@ command gpufleet's own records are the truth."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
 from gpufleet.repair.backends.base import Backend, BackendError, DrainProgress, Observed, scheduler_node
 from gpufleet.repair.hooks import run_hook
 
 
 class HookBackend(Backend):
     name = "hook"
+    help = "commands of yours (repair_hook_cordon, _uncordon, _drain)"
     observes = False
+
+    @classmethod
+    def from_settings(cls, settings: Mapping[str, Any]) -> Backend:
+        return cls(
+            settings["hook_cordon"],
+            settings["hook_uncordon"],
+            settings["hook_drain"],
+            settings["hook_timeout_s"],
+        )
 
     def __init__(
         self, cordon_command: str, uncordon_command: str, drain_command: str, timeout_s: float

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
+from collections.abc import Mapping
 from typing import Any
 
 from gpufleet.repair.backends.base import (
@@ -63,6 +64,11 @@ def _client() -> Any:
 
 class KubernetesBackend(Backend):
     name = "kubernetes"
+    help = "unschedulable, a taint and a condition; evictions"
+
+    @classmethod
+    def from_settings(cls, settings: Mapping[str, Any]) -> Backend:
+        return cls(settings["kubeconfig"], settings["hook_timeout_s"])
 
     def __init__(self, kubeconfig: str = "", timeout_s: float = 30.0) -> None:
         k8s = _client()

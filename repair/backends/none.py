@@ -8,6 +8,7 @@ from gpufleet.repair.backends.base import Backend, DrainProgress, Observed
 
 class NoBackend(Backend):
     name = "none"
+    help = "gpufleet's own records, no scheduler"
     observes = False
 
     async def observe(self, nodes: list[str], whole_fleet: bool = True) -> dict[str, Observed]:

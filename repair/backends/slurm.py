@@ -20,6 +20,8 @@ from __future__ import annotations
 import asyncio
 import os
 import re
+from collections.abc import Mapping
+from typing import Any
 
 from gpufleet.repair.backends.base import (
     AUTOMATION_PREFIX,
@@ -52,6 +54,11 @@ def parse_nodes(text: str) -> dict[str, tuple[set[str], str]]:
 
 class SlurmBackend(Backend):
     name = "slurm"
+    help = "scontrol DRAIN and RESUME"
+
+    @classmethod
+    def from_settings(cls, settings: Mapping[str, Any]) -> Backend:
+        return cls(settings["slurm_scontrol"], settings["slurm_conf"], settings["hook_timeout_s"])
 
     def __init__(self, scontrol: str = "scontrol", slurm_conf: str = "", timeout_s: float = 30.0) -> None:
         self._scontrol = scontrol

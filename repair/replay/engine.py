@@ -50,6 +50,7 @@ from gpufleet.repair.outcome import Status
 from gpufleet.repair.policy import Policy
 from gpufleet.repair.rails import Rails
 from gpufleet.repair.replay.history import REPORTING, FaultHistory, FaultInput
+from gpufleet.repair.rules import TIME_DEPENDENT
 from gpufleet.repair.state import RepairState
 from gpufleet.repair.state_sqlite import SqliteState
 
@@ -66,7 +67,6 @@ CLEARED_BY_RESET = (
 )
 _BOOL, _DOUBLE = FieldDescriptor.TYPE_BOOL, FieldDescriptor.TYPE_DOUBLE
 _FIELDS = telemetry_pb2.GpuSample.DESCRIPTOR.fields_by_name
-RATE_RULES = frozenset({"nvlink_errors", "pcie_replays"})  # findings that change with time alone
 
 
 @dataclass
@@ -353,7 +353,7 @@ class ReplayEngine:
                 times.append(c.first_seen_ns(f) + int(f.window_s * 1e9))
             if f.code.startswith("xid_"):
                 times.append(f.seen_ns + lookback_ns + 1)  # it leaves the look-back: cleared
-            elif f.code in RATE_RULES:
+            elif f.code in TIME_DEPENDENT:
                 # A rate falls as time passes with the counter still: looked at again, as the
                 # live controller's full passes do.
                 times.append(self.now + int(max(self.config.tick_s, f.window_s / 4) * 1e9))

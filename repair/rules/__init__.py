@@ -34,6 +34,11 @@ RULES: dict[str, Callable[[], Rule]] = {
     "collector_silent": CollectorSilent,
 }
 
+# Rules whose findings change with time alone (rates): derived, as everything else, from RULES.
+TIME_DEPENDENT: frozenset[str] = frozenset(
+    name for name, factory in RULES.items() if getattr(factory, "changes_with_time", False)
+)
+
 # The GpuSample fields the aggregator's health watch compares report to report.
 WATCH_FIELDS: tuple[str, ...] = tuple(
     dict.fromkeys(f for factory in RULES.values() for f in getattr(factory, "watch_fields", ()))

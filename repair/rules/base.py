@@ -18,6 +18,9 @@ class Rule(abc.ABC):
     # (repair_observe_interval_s apart) a node is evaluated only when one of them changed, its
     # liveness changed, or it needs attention (repair/controller.py `run`).
     watch_fields: tuple[str, ...] = ()
+    # Whether its findings change with time alone, the samples staying the same (a rate falls
+    # as a counter stands still): a replay looks at such a finding again as time passes.
+    changes_with_time = False
 
     @abc.abstractmethod
     def evaluate(self, snap: NodeSnapshot, entry: Entry, policy: Policy, now_ns: int) -> list[Finding]:
@@ -48,6 +51,8 @@ class GpuCheck(Rule):
 
 class RateCheck(Rule):
     """Errors per hour of a monotonically growing counter, over the rule's window."""
+
+    changes_with_time = True
 
     def __init__(self, counter: Callable[[telemetry_pb2.GpuSample], int | None]) -> None:
         self._counter = counter
