@@ -76,7 +76,7 @@ class AggregatorConfig:
     )
     max_clock_skew_s: float = _setting(300.0, "how far ahead of the aggregator's clock a report may be")
     hello_timeout_s: float = _setting(
-        10.0, "an authenticated collector stream that sends no hello within this is refused"
+        20.0, "an authenticated collector stream that sends no hello within this is refused"
     )
     max_streams: int = _setting(
         50_000, "collector streams open at once (authenticated or not); more are refused"

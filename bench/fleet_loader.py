@@ -14,8 +14,11 @@ import grpc
 from gpufleet.aggregator.auth.tokens import issue_collector_token
 from gpufleet.protos import ingest_pb2, telemetry_pb2
 
+INTERVAL_S = 3600.0
 METHOD = "/gpufleet.v1.Ingest/Stream"
 MODEL = "NVIDIA H100 80GB HBM3"
+# Each node reports once: an hour's interval keeps it "reporting" (liveness scales with it) for the
+# whole of a test or a bench, as a fleet that keeps reporting would be.
 
 
 def messages(node: str, gpus: int = 8, engines: int = 2) -> tuple[bytes, bytes]:
@@ -26,7 +29,7 @@ def messages(node: str, gpus: int = 8, engines: int = 2) -> tuple[bytes, bytes]:
             node=node,
             cluster=f"c{zlib.crc32(node.encode()) % 4}",
             boot_id="load",
-            interval_s=10.0,
+            interval_s=INTERVAL_S,
             gpus=[
                 telemetry_pb2.GpuIdentity(index=i, uuid=f"GPU-{node}-{i}", model=MODEL) for i in range(gpus)
             ],
@@ -38,7 +41,7 @@ def messages(node: str, gpus: int = 8, engines: int = 2) -> tuple[bytes, bytes]:
         boot_id="load",
         seq=1,
         time_unix_ns=time.time_ns(),
-        interval_s=10.0,
+        interval_s=INTERVAL_S,
     )
     for i in range(gpus):
         r.gpus.add(

@@ -1,0 +1,130 @@
+"""Opening a collector stream: who it is (from its credential, before any message is read), its
+Hello checked against that, the node's series budget and the stream it supersedes; and ending
+streams whose credential has expired or been revoked."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+
+import grpc
+
+from gpufleet.aggregator.auth.tokens import AuthError, CollectorIdentity
+from gpufleet.aggregator.ingest.session import End, Malformed, Session
+from gpufleet.aggregator.ingest.validation import Rejection
+
+
+class StreamOpening:
+    async def _identify(self, context: grpc.aio.ServicerContext) -> CollectorIdentity | End:
+        """Who the stream is, from its metadata and certificate alone: nothing it sends is read
+        before this, so an unauthenticated peer costs no decode and no memory."""
+        try:
+            return await self._auth.identify(context.invocation_metadata(), context.auth_context())
+        except AuthError as exc:
+            return self._refuse("unauthenticated", grpc.StatusCode.UNAUTHENTICATED, str(exc))
+
+    async def _open(
+        self, requests: AsyncIterator[object], context: grpc.aio.ServicerContext
+    ) -> Session | End:
+        """Authenticate, then read the Hello; a session, or why the stream ends."""
+        identity = await self._identify(context)
+        if isinstance(identity, End):
+            return identity
+        node = identity.node
+        try:
+            first = await asyncio.wait_for(anext(requests), self._limits.hello_timeout_s)
+        except (StopAsyncIteration, TimeoutError):
+            return self._refuse(
+                "no_hello",
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"node {node!r}: no hello within {self._limits.hello_timeout_s:g} s of opening the stream",
+                node,
+            )
+        if isinstance(first, Malformed):
+            return self._refuse(
+                "malformed",
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"node {node!r}: first message ({first.size} bytes) is not a gpufleet.v1.CollectorMessage: "
+                f"{first.error}",
+                node,
+            )
+        if first.WhichOneof("body") != "hello":
+            return self._refuse(
+                "no_hello",
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"node {node!r}: the first message must be a hello, got {first.WhichOneof('body')}",
+                node,
+            )
+        hello = first.hello
+        try:
+            self._checker.check_hello(hello)
+        except Rejection as r:
+            return self._refuse(r.reason, r.code, r.message, hello.node)
+        if hello.node != node:
+            return self._refuse(
+                "unauthenticated",
+                grpc.StatusCode.UNAUTHENTICATED,
+                f"the credential presented belongs to the collector on node {node!r}, not "
+                f"{hello.node!r}; give {hello.node!r} its own (`gpufleet auth collector-token "
+                f"{hello.node}`)",
+                hello.node,
+            )
+        why = self._budgets.admit_series(
+            node, "gpu", ((g.index, g.uuid, g.model, hello.cluster) for g in hello.gpus)
+        )
+        if why:
+            return self._refuse(
+                "series_cap", grpc.StatusCode.RESOURCE_EXHAUSTED, f"node {node!r}: hello refused: {why}", node
+            )
+        existing = self._streams.get(node)
+        if existing and existing.hello.boot_id != hello.boot_id:
+            interval = existing.hello.interval_s
+            quiet_s = time.monotonic() - existing.last_message_monotonic
+            if quiet_s < 3 * interval + 1:
+                return self._refuse(
+                    "duplicate_node",
+                    grpc.StatusCode.ALREADY_EXISTS,
+                    f"node {node!r} is already streaming from {existing.peer} (last message "
+                    f"{quiet_s:.1f} s ago); this second collector (boot {hello.boot_id}) is refused. "
+                    "Two hosts share this node name or credential. (The first one's boot id is not "
+                    "told: it is what a stream of that collector presents.)",
+                    node,
+                )
+        if existing:
+            # The same collector reconnecting, or an old stream gone quiet: the new one wins.
+            existing.out.put_nowait(
+                End(grpc.StatusCode.ABORTED, "superseded by a newer stream for this node")
+            )
+        self._next_stream_id += 1
+        session = Session(
+            hello=hello,
+            peer=context.peer(),
+            identity=identity,
+            out=asyncio.Queue(),
+            stream_id=self._next_stream_id,
+        )
+        self._streams[node] = session
+        if self._pool is not None:
+            self._pool.open_stream(session.stream_id, hello)
+        self._fleet.on_hello(hello, stream=session.stream_id)
+        return session
+
+    def _close_slot(self, peer: str) -> None:
+        self._open_total -= 1
+        left = self._open_by_peer.pop(peer) - 1
+        if left:
+            self._open_by_peer[peer] = left
+
+    def end_invalid_streams(self) -> int:
+        """End every stream whose credential has expired or been revoked since it opened (called
+        when the revocation list changes); how many were ended."""
+        ended = 0
+        for node, session in list(self._streams.items()):
+            why = self._auth.still_valid(session.identity)
+            if why and not session.closed:
+                session.out.put_nowait(
+                    self._refuse("unauthenticated", grpc.StatusCode.UNAUTHENTICATED, why, node)
+                )
+                ended += 1
+        return ended

@@ -1,0 +1,171 @@
+"""A stream's reports and command results: paced to the node's budget, checked, made durable
+(here or in a worker), acknowledged in order or rejected alone; answers to commands taken only
+from the node and boot they were sent to."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+
+import grpc
+
+from gpufleet.aggregator.ingest.session import End, Session
+from gpufleet.aggregator.ingest.validation import Rejection
+from gpufleet.aggregator.store import StoreError
+from gpufleet.aggregator.store.base import PointsRefused
+from gpufleet.protos import ingest_pb2, telemetry_pb2
+
+log = logging.getLogger("gpufleet.aggregator.ingest.service")
+
+
+class ReportHandling:
+    async def _pace(self, node: str, report: telemetry_pb2.NodeReport) -> None:
+        """Hold the stream back while the node sends faster than its budget (node_budget.py)."""
+        wait_s = self._budgets.pace(node, report.ByteSize())
+        if wait_s <= 0:
+            return
+        self._metrics.throttled.inc()
+        now = time.monotonic()
+        if now - self._throttle_logged.get(node, -1e9) > 60:
+            self._throttle_logged[node] = now
+            log.warning(
+                "node sends faster than its report or byte rate (node_reports_per_s %g, node_bytes_per_s "
+                "%g): its stream is read more slowly (%.2f s now); logged once a minute",
+                self._limits.budget.reports_per_s,
+                self._limits.budget.bytes_per_s,
+                wait_s,
+                extra={"node": node},
+            )
+        await asyncio.sleep(wait_s)  # rate limiting, not synchronisation: the stream waits its turn
+
+    def _command_result(self, session: Session, msg: ingest_pb2.CollectorMessage) -> None:
+        node, result = session.hello.node, msg.command_result
+        try:
+            self._checker.check_message(msg, f"node {node!r}: command result")
+        except Rejection as r:
+            # Nothing to reject on the wire (a result has no seq): counted, logged, not acted on.
+            self._metrics.reject(r.reason, r.code.name)
+            log.warning("ignored command result: %s", r.message, extra={"node": node, "reason": r.reason})
+            return
+        why = self.commands.answer(node, result.id, session.hello.boot_id)
+        if why:
+            self._metrics.command_results_refused.inc()
+            self._metrics.reject("command_not_ours", grpc.StatusCode.PERMISSION_DENIED.name)
+            log.warning(
+                "refused a command result: %s", why, extra={"node": node, "command_id": result.id[:80]}
+            )
+            return
+        log.info(
+            "command %s on the node ended %s: %s",
+            result.id,
+            result.outcome,
+            result.detail,
+            extra={"node": node},
+        )
+        self.fanout.command_result(node, result)
+
+    def _reject(self, session: Session, seq: int, r: Rejection) -> None:
+        self._metrics.reject(r.reason, r.code.name)
+        log.warning(
+            "rejected report: %s",
+            r.message,
+            extra={"node": session.hello.node, "seq": seq, "reason": r.reason},
+        )
+        if not session.closed:
+            self._send_acks(session)  # in order: what was durable before this refusal first
+            session.out.put_nowait(
+                ingest_pb2.AggregatorMessage(
+                    # seq as sent, clamped to the field: a Reject for an out-of-range seq still encodes
+                    reject=ingest_pb2.Reject(seq=seq & (2**64 - 1), code=r.code.value[0], message=r.message)
+                )
+            )
+
+    async def _accept(self, session: Session, report: telemetry_pb2.NodeReport) -> None:
+        if report.engines:
+            why = self._budgets.admit_series(
+                session.hello.node,
+                "engine",
+                ((e.engine, e.model, e.port, session.hello.cluster) for e in report.engines),
+            )
+            if why:
+                self._reject(
+                    session,
+                    report.seq,
+                    Rejection(
+                        grpc.StatusCode.RESOURCE_EXHAUSTED,
+                        "series_cap",
+                        f"node {session.hello.node!r}: report seq {report.seq} refused: {why}",
+                    ),
+                )
+                return
+        if self._pool is not None:
+            if not self._pool.has_room:
+                await self._pool.wait_for_room()
+            session.inflight += 1
+            self._pool.submit(
+                session.stream_id,
+                session.hello.node,
+                report.SerializeToString(),
+                lambda error: self._durable(session, report, error),
+            )
+            return
+        try:
+            points = self._checker.check_report(report, session.hello)
+        except Rejection as r:
+            self._reject(session, report.seq, r)
+            return
+        if not self._writer.has_room:
+            await self._writer.wait_for_room()
+        session.inflight += 1
+        self._writer.submit(points, lambda error: self._durable(session, report, error))
+
+    def _durable(
+        self, session: Session, report: telemetry_pb2.NodeReport, error: StoreError | Rejection | None
+    ) -> None:
+        """Called by the writer (or an ingest worker) once the report is durable (error None),
+        refused (a Rejection from a worker's checks, or PointsRefused) or could not be made
+        durable. Only acknowledges: the listeners get the report through the fanout's queue."""
+        session.inflight -= 1
+        if not session.inflight:
+            session.drained.set()
+        if isinstance(error, Rejection):
+            self._reject(session, report.seq, error)
+            return
+        if isinstance(error, PointsRefused):
+            self._reject(
+                session,
+                report.seq,
+                Rejection(
+                    grpc.StatusCode.INVALID_ARGUMENT,
+                    "store_refused",
+                    f"node {session.hello.node!r}: report seq {report.seq} was refused by the store "
+                    f"({error}); the other reports of its batch were stored",
+                ),
+            )
+            return
+        if error is not None:
+            # Not acknowledged: the collector keeps the report and replays it on reconnect.
+            self._send_acks(session)
+            session.out.put_nowait(
+                End(
+                    grpc.StatusCode.UNAVAILABLE,
+                    f"the store could not make report seq {report.seq} durable ({error}); "
+                    "reconnect and replay",
+                )
+            )
+            return
+        self.fanout.report(report, time.time_ns(), session.stream_id)
+        self._metrics.reports_accepted.inc()
+        self._metrics.gpu_samples.inc(len(report.gpus))
+        if not session.closed:
+            # Every report of this stream made durable in this turn of the event loop (a group
+            # commit completes many at once) goes out in one Ack: one gRPC write, not one each.
+            if not session.acks:
+                asyncio.get_running_loop().call_soon(self._send_acks, session)
+            session.acks.append(report.seq)
+
+    def _send_acks(self, session: Session) -> None:
+        if session.acks and not session.closed:
+            session.out.put_nowait(ingest_pb2.AggregatorMessage(ack=ingest_pb2.Ack(seqs=session.acks)))
+        session.acks = []

@@ -1,0 +1,69 @@
+"""What one collector stream is, as the ingest service holds it: the decoded message or why it
+is not one, how a stream ends, its session, the limits the service applies."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass, field
+
+import grpc
+from google.protobuf.message import DecodeError
+
+from gpufleet.aggregator.auth.tokens import CollectorIdentity
+from gpufleet.aggregator.ingest.budget import BudgetLimits
+from gpufleet.protos import ingest_pb2
+
+
+@dataclass
+class Malformed:
+    """Bytes on the stream that do not decode as a CollectorMessage."""
+
+    error: str
+    size: int
+
+
+def decode_collector_message(data: bytes) -> ingest_pb2.CollectorMessage | Malformed:
+    # Decoding here, not in gRPC, lets an undecodable message get a precise status and a
+    # count instead of gRPC's generic INTERNAL.
+    try:
+        return ingest_pb2.CollectorMessage.FromString(data)
+    except DecodeError as exc:
+        return Malformed(str(exc) or "not a valid protobuf message", len(data))
+
+
+@dataclass
+class End:
+    code: grpc.StatusCode
+    message: str
+
+
+@dataclass
+class Session:
+    hello: ingest_pb2.Hello
+    peer: str
+    identity: CollectorIdentity
+    out: asyncio.Queue[ingest_pb2.AggregatorMessage | End | None]
+    stream_id: int = 0  # this stream's number, as the ingest workers know it
+    acks: list[int] = field(default_factory=list)  # seqs durable this turn of the loop, not yet sent
+    last_message_monotonic: float = field(default_factory=time.monotonic)
+    inflight: int = 0  # reports submitted to the writer, not yet durable
+    drained: asyncio.Event = field(default_factory=asyncio.Event)  # set when inflight is 0
+    closed: bool = False
+
+
+@dataclass
+class IngestLimits:
+    max_report_bytes: int = 1024 * 1024
+    retention_s: float = 14 * 86400
+    max_clock_skew_s: float = 300.0
+    hello_timeout_s: float = 20.0
+    max_streams: int = 50_000  # collector streams open at once, authenticated or not
+    max_streams_per_peer: int = 256  # ... from one peer address
+    budget: BudgetLimits = field(default_factory=BudgetLimits)
+
+
+def peer_host(peer: str) -> str:
+    """The address part of a gRPC peer ("ipv4:10.0.0.5:51234" -> "ipv4:10.0.0.5")."""
+    host, sep, port = peer.rpartition(":")
+    return host if sep and port.isdigit() else peer
