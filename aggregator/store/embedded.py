@@ -18,20 +18,18 @@ import re
 import sqlite3
 import threading
 from collections import defaultdict
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 
 from gpufleet.aggregator.store.base import (
-    HistoryQuery,
     Point,
     PointsRefused,
-    Series,
     SharedTags,
     Store,
     StoreError,
     StoreUnavailable,
-    matches,
 )
+from gpufleet.aggregator.store.embedded_read import EmbeddedReads, ident
 
 log = logging.getLogger("gpufleet.aggregator.store")
 
@@ -69,13 +67,7 @@ def _write_failure(exc: BaseException, what: str) -> StoreError:
     return PointsRefused(f"{what} failed: {type(exc).__name__}: {exc}")
 
 
-def _ident(name: str, what: str) -> str:
-    if not _NAME.match(name):
-        raise StoreError(f"{what} name {name!r} is not usable: use [a-z_][a-z0-9_]*")
-    return f'"{name}"'
-
-
-class EmbeddedStore(Store):
+class EmbeddedStore(EmbeddedReads, Store):
     def __init__(
         self,
         path: str | Path,
@@ -166,7 +158,7 @@ class EmbeddedStore(Store):
 
     # --- writing -------------------------------------------------------------------
     def _ensure_columns(self, measurement: str, fields: Sequence[str]) -> None:
-        table = _ident("m_" + measurement, "measurement")
+        table = ident("m_" + measurement, "measurement")
         cols = self._columns.get(measurement)
         if cols is None:
             self._w.execute(
@@ -177,7 +169,7 @@ class EmbeddedStore(Store):
         for name in fields:
             if name not in cols:
                 # No declared type: SQLite keeps each value as given (int stays int).
-                self._w.execute(f"ALTER TABLE {table} ADD COLUMN {_ident(name, 'field')}")
+                self._w.execute(f"ALTER TABLE {table} ADD COLUMN {ident(name, 'field')}")
                 cols.add(name)
 
     def _series_id(self, p: Point, new_series: list[tuple[str, tuple[tuple[str, str], ...]]]) -> int:
@@ -222,9 +214,9 @@ class EmbeddedStore(Store):
         key = (measurement, names, rows)
         sql = self._sql.get(key)
         if sql is None:
-            cols = ", ".join(_ident(n, "field") for n in names)
+            cols = ", ".join(ident(n, "field") for n in names)
             marks = "(" + ", ".join("?" * (len(names) + 2)) + ")"
-            update = ", ".join(f"{_ident(n, 'field')}=excluded.{_ident(n, 'field')}" for n in names)
+            update = ", ".join(f"{ident(n, 'field')}=excluded.{ident(n, 'field')}" for n in names)
             sql = (
                 f'INSERT INTO "m_{measurement}" (series_id, ts{", " if names else ""}{cols}) '
                 f"VALUES {', '.join([marks] * rows)} ON CONFLICT (series_id, ts) DO "
@@ -292,150 +284,7 @@ class EmbeddedStore(Store):
                     self._series_tags[self._series[key]] = (key[0], dict(key[1]))
 
     # --- reading -------------------------------------------------------------------
-    def _series_ids(
-        self, measurement: str, filters: Mapping[str, Sequence[str]] | None
-    ) -> dict[int, dict[str, str]]:
-        with self._cache_lock:
-            return {
-                sid: tags
-                for sid, (m, tags) in self._series_tags.items()
-                if m == measurement and matches(tags, filters)
-            }
-
-    def query_history(self, query: HistoryQuery) -> list[Series]:
-        if query.step_ns <= 0:
-            raise StoreError(f"step must be positive, got {query.step_ns} ns")
-        table = _ident("m_" + query.measurement, "measurement")
-        col = _ident(query.field, "field")
-        self._reader_catch_up()
-        series = self._series_ids(query.measurement, query.filters)
-        if not series or query.field not in self._read_columns.get(query.measurement, ()):
-            return []
-        # Each series' group: itself, or the index of its group_by tag values. The SQL groups
-        # by it, so a group's mean, max, min and count are over all of its samples in a bucket
-        # (as InfluxDB's GROUP BY a tag), not a mean of means.
-        groups: dict[tuple[str, ...], int] = {}
-        group_of: dict[int, int] = {}
-        group_tags: dict[int, dict[str, str]] = {}
-        for sid, tags in series.items():
-            if query.group_by:
-                key = tuple(tags.get(t, "") for t in query.group_by)
-                gid = groups.setdefault(key, len(groups))
-                group_tags[gid] = dict(zip(query.group_by, key, strict=True))
-            else:
-                gid = sid
-                group_tags[gid] = dict(tags)
-            group_of[sid] = gid
-        where = (
-            f"FROM json_each(?) g JOIN {table} t ON t.series_id = CAST(g.key AS INTEGER) "
-            f"WHERE t.ts >= ? AND t.ts < ? AND t.{col} IS NOT NULL"
-        )
-        args = (json.dumps(group_of), query.start_unix_ns, query.end_unix_ns)
-        step = int(query.step_ns)
-        bucket = f"g.value, t.ts / {step}"
-        if query.aggregate in _SQL_AGG:
-            sql = f"SELECT {bucket}, {_SQL_AGG[query.aggregate]}(t.{col}) {where} GROUP BY 1, 2 ORDER BY 1, 2"
-        elif query.aggregate == "last":
-            # SQLite returns the bare column from the row holding MAX(ts).
-            sql = f"SELECT {bucket}, t.{col}, MAX(t.ts) {where} GROUP BY 1, 2 ORDER BY 1, 2"
-        elif query.aggregate == "p95":
-            sql = f"SELECT {bucket}, t.{col} {where} ORDER BY 1, 2, 3"
-        else:
-            raise StoreError(f"unknown aggregate {query.aggregate!r}")
-        with self._rlock:
-            rows = self._r.execute(sql, args).fetchall()
-        out: dict[int, Series] = {}
-        if query.aggregate == "p95":
-            buckets: dict[tuple[int, int], list[float]] = defaultdict(list)
-            for gid, b, value in rows:
-                buckets[(gid, b)].append(value)
-            rows = [(gid, b, _nearest_rank(vals, 0.95)) for (gid, b), vals in buckets.items()]
-        for row in rows:
-            gid, b, value = row[0], row[1], row[2]
-            s = out.get(gid)
-            if s is None:
-                s = out[gid] = Series(group_tags[gid], [], [])
-            s.times_unix_ns.append(b * step)
-            s.values.append(float(value))
-        return sorted(out.values(), key=lambda s: sorted(s.tags.items()))
-
-    def _rows_to_points(self, measurement: str, cursor: sqlite3.Cursor) -> list[Point]:
-        names = [d[0] for d in cursor.description]
-        with self._cache_lock:
-            tags_of = {sid: tags for sid, (_, tags) in self._series_tags.items()}
-        points = []
-        for row in cursor.fetchall():
-            fields = {n: v for n, v in zip(names[2:], row[2:], strict=True) if v is not None}
-            points.append(Point(measurement, dict(tags_of[row[0]]), fields, row[1]))
-        return points
-
-    def query_points(
-        self,
-        measurement: str,
-        start_unix_ns: int,
-        end_unix_ns: int,
-        filters: Mapping[str, Sequence[str]] | None = None,
-    ) -> list[Point]:
-        self._reader_catch_up()
-        if measurement not in self._read_columns:
-            return []
-        series = self._series_ids(measurement, filters)
-        table = _ident("m_" + measurement, "measurement")
-        with self._rlock:
-            cursor = self._r.execute(
-                f"SELECT * FROM {table} WHERE series_id IN (SELECT value FROM json_each(?)) "
-                "AND ts >= ? AND ts < ? ORDER BY ts, series_id",
-                (json.dumps(list(series)), start_unix_ns, end_unix_ns),
-            )
-            return self._rows_to_points(measurement, cursor)
-
-    def latest(self, measurement: str) -> list[Point]:
-        self._reader_catch_up()
-        if measurement not in self._read_columns:
-            return []
-        table = _ident("m_" + measurement, "measurement")
-        with self._rlock:
-            cursor = self._r.execute(
-                f"SELECT t.* FROM {table} t JOIN (SELECT series_id, MAX(ts) AS ts FROM {table} "
-                "GROUP BY series_id) l ON t.series_id = l.series_id AND t.ts = l.ts"
-            )
-            return self._rows_to_points(measurement, cursor)
-
-    def _retention_s(self, measurement: str) -> float:
-        for suffix, seconds in self.retention_by_suffix.items():
-            if measurement.endswith(suffix):
-                return seconds
-        return self.retention_s
-
-    def apply_retention(self, now_unix_ns: int) -> int:
-        deleted = 0
-        with self._wlock:
-            self._catch_up(self._w, "_columns")  # measurements other processes created
-            for measurement in list(self._columns):
-                cutoff = now_unix_ns - int(self._retention_s(measurement) * 1e9)
-                table = _ident("m_" + measurement, "measurement")
-                # Per series, so the (series_id, ts) key is used instead of a table scan.
-                cur = self._w.execute(
-                    f"DELETE FROM {table} WHERE series_id IN "
-                    "(SELECT id FROM series WHERE measurement = ?) AND ts < ?",
-                    (measurement, cutoff),
-                )
-                deleted += cur.rowcount
-        if deleted:
-            log.info(
-                "retention removed %d points (raw older than %.0f s, roll-ups by tier)",
-                deleted,
-                self.retention_s,
-            )
-        return deleted
-
     def close(self) -> None:
         with self._wlock, self._rlock:
             self._r.close()
             self._w.close()
-
-
-def _nearest_rank(sorted_values: list[float], q: float) -> float:
-    """The q-quantile by the nearest-rank method (values already sorted)."""
-    rank = max(1, -(-len(sorted_values) * q // 1))  # ceil(n*q), at least 1
-    return sorted_values[int(rank) - 1]

@@ -1,0 +1,110 @@
+"""What the aggregator says of itself: the watchdog's reasons to be unready (read by /ready,
+GetStatus, `gpufleet status` and the dashboard) and the status the Fleet API serves."""
+
+from __future__ import annotations
+
+from gpufleet.common.redact import redact
+from gpufleet.common.version import __version__
+from gpufleet.protos import fleet_pb2
+
+
+class StatusReports:
+    def unhealthy(self) -> list[str]:
+        """The watchdog: why this aggregator should not be sent collectors now (empty: healthy).
+        Read by /ready, GetStatus, `gpufleet status` and the dashboard."""
+        reasons = []
+        if self.sink.not_acking:
+            reasons.append(f"not acknowledging reports: {self.sink.not_acking}")
+        waited = self.sink.oldest_waiting_s()
+        if waited > self.config.ack_watchdog_s:
+            reasons.append(
+                f"an accepted report has waited {waited:.0f} s for its ack "
+                f"(bound {self.config.ack_watchdog_s:g} s)"
+            )
+        lag = self.fanout.lag_s()
+        if lag > self.config.ack_watchdog_s:
+            reasons.append(f"the fleet view and repair listeners are {lag:.0f} s behind the acks")
+        if self.pool is not None and self._started:
+            reasons += self.pool.not_running()
+        reasons += self.supervisor.looping()
+        if self.control_plane is not None:
+            reasons += self.control_plane.unhealthy()
+        for name, task in self._tasks.items():
+            if task.done() and not self._stopping:
+                reasons.append(f"background task {name} has ended")
+        return reasons
+
+    def status(self) -> fleet_pb2.AggregatorStatus:
+        spool = self.spool.status()
+        batches, size, points = spool.batches, spool.bytes, spool.points
+        if self.pool is not None:  # the workers' spools too
+            more = self.pool.spool_totals()
+            batches, size, points = batches + more[0], size + more[1], points + more[2]
+        reasons = self.unhealthy()
+        not_acking = self.sink.not_acking
+        store_error = self.sink.store_error or self.writer.store_error
+        return fleet_pb2.AggregatorStatus(
+            version=__version__,
+            store=self.config.store,
+            store_ok=batches == 0 and not not_acking,
+            store_error=redact(not_acking or (store_error if batches else "")),
+            spool=fleet_pb2.SpoolStatus(
+                bytes=size,
+                batches=batches,
+                points=points,
+                oldest_age_s=spool.oldest_age_s,
+                drain_points_per_s=spool.drain_points_per_s,
+                drained_points_total=spool.drained_points_total,
+                max_bytes=spool.max_bytes,
+                near_limit=spool.near_limit,
+                refused_batches_total=spool.refused_total,
+                quarantined_batches=spool.quarantined_batches,
+                quarantined_points=spool.quarantined_points,
+                quarantine_dir=spool.quarantine_dir,
+            ),
+            store_points_dropped_total=self.store.points_dropped_total
+            + (self.pool.points_dropped_total if self.pool else 0),
+            nodes=len(self.fleet.nodes),
+            streams_open=self.ingest.streams_open,
+            healthy=not reasons,
+            unhealthy_reasons=[redact(r) for r in reasons],
+            acknowledging=not not_acking,
+            not_acknowledging_reason=redact(not_acking),
+            oldest_unacked_s=self.sink.oldest_waiting_s(),
+            tasks=[
+                fleet_pb2.TaskStatus(
+                    name=r.name, restarts_total=r.restarts_total, last_error=redact(r.last_error)
+                )
+                for r in self.supervisor.records.values()
+            ],
+            store_refused_reports_total=self.sink.refused_reports_total,
+            listener_errors_total=self.fanout.errors_total,
+            listener_reports_dropped_total=self.fanout.dropped_total,
+            **self._control_plane_status(),
+        )
+
+    def _control_plane_status(self) -> dict[str, object]:
+        cp = self.control_plane
+        if cp is None:
+            return {"control_plane": "sqlite", "repair_leader": True}
+        lease = cp.lease_info
+        live = lease is not None and lease.live
+        return {
+            "control_plane": cp.url,
+            "replica_id": cp.replica,
+            "repair_leader": cp.leader,
+            "leader": lease.holder if lease and live else "",
+            "leader_epoch": lease.epoch if lease else 0,
+            "leader_lease_left_s": (lease.expires_ns - lease.now_ns) / 1e9 if lease and live else 0.0,
+            "replicas": [
+                fleet_pb2.ReplicaStatus(
+                    replica_id=r.replica,
+                    fleet_address=str(r.info.get("fleet", "")),
+                    ingest_address=str(r.info.get("ingest", "")),
+                    streams_open=int(r.info.get("streams", 0)),
+                    heartbeat_age_s=r.age_s,
+                    leader=live and lease is not None and r.replica == lease.holder,
+                )
+                for r in cp.replicas
+            ],
+        }
