@@ -1,0 +1,41 @@
+"""The history store: which one, InfluxDB's connection, the spool that rides out its outages,
+and how long history and its roll-ups are kept."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from gpufleet.aggregator.settings import require, setting
+
+
+@dataclass
+class StoreSettings:
+    store: str = setting("embedded", "history store backend: embedded or influxdb")
+    influx_url: str = setting("http://127.0.0.1:8086", "InfluxDB URL (with store = influxdb)")
+    influx_database: str = setting("gpufleet", "InfluxDB 1.x database, or the 2.x/3.x bucket mapped to it")
+    influx_retention_policy: str = setting("", "InfluxDB retention policy to write to (empty: the default)")
+    influx_token: str = setting("", "InfluxDB 2.x/3.x token (sent as 'Authorization: Token ...')")
+    influx_username: str = setting("", "InfluxDB 1.x user")
+    influx_password: str = setting("", "InfluxDB 1.x password (prefer the environment variable)")
+    spool_max_bytes: int = setting(
+        1 << 30, "on-disk spool for batches the store cannot take; at this size acknowledgements stop"
+    )
+    spool_warn_ratio: float = setting(0.8, "the spool reports itself near its limit past this fraction")
+    retention_s: float = setting(14 * 86400.0, "how long raw history is kept, in seconds")
+    rollup_1m_retention_s: float = setting(
+        90 * 86400.0, "how long 1-minute roll-ups are kept (InfluxDB: retention policy gpufleet_1m)"
+    )
+    rollup_1h_retention_s: float = setting(
+        730 * 86400.0, "how long 1-hour roll-ups are kept (InfluxDB: retention policy gpufleet_1h)"
+    )
+
+    def check_store(self) -> None:
+        require(
+            self.retention_s >= 3600, f"retention_s={self.retention_s:g} must be at least 3600 (one hour)"
+        )
+        require(
+            self.spool_max_bytes >= 1 << 20, f"spool_max_bytes={self.spool_max_bytes} must be at least 1 MiB"
+        )
+        require(
+            0 < self.spool_warn_ratio < 1, f"spool_warn_ratio={self.spool_warn_ratio} must be between 0 and 1"
+        )
