@@ -23,18 +23,20 @@ import logging
 import time
 from collections.abc import Callable
 
-from gpufleet.protos import ingest_pb2, vocabulary_pb2
+from gpufleet.protos import ingest_pb2
 from gpufleet.repair.alerts.dispatcher import AlertDispatcher
-from gpufleet.repair.backends.base import AUTOMATION_PREFIX, Backend, BackendError, NotOurs, Observed
+from gpufleet.repair.backends.base import Backend, Observed
 from gpufleet.repair.evaluator import Evaluator, finding_id
-from gpufleet.repair.health import BY_AUTOMATION, OUT_OF_SERVICE, WATCHED, Health, Step
+from gpufleet.repair.health import OUT_OF_SERVICE, WATCHED, Health, Step
 from gpufleet.repair.hooks import HookRunner, run_hook
 from gpufleet.repair.incidents import AUTOMATION, IncidentDesk
-from gpufleet.repair.ladder import Hooks, StepRunner, reset_target
+from gpufleet.repair.ladder import Hooks, StepRunner
 from gpufleet.repair.model import Finding, NodeSnapshot
 from gpufleet.repair.observe import SchedulerWatch
-from gpufleet.repair.outcome import OK, STARTED, Outcome, Status, failed
+from gpufleet.repair.outcome import STARTED, Outcome
+from gpufleet.repair.people import PersonActions, RepairRefused
 from gpufleet.repair.policy import Policy
+from gpufleet.repair.progress import WorkflowSteps
 from gpufleet.repair.rails import Breaker, Gate, Rails, SchedulerView
 from gpufleet.repair.state import Fenced, HeldStep, RepairState, Workflow
 
@@ -44,15 +46,7 @@ _YIELD_EVERY = 64  # nodes evaluated between two returns to the event loop in on
 __all__ = ["AUTOMATION", "Hooks", "Rails", "RepairController", "RepairRefused"]
 
 
-class RepairRefused(Exception):
-    """A manual action that cannot be done; kind is not_found, invalid or failed."""
-
-    def __init__(self, kind: str, message: str) -> None:
-        super().__init__(message)
-        self.kind = kind
-
-
-class RepairController:
+class RepairController(PersonActions, WorkflowSteps):
     def __init__(
         self,
         policy: Policy,
@@ -319,211 +313,8 @@ class RepairController:
         wf.detail = hold.reason
         return True
 
-    def _person_acted(self, wf: Workflow, seen: Observed, findings: list[Finding], now: int) -> bool:
-        """React to what people did in the scheduler; True when nothing else is to be done."""
-        if wf.state in BY_AUTOMATION and wf.cordoned_by_us:
-            if not seen.cordoned:
-                self.desk.observed(
-                    wf, "uncordon", "a person returned the node to service outside gpufleet", now
-                )
-                self._cancel(wf, findings, "cancelled: a person uncordoned the node", now)
-                return True
-            if not seen.ours:
-                self._handed_over(wf, seen.reason, now, f"a person re-cordoned it: {seen.reason}")
-                return True
-            return False
-        if wf.state == Health.HUMAN_CORDONED:
-            if not seen.cordoned:
-                self.desk.observed(wf, "uncordon", "a person returned the node to service", now)
-                self._cancel(wf, findings, "", now)
-                return True
-            wf.detail = seen.reason
-            return True
-        if seen.cordoned and not seen.ours:
-            self._handed_over(wf, seen.reason, now, f"cordoned by a person: {seen.reason}")
-            return True
-        if seen.cordoned and seen.ours and not wf.cordoned_by_us:
-            # Ours, but this aggregator has no record of it: an earlier process cordoned it
-            # and died before saving that. Adopt it rather than leave it out of service.
-            self._adopt(wf, seen, findings, now)
-            return True
-        return False
-
-    def _adopt(self, wf: Workflow, seen: Observed, findings: list[Finding], now: int) -> None:
-        self.desk.observed(
-            wf, "cordon", f"a cordon of ours this process has no record of: {seen.reason}", now
-        )
-        wf.cordoned_by_us = True
-        cordon = [f for f in findings if f.cordon]
-        if cordon:  # still failing: carry on with the repair it was cordoned for
-            self.desk.note(wf, cordon)
-            worst = max(cordon, key=lambda f: f.severity_rank)
-            wf.ladder, wf.step, wf.step_key = list(worst.ladder), 0, ""
-            wf.gpus = sorted({f.gpu for f in cordon if f.gpu is not None})
-            self._move(wf, Health.CORDONED, seen.reason)
-        else:  # nothing wrong any more: validate it back into service
-            wf.ladder, wf.step = [], 0
-            self._validating(wf, "adopted after a restart", now)
-
-    def _handed_over(self, wf: Workflow, reason: str, now: int, audit_reason: str) -> None:
-        """A person has the node: stop, close any incident as theirs, keep hands off."""
-        self.desk.observed(wf, "cordon", audit_reason, now)
-        self.desk.close(wf, f"taken over by a person: {reason}", now, handed_to_person=True)
-        wf.cordoned_by_us = False
-        wf.held = None
-        self._move(wf, Health.HUMAN_CORDONED, reason)
-
-    async def _take_out(self, wf: Workflow, ready: list[Finding], view: SchedulerView, now: int) -> None:
-        incident = self.desk.note(wf, ready)
-        if not self.breaker.tripped:
-            tripped = self.breaker.record_failure(wf.node, now)
-            if tripped:
-                self.desk.breaker_tripped(tripped, now)
-        worst = max(ready, key=lambda f: f.severity_rank)
-        where = f" on GPU {worst.gpu}" if worst.gpu is not None else ""
-        reason = f"{AUTOMATION_PREFIX} {worst.code}{where}: {worst.reason} [{incident.id}]"
-        if self._held(wf, Step.CORDON, view, now, reason):
-            self._move(wf, Health.WAITING, wf.detail)
-            return
-        # Audited before the scheduler is changed: a process killed in between leaves a row.
-        self.desk.audit(wf, Step.CORDON, reason, STARTED, now)
-        try:
-            await self.backend.cordon(wf.node, reason, automation=True)
-        except NotOurs as exc:
-            self._handed_over(wf, exc.reason, now, f"cordoned by a person: {exc.reason}")
-            return
-        except BackendError as exc:
-            self.desk.audit(wf, Step.CORDON, reason, failed(str(exc)), now)
-            self._move(wf, Health.WAITING, f"cordon failed, retrying: {exc}")
-            return
-        finally:
-            self.scheduler.forget(wf.node)  # changed (or maybe changed): read it again
-        self.desk.audit(wf, Step.CORDON, reason, OK, now)
-        wf.cordoned_by_us = True
-        wf.ladder = list(worst.ladder)
-        wf.step = 0
-        wf.step_key = ""
-        wf.gpus = sorted({f.gpu for f in ready if f.gpu is not None})
-        days = self.policy.workflow["repeat_offender_days"]
-        recent = self.state.incidents_since(wf.node, now - int(days * 86400e9))
-        lemon = recent >= self.policy.workflow["repeat_offender_incidents"]
-        if lemon and self.policy.workflow["lemon_quarantine"]:
-            # A lemon node (docs/architecture.md "Lemon nodes"): its faults keep coming back, so
-            # the ladder is not tried again; a person decides.
-            self.desk.audit(wf, "quarantine", f"lemon node: {recent} incidents in {days:g} days", OK, now)
-            self._move(
-                wf,
-                Health.QUARANTINED,
-                f"lemon node: {recent} incidents in {days:g} days; a person decides",
-            )
-            return
-        self._move(wf, Health.CORDONED, reason)
-
-    async def _drain(self, wf: Workflow, view: SchedulerView, now: int) -> None:
-        """One drain check; the rails were asked by the caller."""
-        try:
-            progress = await self.backend.drain(wf.node)
-        except BackendError as exc:
-            if not wf.detail.startswith("drain check failed"):
-                log.warning(
-                    "drain of %s failed, retrying each pass: %s", wf.node, exc, extra={"node": wf.node}
-                )
-            wf.detail = f"drain check failed, retrying: {exc}"
-            return
-        if not progress.done:
-            wf.detail = progress.detail
-            return
-        self.desk.audit(wf, Step.DRAIN, progress.detail, OK, now)
-        self._move(wf, Health.REPAIRING, "drained")
-        await self._repair(wf, self._snapshot(wf.node), view, now)
-
     def _snapshot(self, node: str) -> NodeSnapshot | None:
         return next(iter(self._snapshots({node})), None)
-
-    async def _repair(self, wf: Workflow, snap: NodeSnapshot | None, view: SchedulerView, now: int) -> None:
-        if wf.step >= len(wf.ladder):
-            self.desk.audit(wf, "quarantine", "every repair step was tried", OK, now)
-            self._move(wf, Health.QUARANTINED, "repair steps exhausted; a person decides")
-            return
-        step = Step(wf.ladder[wf.step])
-        key = f"{wf.incident_id}:{wf.step}:{step}"
-        outcome = self.state.action_outcome(key)
-        if outcome is None:
-            target = reset_target(wf) if step is Step.RESET_GPU else wf.node
-            if self._held(wf, step, view, now, target):
-                return
-            self.steps.begin(wf, step, key, snap, now)
-            return
-        if outcome.status is Status.STARTED:
-            self.steps.check_running(wf, step, key, now)
-            return
-        if step is Step.TICKET:
-            self._move(wf, Health.QUARANTINED, f"hardware ticket: {str(outcome)[:200]}")
-            return
-        if not outcome.ok:
-            wf.step += 1
-            wf.detail = f"{step} failed ({str(outcome)[:200]}); next step"
-            await self._repair(wf, snap, view, now)
-            return
-        if step is Step.REBOOT:
-            if snap is not None and snap.boot_id != wf.boot_id_at_step and snap.connected:
-                self._start_validation(wf, f"node came back after reboot (boot {snap.boot_id})", now, view)
-            elif now - wf.step_started_ns > self.policy.workflow["reboot_timeout_s"] * 1e9:
-                self.desk.audit(wf, Step.REBOOT, "the collector did not come back", failed("timeout"), now)
-                wf.step += 1
-            else:
-                wf.detail = "waiting for the node to come back from the reboot"
-            return
-        self._start_validation(wf, f"{step} done", now, view)
-
-    def _start_validation(self, wf: Workflow, why: str, now: int, view: SchedulerView) -> None:
-        if not self._held(wf, Step.VALIDATE, view, now, why):
-            self._validating(wf, why, now)
-
-    def _validating(self, wf: Workflow, why: str, now: int) -> None:
-        wf.validate_since_ns = now
-        self._move(
-            wf,
-            Health.VALIDATING,
-            f"{why}; waiting {self.policy.workflow['validate_s']:g} s for clean signals",
-        )
-
-    async def _validate(
-        self, wf: Workflow, snap: NodeSnapshot | None, cordon: list[Finding], view: SchedulerView, now: int
-    ) -> None:
-        bad = [f for f in cordon if f.seen_ns >= wf.validate_since_ns]
-        step = wf.ladder[wf.step] if wf.step < len(wf.ladder) else "repair"
-        if bad:
-            found = ", ".join(f"{f.code} ({f.evidence})" for f in bad)
-            self.desk.audit(wf, Step.VALIDATE, f"after {step}: {found}", Outcome(Status.FAILED), now)
-            wf.step += 1
-            self._move(wf, Health.REPAIRING, f"{step} did not fix it: {bad[0].code}")
-            return
-        validate_ns = self.policy.workflow["validate_s"] * 1e9
-        if snap is None or snap.liveness != vocabulary_pb2.LIVENESS_REPORTING:
-            wf.detail = "waiting for the node's collector to report"
-            return
-        if now - wf.validate_since_ns < validate_ns or snap.sample_time_ns < wf.validate_since_ns:
-            return
-        why = f"clean for {validate_ns / 1e9:g} s after {step}"
-        if self._held(wf, Step.UNCORDON, view, now, why):
-            return
-        self.desk.audit(wf, Step.UNCORDON, why, STARTED, now)
-        try:
-            await self.backend.uncordon(wf.node, automation=True)
-        except NotOurs as exc:
-            self._handed_over(wf, exc.reason, now, f"a person re-cordoned it: {exc.reason}")
-            return
-        except BackendError as exc:
-            wf.detail = f"uncordon failed, retrying: {exc}"
-            self.desk.audit(wf, Step.UNCORDON, why, failed(str(exc)), now)
-            return
-        finally:
-            self.scheduler.forget(wf.node)
-        self.desk.audit(wf, Step.UNCORDON, why, OK, now)
-        wf.cordoned_by_us = False
-        self.desk.close(wf, f"repaired by {step}", now)
-        self._move(wf, Health.HEALTHY, "")
 
     def _cancel(self, wf: Workflow, findings: list[Finding], outcome: str, now: int) -> None:
         """A person returned the node to service: stop, and do not re-cordon for what they saw."""
@@ -544,57 +335,6 @@ class RepairController:
         self.desk.moved(wf)
 
     # --- manual actions (Fleet API) ----------------------------------------------------------
-    async def cordon(self, node: str, reason: str, actor: str) -> Workflow:
-        async with self._lock:
-            wf = self._known(node)
-            now = self.clock()
-            text = f"gpufleet-manual [{actor}]: {reason}"
-            try:
-                await self.backend.cordon(node, text, automation=False)
-            except BackendError as exc:
-                self.desk.audit(wf, "cordon", reason, failed(str(exc)), now, actor=actor)
-                raise RepairRefused("failed", f"cordon {node} failed: {exc}") from exc
-            finally:
-                self.scheduler.forget(node)
-            self.desk.audit(wf, "cordon", reason, OK, now, actor=actor)
-            if wf.state in BY_AUTOMATION or wf.incident_id:
-                self.desk.close(wf, f"taken over by {actor}: {reason}", now, handed_to_person=True)
-            wf.cordoned_by_us = False
-            wf.held = None
-            self._move(wf, Health.HUMAN_CORDONED, text)
-            self._save(wf)
-            return wf
-
-    async def uncordon(self, node: str, reason: str, actor: str) -> Workflow:
-        async with self._lock:
-            wf = self._known(node)
-            now = self.clock()
-            try:
-                await self.backend.uncordon(node, automation=False)
-            except BackendError as exc:
-                self.desk.audit(wf, "uncordon", reason, failed(str(exc)), now, actor=actor)
-                raise RepairRefused("failed", f"uncordon {node} failed: {exc}") from exc
-            finally:
-                self.scheduler.forget(node)
-            self.desk.audit(wf, "uncordon", reason, OK, now, actor=actor)
-            self._cancel(wf, self.findings.get(node, []), f"cancelled by {actor}: {reason}", now)
-            self._save(wf)
-            return wf
-
-    async def reset_breaker(self, reason: str, actor: str) -> None:
-        async with self._lock:
-            now = self.clock()
-            was = self.breaker.reset(now)
-            self.desk.breaker_reset(actor, reason, was, now)
-        self.poke()
-
-    def _known(self, node: str) -> Workflow:
-        if node not in self.workflows and not self._snapshots({node}):
-            raise RepairRefused(
-                "not_found", f"node {node!r} is not known to this aggregator; `gpufleet nodes` lists them"
-            )
-        return self.workflows.get(node) or Workflow(node)
-
     def _save(self, wf: Workflow) -> None:
         self.workflows[wf.node] = wf
         self.state.save(wf)

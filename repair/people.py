@@ -1,0 +1,130 @@
+"""What people do, and the automation's answer: a person's cordon, uncordon and breaker reset
+through gpufleet (audited under their name), and what a person did in the scheduler outside it
+(a person's cordon always wins; the automation hands the node over and keeps its hands off)."""
+
+from __future__ import annotations
+
+import logging
+
+from gpufleet.repair.backends.base import BackendError, Observed
+from gpufleet.repair.health import BY_AUTOMATION, Health
+from gpufleet.repair.model import Finding
+from gpufleet.repair.outcome import OK, failed
+from gpufleet.repair.state import Workflow
+
+log = logging.getLogger("gpufleet.repair")
+
+
+class PersonActions:
+    def _person_acted(self, wf: Workflow, seen: Observed, findings: list[Finding], now: int) -> bool:
+        """React to what people did in the scheduler; True when nothing else is to be done."""
+        if wf.state in BY_AUTOMATION and wf.cordoned_by_us:
+            if not seen.cordoned:
+                self.desk.observed(
+                    wf, "uncordon", "a person returned the node to service outside gpufleet", now
+                )
+                self._cancel(wf, findings, "cancelled: a person uncordoned the node", now)
+                return True
+            if not seen.ours:
+                self._handed_over(wf, seen.reason, now, f"a person re-cordoned it: {seen.reason}")
+                return True
+            return False
+        if wf.state == Health.HUMAN_CORDONED:
+            if not seen.cordoned:
+                self.desk.observed(wf, "uncordon", "a person returned the node to service", now)
+                self._cancel(wf, findings, "", now)
+                return True
+            wf.detail = seen.reason
+            return True
+        if seen.cordoned and not seen.ours:
+            self._handed_over(wf, seen.reason, now, f"cordoned by a person: {seen.reason}")
+            return True
+        if seen.cordoned and seen.ours and not wf.cordoned_by_us:
+            # Ours, but this aggregator has no record of it: an earlier process cordoned it
+            # and died before saving that. Adopt it rather than leave it out of service.
+            self._adopt(wf, seen, findings, now)
+            return True
+        return False
+
+    def _adopt(self, wf: Workflow, seen: Observed, findings: list[Finding], now: int) -> None:
+        self.desk.observed(
+            wf, "cordon", f"a cordon of ours this process has no record of: {seen.reason}", now
+        )
+        wf.cordoned_by_us = True
+        cordon = [f for f in findings if f.cordon]
+        if cordon:  # still failing: carry on with the repair it was cordoned for
+            self.desk.note(wf, cordon)
+            worst = max(cordon, key=lambda f: f.severity_rank)
+            wf.ladder, wf.step, wf.step_key = list(worst.ladder), 0, ""
+            wf.gpus = sorted({f.gpu for f in cordon if f.gpu is not None})
+            self._move(wf, Health.CORDONED, seen.reason)
+        else:  # nothing wrong any more: validate it back into service
+            wf.ladder, wf.step = [], 0
+            self._validating(wf, "adopted after a restart", now)
+
+    def _handed_over(self, wf: Workflow, reason: str, now: int, audit_reason: str) -> None:
+        """A person has the node: stop, close any incident as theirs, keep hands off."""
+        self.desk.observed(wf, "cordon", audit_reason, now)
+        self.desk.close(wf, f"taken over by a person: {reason}", now, handed_to_person=True)
+        wf.cordoned_by_us = False
+        wf.held = None
+        self._move(wf, Health.HUMAN_CORDONED, reason)
+
+    async def cordon(self, node: str, reason: str, actor: str) -> Workflow:
+        async with self._lock:
+            wf = self._known(node)
+            now = self.clock()
+            text = f"gpufleet-manual [{actor}]: {reason}"
+            try:
+                await self.backend.cordon(node, text, automation=False)
+            except BackendError as exc:
+                self.desk.audit(wf, "cordon", reason, failed(str(exc)), now, actor=actor)
+                raise RepairRefused("failed", f"cordon {node} failed: {exc}") from exc
+            finally:
+                self.scheduler.forget(node)
+            self.desk.audit(wf, "cordon", reason, OK, now, actor=actor)
+            if wf.state in BY_AUTOMATION or wf.incident_id:
+                self.desk.close(wf, f"taken over by {actor}: {reason}", now, handed_to_person=True)
+            wf.cordoned_by_us = False
+            wf.held = None
+            self._move(wf, Health.HUMAN_CORDONED, text)
+            self._save(wf)
+            return wf
+
+    async def uncordon(self, node: str, reason: str, actor: str) -> Workflow:
+        async with self._lock:
+            wf = self._known(node)
+            now = self.clock()
+            try:
+                await self.backend.uncordon(node, automation=False)
+            except BackendError as exc:
+                self.desk.audit(wf, "uncordon", reason, failed(str(exc)), now, actor=actor)
+                raise RepairRefused("failed", f"uncordon {node} failed: {exc}") from exc
+            finally:
+                self.scheduler.forget(node)
+            self.desk.audit(wf, "uncordon", reason, OK, now, actor=actor)
+            self._cancel(wf, self.findings.get(node, []), f"cancelled by {actor}: {reason}", now)
+            self._save(wf)
+            return wf
+
+    async def reset_breaker(self, reason: str, actor: str) -> None:
+        async with self._lock:
+            now = self.clock()
+            was = self.breaker.reset(now)
+            self.desk.breaker_reset(actor, reason, was, now)
+        self.poke()
+
+    def _known(self, node: str) -> Workflow:
+        if node not in self.workflows and not self._snapshots({node}):
+            raise RepairRefused(
+                "not_found", f"node {node!r} is not known to this aggregator; `gpufleet nodes` lists them"
+            )
+        return self.workflows.get(node) or Workflow(node)
+
+
+class RepairRefused(Exception):
+    """A manual action that cannot be done; kind is not_found, invalid or failed."""
+
+    def __init__(self, kind: str, message: str) -> None:
+        super().__init__(message)
+        self.kind = kind

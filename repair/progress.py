@@ -1,0 +1,169 @@
+"""A node's way through the workflow once a finding is ready: cordoned, drained, the repair
+ladder's steps (each through the action ledger), validated and returned to service, each step
+past the rails first."""
+
+from __future__ import annotations
+
+import logging
+
+from gpufleet.protos import vocabulary_pb2
+from gpufleet.repair.backends.base import AUTOMATION_PREFIX, BackendError, NotOurs
+from gpufleet.repair.health import Health, Step
+from gpufleet.repair.ladder import reset_target
+from gpufleet.repair.model import Finding, NodeSnapshot
+from gpufleet.repair.outcome import OK, STARTED, Outcome, Status, failed
+from gpufleet.repair.rails import SchedulerView
+from gpufleet.repair.state import Workflow
+
+log = logging.getLogger("gpufleet.repair")
+
+
+class WorkflowSteps:
+    async def _take_out(self, wf: Workflow, ready: list[Finding], view: SchedulerView, now: int) -> None:
+        incident = self.desk.note(wf, ready)
+        if not self.breaker.tripped:
+            tripped = self.breaker.record_failure(wf.node, now)
+            if tripped:
+                self.desk.breaker_tripped(tripped, now)
+        worst = max(ready, key=lambda f: f.severity_rank)
+        where = f" on GPU {worst.gpu}" if worst.gpu is not None else ""
+        reason = f"{AUTOMATION_PREFIX} {worst.code}{where}: {worst.reason} [{incident.id}]"
+        if self._held(wf, Step.CORDON, view, now, reason):
+            self._move(wf, Health.WAITING, wf.detail)
+            return
+        # Audited before the scheduler is changed: a process killed in between leaves a row.
+        self.desk.audit(wf, Step.CORDON, reason, STARTED, now)
+        try:
+            await self.backend.cordon(wf.node, reason, automation=True)
+        except NotOurs as exc:
+            self._handed_over(wf, exc.reason, now, f"cordoned by a person: {exc.reason}")
+            return
+        except BackendError as exc:
+            self.desk.audit(wf, Step.CORDON, reason, failed(str(exc)), now)
+            self._move(wf, Health.WAITING, f"cordon failed, retrying: {exc}")
+            return
+        finally:
+            self.scheduler.forget(wf.node)  # changed (or maybe changed): read it again
+        self.desk.audit(wf, Step.CORDON, reason, OK, now)
+        wf.cordoned_by_us = True
+        wf.ladder = list(worst.ladder)
+        wf.step = 0
+        wf.step_key = ""
+        wf.gpus = sorted({f.gpu for f in ready if f.gpu is not None})
+        days = self.policy.workflow["repeat_offender_days"]
+        recent = self.state.incidents_since(wf.node, now - int(days * 86400e9))
+        lemon = recent >= self.policy.workflow["repeat_offender_incidents"]
+        if lemon and self.policy.workflow["lemon_quarantine"]:
+            # A lemon node (docs/architecture.md "Lemon nodes"): its faults keep coming back, so
+            # the ladder is not tried again; a person decides.
+            self.desk.audit(wf, "quarantine", f"lemon node: {recent} incidents in {days:g} days", OK, now)
+            self._move(
+                wf,
+                Health.QUARANTINED,
+                f"lemon node: {recent} incidents in {days:g} days; a person decides",
+            )
+            return
+        self._move(wf, Health.CORDONED, reason)
+
+    async def _drain(self, wf: Workflow, view: SchedulerView, now: int) -> None:
+        """One drain check; the rails were asked by the caller."""
+        try:
+            progress = await self.backend.drain(wf.node)
+        except BackendError as exc:
+            if not wf.detail.startswith("drain check failed"):
+                log.warning(
+                    "drain of %s failed, retrying each pass: %s", wf.node, exc, extra={"node": wf.node}
+                )
+            wf.detail = f"drain check failed, retrying: {exc}"
+            return
+        if not progress.done:
+            wf.detail = progress.detail
+            return
+        self.desk.audit(wf, Step.DRAIN, progress.detail, OK, now)
+        self._move(wf, Health.REPAIRING, "drained")
+        await self._repair(wf, self._snapshot(wf.node), view, now)
+
+    async def _repair(self, wf: Workflow, snap: NodeSnapshot | None, view: SchedulerView, now: int) -> None:
+        if wf.step >= len(wf.ladder):
+            self.desk.audit(wf, "quarantine", "every repair step was tried", OK, now)
+            self._move(wf, Health.QUARANTINED, "repair steps exhausted; a person decides")
+            return
+        step = Step(wf.ladder[wf.step])
+        key = f"{wf.incident_id}:{wf.step}:{step}"
+        outcome = self.state.action_outcome(key)
+        if outcome is None:
+            target = reset_target(wf) if step is Step.RESET_GPU else wf.node
+            if self._held(wf, step, view, now, target):
+                return
+            self.steps.begin(wf, step, key, snap, now)
+            return
+        if outcome.status is Status.STARTED:
+            self.steps.check_running(wf, step, key, now)
+            return
+        if step is Step.TICKET:
+            self._move(wf, Health.QUARANTINED, f"hardware ticket: {str(outcome)[:200]}")
+            return
+        if not outcome.ok:
+            wf.step += 1
+            wf.detail = f"{step} failed ({str(outcome)[:200]}); next step"
+            await self._repair(wf, snap, view, now)
+            return
+        if step is Step.REBOOT:
+            if snap is not None and snap.boot_id != wf.boot_id_at_step and snap.connected:
+                self._start_validation(wf, f"node came back after reboot (boot {snap.boot_id})", now, view)
+            elif now - wf.step_started_ns > self.policy.workflow["reboot_timeout_s"] * 1e9:
+                self.desk.audit(wf, Step.REBOOT, "the collector did not come back", failed("timeout"), now)
+                wf.step += 1
+            else:
+                wf.detail = "waiting for the node to come back from the reboot"
+            return
+        self._start_validation(wf, f"{step} done", now, view)
+
+    def _start_validation(self, wf: Workflow, why: str, now: int, view: SchedulerView) -> None:
+        if not self._held(wf, Step.VALIDATE, view, now, why):
+            self._validating(wf, why, now)
+
+    def _validating(self, wf: Workflow, why: str, now: int) -> None:
+        wf.validate_since_ns = now
+        self._move(
+            wf,
+            Health.VALIDATING,
+            f"{why}; waiting {self.policy.workflow['validate_s']:g} s for clean signals",
+        )
+
+    async def _validate(
+        self, wf: Workflow, snap: NodeSnapshot | None, cordon: list[Finding], view: SchedulerView, now: int
+    ) -> None:
+        bad = [f for f in cordon if f.seen_ns >= wf.validate_since_ns]
+        step = wf.ladder[wf.step] if wf.step < len(wf.ladder) else "repair"
+        if bad:
+            found = ", ".join(f"{f.code} ({f.evidence})" for f in bad)
+            self.desk.audit(wf, Step.VALIDATE, f"after {step}: {found}", Outcome(Status.FAILED), now)
+            wf.step += 1
+            self._move(wf, Health.REPAIRING, f"{step} did not fix it: {bad[0].code}")
+            return
+        validate_ns = self.policy.workflow["validate_s"] * 1e9
+        if snap is None or snap.liveness != vocabulary_pb2.LIVENESS_REPORTING:
+            wf.detail = "waiting for the node's collector to report"
+            return
+        if now - wf.validate_since_ns < validate_ns or snap.sample_time_ns < wf.validate_since_ns:
+            return
+        why = f"clean for {validate_ns / 1e9:g} s after {step}"
+        if self._held(wf, Step.UNCORDON, view, now, why):
+            return
+        self.desk.audit(wf, Step.UNCORDON, why, STARTED, now)
+        try:
+            await self.backend.uncordon(wf.node, automation=True)
+        except NotOurs as exc:
+            self._handed_over(wf, exc.reason, now, f"a person re-cordoned it: {exc.reason}")
+            return
+        except BackendError as exc:
+            wf.detail = f"uncordon failed, retrying: {exc}"
+            self.desk.audit(wf, Step.UNCORDON, why, failed(str(exc)), now)
+            return
+        finally:
+            self.scheduler.forget(wf.node)
+        self.desk.audit(wf, Step.UNCORDON, why, OK, now)
+        wf.cordoned_by_us = False
+        self.desk.close(wf, f"repaired by {step}", now)
+        self._move(wf, Health.HEALTHY, "")
