@@ -1,0 +1,242 @@
+"""The collector's stream to the aggregator: hello, replay of everything unacknowledged, live
+reports, acks and rejections, commands and their answers (one write at a time), reconnects with
+backoff across the replicas' addresses, and the drain before a clean exit."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import random
+from pathlib import Path
+
+import grpc
+
+from gpufleet.collector.commands import run_command
+from gpufleet.common.version import __version__
+from gpufleet.protos import ingest_pb2, ingest_pb2_grpc
+
+log = logging.getLogger("gpufleet.collector")
+
+PROTOCOL_VERSION = 1
+NODE_METADATA = "x-gpufleet-node"  # aggregator/auth/tokens.py reads it
+# Statuses that will not cure themselves by retrying soon: wait the longest backoff.
+_CONFIG_ERRORS = {
+    grpc.StatusCode.UNAUTHENTICATED,
+    grpc.StatusCode.PERMISSION_DENIED,
+    grpc.StatusCode.FAILED_PRECONDITION,
+    grpc.StatusCode.INVALID_ARGUMENT,
+}
+CHANNEL_OPTIONS = [
+    ("grpc.keepalive_time_ms", 20_000),
+    ("grpc.keepalive_timeout_ms", 10_000),
+    ("grpc.keepalive_permit_without_calls", 1),
+    ("grpc.max_receive_message_length", 16 * 1024 * 1024),
+    ("grpc.max_send_message_length", 16 * 1024 * 1024),
+]
+
+
+class Streaming:
+    def _hello(self) -> ingest_pb2.CollectorMessage:
+        return ingest_pb2.CollectorMessage(
+            hello=ingest_pb2.Hello(
+                protocol_version=PROTOCOL_VERSION,
+                node=self.config.node,
+                cluster=self.config.cluster,
+                boot_id=self.boot_id,
+                collector_version=__version__,
+                interval_s=self.config.interval_s,
+                gpus=self.source.inventory(),
+                driver_version=self.source.driver_version,
+                simulated=self.simulated,
+            )
+        )
+
+    @property
+    def aggregator(self) -> str:
+        """The aggregator address this collector streams to (or tries next)."""
+        return self._addresses[self._address_index]
+
+    def _next_aggregator(self) -> None:
+        self._address_index = (self._address_index + 1) % len(self._addresses)
+
+    async def _stream_once(self, stop: asyncio.Event) -> None:
+        """One connection: hello, replay, then live reports until something breaks."""
+        c = self.config
+        async with open_channel(self.aggregator, c.tls_ca, c.tls_client_cert, c.tls_client_key) as channel:
+            stub = ingest_pb2_grpc.IngestStub(channel)
+            # Read again at every connect: a projected Kubernetes token is rotated by the kubelet.
+            self.token = c.resolve_token()
+            metadata = [(NODE_METADATA, c.node)]  # which of its certificate's names (mTLS) this node is
+            if self.token:
+                metadata.append(("authorization", f"Bearer {self.token}"))
+            call = stub.Stream(metadata=tuple(metadata))
+            await call.write(self._hello())
+            first = await call.read()
+            if first is grpc.aio.EOF or first.WhichOneof("body") != "welcome":
+                raise ConnectionError("aggregator did not answer the hello with a welcome")
+            log.info(
+                "connected to aggregator %s; %d unacknowledged report(s) to replay",
+                self.aggregator,
+                len(self.buffer),
+                extra={"aggregator": self.aggregator, "boot_id": self.boot_id},
+            )
+            self.connected.set()
+            self._welcomed = True
+            sender = asyncio.create_task(self._send_loop(call))
+            receiver = asyncio.create_task(self._receive_loop(call))
+            stopper = asyncio.create_task(stop.wait())
+            try:
+                done, _ = await asyncio.wait({sender, receiver, stopper}, return_when=asyncio.FIRST_COMPLETED)
+                if stopper in done:
+                    await self._drain_before_exit()
+                    return
+                for task in done:
+                    task.result()  # re-raise the error that ended the stream
+                raise ConnectionError("aggregator closed the stream")
+            finally:
+                self.connected.clear()
+                for task in (sender, receiver, stopper):
+                    task.cancel()
+                await asyncio.gather(sender, receiver, stopper, return_exceptions=True)
+
+    async def _write(self, call: grpc.aio.StreamStreamCall, message: ingest_pb2.CollectorMessage) -> None:
+        # One write at a time on a stream: gRPC refuses a second while one is in flight
+        # (GRPC_CALL_ERROR_TOO_MANY_OPERATIONS, which ends the stream). Reports and command
+        # results are written by different tasks.
+        async with self._write_lock:
+            await call.write(message)
+
+    async def _send_loop(self, call: grpc.aio.StreamStreamCall) -> None:
+        # Results a broken stream did not carry go first: the aggregator is still waiting.
+        while self._unsent_results:
+            await self._write(call, ingest_pb2.CollectorMessage(command_result=self._unsent_results[0]))
+            self._unsent_results.pop(0)
+        last_sent = 0
+        while True:
+            for report in self.buffer.after(last_sent):
+                await self._write(call, ingest_pb2.CollectorMessage(report=report))
+                last_sent = report.seq
+            await self.buffer.wait_for_new()
+
+    async def _receive_loop(self, call: grpc.aio.StreamStreamCall) -> None:
+        while True:
+            msg = await call.read()
+            if msg is grpc.aio.EOF:
+                return
+            body = msg.WhichOneof("body")
+            if body == "ack":
+                self.buffer.ack(list(msg.ack.seqs))
+                self.advance_kmsg_cursor()
+            elif body == "reject":
+                if self.buffer.reject(msg.reject.seq):
+                    self.advance_kmsg_cursor()
+                    log.error(
+                        "aggregator rejected report seq %d (%s): %s",
+                        msg.reject.seq,
+                        status_name(msg.reject.code),
+                        msg.reject.message,
+                        extra={"seq": msg.reject.seq, "code": msg.reject.code},
+                    )
+            elif body == "command":
+                task = asyncio.create_task(self._answer_command(call, msg.command))
+                self._command_tasks.add(task)
+                task.add_done_callback(self._command_tasks.discard)
+
+    async def _answer_command(self, call: grpc.aio.StreamStreamCall, command: ingest_pb2.Command) -> None:
+        result = self.command_guard.refuse(command)
+        if result is None:
+            result = await run_command(
+                command,
+                self.source.inventory(),
+                self.config.reset_command,
+                self.config.reset_timeout_s,
+                self.simulated_reset,
+                self.config.reset_socket,
+            )
+        try:
+            await self._write(call, ingest_pb2.CollectorMessage(command_result=result))
+        except (grpc.aio.AioRpcError, asyncio.InvalidStateError) as exc:
+            self._unsent_results.append(result)
+            log.error(
+                "could not report the result of command %s (%s); it is sent again on the next stream",
+                command.id,
+                exc,
+            )
+
+    async def _drain_before_exit(self) -> None:
+        async def drained() -> None:
+            # A sample may be in progress when the stop comes: let it land in the buffer
+            # first, or it would be left behind unacknowledged.
+            await self._sampling_stopped.wait()
+            await self.buffer.wait_empty()
+
+        try:
+            await asyncio.wait_for(drained(), self.config.shutdown_grace_s)
+        except TimeoutError:
+            log.warning(
+                "exiting with %d unacknowledged report(s) after waiting %.1f s",
+                len(self.buffer),
+                self.config.shutdown_grace_s,
+            )
+
+    async def _stream_loop(self, stop: asyncio.Event) -> None:
+        backoff_s = 0.5
+        while not stop.is_set():
+            self._welcomed = False
+            try:
+                await self._stream_once(stop)
+                return
+            except grpc.aio.AioRpcError as exc:
+                wait_s = self.config.backoff_max_s if exc.code() in _CONFIG_ERRORS else backoff_s
+                level = logging.ERROR if exc.code() in _CONFIG_ERRORS else logging.WARNING
+                log.log(
+                    level,
+                    "stream to aggregator %s ended: %s: %s; retrying in %.1f s",
+                    self.aggregator,
+                    exc.code().name,
+                    exc.details(),
+                    wait_s,
+                    extra={"code": exc.code().name, "unacked": len(self.buffer)},
+                )
+            except (ConnectionError, OSError, asyncio.InvalidStateError) as exc:
+                # InvalidStateError: gRPC's "RPC already finished" when a write races the
+                # aggregator going away.
+                wait_s = backoff_s
+                log.warning(
+                    "stream to aggregator %s ended: %s; retrying in %.1f s", self.aggregator, exc, wait_s
+                )
+            except Exception:
+                # A collector must outlive any one stream: log the surprise and reconnect.
+                wait_s = backoff_s
+                log.exception("stream to aggregator failed unexpectedly; retrying in %.1f s", wait_s)
+            if self._welcomed:  # the last attempt got through: start the backoff again
+                backoff_s = 0.5
+            self._next_aggregator()
+            self.reconnects_total += 1
+            # Full jitter keeps a fleet of collectors from reconnecting in lock-step.
+            delay = random.uniform(0.5 * wait_s, wait_s)
+            backoff_s = min(self.config.backoff_max_s, backoff_s * 2)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), timeout=delay)
+
+
+def status_name(code: int) -> str:
+    """INVALID_ARGUMENT for 3: the name of a gRPC status code number."""
+    return next((c.name for c in grpc.StatusCode if c.value[0] == code), str(code))
+
+
+def open_channel(
+    address: str, tls_ca: str = "", client_cert: str = "", client_key: str = ""
+) -> grpc.aio.Channel:
+    """A channel to the aggregator: TLS when tls_ca is set (with this node's client certificate
+    for mTLS when one is given); plaintext otherwise (CollectorConfig allows that only to
+    loopback unless allow_plaintext)."""
+    if tls_ca:
+        creds = grpc.ssl_channel_credentials(
+            Path(tls_ca).read_bytes(),
+            private_key=Path(client_key).read_bytes() if client_key else None,
+            certificate_chain=Path(client_cert).read_bytes() if client_cert else None,
+        )
+        return grpc.aio.secure_channel(address, creds, options=CHANNEL_OPTIONS)
+    return grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS)
