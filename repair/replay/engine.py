@@ -32,7 +32,6 @@ import itertools
 import logging
 import threading
 import time
-from bisect import bisect_right
 from collections import deque
 from dataclasses import dataclass, field
 
@@ -43,13 +42,13 @@ from gpufleet.repair.alerts.dispatcher import AlertDispatcher
 from gpufleet.repair.backends.none import NoBackend
 from gpufleet.repair.controller import RepairController
 from gpufleet.repair.health import OUT_OF_SERVICE, Health
-from gpufleet.repair.hooks import HookResult
 from gpufleet.repair.ladder import Hooks
 from gpufleet.repair.model import NodeSnapshot
 from gpufleet.repair.outcome import Status
 from gpufleet.repair.policy import Policy
 from gpufleet.repair.rails import Rails
-from gpufleet.repair.replay.history import REPORTING, FaultHistory, FaultInput
+from gpufleet.repair.replay.history import FaultHistory, FaultInput
+from gpufleet.repair.replay.world import SimulatedWorld
 from gpufleet.repair.rules import TIME_DEPENDENT
 from gpufleet.repair.state import RepairState
 from gpufleet.repair.state_sqlite import SqliteState
@@ -57,14 +56,6 @@ from gpufleet.repair.state_sqlite import SqliteState
 TECHNICIAN = "replay-technician"
 OPERATOR = "replay-operator"
 # What a GPU reset (and a reboot) clears on a GPU: the sampled signals that only last until one.
-CLEARED_BY_RESET = (
-    "ecc_dbe_volatile",
-    "ecc_sbe_volatile",
-    "remap_pending",
-    "retired_pages_pending",
-    "lost",
-    "nvlink_links_inactive",
-)
 _BOOL, _DOUBLE = FieldDescriptor.TYPE_BOOL, FieldDescriptor.TYPE_DOUBLE
 _FIELDS = telemetry_pb2.GpuSample.DESCRIPTOR.fields_by_name
 
@@ -132,7 +123,7 @@ for _name in ("gpufleet.repair", "gpufleet.repair.alerts"):
     logging.getLogger(_name).addFilter(_FILTER)
 
 
-class ReplayEngine:
+class ReplayEngine(SimulatedWorld):
     def __init__(self, policy: Policy, history: FaultHistory, config: ReplayConfig | None = None) -> None:
         self.policy, self.history = policy, history
         self.config = config or ReplayConfig()
@@ -207,92 +198,6 @@ class ReplayEngine:
                 )
             )
         return out
-
-    def _apply(self, i: FaultInput) -> None:
-        node = self._node(i.node)
-        if i.xid or i.kind:
-            event = telemetry_pb2.Event(
-                kind=i.kind or vocabulary_pb2.EVENT_KIND_XID,
-                source=i.source or vocabulary_pb2.EVENT_SOURCE_KMSG,
-                time_unix_ns=i.time_ns,
-                xid=i.xid,
-                message=i.message,
-                count=i.count if i.count > 1 else 0,
-            )
-            if i.gpu is not None:
-                event.gpu_index = i.gpu
-            node.events.append(event)
-            return
-        if i.signal == REPORTING:
-            if node.reporting and not i.value:
-                node.silent_since_ns = i.time_ns
-            node.reporting = bool(i.value)
-            return
-        if i.gpu is None:
-            return
-        gpu = node.gpus.get(i.gpu)
-        if gpu is None:  # a GPU index past the node's count: the node has more than was said
-            gpu = node.gpus[i.gpu] = telemetry_pb2.GpuSample(index=i.gpu, uuid=f"GPU-{i.node}-{i.gpu}")
-        kind = _FIELDS[i.signal].type
-        setattr(
-            gpu,
-            i.signal,
-            bool(i.value) if kind == _BOOL else float(i.value) if kind == _DOUBLE else int(i.value),
-        )
-
-    def _clear(self, node: _Node, gpus: list[int]) -> None:
-        for index in gpus:
-            gpu = node.gpus.get(index)
-            if gpu is None:
-                continue
-            for name in CLEARED_BY_RESET:
-                if not _FIELDS[name].has_presence or gpu.HasField(name):
-                    setattr(gpu, name, False if _FIELDS[name].type == _BOOL else 0)
-
-    def _send_command(self, node: str, command: ingest_pb2.Command) -> bool:
-        gpu = command.reset_gpu.gpu_index
-        sim = self._node(node)
-        sample = sim.gpus.get(gpu)
-        if not sim.reporting:
-            return False  # the node's collector is not connected: the controller records that
-        if sample is not None and sample.lost:
-            self._push(self.now + int(self.config.reset_s * 1e9), "reset", (node, command.id, gpu, False))
-            return True
-        if self.config.from_store:
-            done = self._clean_at(node, gpu)
-            if done is None:
-                return True  # never answers: the controller's reset_timeout_s fails it, as live
-            self._push(done, "reset", (node, command.id, gpu, True))
-        else:
-            self._push(self.now + int(self.config.reset_s * 1e9), "reset", (node, command.id, gpu, True))
-        return True
-
-    def _clean_at(self, node: str, gpu: int) -> int | None:
-        """When the recorded history shows this GPU clean of what a reset clears, from now on
-        (within reset_timeout_s); None if it never does."""
-        state = {n: bool(getattr(self._nodes[node].gpus[gpu], n)) for n in CLEARED_BY_RESET}
-        if not any(state.values()):
-            return self.now + int(min(self.config.reset_s, 1.0) * 1e9)
-        limit = self.now + int(self.policy.workflow["reset_timeout_s"] * 1e9)
-        recorded = self._by_gpu.get((node, gpu), [])
-        for i in recorded[bisect_right([r.time_ns for r in recorded], self.now) :]:
-            if i.time_ns > limit:
-                return None
-            if i.signal in state:
-                state[i.signal] = bool(i.value)
-                if not any(state.values()):
-                    return i.time_ns
-        return None
-
-    async def _run_hook(self, template: str, timeout_s: float, **values: str) -> HookResult:
-        node = values.get("node", "")
-        if template.split()[0] == "replay-reboot" or template == self.config.hooks.reboot_command:
-            self._push(self.now + int(self.config.reboot_s * 1e9), "rebooted", node)
-            return HookResult(True, "simulated reboot")
-        if template.split()[0] == "replay-ticket":
-            return HookResult(True, "simulated ticket")
-        # The aggregator's own ticket command, replaying its store: never run; said so.
-        return HookResult(True, f"simulated (not run in a replay): {template.split()[0]}")
 
     # --- the timeline ------------------------------------------------------------------------
     def _push(self, at_ns: int, kind: str, payload: object) -> None:
