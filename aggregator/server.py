@@ -25,7 +25,7 @@ from gpufleet.aggregator.listen import Bound, add_port, reachable, server_option
 from gpufleet.aggregator.loops import BackgroundLoops
 from gpufleet.aggregator.metrics import AggregatorMetrics
 from gpufleet.aggregator.repair_wiring import RepairWiring
-from gpufleet.aggregator.replication.control_plane import ControlPlane
+from gpufleet.aggregator.replication.control_plane import ControlPlane, register_metrics
 from gpufleet.aggregator.status import StatusReports
 from gpufleet.aggregator.store import Store
 from gpufleet.aggregator.supervise import Supervisor
@@ -92,7 +92,7 @@ class Aggregator(StatusReports, BackgroundLoops):
         )
         self.repair_state = self.control_plane.state if self.control_plane else open_control_plane()
         if self.control_plane is not None:
-            self.control_plane.register_metrics(self.metrics.registry)
+            register_metrics(self.control_plane, self.metrics.registry)
         self.fleet_service = FleetService(
             self.auth, self.fleet, self.store, self.metrics, self.status, self.repair, self.control_plane
         )

@@ -312,81 +312,107 @@ def _run_auth(args: argparse.Namespace) -> int:
     return 0
 
 
+def _run_reset_helper(args: argparse.Namespace) -> int:
+    from gpufleet.collector.reset_helper import run_reset_helper
+
+    configure_logging(args.log_level, component="gpu-reset-helper")
+    try:
+        asyncio.run(
+            run_reset_helper(
+                args.socket, args.reset_command, args.timeout_s, args.min_interval_s, int(args.socket_mode, 8)
+            )
+        )
+    except (OSError, ValueError) as exc:
+        print(f"gpufleet gpu-reset-helper: {exc}", file=sys.stderr)
+        return EXIT_CONFIG
+    return 0
+
+
+def _run_demo(args: argparse.Namespace) -> int:
+    from gpufleet.cli.demo import run_demo
+
+    return run_demo(args)
+
+
+def _run_engines(args: argparse.Namespace) -> int:
+    from gpufleet.cli.engines import run_engines_probe
+
+    return run_engines_probe(args)
+
+
+def _run_config(args: argparse.Namespace) -> int:
+    from gpufleet.aggregator.config import AggregatorConfig
+    from gpufleet.collector.config import CollectorConfig
+
+    print(settings.reference({"collector": CollectorConfig, "aggregator": AggregatorConfig}))
+    return 0
+
+
+def _run_dashboard(args: argparse.Namespace) -> int:
+    from gpufleet.cli.dashboard import run_dashboard
+
+    return run_dashboard(args)
+
+
+# Commands that run here (a component, a local tool); every other command speaks the Fleet API.
+LOCAL_COMMANDS = {
+    "collector": _run_component,
+    "aggregator": _run_component,
+    "demo": _run_demo,
+    "gpu-reset-helper": _run_reset_helper,
+    "db": _run_db,
+    "engines": _run_engines,
+    "config": _run_config,
+    "policy": repair_cmds.run_policy,
+    "replay": replay_cmd.run,
+    "dashboard": _run_dashboard,
+}
+
+
+def _run_revoke(client: FleetClient, args: argparse.Namespace) -> None:
+    from gpufleet.protos import fleet_pb2
+
+    answer = client.call(
+        "RevokeCollectorToken",
+        fleet_pb2.RevokeTokenRequest(token_id=args.token_id, node=args.node, reason=args.reason),
+    )
+    state = "revoked" if answer.newly_revoked else "was already revoked"  # type: ignore[attr-defined]
+    print(f"collector token {args.token_id} {state}; {answer.revoked_total} on the revocation list")  # type: ignore[attr-defined]
+
+
+def _run_whoami(client: FleetClient, args: argparse.Namespace) -> None:
+    from gpufleet.protos import fleet_pb2
+
+    me = client.call("WhoAmI", fleet_pb2.WhoAmIRequest())
+    print(f"{me.name} ({me.role}) at {client.settings.fleet}")  # type: ignore[attr-defined]
+
+
+def _run_fleet_command(args: argparse.Namespace) -> None:
+    from gpufleet.cli import sre
+
+    client = FleetClient(resolve_client(args.fleet, args.token, args.token_file))
+    try:
+        if args.command == "whoami":
+            _run_whoami(client, args)
+        elif args.command == "auth":  # revoke: the other auth actions are local
+            _run_revoke(client, args)
+        elif args.command in ("cordon", "uncordon", "incidents", "audit", "breaker"):
+            repair_cmds.run(client, args)
+        else:
+            sre.run(client, args)
+    finally:
+        client.close()
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        if args.command in ("collector", "aggregator"):
-            return _run_component(args)
-        if args.command == "demo":
-            from gpufleet.cli.demo import run_demo
-
-            return run_demo(args)
+        local = LOCAL_COMMANDS.get(args.command)
         if args.command == "auth" and args.action != "revoke":
-            return _run_auth(args)
-        if args.command == "gpu-reset-helper":
-            from gpufleet.collector.reset_helper import run_reset_helper
-
-            configure_logging(args.log_level, component="gpu-reset-helper")
-            try:
-                asyncio.run(
-                    run_reset_helper(
-                        args.socket,
-                        args.reset_command,
-                        args.timeout_s,
-                        args.min_interval_s,
-                        int(args.socket_mode, 8),
-                    )
-                )
-            except (OSError, ValueError) as exc:
-                print(f"gpufleet gpu-reset-helper: {exc}", file=sys.stderr)
-                return EXIT_CONFIG
-            return 0
-        if args.command == "db":
-            return _run_db(args)
-        if args.command == "engines":
-            from gpufleet.cli.engines import run_engines_probe
-
-            return run_engines_probe(args)
-        if args.command == "config":
-            from gpufleet.aggregator.config import AggregatorConfig
-            from gpufleet.collector.config import CollectorConfig
-
-            print(settings.reference({"collector": CollectorConfig, "aggregator": AggregatorConfig}))
-            return 0
-        if args.command == "policy":
-            return repair_cmds.run_policy(args)
-        if args.command == "replay":
-            return replay_cmd.run(args)
-        if args.command == "dashboard":
-            from gpufleet.cli.dashboard import run_dashboard
-
-            return run_dashboard(args)
-        from gpufleet.protos import fleet_pb2
-
-        client = FleetClient(resolve_client(args.fleet, args.token, args.token_file))
-        try:
-            if args.command == "whoami":
-                me = client.call("WhoAmI", fleet_pb2.WhoAmIRequest())
-                print(f"{me.name} ({me.role}) at {client.settings.fleet}")
-                return 0
-            from gpufleet.cli import sre
-
-            if args.command == "auth":  # revoke
-                answer = client.call(
-                    "RevokeCollectorToken",
-                    fleet_pb2.RevokeTokenRequest(token_id=args.token_id, node=args.node, reason=args.reason),
-                )
-                state = "revoked" if answer.newly_revoked else "was already revoked"
-                print(
-                    f"collector token {args.token_id} {state}; {answer.revoked_total} on the revocation list"
-                )
-                return 0
-            if args.command in ("cordon", "uncordon", "incidents", "audit", "breaker"):
-                repair_cmds.run(client, args)
-            else:
-                sre.run(client, args)
-        finally:
-            client.close()
+            local = _run_auth
+        if local is not None:
+            return local(args)
+        _run_fleet_command(args)
     except settings.ConfigError as exc:
         print(f"gpufleet: configuration error: {exc}", file=sys.stderr)
         return EXIT_CONFIG

@@ -131,6 +131,15 @@ class CollectorConfig:
     )
 
     def __post_init__(self) -> None:
+        self._check_sampling()
+        self._check_transport()
+        if not 0 <= self.reset_min_interval_s <= 86400:
+            raise ValueError(
+                f"reset_min_interval_s={self.reset_min_interval_s:g} must be between 0 and 86400"
+            )
+
+    def _check_sampling(self) -> None:
+        """What and how the collector samples: names, intervals, the simulation, engines."""
         problem = node_name_problem(self.node)
         if problem:
             raise ValueError(f"node name {self.node[:300]!r} is not usable: {problem}")
@@ -156,6 +165,9 @@ class CollectorConfig:
         if not 0.1 <= self.engine_timeout_s <= 60:
             raise ValueError(f"engine_timeout_s={self.engine_timeout_s} must be between 0.1 and 60")
         parse_endpoints(self.engines)  # raises ValueError naming the bad entry
+
+    def _check_transport(self) -> None:
+        """How the collector reaches the aggregator and proves its node: never in clear off loopback."""
         if self.secret_file and not self.allow_shared_secret:
             raise ValueError(
                 "secret_file derives this node's credential from the fleet-wide collector secret, so "
@@ -175,10 +187,6 @@ class CollectorConfig:
                 f"aggregator {remote[0]} is not on this machine and tls_ca is not set: the collector "
                 "token and GPU-reset commands would cross the network in clear. Set tls_ca (see "
                 "docs/security.md), or allow_plaintext = true on a network you trust"
-            )
-        if not 0 <= self.reset_min_interval_s <= 86400:
-            raise ValueError(
-                f"reset_min_interval_s={self.reset_min_interval_s:g} must be between 0 and 86400"
             )
 
     @property

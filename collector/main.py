@@ -39,6 +39,20 @@ def open_source(config: CollectorConfig) -> tuple[NvmlSource, ScenarioRunner | N
     return NvmlSource(), runner, node
 
 
+def serve_metrics(config: CollectorConfig, agent: CollectorAgent) -> None:
+    """The collector's /metrics (collector/metrics_endpoint.py), where configured."""
+    if not config.metrics_listen:
+        return
+    try:
+        port = serve(config.metrics_listen, lambda: agent.last_sample, lambda: agent.xid_counts)
+    except OSError as exc:
+        raise MetricsUnavailable(
+            f"cannot serve /metrics on {config.metrics_listen}: {exc}. Set --metrics-listen "
+            "(GPUFLEET_COLLECTOR_METRICS_LISTEN) to a free address, or to an empty value to disable it."
+        ) from exc
+    log.info("serving Prometheus metrics on %s:%d/metrics", config.metrics_listen.rpartition(":")[0], port)
+
+
 async def run_collector(config: CollectorConfig) -> None:
     source, scenario, node = open_source(config)
     sim_engine = None
@@ -52,17 +66,7 @@ async def run_collector(config: CollectorConfig) -> None:
     if node is not None:
         sim_node = node
         agent.simulated_reset = lambda index: sim_node.gpus[index].reset()
-    if config.metrics_listen:
-        try:
-            port = serve(config.metrics_listen, lambda: agent.last_sample, lambda: agent.xid_counts)
-        except OSError as exc:
-            raise MetricsUnavailable(
-                f"cannot serve /metrics on {config.metrics_listen}: {exc}. Set --metrics-listen "
-                "(GPUFLEET_COLLECTOR_METRICS_LISTEN) to a free address, or to an empty value to disable it."
-            ) from exc
-        log.info(
-            "serving Prometheus metrics on %s:%d/metrics", config.metrics_listen.rpartition(":")[0], port
-        )
+    serve_metrics(config, agent)
     loop = asyncio.get_running_loop()
 
     def push(event: telemetry_pb2.Event) -> None:  # called from the watcher threads

@@ -33,7 +33,7 @@ from gpufleet.repair.incidents import AUTOMATION, IncidentDesk
 from gpufleet.repair.ladder import Hooks, StepRunner
 from gpufleet.repair.model import Finding, NodeSnapshot
 from gpufleet.repair.observe import SchedulerWatch
-from gpufleet.repair.outcome import STARTED, Outcome
+from gpufleet.repair.outcome import Outcome
 from gpufleet.repair.people import PersonActions, RepairRefused
 from gpufleet.repair.policy import Policy
 from gpufleet.repair.progress import WorkflowSteps
@@ -267,38 +267,11 @@ class RepairController(PersonActions, WorkflowSteps):
         ready = [f for f in cordon if self.evaluator.persisted(f, now)]
         notable = [f for f in findings if f.severity != "info" and self.evaluator.persisted(f, now)]
         if wf.state in (Health.HEALTHY, Health.SUSPECT, Health.WAITING):
-            if ready:
-                await self._take_out(wf, ready, view, now)
-                return
-            wf.held = None  # nothing is due: no step is held back
-            if cordon:
-                worst = cordon[0]
-                left = self.evaluator.left_s(worst, now)
-                self._move(wf, Health.SUSPECT, f"{worst.code} must persist {left:.0f} s more before action")
-            elif notable:
-                self.desk.note(wf, notable)
-                self._move(wf, Health.HEALTHY, f"watching: {', '.join(f.code for f in notable)}")
-            else:
-                self.desk.close(wf, "cleared by itself", now)
-                self._move(wf, Health.HEALTHY, "")
-            # A node just cordoned drains from the next pass: every cordon due now goes out first.
+            await self._in_service(wf, cordon, ready, notable, view, now)
             return
         if wf.incident_id and notable:
             self.desk.note(wf, notable)  # add what else was found while out of service
-        if wf.state == Health.CORDONED:
-            if self._held(wf, Step.DRAIN, view, now, "start moving workloads off"):
-                return
-            self.desk.audit(wf, Step.DRAIN, "start moving workloads off", STARTED, now)
-            self._move(wf, Health.DRAINING, "draining")
-            await self._drain(wf, view, now)
-        elif wf.state == Health.DRAINING:
-            if self._held(wf, Step.DRAIN, view, now, "move workloads off"):
-                return
-            await self._drain(wf, view, now)
-        elif wf.state == Health.REPAIRING:
-            await self._repair(wf, snap, view, now)
-        elif wf.state == Health.VALIDATING:
-            await self._validate(wf, snap, cordon, view, now)
+        await self._out_of_service(wf, snap, cordon, view, now)
 
     def _held(self, wf: Workflow, step: Step, view: SchedulerView, now: int, what: str) -> bool:
         """Ask the rails; a held step is audited once (per step and rail) and said in detail."""

@@ -173,6 +173,22 @@ def _entry(where: str, raw: Any, base: Entry | None, fixed_action: str | None) -
     merged.update(raw)
     if fixed_action:
         merged["action"] = fixed_action
+    _check_entry(where, merged)
+    return Entry(
+        merged["severity"],
+        merged["action"],
+        merged["cordon"],
+        merged["reason"],
+        tuple(merged["ladder"]),
+        float(merged["window_s"]),
+        float(merged["threshold"]),
+        merged["enabled"],
+    )
+
+
+def _check_entry(where: str, merged: dict[str, Any]) -> None:
+    """Each value of a merged table: known severity and action, flags, a ladder of known steps
+    (a cordon needs one), numbers ≥ 0, text."""
     if merged["severity"] not in SEVERITIES:
         raise PolicyError(f"{where}: severity = {merged['severity']!r}; use one of {', '.join(SEVERITIES)}")
     if merged["action"] not in ACTIONS:
@@ -191,16 +207,6 @@ def _entry(where: str, raw: Any, base: Entry | None, fixed_action: str | None) -
             raise PolicyError(f"{where}: {key} = {value!r} must be a number ≥ 0")
     if not isinstance(merged["reason"], str):
         raise PolicyError(f"{where}: reason must be text")
-    return Entry(
-        merged["severity"],
-        merged["action"],
-        merged["cordon"],
-        merged["reason"],
-        tuple(ladder),
-        float(merged["window_s"]),
-        float(merged["threshold"]),
-        merged["enabled"],
-    )
 
 
 def _apply(policy: Policy, data: dict[str, Any], source: str) -> None:
@@ -210,7 +216,15 @@ def _apply(policy: Policy, data: dict[str, Any], source: str) -> None:
         raise PolicyError(
             f"{source}: unknown table(s) {', '.join(sorted(unknown))}; known: {', '.join(sorted(known))}"
         )
-    for key, value in data.get("workflow", {}).items():
+    _apply_workflow(policy, data.get("workflow", {}), source)
+    _apply_buckets(policy, data.get("buckets", {}), source)
+    _apply_xids(policy, data.get("xid", {}), source)
+    _apply_xid_workflows(policy, data.get("xid_workflow", []), source)
+    _apply_rules(policy, data.get("rules", {}), source)
+
+
+def _apply_workflow(policy: Policy, table: dict[str, Any], source: str) -> None:
+    for key, value in table.items():
         if key not in _WORKFLOW_DEFAULTS:
             raise PolicyError(
                 f"{source}: [workflow] unknown key {key!r}; known: {', '.join(_WORKFLOW_DEFAULTS)}"
@@ -221,7 +235,10 @@ def _apply(policy: Policy, data: dict[str, Any], source: str) -> None:
         elif isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
             raise PolicyError(f"{source}: [workflow] {key} = {value!r} must be a number ≥ 0")
         policy.workflow[key] = float(value)
-    for bucket, raw in data.get("buckets", {}).items():
+
+
+def _apply_buckets(policy: Policy, table: dict[str, Any], source: str) -> None:
+    for bucket, raw in table.items():
         if bucket not in ACTIONS:
             raise PolicyError(
                 f"{source}: [buckets.{bucket}] is not a catalog bucket; use one of {', '.join(ACTIONS)}"
@@ -229,7 +246,10 @@ def _apply(policy: Policy, data: dict[str, Any], source: str) -> None:
         policy.buckets[bucket] = _entry(
             f"{source}: [buckets.{bucket}]", raw, policy.buckets.get(bucket), bucket
         )
-    for key, raw in data.get("xid", {}).items():
+
+
+def _apply_xids(policy: Policy, table: dict[str, Any], source: str) -> None:
+    for key, raw in table.items():
         try:
             xid = int(key)
             if not 0 < xid < 1000:
@@ -240,7 +260,10 @@ def _apply(policy: Policy, data: dict[str, Any], source: str) -> None:
         if "action" in raw and "ladder" not in raw and raw.get("cordon", base.cordon):
             raw = {**raw, "ladder": list(base.ladder or ("reset_gpu", "reboot", "ticket"))}
         policy.xids[xid] = _entry(f"{source}: [xid.{xid}]", raw, base, None)
-    for i, raw in enumerate(data.get("xid_workflow", [])):
+
+
+def _apply_xid_workflows(policy: Policy, tables: list[Any], source: str) -> None:
+    for i, raw in enumerate(tables):
         where = f"{source}: [[xid_workflow]] #{i + 1}"
         if not isinstance(raw, dict):
             raise PolicyError(f"{where}: must be a table")
@@ -259,7 +282,10 @@ def _apply(policy: Policy, data: dict[str, Any], source: str) -> None:
         wf = XidWorkflow(xid, frozenset(with_xids), float(within), _entry(where, rest, None, None))
         policy.workflows = [w for w in policy.workflows if (w.xid, w.with_xids) != (xid, wf.with_xids)]
         policy.workflows.append(wf)
-    for name, raw in data.get("rules", {}).items():
+
+
+def _apply_rules(policy: Policy, table: dict[str, Any], source: str) -> None:
+    for name, raw in table.items():
         if name not in rule_names():
             raise PolicyError(f"{source}: [rules.{name}] is not a rule; rules: {', '.join(rule_names())}")
         policy.rules[name] = _entry(f"{source}: [rules.{name}]", raw, policy.rules.get(name), None)

@@ -167,3 +167,49 @@ class WorkflowSteps:
         wf.cordoned_by_us = False
         self.desk.close(wf, f"repaired by {step}", now)
         self._move(wf, Health.HEALTHY, "")
+
+    async def _in_service(
+        self,
+        wf: Workflow,
+        cordon: list[Finding],
+        ready: list[Finding],
+        notable: list[Finding],
+        view: SchedulerView,
+        now: int,
+    ) -> None:
+        """A node in service: take it out for a finding that persisted, else say what it waits
+        for, watch what is notable, or close what cleared by itself."""
+        if ready:
+            await self._take_out(wf, ready, view, now)
+            return
+        wf.held = None  # nothing is due: no step is held back
+        if cordon:
+            worst = cordon[0]
+            left = self.evaluator.left_s(worst, now)
+            self._move(wf, Health.SUSPECT, f"{worst.code} must persist {left:.0f} s more before action")
+        elif notable:
+            self.desk.note(wf, notable)
+            self._move(wf, Health.HEALTHY, f"watching: {', '.join(f.code for f in notable)}")
+        else:
+            self.desk.close(wf, "cleared by itself", now)
+            self._move(wf, Health.HEALTHY, "")
+        # A node just cordoned drains from the next pass: every cordon due now goes out first.
+
+    async def _out_of_service(
+        self, wf: Workflow, snap: NodeSnapshot | None, cordon: list[Finding], view: SchedulerView, now: int
+    ) -> None:
+        """The next step of a node the automation took out: drain, repair, validate."""
+        if wf.state == Health.CORDONED:
+            if self._held(wf, Step.DRAIN, view, now, "start moving workloads off"):
+                return
+            self.desk.audit(wf, Step.DRAIN, "start moving workloads off", STARTED, now)
+            self._move(wf, Health.DRAINING, "draining")
+            await self._drain(wf, view, now)
+        elif wf.state == Health.DRAINING:
+            if self._held(wf, Step.DRAIN, view, now, "move workloads off"):
+                return
+            await self._drain(wf, view, now)
+        elif wf.state == Health.REPAIRING:
+            await self._repair(wf, snap, view, now)
+        elif wf.state == Health.VALIDATING:
+            await self._validate(wf, snap, cordon, view, now)

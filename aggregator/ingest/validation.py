@@ -108,10 +108,24 @@ class Checker:
         """The points the report is stored as; Rejection if it must not be stored. Every GPU
         sample's fields are checked and copied in one pass (this is the ingest hot path).
         size: the report's serialized size when the caller has its bytes (else computed)."""
+        where = f"node {hello.node!r}: report seq {report.seq}"
+        now_ns = now_ns or time.time_ns()
+        self._check_envelope(report, hello, where, report.ByteSize() if size is None else size, now_ns)
+        gpu_rows = self._gpu_rows(report, hello, where)
+        self._check_engines(report, len(hello.gpus), where)
+        self._check_events(report, len(hello.gpus), where, now_ns)
+        return self._converter.convert(report, gpu_rows)
+
+    def _window(self, now_ns: int) -> tuple[int, int]:
+        """The oldest and newest times a report or event may carry."""
+        return now_ns - int(self.retention_s * 1e9), now_ns + int(self.max_clock_skew_s * 1e9)
+
+    def _check_envelope(
+        self, report: telemetry_pb2.NodeReport, hello: ingest_pb2.Hello, where: str, size: int, now_ns: int
+    ) -> None:
+        """What only the stream knows: its size, node, boot, cluster, seq and time window, and the
+        repeated fields' counts and wire rules (GPU samples apart: _gpu_rows)."""
         node = hello.node
-        where = f"node {node!r}: report seq {report.seq}"
-        if size is None:
-            size = report.ByteSize()
         if size > self.max_report_bytes:
             raise Rejection(
                 grpc.StatusCode.RESOURCE_EXHAUSTED,
@@ -137,9 +151,7 @@ class Checker:
             )
         if not 1 <= report.seq <= INT64_MAX:
             raise _invalid("bad_seq", f"{where}: seq must be 1..{INT64_MAX}")
-        now_ns = now_ns or time.time_ns()
-        oldest_ns = now_ns - int(self.retention_s * 1e9)
-        newest_ns = now_ns + int(self.max_clock_skew_s * 1e9)
+        oldest_ns, newest_ns = self._window(now_ns)
         if not oldest_ns <= report.time_unix_ns <= newest_ns:
             raise _invalid("timestamp", self._time_message(where, "has", report.time_unix_ns, now_ns))
         if len(report.engines) > MAX_ENGINES_PER_REPORT or len(report.events) > MAX_EVENTS_PER_REPORT:
@@ -151,9 +163,13 @@ class Checker:
             )
         if len(report.gpus) > MAX_GPUS_PER_NODE or not self._wire.ok(report, skip="gpus"):
             self._wire.check(report, where)
+
+    def _gpu_rows(
+        self, report: telemetry_pb2.NodeReport, hello: ingest_pb2.Hello, where: str
+    ) -> list[tuple[dict, tuple]]:
+        """Each GPU sample's checked values and identity; Rejection naming the GPU, the field and
+        the value, or an index or identity the hello did not declare."""
         gpu_rows = []
-        gpu_count = len(hello.gpus)
-        declared = self._declared(hello)
         for gpu in report.gpus:
             row = self._gpu_values(gpu)
             if row is None:
@@ -169,26 +185,35 @@ class Checker:
                         f"{where} GPU {row[1][0]} has hbm_used_bytes={used} above hbm_total_bytes={total}",
                     )
         if gpu_rows:
-            indices = [row[1][0] for row in gpu_rows]
-            if max(indices) >= gpu_count:
-                index = next(i for i in indices if i >= gpu_count)
+            self._check_gpu_identities([ident for _, ident in gpu_rows], hello, where)
+        return gpu_rows
+
+    def _check_gpu_identities(self, idents: list[tuple], hello: ingest_pb2.Hello, where: str) -> None:
+        gpu_count = len(hello.gpus)
+        indices = [ident[0] for ident in idents]
+        if max(indices) >= gpu_count:
+            index = next(i for i in indices if i >= gpu_count)
+            raise _invalid(
+                "gpu_index",
+                f"{where} has GPU index {index}; the node declared {gpu_count} GPU(s) "
+                f"(indices 0..{gpu_count - 1})",
+            )
+        if len(set(indices)) != len(indices):
+            twice = next(i for i in indices if indices.count(i) > 1)
+            raise _invalid("gpu_index", f"{where} has GPU index {twice} twice")
+        declared = self._declared(hello)
+        for ident in idents:  # (index, uuid, model, lost)
+            if declared.get(ident[0]) != ident[1:3]:
+                uuid, model = declared[ident[0]]
                 raise _invalid(
-                    "gpu_index",
-                    f"{where} has GPU index {index}; the node declared {gpu_count} GPU(s) "
-                    f"(indices 0..{gpu_count - 1})",
+                    "gpu_identity",
+                    f"{where} has GPU {ident[0]} as uuid {ident[1]!r}, model {ident[2]!r}; the hello "
+                    f"declared uuid {uuid!r}, model {model!r}. A GPU's identity is the one its "
+                    "collector said hello with (a new GPU is a new collector start)",
                 )
-            if len(set(indices)) != len(indices):
-                twice = next(i for i in indices if indices.count(i) > 1)
-                raise _invalid("gpu_index", f"{where} has GPU index {twice} twice")
-            for _, ident in gpu_rows:  # (index, uuid, model, lost)
-                if declared.get(ident[0]) != ident[1:3]:
-                    uuid, model = declared[ident[0]]
-                    raise _invalid(
-                        "gpu_identity",
-                        f"{where} has GPU {ident[0]} as uuid {ident[1]!r}, model {ident[2]!r}; the hello "
-                        f"declared uuid {uuid!r}, model {model!r}. A GPU's identity is the one its "
-                        "collector said hello with (a new GPU is a new collector start)",
-                    )
+
+    @staticmethod
+    def _check_engines(report: telemetry_pb2.NodeReport, gpu_count: int, where: str) -> None:
         engines: set[tuple[str, str, int]] = set()
         for eng in report.engines:
             key = (eng.engine, eng.model, eng.port)
@@ -202,6 +227,11 @@ class Checker:
                         f"{where} engine {eng.engine}:{eng.port} names GPU {i}; "
                         f"the node declared {gpu_count}",
                     )
+
+    def _check_events(
+        self, report: telemetry_pb2.NodeReport, gpu_count: int, where: str, now_ns: int
+    ) -> None:
+        oldest_ns, newest_ns = self._window(now_ns)
         for ev in report.events:
             if ev.HasField("gpu_index") and ev.gpu_index >= gpu_count:
                 raise _invalid(
@@ -221,7 +251,6 @@ class Checker:
                     f"(time_unix_ns={ev.time_unix_ns}) or outside the accepted range; "
                     "the collector folds identical XIDs as first..last",
                 )
-        return self._converter.convert(report, gpu_rows)
 
     def _time_message(self, where: str, verb: str, ts: int, now_ns: int) -> str:
         return (

@@ -123,27 +123,6 @@ class ControlPlane:
                     f"{r.age_s:.1f} s ago); give each aggregator replica its own replica_id"
                 )
 
-    def register_metrics(self, registry: CollectorRegistry) -> None:
-        for name, text, read in (
-            (
-                "gpufleet_control_plane_sync_errors",
-                "control-plane syncs that failed (each logged)",
-                "sync_errors_total",
-            ),
-            (
-                "gpufleet_control_plane_lease_errors",
-                "lease reads or renewals that failed",
-                "lease_errors_total",
-            ),
-            ("gpufleet_repair_leader_terms", "times this replica became the repair leader", "terms_total"),
-        ):
-            Gauge(name, text, registry=registry).set_function(lambda read=read: float(getattr(self, read)))
-        Gauge(
-            "gpufleet_control_plane_sync_age_seconds",
-            "seconds since this replica last reached the control plane",
-            registry=registry,
-        ).set_function(lambda: time.monotonic() - self.last_sync_monotonic)
-
     def unhealthy(self) -> list[str]:
         """Why this replica should not be sent collectors or dashboards now."""
         quiet_s = time.monotonic() - self.last_sync_monotonic
@@ -374,3 +353,26 @@ class ControlPlane:
     def close(self) -> None:
         for s in (self.state, self._lease_state, self._sync_state):
             s.close()
+
+
+def register_metrics(plane: ControlPlane, registry: CollectorRegistry) -> None:
+    """This replica's control-plane gauges, read at scrape time."""
+    for name, text, read in (
+        (
+            "gpufleet_control_plane_sync_errors",
+            "control-plane syncs that failed (each logged)",
+            "sync_errors_total",
+        ),
+        (
+            "gpufleet_control_plane_lease_errors",
+            "lease reads or renewals that failed",
+            "lease_errors_total",
+        ),
+        ("gpufleet_repair_leader_terms", "times this replica became the repair leader", "terms_total"),
+    ):
+        Gauge(name, text, registry=registry).set_function(lambda read=read: float(getattr(plane, read)))
+    Gauge(
+        "gpufleet_control_plane_sync_age_seconds",
+        "seconds since this replica last reached the control plane",
+        registry=registry,
+    ).set_function(lambda: time.monotonic() - plane.last_sync_monotonic)

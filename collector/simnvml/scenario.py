@@ -33,6 +33,7 @@ import logging
 import threading
 import time
 import tomllib
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -125,32 +126,46 @@ def load(path: str | Path) -> list[Fault]:
     return sorted(faults, key=lambda f: f.at_s)
 
 
+def _nvlink_errors(gpu: SimulatedGpu, fault: Fault) -> None:
+    for counter in (pynvml.NVML_NVLINK_ERROR_DL_REPLAY, pynvml.NVML_NVLINK_ERROR_DL_CRC_FLIT):
+        key = (fault.link, counter)
+        gpu.nvlink_errors[key] = gpu.nvlink_errors.get(key, 0) + fault.count
+
+
+def _set(**values: Any) -> Callable[[SimulatedGpu, Fault], None]:
+    def apply(gpu: SimulatedGpu, fault: Fault) -> None:
+        for name, value in values.items():
+            setattr(gpu, name, value)
+
+    return apply
+
+
+# How each kind is applied to its GPU (the kinds and their parameters: KINDS above).
+APPLY: dict[str, Callable[[SimulatedGpu, Fault], None]] = {
+    "xid": lambda gpu, f: gpu.inject_xid(f.xid),
+    "ecc_corrected": lambda gpu, f: gpu.inject_ecc(uncorrected=False, count=f.count),
+    "ecc_uncorrected": lambda gpu, f: gpu.inject_ecc(uncorrected=True, count=f.count),
+    "remap_failure": _set(remap_failure=True),
+    "lost": _set(lost=True),
+    "recover": _set(lost=False),
+    "thermal": lambda gpu, f: setattr(
+        gpu, "forced_reasons", gpu.forced_reasons | REASON_SW_THERMAL | REASON_HW_THERMAL
+    ),
+    "power": lambda gpu, f: setattr(
+        gpu, "forced_reasons", gpu.forced_reasons | REASON_SW_POWER_CAP | REASON_HW_POWER_BRAKE
+    ),
+    "clear_slowdown": _set(forced_reasons=0),
+    "nvlink_down": lambda gpu, f: gpu.nvlink_down.add(f.link),
+    "nvlink_errors": _nvlink_errors,
+    "pcie_replays": lambda gpu, f: setattr(gpu, "pcie_replay_total", gpu.pcie_replay_total + f.count),
+    "not_supported": lambda gpu, f: gpu.fail_symbols.__setitem__(f.symbol, pynvml.NVML_ERROR_NOT_SUPPORTED),
+}
+if set(APPLY) != set(KINDS):
+    raise RuntimeError(f"scenario kinds {sorted(KINDS)} and their appliers {sorted(APPLY)} differ")
+
+
 def apply(gpu: SimulatedGpu, fault: Fault) -> None:
-    kind = fault.kind
-    if kind == "xid":
-        gpu.inject_xid(fault.xid)
-    elif kind in ("ecc_corrected", "ecc_uncorrected"):
-        gpu.inject_ecc(uncorrected=kind == "ecc_uncorrected", count=fault.count)
-    elif kind == "remap_failure":
-        gpu.remap_failure = True
-    elif kind in ("lost", "recover"):
-        gpu.lost = kind == "lost"
-    elif kind == "thermal":
-        gpu.forced_reasons |= REASON_SW_THERMAL | REASON_HW_THERMAL
-    elif kind == "power":
-        gpu.forced_reasons |= REASON_SW_POWER_CAP | REASON_HW_POWER_BRAKE
-    elif kind == "clear_slowdown":
-        gpu.forced_reasons = 0
-    elif kind == "nvlink_down":
-        gpu.nvlink_down.add(fault.link)
-    elif kind == "nvlink_errors":
-        for counter in (pynvml.NVML_NVLINK_ERROR_DL_REPLAY, pynvml.NVML_NVLINK_ERROR_DL_CRC_FLIT):
-            key = (fault.link, counter)
-            gpu.nvlink_errors[key] = gpu.nvlink_errors.get(key, 0) + fault.count
-    elif kind == "pcie_replays":
-        gpu.pcie_replay_total += fault.count
-    elif kind == "not_supported":
-        gpu.fail_symbols[fault.symbol] = pynvml.NVML_ERROR_NOT_SUPPORTED
+    APPLY[fault.kind](gpu, fault)
 
 
 class ScenarioRunner:

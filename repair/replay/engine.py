@@ -297,54 +297,68 @@ class ReplayEngine(SimulatedWorld):
         )
 
     async def _handle(self, kind: str, payload: object, dirty: set[str]) -> None:
-        if kind == "input":
-            assert isinstance(payload, FaultInput)
-            if payload.visible:
-                self._apply(payload)
-                dirty.add(payload.node)
-        elif kind == "wake":
-            assert isinstance(payload, str)
-            if self._wake_at.get(payload) == self.now:
-                del self._wake_at[payload]
-                dirty.add(payload)
-        elif kind == "reset":
-            node, command_id, gpu, ok = payload  # type: ignore[misc]
-            if ok and not self.config.from_store:
-                self._clear(self._node(node), [gpu])
-            outcome = (
-                vocabulary_pb2.COMMAND_OUTCOME_SUCCEEDED if ok else vocabulary_pb2.COMMAND_OUTCOME_FAILED
-            )
-            detail = "" if ok else "the GPU is lost (fallen off the bus): a reset cannot reach it"
-            self.controller.on_command_result(
-                node, ingest_pb2.CommandResult(id=command_id, outcome=outcome, detail=detail)
-            )
-            dirty.add(node)
-        elif kind == "rebooted":
-            assert isinstance(payload, str)
-            sim = self._node(payload)
-            sim.boot += 1
-            if not self.config.from_store:
-                self._clear(sim, list(sim.gpus))
-                sim.reporting = True
+        """One timed input or simulated answer, its node marked for a pass where it changed one."""
+        handler = {
+            "input": self._on_input,
+            "wake": self._on_wake,
+            "reset": self._on_reset,
+            "rebooted": self._on_rebooted,
+            "technician": self._on_technician,
+            "breaker_reset": self._on_breaker_reset,
+        }[kind]
+        await handler(payload, dirty)
+
+    async def _on_input(self, payload: object, dirty: set[str]) -> None:
+        assert isinstance(payload, FaultInput)
+        if payload.visible:
+            self._apply(payload)
+            dirty.add(payload.node)
+
+    async def _on_wake(self, payload: object, dirty: set[str]) -> None:
+        assert isinstance(payload, str)
+        if self._wake_at.get(payload) == self.now:
+            del self._wake_at[payload]
             dirty.add(payload)
-        elif kind == "technician":
-            assert isinstance(payload, str)
-            self._technician_due.discard(payload)
-            wf = self.controller.workflows.get(payload)
-            if wf is not None and wf.state == Health.QUARANTINED:
-                sim = self._node(payload)
-                if not self.config.from_store:
-                    self._clear(sim, list(sim.gpus))  # the part was replaced
-                    for gpu in sim.gpus.values():
-                        gpu.remap_failure = False
-                await self.controller.uncordon(payload, "replay: repaired by a technician", TECHNICIAN)
-                dirty.add(payload)
-        elif kind == "breaker_reset":
-            self._breaker_reset_due = False
-            if self.controller.breaker_tripped:
-                await self.controller.reset_breaker("replay: a person looked and reset it", OPERATOR)
-                self.controller.take_poked()  # the held nodes are what it lets go
-                self._release_held()
+
+    async def _on_reset(self, payload: object, dirty: set[str]) -> None:
+        node, command_id, gpu, ok = payload  # type: ignore[misc]
+        if ok and not self.config.from_store:
+            self._clear(self._node(node), [gpu])
+        outcome = vocabulary_pb2.COMMAND_OUTCOME_SUCCEEDED if ok else vocabulary_pb2.COMMAND_OUTCOME_FAILED
+        detail = "" if ok else "the GPU is lost (fallen off the bus): a reset cannot reach it"
+        self.controller.on_command_result(
+            node, ingest_pb2.CommandResult(id=command_id, outcome=outcome, detail=detail)
+        )
+        dirty.add(node)
+
+    async def _on_rebooted(self, payload: object, dirty: set[str]) -> None:
+        assert isinstance(payload, str)
+        sim = self._node(payload)
+        sim.boot += 1
+        if not self.config.from_store:
+            self._clear(sim, list(sim.gpus))
+            sim.reporting = True
+        dirty.add(payload)
+
+    async def _on_technician(self, payload: object, dirty: set[str]) -> None:
+        assert isinstance(payload, str)
+        self._technician_due.discard(payload)
+        wf = self.controller.workflows.get(payload)
+        if wf is not None and wf.state == Health.QUARANTINED:
+            sim = self._node(payload)
+            if not self.config.from_store:
+                self._clear(sim, list(sim.gpus))  # the part was replaced
+                for gpu in sim.gpus.values():
+                    gpu.remap_failure = False
+            await self.controller.uncordon(payload, "replay: repaired by a technician", TECHNICIAN)
+            dirty.add(payload)
+
+    async def _on_breaker_reset(self, payload: object, dirty: set[str]) -> None:
+        self._breaker_reset_due = False
+        if self.controller.breaker_tripped:
+            await self.controller.reset_breaker("replay: a person looked and reset it", OPERATOR)
+            self.controller.take_poked()  # the held nodes are what it lets go
+            self._release_held()
 
     def _after_pass(self, name: str) -> None:
         self._held.discard(name)

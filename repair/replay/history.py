@@ -23,8 +23,10 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
+from typing import Any
 
 from gpufleet.protos import telemetry_pb2
+from gpufleet.protos.credentials import node_name_problem
 
 LABELS = ("hardware", "software", "application", "benign")
 ACTIONABLE = frozenset({"hardware", "software"})  # what automatic repair should take out
@@ -159,9 +161,28 @@ def parse_input(obj: object, where: str) -> FaultInput:
         raise TraceError(
             f"{where}: unknown key(s) {', '.join(sorted(unknown))}; known: {', '.join(sorted(_KEYS))}"
         )
+    node, gpu, label, message, count = _common(obj, where)
+    xid, signal = obj.get("xid"), obj.get("signal")
+    if xid is not None and signal is not None:
+        raise TraceError(f'{where}: give "xid" or "signal", not both')
+    base = {"time_ns": _time_ns(obj.get("time"), where), "node": node, "gpu": gpu, "label": label}
+    if xid is not None:
+        if isinstance(xid, bool) or not isinstance(xid, int) or not 1 <= xid <= 1_000_000:
+            raise TraceError(f'{where}: "xid" = {xid!r}; give the XID number')
+        return FaultInput(**base, xid=xid, message=message[:512], count=count)
+    if signal is not None:
+        return FaultInput(**base, signal=signal, value=_signal_value(obj, signal, gpu, where))
+    if not label:
+        raise TraceError(f'{where}: give "xid" or "signal" (or a "label" for a fault gpufleet cannot see)')
+    return FaultInput(**base, message=message[:512])
+
+
+def _common(obj: dict[str, Any], where: str) -> tuple[str, int | None, str, str, int]:
+    """(node, gpu, label, message, count) of a trace line, each checked."""
     node = obj.get("node")
-    if not isinstance(node, str) or not node or len(node) > 253 or any(c.isspace() for c in node):
-        raise TraceError(f'{where}: "node" = {node!r}; give the node name (1-253 characters, no spaces)')
+    if not isinstance(node, str) or node_name_problem(node):
+        why = node_name_problem(node) if isinstance(node, str) else "it is not text"
+        raise TraceError(f'{where}: "node" = {node!r} is no node name: {why}')
     gpu = obj.get("gpu")
     if gpu is not None and (isinstance(gpu, bool) or not isinstance(gpu, int) or not 0 <= gpu < MAX_GPUS):
         raise TraceError(
@@ -176,40 +197,33 @@ def parse_input(obj: object, where: str) -> FaultInput:
     count = obj.get("count", 1)
     if isinstance(count, bool) or not isinstance(count, int) or not 1 <= count <= 2**32:
         raise TraceError(f'{where}: "count" = {count!r}; give how many identical XIDs (1 or more)')
-    xid, signal = obj.get("xid"), obj.get("signal")
-    if xid is not None and signal is not None:
-        raise TraceError(f'{where}: give "xid" or "signal", not both')
-    base = {"time_ns": _time_ns(obj.get("time"), where), "node": node, "gpu": gpu, "label": label}
-    if xid is not None:
-        if isinstance(xid, bool) or not isinstance(xid, int) or not 1 <= xid <= 1_000_000:
-            raise TraceError(f'{where}: "xid" = {xid!r}; give the XID number')
-        return FaultInput(**base, xid=xid, message=message[:512], count=count)
-    if signal is not None:
-        if signal not in SIGNALS:
-            raise TraceError(
-                f'{where}: "signal" = {signal!r} is not a field gpufleet samples; '
-                f"use one of {', '.join(SIGNALS)}"
-            )
-        value = obj.get("value")
-        if isinstance(value, bool):
-            value = float(value)
-        if not isinstance(value, int | float) or not math.isfinite(value) or not -1e18 <= value <= 1e18:
-            raise TraceError(f'{where}: "value" = {value!r} for signal {signal}; give a finite number')
-        if signal == REPORTING:
-            if gpu is not None or value not in (0, 1):
-                raise TraceError(f"{where}: {REPORTING} is about the node (no gpu) and is 0 or 1")
-        elif gpu is None:
-            raise TraceError(f'{where}: signal {signal} is a GPU field: give "gpu"')
-        elif _GPU_FIELDS[signal].type == _GPU_FIELDS[signal].TYPE_BOOL and value not in (0, 1):
-            raise TraceError(f"{where}: signal {signal} is true or false: give 0 or 1, not {value!r}")
-        elif _GPU_FIELDS[signal].type != _GPU_FIELDS[signal].TYPE_DOUBLE and (
-            value < 0 or value != int(value)
-        ):
-            raise TraceError(f"{where}: signal {signal} is a count: give a whole number ≥ 0, not {value!r}")
-        return FaultInput(**base, signal=signal, value=float(value))
-    if not label:
-        raise TraceError(f'{where}: give "xid" or "signal" (or a "label" for a fault gpufleet cannot see)')
-    return FaultInput(**base, message=message[:512])
+    return node, gpu, label, message, count
+
+
+def _signal_value(obj: dict[str, Any], signal: object, gpu: int | None, where: str) -> float:
+    """A signal's value, checked against the field it sets."""
+    if signal not in SIGNALS:
+        raise TraceError(
+            f'{where}: "signal" = {signal!r} is not a field gpufleet samples; use one of {", ".join(SIGNALS)}'
+        )
+    value = obj.get("value")
+    if isinstance(value, bool):
+        value = float(value)
+    if not isinstance(value, int | float) or not math.isfinite(value) or not -1e18 <= value <= 1e18:
+        raise TraceError(f'{where}: "value" = {value!r} for signal {signal}; give a finite number')
+    if signal == REPORTING:
+        if gpu is not None or value not in (0, 1):
+            raise TraceError(f"{where}: {REPORTING} is about the node (no gpu) and is 0 or 1")
+        return float(value)
+    assert isinstance(signal, str)
+    field = _GPU_FIELDS[signal]
+    if gpu is None:
+        raise TraceError(f'{where}: signal {signal} is a GPU field: give "gpu"')
+    if field.type == field.TYPE_BOOL and value not in (0, 1):
+        raise TraceError(f"{where}: signal {signal} is true or false: give 0 or 1, not {value!r}")
+    if field.type != field.TYPE_DOUBLE and (value < 0 or value != int(value)):
+        raise TraceError(f"{where}: signal {signal} is a count: give a whole number ≥ 0, not {value!r}")
+    return float(value)
 
 
 def load_trace(path: str | Path, nodes: int = 0, gpus_per_node: int = 8) -> FaultHistory:
