@@ -129,7 +129,7 @@ def _wait_for(what: str, check: object, deadline_s: float, demo: Demo, child: Ch
     raise SystemExit(f"gpufleet demo: timed out after {deadline_s:.0f}s {what}; see {child.log_path}")
 
 
-def run_demo(args: argparse.Namespace) -> int:
+def _check_args(args: argparse.Namespace) -> None:
     if args.nodes < 1 or args.gpus_per_node < 0 or args.interval <= 0:
         raise SystemExit("gpufleet demo: --nodes must be ≥ 1, --gpus-per-node ≥ 0, --interval > 0")
     if args.gpu_model != "mixed" and args.gpu_model not in GPU_PROFILES:
@@ -144,19 +144,131 @@ def run_demo(args: argparse.Namespace) -> int:
             load(args.scenario)  # refuse a bad file before anything starts
         except ScenarioError as exc:
             raise SystemExit(f"gpufleet demo: {exc}") from None
-    data_dir = Path(args.data_dir) if args.data_dir else default_data_dir()
-    data_dir.mkdir(parents=True, exist_ok=True)
-    demo = Demo(data_dir)
+
+
+def _credentials(data_dir: Path) -> tuple[dict[str, str], str]:
+    """The demo's people tokens and collector secret, made once and kept in its data dir."""
     secrets_path = data_dir / "secrets.toml"
     tokens_path = data_dir / "demo-tokens.json"
     if not (secrets_path.exists() and tokens_path.exists()):
         issued = new_secrets_file(secrets_path, [("demo-operator", "operator"), ("demo-viewer", "viewer")])
         write_private(tokens_path, json.dumps(issued))
     tokens = json.loads(tokens_path.read_text())
-    secret = tomllib.loads(secrets_path.read_text())["collector_secret"]
+    return tokens, tomllib.loads(secrets_path.read_text())["collector_secret"]
+
+
+def _start_aggregator(demo: Demo, data_dir: Path) -> tuple[Child, dict[str, str]]:
     ready = data_dir / "aggregator.ready.json"
     ready.unlink(missing_ok=True)
+    print(f"starting the aggregator (data in {data_dir}) ...", flush=True)
+    aggregator = demo.spawn(
+        "aggregator",
+        _gpufleet(
+            "aggregator",
+            "run",
+            "--data-dir",
+            str(data_dir),
+            "--ingest-listen",
+            "127.0.0.1:0",
+            "--fleet-listen",
+            "127.0.0.1:0",
+            "--metrics-listen",
+            "127.0.0.1:0",
+            "--ready-file",
+            str(ready),
+            # Repair runs on gpufleet's own records (no scheduler on a demo box); a small
+            # fleet would otherwise be capped at one node out of service.
+            "--repair-backend",
+            "none",
+            "--repair-max-out-of-service-fraction",
+            "0.5",
+        ),
+    )
+    bound: dict[str, str] = _wait_for(  # type: ignore[assignment]  # the ready file's JSON
+        "starting the aggregator",
+        lambda: ready.exists() and json.loads(ready.read_text()),
+        60,
+        demo,
+        aggregator,
+    )
+    return aggregator, bound
 
+
+def _start_collectors(
+    demo: Demo, args: argparse.Namespace, ingest: str, secret: str, data_dir: Path
+) -> list[str]:
+    nodes = [f"demo-node-{i + 1:02d}" for i in range(args.nodes)]
+    print(f"starting {len(nodes)} collectors with {args.gpus_per_node} simulated GPUs each ...", flush=True)
+    for i, node in enumerate(nodes):
+        model = DEMO_MODELS[i % len(DEMO_MODELS)] if args.gpu_model == "mixed" else args.gpu_model
+        demo.spawn(
+            node,
+            _gpufleet(
+                "collector",
+                "run",
+                "--simulate",
+                "--node",
+                node,
+                "--cluster",
+                "demo",
+                "--sim-gpus",
+                str(args.gpus_per_node),
+                "--sim-model",
+                model,
+                "--interval-s",
+                str(args.interval),
+                "--aggregator",
+                ingest,
+                "--metrics-listen",
+                "127.0.0.1:0",
+                "--state-dir",
+                str(data_dir / "collectors"),
+                *(["--sim-engine", DEMO_ENGINES[i % 4]] if DEMO_ENGINES[i % 4] else []),
+                *(["--sim-scenario", str(Path(args.scenario).resolve())] if args.scenario else []),
+            ),
+            env={"GPUFLEET_COLLECTOR_TOKEN": issue_collector_token(secret, node, days=30)[0]},
+        )
+    return nodes
+
+
+def _start_dashboard(demo: Demo, args: argparse.Namespace, fleet: str, token: str) -> str:
+    """Starts the dashboard when asked for and installed; the line that says where it is."""
+    if args.no_dashboard:
+        return "dashboard: off (--no-dashboard)"
+    if not (importlib.util.find_spec("streamlit") and importlib.util.find_spec("gpufleet.dashboard.app")):
+        return "dashboard: not started (install the dashboard extra: pip install 'gpufleet[dashboard]')"
+    demo.spawn(
+        "dashboard",
+        _gpufleet("dashboard", "--port", str(args.dashboard_port)),
+        env={"GPUFLEET_FLEET": fleet, "GPUFLEET_TOKEN": token},
+    )
+    return f"dashboard: http://127.0.0.1:{args.dashboard_port}"
+
+
+def _supervise(demo: Demo, stop_requested: threading.Event, duration_s: float) -> int:
+    """Until Ctrl-C/SIGTERM (at once) or the duration: 1 as soon as any child has died."""
+    deadline = time.monotonic() + duration_s if duration_s else float("inf")
+    while not stop_requested.wait(min(0.5, max(0.0, deadline - time.monotonic()))):
+        if time.monotonic() >= deadline:
+            break
+        dead = [c for c in demo.children if c.proc.poll() is not None]
+        for child in dead:
+            print(
+                f"gpufleet demo: {child.name} exited with status {child.proc.returncode}; "
+                f"see {child.log_path}",
+                file=sys.stderr,
+            )
+        if dead:
+            return 1
+    return 0
+
+
+def run_demo(args: argparse.Namespace) -> int:
+    _check_args(args)
+    data_dir = Path(args.data_dir) if args.data_dir else default_data_dir()
+    data_dir.mkdir(parents=True, exist_ok=True)
+    demo = Demo(data_dir)
+    tokens, secret = _credentials(data_dir)
     stop_requested = threading.Event()
 
     def on_signal(signum: int, frame: object) -> None:
@@ -165,70 +277,8 @@ def run_demo(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGINT, on_signal)
     signal.signal(signal.SIGTERM, on_signal)
     try:
-        print(f"starting the aggregator (data in {data_dir}) ...", flush=True)
-        aggregator = demo.spawn(
-            "aggregator",
-            _gpufleet(
-                "aggregator",
-                "run",
-                "--data-dir",
-                str(data_dir),
-                "--ingest-listen",
-                "127.0.0.1:0",
-                "--fleet-listen",
-                "127.0.0.1:0",
-                "--metrics-listen",
-                "127.0.0.1:0",
-                "--ready-file",
-                str(ready),
-                # Repair runs on gpufleet's own records (no scheduler on a demo box); a small
-                # fleet would otherwise be capped at one node out of service.
-                "--repair-backend",
-                "none",
-                "--repair-max-out-of-service-fraction",
-                "0.5",
-            ),
-        )
-        bound = _wait_for(
-            "starting the aggregator",
-            lambda: ready.exists() and json.loads(ready.read_text()),
-            60,
-            demo,
-            aggregator,
-        )
-        nodes = [f"demo-node-{i + 1:02d}" for i in range(args.nodes)]
-        print(
-            f"starting {len(nodes)} collectors with {args.gpus_per_node} simulated GPUs each ...", flush=True
-        )
-        for i, node in enumerate(nodes):
-            model = DEMO_MODELS[i % len(DEMO_MODELS)] if args.gpu_model == "mixed" else args.gpu_model
-            demo.spawn(
-                node,
-                _gpufleet(
-                    "collector",
-                    "run",
-                    "--simulate",
-                    "--node",
-                    node,
-                    "--cluster",
-                    "demo",
-                    "--sim-gpus",
-                    str(args.gpus_per_node),
-                    "--sim-model",
-                    model,
-                    "--interval-s",
-                    str(args.interval),
-                    "--aggregator",
-                    bound["ingest"],
-                    "--metrics-listen",
-                    "127.0.0.1:0",
-                    "--state-dir",
-                    str(data_dir / "collectors"),
-                    *(["--sim-engine", DEMO_ENGINES[i % 4]] if DEMO_ENGINES[i % 4] else []),
-                    *(["--sim-scenario", str(Path(args.scenario).resolve())] if args.scenario else []),
-                ),
-                env={"GPUFLEET_COLLECTOR_TOKEN": issue_collector_token(secret, node, days=30)[0]},
-            )
+        aggregator, bound = _start_aggregator(demo, data_dir)
+        nodes = _start_collectors(demo, args, bound["ingest"], secret, data_dir)
         client_cfg = client_config_path()
         write_private(
             client_cfg,
@@ -248,19 +298,7 @@ def run_demo(args: argparse.Namespace) -> int:
 
         print("waiting for every node to report ...", flush=True)
         _wait_for(f"waiting for {len(nodes)} nodes to report", all_reporting, 60, demo, aggregator)
-        dashboard_line = "dashboard: off (--no-dashboard)"
-        if not args.no_dashboard:
-            if importlib.util.find_spec("streamlit") and importlib.util.find_spec("gpufleet.dashboard.app"):
-                demo.spawn(
-                    "dashboard",
-                    _gpufleet("dashboard", "--port", str(args.dashboard_port)),
-                    env={"GPUFLEET_FLEET": bound["fleet"], "GPUFLEET_TOKEN": tokens["demo-operator"]},
-                )
-                dashboard_line = f"dashboard: http://127.0.0.1:{args.dashboard_port}"
-            else:
-                dashboard_line = (
-                    "dashboard: not started (install the dashboard extra: pip install 'gpufleet[dashboard]')"
-                )
+        dashboard_line = _start_dashboard(demo, args, bound["fleet"], tokens["demo-operator"])
         print(
             f"""gpufleet demo is running: {len(nodes)} nodes x {args.gpus_per_node} simulated GPUs, \
 {args.interval:g}s interval
@@ -278,21 +316,7 @@ Try, in another shell:
 Ctrl-C stops the demo.""",
             flush=True,
         )
-        deadline = time.monotonic() + args.duration if args.duration else float("inf")
-        # Supervise: wake on Ctrl-C/SIGTERM at once, otherwise check the children twice a second.
-        while not stop_requested.wait(min(0.5, max(0.0, deadline - time.monotonic()))):
-            if time.monotonic() >= deadline:
-                break
-            dead = [c for c in demo.children if c.proc.poll() is not None]
-            for child in dead:
-                print(
-                    f"gpufleet demo: {child.name} exited with status {child.proc.returncode}; "
-                    f"see {child.log_path}",
-                    file=sys.stderr,
-                )
-            if dead:
-                return 1
-        return 0
+        return _supervise(demo, stop_requested, args.duration)
     finally:
         print("stopping the demo ...", flush=True)
         demo.stop()

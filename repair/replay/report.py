@@ -82,6 +82,9 @@ def _percentile(values: list[float], q: float) -> float | None:
     return ordered[k]
 
 
+Intervals = dict[str, list[tuple[int, int]]]
+
+
 def summarize(run: ReplayRun) -> dict[str, Any]:
     history, policy = run.history, run.policy
     audit = run.state.audit_log(limit=_ALL)
@@ -92,89 +95,22 @@ def summarize(run: ReplayRun) -> dict[str, Any]:
     lookback_ns = int(policy.workflow["xid_lookback_s"] * 1e9)
 
     cordons = [a for a in audit if a.actor == AUTOMATION and a.action == "cordon" and a.outcome.ok]
-    triggers: dict[int, list[FaultInput]] = {}
-    for k, c in enumerate(cordons):
-        triggers[k] = _triggering(c, incidents, by_node[c.node], lookback_ns)
-
-    # Out of service: an automatic cordon until the node's return.
-    intervals: dict[str, list[tuple[int, int]]] = defaultdict(list)
-    out_since: dict[str, int] = {}
-    for a in audit:
-        if a.action == "cordon" and a.outcome.ok and a.actor == AUTOMATION:
-            out_since.setdefault(a.node, a.time_ns)
-        elif a.action == "uncordon" and a.outcome.ok and a.node in out_since:
-            intervals[a.node].append((out_since.pop(a.node), a.time_ns))
-    for node, since in out_since.items():
-        intervals[node].append((since, max(since, history.end_ns)))
+    triggers = [_triggering(c, incidents, by_node[c.node], lookback_ns) for c in cordons]
+    intervals = _out_of_service(audit, history.end_ns)
     gpu_hours = sum(
         (end - start) / 3.6e12 * history.gpu_count(node)
         for node, spans in intervals.items()
         for start, end in spans
     )
+    by_label, fault_outcome, latencies = _classify_faults(history.inputs, cordons, triggers, intervals)
 
-    def out_at(node: str, t: int) -> bool:
-        return any(start <= t < end for start, end in intervals.get(node, []))
-
-    caught_at: dict[int, int] = {}  # id(input) -> cordon time
-    for k, c in enumerate(cordons):
-        for i in triggers[k]:
-            caught_at.setdefault(id(i), c.time_ns)
-    faults = faults_of(history.inputs)
-    by_label: dict[str, dict[str, int]] = {
-        label: dict.fromkeys(("total", "caught", "missed", "while_out", "invisible"), 0) for label in LABELS
-    }
-    latencies: list[float] = []
-    fault_outcome: dict[str, str] = {}
-    for f in faults:
-        row = by_label[f.label]
-        row["total"] += 1
-        times = [caught_at[id(i)] for i in f.inputs if id(i) in caught_at]
-        if times:
-            row["caught"] += 1
-            fault_outcome[f.ident] = "caught"
-            if f.label in ACTIONABLE:
-                latencies.append((min(times) - f.time_ns) / 1e9)
-        elif not any(i.visible for i in f.inputs):
-            row["invisible"] += 1
-            fault_outcome[f.ident] = "invisible"
-        elif out_at(f.node, f.time_ns):
-            row["while_out"] += 1
-            fault_outcome[f.ident] = "while_out"
-        else:
-            row["missed"] += 1
-            fault_outcome[f.ident] = "missed"
-
-    labeled = [k for k in triggers if any(i.label for i in triggers[k])]
-    true_cordons = [k for k in labeled if any(i.label in ACTIONABLE for i in triggers[k])]
-    false_cordons = [k for k in labeled if k not in true_cordons]
+    labeled = [t for t in triggers if any(i.label for i in t)]
+    true_cordons = [t for t in labeled if any(i.label in ACTIONABLE for i in t)]
     actionable = [by_label[label] for label in ACTIONABLE]
     caught = sum(r["caught"] for r in actionable)
     seen = sum(r["caught"] + r["missed"] for r in actionable)
     everything = sum(r["total"] - r["while_out"] for r in actionable)
-
-    auto = [a for a in audit if a.actor == AUTOMATION]
-    actions = {
-        "cordon": len(cordons),
-        "drain": sum(1 for a in auto if a.action == "drain" and a.outcome.ok),
-        "reset_gpu": sum(1 for a in auto if a.action == "reset_gpu" and a.outcome.status is Status.STARTED),
-        "reboot": sum(1 for a in auto if a.action == "reboot" and a.outcome.status is Status.STARTED),
-        "ticket": sum(1 for a in auto if a.action == "ticket" and a.outcome.status is Status.STARTED),
-        "quarantine": sum(1 for a in auto if a.action == "quarantine" and a.outcome.ok),
-        "uncordon": sum(1 for a in auto if a.action == "uncordon" and a.outcome.ok),
-        "returned_by_technician": sum(1 for a in audit if a.actor == TECHNICIAN and a.action == "uncordon"),
-    }
     taken_out = list(dict.fromkeys(c.node for c in cordons))
-    steps: dict[str, list[dict[str, str]]] = defaultdict(list)
-    for a in audit:
-        if a.node and a.actor in (AUTOMATION, TECHNICIAN):
-            steps[a.node].append(
-                {
-                    "time": iso(a.time_ns),
-                    "action": a.action,
-                    "outcome": str(a.outcome)[:120],
-                    "reason": a.reason[:160],
-                }
-            )
     return {
         "source": history.source,
         "policy": list(policy.sources),
@@ -188,7 +124,7 @@ def summarize(run: ReplayRun) -> dict[str, Any]:
         "nodes_taken_out_in_order": taken_out,
         "gpu_hours_out_of_service": round(gpu_hours, 1),
         "faults": by_label,
-        "false_cordons": len(false_cordons),
+        "false_cordons": len(labeled) - len(true_cordons),
         "unlabeled_cordons": len(cordons) - len(labeled),
         "precision": round(len(true_cordons) / len(labeled), 3) if labeled else None,
         "recall": round(caught / seen, 3) if seen else None,
@@ -198,13 +134,100 @@ def summarize(run: ReplayRun) -> dict[str, Any]:
             "p99": _percentile(latencies, 99),
             "n": len(latencies),
         },
-        "actions": actions,
+        "actions": _actions(audit, len(cordons)),
         "breaker_trips": sum(1 for a in audit if a.action == "breaker_trip"),
         "lemon_nodes": _lemons(run),
         "out_of_service": _series(intervals, history),
         "fault_outcomes": fault_outcome,
-        "nodes": dict(steps),
+        "nodes": _steps_by_node(audit),
     }
+
+
+def _out_of_service(audit: list[AuditRecord], end_ns: int) -> Intervals:
+    """Each node's spans out of service: an automatic cordon until the node's return (an
+    uncordon by anyone), or the end of the history."""
+    intervals: Intervals = defaultdict(list)
+    out_since: dict[str, int] = {}
+    for a in audit:
+        if a.action == "cordon" and a.outcome.ok and a.actor == AUTOMATION:
+            out_since.setdefault(a.node, a.time_ns)
+        elif a.action == "uncordon" and a.outcome.ok and a.node in out_since:
+            intervals[a.node].append((out_since.pop(a.node), a.time_ns))
+    for node, since in out_since.items():
+        intervals[node].append((since, max(since, end_ns)))
+    return intervals
+
+
+def _classify_faults(
+    inputs: list[FaultInput],
+    cordons: list[AuditRecord],
+    triggers: list[list[FaultInput]],
+    intervals: Intervals,
+) -> tuple[dict[str, dict[str, int]], dict[str, str], list[float]]:
+    """Each fault as caught, invisible, while_out or missed (counted by label, named by its
+    ident), and the detection latency of the caught hardware and software ones."""
+    caught_at: dict[int, int] = {}  # id(input) -> cordon time
+    for cordon, trigger in zip(cordons, triggers, strict=True):
+        for i in trigger:
+            caught_at.setdefault(id(i), cordon.time_ns)
+    by_label: dict[str, dict[str, int]] = {
+        label: dict.fromkeys(("total", "caught", "missed", "while_out", "invisible"), 0) for label in LABELS
+    }
+    latencies: list[float] = []
+    fault_outcome: dict[str, str] = {}
+    for f in faults_of(inputs):
+        times = [caught_at[id(i)] for i in f.inputs if id(i) in caught_at]
+        if times:
+            outcome = "caught"
+            if f.label in ACTIONABLE:
+                latencies.append((min(times) - f.time_ns) / 1e9)
+        elif not any(i.visible for i in f.inputs):
+            outcome = "invisible"
+        elif any(start <= f.time_ns < end for start, end in intervals.get(f.node, [])):
+            outcome = "while_out"
+        else:
+            outcome = "missed"
+        by_label[f.label]["total"] += 1
+        by_label[f.label][outcome] += 1
+        fault_outcome[f.ident] = outcome
+    return by_label, fault_outcome, latencies
+
+
+def _actions(audit: list[AuditRecord], cordons: int) -> dict[str, int]:
+    """Automation's actions: completed ones (ok) and long ones begun (started)."""
+    auto = [a for a in audit if a.actor == AUTOMATION]
+
+    def done(action: str) -> int:
+        return sum(1 for a in auto if a.action == action and a.outcome.ok)
+
+    def begun(action: str) -> int:
+        return sum(1 for a in auto if a.action == action and a.outcome.status is Status.STARTED)
+
+    return {
+        "cordon": cordons,
+        "drain": done("drain"),
+        "reset_gpu": begun("reset_gpu"),
+        "reboot": begun("reboot"),
+        "ticket": begun("ticket"),
+        "quarantine": done("quarantine"),
+        "uncordon": done("uncordon"),
+        "returned_by_technician": sum(1 for a in audit if a.actor == TECHNICIAN and a.action == "uncordon"),
+    }
+
+
+def _steps_by_node(audit: list[AuditRecord]) -> dict[str, list[dict[str, str]]]:
+    steps: dict[str, list[dict[str, str]]] = defaultdict(list)
+    for a in audit:
+        if a.node and a.actor in (AUTOMATION, TECHNICIAN):
+            steps[a.node].append(
+                {
+                    "time": iso(a.time_ns),
+                    "action": a.action,
+                    "outcome": str(a.outcome)[:120],
+                    "reason": a.reason[:160],
+                }
+            )
+    return dict(steps)
 
 
 def _triggering(
@@ -247,7 +270,7 @@ def _lemons(run: ReplayRun) -> list[str]:
     return sorted(lemons)
 
 
-def _series(intervals: dict[str, list[tuple[int, int]]], history: Any) -> dict[str, list[Any]]:
+def _series(intervals: Intervals, history: Any) -> dict[str, list[Any]]:
     """GPUs out of service over time: a step at every cordon and return."""
     steps: list[tuple[int, int]] = []
     for node, spans in intervals.items():
