@@ -1,7 +1,7 @@
 """Puts N nodes into an aggregator's fleet view over real gRPC: each node a stream of its own
 (its own credential, a hello of 8 GPUs, one report of those GPUs and two inference engines,
 answered before the stream closes), many at a time over a few channels. Used by
-bench/fleet_view_bench.py and the fleet view at scale test (tests/test_fleet_scale.py)."""
+bench/fleet_view_bench.py and the fleet view at scale test (tests/fleet/test_fleet_scale.py)."""
 
 from __future__ import annotations
 

@@ -6,7 +6,7 @@ share — the leader lease, the replicas, every node's live summary, commands on
 node's stream and their results. Two implementations: SQLite (one box, the default:
 repair/state_sqlite.py) and PostgreSQL (replicas: repair/state_postgres.py). Both run the
 same SQL here; they differ in connection, placeholders, types, locking and clock. One
-contract test suite runs on both (tests/test_control_plane_contract.py).
+contract test suite runs on both (tests/replication/test_control_plane_contract.py).
 
 Every change is committed before the action it describes is carried out, so an aggregator
 killed at any point resumes from here and never repeats an action (see `begin_action`).

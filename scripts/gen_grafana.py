@@ -5,7 +5,7 @@
 
 Four dashboards read the InfluxDB schema (aggregator/ingest/schema.py; InfluxQL through InfluxDB's v1
 API, which 1.x, 2.x and 3.x serve) and one reads the collector's Prometheus /metrics
-(collector/metrics_endpoint.py). Each query is written once here; tests/test_prometheus_grafana.py
+(collector/metrics_endpoint.py). Each query is written once here; tests/project/test_prometheus_grafana.py
 runs every one of them against a real influxd and a real Prometheus and checks the JSON's
 structure. The JSON is generated rather than hand-edited so a panel cannot lose its datasource
 or name a variable that does not exist; Grafana's own export would add a page of defaults per

@@ -38,7 +38,7 @@ def _jwt_expiry(token: str) -> float:
 
 
 # What this module calls on the API server, as RBAC names it (the ClusterRole grants exactly
-# these plus the repair backend's; tests/test_deploy.py checks the manifests against both).
+# these plus the repair backend's; tests/project/test_deploy.py checks the manifests against both).
 API_CALLS = {
     ("authentication.k8s.io", "tokenreviews", "create"),
     ("", "pods", "get"),

@@ -9,7 +9,7 @@ fields bounded. Measurement fields take their range from `schema.METRICS`, so a 
 plausible range is written once.
 
 `WireValidator` compiles the table against the descriptors at start-up and refuses to start if
-a field has no rule (tests/test_wire_rules.py walks the descriptors for the same reason: a
+a field has no rule (tests/ingest/test_wire_rules.py walks the descriptors for the same reason: a
 field added to a .proto without a rule fails the suite). Checking walks only the fields a
 message actually carries (`ListFields`), so an absent optional field costs nothing.
 """

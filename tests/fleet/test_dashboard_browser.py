@@ -1,0 +1,155 @@
+"""The dashboard in a real browser: headless Chromium (Debian's chromium, driven by Playwright)
+loads every page from `gpufleet dashboard` against a real aggregator and simulated collectors,
+checks the page's key elements are there, and saves a PNG of each page in the folder the
+docs/components.md names (build/screenshots/, or $GPUFLEET_SCREENSHOTS)."""
+
+from __future__ import annotations
+
+import csv
+import io
+import os
+import shutil
+import signal
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from harness.fleets import fleet_of_200_nodes, fleet_with_a_quarantined_node
+from harness.paths import REPO
+from harness.processes import Cluster, free_port, gpufleet_argv
+from harness.waiting import wait_until
+
+sync_api = pytest.importorskip("playwright.sync_api")
+
+SHOTS = Path(os.environ.get("GPUFLEET_SCREENSHOTS") or REPO / "build" / "screenshots")
+CHROMIUM_FLAGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
+# page label → text that must be on it once rendered
+PAGES = {
+    "Fleet overview": ["GPUs in service", "GPUs out of service", "fleet mean utilization", "quarantined"],
+    "Inference": ["KV-bound", "compute-bound", "replicas", "vllm"],
+    "Failures and repairs": ["Repair breaker ok", "Repair queue", "Incidents", "Audit log", "xid_79"],
+    "Node": ["workflow", "Inference engines", "Incidents", "need an operator token"],
+    "History explorer": ["History explorer", "Download CSV"],
+}
+
+
+def chromium_path() -> str:
+    chromium = shutil.which("chromium")
+    if chromium is None:
+        pytest.fail("chromium is not installed: scripts/install-test-deps.sh installs Debian's chromium")
+    return chromium
+
+
+def serve_dashboard(cluster: Cluster, fleet: str, name: str = "dashboard") -> str:
+    port = free_port()
+    cluster.spawn(
+        name,
+        gpufleet_argv(
+            "dashboard", "--port", str(port), "--fleet", fleet, "--token", cluster.secrets.tokens["viewer"]
+        ),
+    )
+    url = f"http://127.0.0.1:{port}"
+    wait_until(
+        lambda: urllib.request.urlopen(f"{url}/_stcore/health", timeout=2).status == 200,
+        60,
+        "the dashboard to serve",
+    )
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    return url
+
+
+def open_page(page: Any, label: str) -> None:
+    page.locator('[data-testid="stSidebar"]').get_by_text(label, exact=True).click()
+    page.get_by_role("heading", name=label).first.wait_for(timeout=60_000)
+
+
+def settled(page: Any, label: str) -> None:
+    page.locator('[data-testid="stApp"][data-test-script-state="notRunning"]').wait_for(timeout=60_000)
+    assert not page.locator('[data-testid="stException"]').count(), f"{label}: a traceback is shown"
+
+
+def test_every_page_renders_in_chromium(cluster: Cluster) -> None:
+    chromium = chromium_path()
+    agg = fleet_with_a_quarantined_node(cluster)
+    url = serve_dashboard(cluster, agg.fleet)
+    with sync_api.sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=chromium, args=CHROMIUM_FLAGS)
+        page = browser.new_page(viewport={"width": 1500, "height": 1100})
+        page.goto(url)
+        for label, expected in PAGES.items():
+            page.locator('[data-testid="stSidebar"]').get_by_text(label, exact=True).click()
+            page.get_by_role(
+                "heading", name=label if label != "Fleet overview" else "Fleet overview"
+            ).first.wait_for(timeout=60_000)
+            for text in expected:
+                # Table cells are drawn on a canvas; their text is in hidden accessibility cells.
+                page.get_by_text(text).first.wait_for(state="attached", timeout=60_000)
+            if label != "History explorer":
+                page.locator('[data-testid="stVegaLiteChart"], [data-testid="stDataFrame"]').first.wait_for(
+                    timeout=60_000
+                )
+            page.locator('[data-testid="stApp"][data-test-script-state="notRunning"]').wait_for(
+                timeout=60_000
+            )
+            assert not page.locator('[data-testid="stException"]').count(), f"{label}: a traceback is shown"
+            path = SHOTS / f"{label.lower().replace(' ', '-')}.png"
+            page.screenshot(path=str(path), full_page=True)
+            assert path.stat().st_size > 20_000, f"{path} looks empty"
+        # Policy what-if: a replay of this fleet's store under the current and the proposed policy.
+        page.locator('[data-testid="stSidebar"]').get_by_text("Policy what-if", exact=True).click()
+        page.get_by_role("heading", name="Policy what-if").first.wait_for(timeout=60_000)
+        page.get_by_role("button", name="Replay").click()
+        page.get_by_text("taken out only under the proposed policy").first.wait_for(timeout=120_000)
+        page.locator('[data-testid="stVegaLiteChart"]').first.wait_for(timeout=60_000)
+        page.get_by_text("gpu_hours_out_of_service").first.wait_for(state="attached", timeout=60_000)
+        assert not page.locator('[data-testid="stException"]').count(), "Policy what-if: a traceback is shown"
+        page.screenshot(path=str(SHOTS / "policy-what-if.png"), full_page=True)
+        browser.close()
+
+
+def test_grouped_history_and_stored_events_in_chromium(cluster: Cluster) -> None:
+    """At 200 nodes the history explorer draws one line per cluster; after an aggregator restart
+    the node page still marks and lists the node's XID, findings and repair actions."""
+    chromium = chromium_path()
+    big = fleet_of_200_nodes(cluster)
+    restarted = fleet_with_a_quarantined_node(cluster)
+    for proc in [restarted.proc, *(p for p in cluster.procs if p.name in ("dash-1", "dash-2"))]:
+        proc.stop(signal.SIGTERM, timeout_s=15)
+    again = cluster.aggregator("aggregator-again", 0, 0, restarted.data_dir)
+    with sync_api.sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=chromium, args=CHROMIUM_FLAGS)
+        page = browser.new_page(viewport={"width": 1500, "height": 1100})
+
+        page.goto(serve_dashboard(cluster, big.fleet, "dashboard-200"))
+        open_page(page, "History explorer")
+        page.get_by_text("4 groups, mean across each cluster").first.wait_for(timeout=60_000)
+        page.locator('[data-testid="stVegaLiteChart"]').first.wait_for(timeout=60_000)
+        settled(page, "History explorer")
+        # The CSV a person downloads holds the grouped series: one per cluster, no per-GPU columns.
+        with page.expect_download() as download:
+            page.get_by_role("button", name="Download CSV").click()
+        rows = list(csv.DictReader(io.StringIO(Path(download.value.path()).read_text())))
+        assert set(rows[0]) == {"time", "cluster", "util_gpu_pct"}
+        assert {r["cluster"] for r in rows} == {"east", "west", "north", "south"}
+        page.screenshot(path=str(SHOTS / "history-grouped-200-nodes.png"), full_page=True)
+
+        page.goto(serve_dashboard(cluster, again.fleet, "dashboard-restarted"))
+        open_page(page, "Node")
+        page.locator('[data-testid="stSelectbox"]').first.click()
+        page.get_by_role("option", name="dash-2").click()
+        page.get_by_text("quarantined").first.wait_for(timeout=60_000)
+        for text in ("XID 79", "cordon ok", "gpu_lost", "Dashed lines"):
+            page.get_by_text(text).first.wait_for(state="attached", timeout=60_000)
+        settled(page, "Node")
+        page.screenshot(path=str(SHOTS / "node-events-after-restart.png"), full_page=True)
+        browser.close()

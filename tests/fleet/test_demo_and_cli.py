@@ -1,0 +1,272 @@
+"""The README's promise: `gpufleet demo` brings up a simulated fleet, and the CLI typed in
+another shell finds it without flags and answers 'what is every GPU doing?' and 'what did
+node X do?'."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from harness.processes import gpufleet_argv
+from harness.waiting import wait_until
+
+
+@pytest.fixture(scope="module")
+def demo(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[dict[str, str], Path]]:
+    home = tmp_path_factory.mktemp("home")
+    env = {
+        **os.environ,
+        "HOME": str(home),
+        "XDG_CONFIG_HOME": str(home / ".config"),
+        "XDG_DATA_HOME": str(home / ".local" / "share"),
+    }
+    for key in ("GPUFLEET_FLEET", "GPUFLEET_TOKEN", "GPUFLEET_CLIENT_CONFIG"):
+        env.pop(key, None)
+    out = home / "demo.out"
+    with open(out, "wb") as fh:
+        proc = subprocess.Popen(
+            gpufleet_argv(
+                "demo", "--no-dashboard", "--nodes", "4", "--gpus-per-node", "8", "--interval", "0.5"
+            ),
+            stdout=fh,
+            stderr=subprocess.STDOUT,
+            env=env,
+        )
+    try:
+        wait_until(
+            lambda: proc.poll() is None and "Ctrl-C stops the demo" in out.read_text(),
+            90,
+            "the demo to be ready",
+        )
+        yield env, home
+    finally:
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=30) == 0, out.read_text()
+        assert not (home / ".config" / "gpufleet" / "client.toml").exists(), (
+            "the demo removes the client config it wrote"
+        )
+
+
+def cli(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(gpufleet_argv(*args), env=env, capture_output=True, text=True, timeout=60)
+
+
+def test_nodes_lists_every_node_with_live_utilization_and_hbm(demo: tuple[dict[str, str], Path]) -> None:
+    env, _ = demo
+    result = cli(env, "nodes", "--json")
+    assert result.returncode == 0, result.stderr
+    nodes = json.loads(result.stdout)["nodes"]
+    assert [n["node"] for n in nodes] == [f"demo-node-{i:02d}" for i in range(1, 5)]
+    for n in nodes:
+        assert n["liveness"] == "reporting" and n["gpu_count"] == 8 and len(n["gpus"]) == 8
+        assert 0 <= n["util_gpu_mean_pct"] <= 100
+        assert 0 < n["hbm_used_bytes"] <= n["hbm_total_bytes"]
+        for g in n["gpus"]:
+            assert {"util_gpu_pct", "hbm_used_bytes", "temp_gpu_c", "power_w"} <= set(g)
+    table = cli(env, "nodes")
+    assert table.returncode == 0 and "demo-node-04" in table.stdout and "UTIL %" in table.stdout
+    assert "4 nodes (4 reporting), 32 GPUs" in table.stdout
+
+
+def test_node_shows_every_gpu(demo: tuple[dict[str, str], Path]) -> None:
+    env, _ = demo
+    detail = json.loads(cli(env, "node", "demo-node-02", "--json").stdout)
+    assert detail["node"] == "demo-node-02" and detail["connected"] is True
+    assert [g["index"] for g in detail["gpus"]] == list(range(8))
+    assert all(g["model"] == "NVIDIA H200" for g in detail["gpus"])
+    text = cli(env, "node", "demo-node-02").stdout
+    assert "GPU-" in text and "sglang" in text and "Qwen/Qwen2.5-72B-Instruct" in text
+    assert [e["engine"] for e in detail["engines"]] == ["sglang"] and detail["engines"][0]["readable"]
+    training = cli(env, "node", "demo-node-03").stdout
+    assert "no inference engines reported on this node" in training
+    missing = cli(env, "node", "no-such-node")
+    assert missing.returncode == 5 and "not known to this aggregator" in missing.stderr
+
+
+def history_json(env: dict[str, str], step: str) -> dict[str, object]:
+    r = cli(
+        env, "history", "util_gpu_pct", "--node", "demo-node-01", "--since", "10m", "--step", step, "--json"
+    )
+    assert r.returncode == 0, r.stderr
+    return json.loads(r.stdout)
+
+
+def test_history_returns_a_time_series(demo: tuple[dict[str, str], Path]) -> None:
+    env, _ = demo
+
+    def series() -> list[dict[str, object]]:
+        got = history_json(env, "1s")["series"]
+        return got if got and all(len(s["points"]) >= 3 for s in got) else []
+
+    got = wait_until(series, 30, "three 1-second buckets of history")
+    assert len(got) == 8 and {s["tags"]["node"] for s in got} == {"demo-node-01"}
+    assert all(0 <= p["value"] <= 100 for s in got for p in s["points"])
+    minute = history_json(env, "1m")
+    assert minute["step_s"] == 60 and len(minute["series"]) == 8
+    rows = list(
+        csv.DictReader(
+            io.StringIO(
+                cli(env, "history", "power_w", "--gpu", "3", "--since", "5m", "--agg", "max", "--csv").stdout
+            )
+        )
+    )
+    assert rows and {r["gpu"] for r in rows} == {"3"} and all(float(r["power_w"]) > 0 for r in rows)
+
+
+def test_read_commands_refuse_a_bad_token_and_bad_arguments(demo: tuple[dict[str, str], Path]) -> None:
+    env, _ = demo
+    bad = cli(env, "nodes", "--token", "gfv1_not-a-real-token")
+    assert bad.returncode == 4 and "rejected the credential" in bad.stderr
+    unknown = cli(env, "history", "util_gpu_percent")
+    assert unknown.returncode == 2 and "unknown metric 'util_gpu_percent'" in unknown.stderr
+    assert "Traceback" not in unknown.stderr
+    since = cli(env, "history", "util_gpu_pct", "--since", "yesterday-ish")
+    assert since.returncode == 2 and "is not a time" in since.stderr
+    buckets = cli(env, "history", "util_gpu_pct", "--since", "30d", "--step", "1s")
+    assert buckets.returncode == 2 and "Use a larger step" in buckets.stderr
+
+
+def test_cli_without_a_running_aggregator_says_what_to_do(tmp_path: Path) -> None:
+    env = {**os.environ, "HOME": str(tmp_path), "XDG_CONFIG_HOME": str(tmp_path)}
+    env.pop("GPUFLEET_FLEET", None)
+    port = __import__("conftest").free_port()
+    r = subprocess.run(
+        gpufleet_argv("nodes", "--fleet", f"127.0.0.1:{port}"),
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert r.returncode == 3
+    assert "cannot reach the Fleet API" in r.stderr and "gpufleet demo" in r.stderr
+
+
+def test_collector_without_a_gpu_exits_with_a_clear_message(tmp_path: Path) -> None:
+    try:
+        import ctypes
+
+        ctypes.CDLL("libnvidia-ml.so.1")
+        pytest.skip("this machine has a real NVIDIA driver")
+    except OSError:
+        pass
+    r = subprocess.run(
+        gpufleet_argv("collector", "run", "--node", "n1"), capture_output=True, text=True, timeout=60
+    )
+    assert r.returncode == 2
+    assert "NVML is not available" in r.stderr and "--simulate" in r.stderr
+
+
+def test_bad_settings_are_named_with_their_source(tmp_path: Path) -> None:
+    env = {**os.environ, "GPUFLEET_COLLECTOR_INTERVAL_S": "fast"}
+    r = subprocess.run(
+        gpufleet_argv("collector", "run", "--simulate"), env=env, capture_output=True, text=True, timeout=60
+    )
+    assert r.returncode == 2 and "GPUFLEET_COLLECTOR_INTERVAL_S='fast' is not a valid float" in r.stderr
+    cfg = tmp_path / "gpufleet.toml"
+    cfg.write_text("[aggregator]\nretension_s = 3600\n")
+    r = subprocess.run(
+        gpufleet_argv("--config", str(cfg), "aggregator", "run"), capture_output=True, text=True, timeout=60
+    )
+    assert r.returncode == 2 and "unknown setting(s) retension_s in [aggregator]" in r.stderr
+    r = subprocess.run(
+        [sys.executable, "-m", "gpufleet.cli.main", "collector", "run", "--simulate", "--interval-s", "0"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert r.returncode == 2 and "interval_s=0.0 must be between 0.05 and 3600" in r.stderr
+
+
+def test_collector_probe_prints_one_sample_in_our_schema(tmp_path: Path) -> None:
+    scenario = tmp_path / "s.toml"
+    scenario.write_text(
+        '[[fault]]\nat_s = 0\ngpu = 1\nkind = "not_supported"\nsymbol = "nvmlDeviceGetPowerUsage"\n'
+    )
+    r = subprocess.run(
+        gpufleet_argv(
+            "collector",
+            "probe",
+            "--simulate",
+            "--sim-gpus",
+            "2",
+            "--sim-model",
+            "A100",
+            "--node",
+            "probe-node",
+            "--json",
+        ),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert r.returncode == 0, r.stderr
+    probe = json.loads(r.stdout)
+    assert probe["node"] == "probe-node" and probe["simulated"] is True and probe["nvml_errors"] == 0
+    assert [g["index"] for g in probe["gpus"]] == [0, 1]
+    gpu = probe["gpus"][0]
+    assert gpu["model"] == "NVIDIA A100-SXM4-80GB" and gpu["nvlink_links_active"] == 12
+    assert "retired_pages_pending" not in gpu, "an Ampere GPU remaps rows; retired pages are absent"
+    table = subprocess.run(
+        gpufleet_argv("collector", "probe", "--simulate", "--sim-gpus", "1"),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    ).stdout
+    assert "GPU 0  NVIDIA H100 80GB HBM3" in table and "not reported" in table
+
+
+def test_history_groups_across_series(demo: tuple[dict[str, str], Path]) -> None:
+    """--group-by: one series per group, its count the sum of its members' counts (every sample
+    of the group, not a mean of means); the CSV names the group's tags, not the GPUs'."""
+    import time
+    from datetime import UTC, datetime
+
+    env, _ = demo
+    span: list[str] = []
+
+    def read(*extra: str) -> dict[str, object]:
+        r = cli(env, "history", "util_gpu_pct", *span, "--agg", "count", "--json", *extra)
+        assert r.returncode == 0, r.stderr
+        return json.loads(r.stdout)
+
+    def settled() -> tuple[list, list] | None:
+        end = int(time.time()) - 5  # a closed range in the past: what is in it is settled
+        since, until = (datetime.fromtimestamp(t, UTC).isoformat() for t in (end - 30, end))
+        span[:] = ["--since", since, "--until", until, "--step", "10s"]
+        # A report still in flight could land between two reads: read until two agree.
+        before, grouped, after = read()["series"], read("--group-by", "node")["series"], read()["series"]
+        return (before, grouped) if before and before == after else None
+
+    per_gpu, per_node = wait_until(settled, 30, "a settled range")
+    assert sorted(s["tags"]["node"] for s in per_node) == [f"demo-node-{i:02d}" for i in range(1, 5)]
+    assert all(set(s["tags"]) == {"node"} for s in per_node)
+    for group in per_node:
+        members = [s for s in per_gpu if s["tags"]["node"] == group["tags"]["node"]]
+        assert len(members) == 8
+        for p in group["points"]:
+            want = sum(
+                q["value"] for s in members for q in s["points"] if q["time_unix_ns"] == p["time_unix_ns"]
+            )
+            assert p["value"] == want
+    rows = list(
+        csv.DictReader(
+            io.StringIO(
+                cli(env, "history", "util_gpu_pct", *span, "--group-by", "cluster,model", "--csv").stdout
+            )
+        )
+    )
+    assert rows and set(rows[0]) == {"time", "cluster", "model", "util_gpu_pct"}
+    table = cli(env, "history", "util_gpu_pct", *span, "--group-by", "model")
+    assert table.returncode == 0 and "NVIDIA H200" in table.stdout
+    bad = cli(env, "history", "util_gpu_pct", "--group-by", "pid")
+    assert bad.returncode == 2 and "cannot group util_gpu_pct by 'pid'" in bad.stderr
+    assert "gpu_count" in cli(env, "history", "gpu_count", "--group-by", "cluster", "--csv").stdout

@@ -1,0 +1,182 @@
+"""Real gpufleet processes for one test: an aggregator and collectors started as `gpufleet`
+starts them, their logs kept, and every one stopped afterwards."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import grpc
+
+from gpufleet.aggregator.auth.tokens import issue_collector_token, new_secrets_file
+from gpufleet.protos import fleet_pb2_grpc
+from harness.fleet_api import bearer
+from harness.waiting import wait_until
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def gpufleet_argv(*args: str) -> list[str]:
+    return [sys.executable, "-m", "gpufleet.cli.main", *args]
+
+
+@dataclass
+class Proc:
+    name: str
+    popen: subprocess.Popen[bytes]
+    log_path: Path
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+    def alive(self) -> bool:
+        return self.popen.poll() is None
+
+    def stop(self, sig: int = signal.SIGTERM, timeout_s: float = 20) -> int:
+        if self.alive():
+            self.popen.send_signal(sig)
+        try:
+            return self.popen.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            self.popen.kill()
+            return self.popen.wait()
+
+
+@dataclass
+class Secrets:
+    path: Path
+    secret: str
+    tokens: dict[str, str]
+
+    def collector_token(self, node: str, days: float = 30) -> str:
+        """A fresh credential for node, as `gpufleet auth collector-token` issues it."""
+        return issue_collector_token(self.secret, node, days)[0]
+
+    def metadata(self, role: str = "viewer") -> tuple[tuple[str, str], ...]:
+        """Fleet API call metadata carrying the token of `role` (ops or viewer)."""
+        return bearer(self.tokens[role])
+
+
+@dataclass
+class AggregatorHandle:
+    proc: Proc
+    ingest: str
+    fleet: str
+    metrics: str
+    data_dir: Path
+
+    def fleet_stub(self) -> fleet_pb2_grpc.FleetStub:
+        return fleet_pb2_grpc.FleetStub(grpc.insecure_channel(self.fleet))
+
+    def metric_value(self, name: str, **labels: str) -> float:
+        """Read one sample from the aggregator's own /metrics endpoint over real HTTP."""
+        import urllib.request
+
+        from prometheus_client.parser import text_string_to_metric_families
+
+        text = urllib.request.urlopen(f"http://{self.metrics}/metrics", timeout=5).read().decode()
+        total = 0.0
+        for family in text_string_to_metric_families(text):
+            for sample in family.samples:
+                if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items()):
+                    total += sample.value
+        return total
+
+
+class Cluster:
+    """Starts real gpufleet processes for one test and stops them afterwards."""
+
+    def __init__(self, tmp: Path) -> None:
+        self.tmp = tmp
+        self.procs: list[Proc] = []
+        self.secrets_path = tmp / "secrets.toml"
+        tokens = new_secrets_file(self.secrets_path, [("ops", "operator"), ("viewer", "viewer")])
+        secret = tomllib.loads(self.secrets_path.read_text())["collector_secret"]
+        self.secrets = Secrets(self.secrets_path, secret, tokens)
+
+    def spawn(self, name: str, argv: list[str], env: dict[str, str] | None = None) -> Proc:
+        log_path = self.tmp / f"{name}.log"
+        with open(log_path, "ab") as log:
+            popen = subprocess.Popen(
+                argv, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})}
+            )
+        proc = Proc(name, popen, log_path)
+        self.procs.append(proc)
+        return proc
+
+    def aggregator(
+        self,
+        name: str = "aggregator",
+        ingest_port: int = 0,
+        fleet_port: int = 0,
+        data_dir: Path | None = None,
+        *extra: str,
+    ) -> AggregatorHandle:
+        data_dir = data_dir or self.tmp / "data"
+        ready = self.tmp / f"{name}.ready.json"
+        ready.unlink(missing_ok=True)
+        proc = self.spawn(
+            name,
+            gpufleet_argv(
+                "aggregator",
+                "run",
+                "--data-dir",
+                str(data_dir),
+                "--secrets-file",
+                str(self.secrets_path),
+                "--ingest-listen",
+                f"127.0.0.1:{ingest_port}",
+                "--fleet-listen",
+                f"127.0.0.1:{fleet_port}",
+                "--metrics-listen",
+                "127.0.0.1:0",
+                "--ready-file",
+                str(ready),
+                *extra,
+            ),
+        )
+
+        def is_ready() -> dict[str, Any] | None:
+            assert proc.alive(), f"aggregator exited: {proc.log()}"
+            return json.loads(ready.read_text()) if ready.exists() else None
+
+        bound = wait_until(is_ready, 30, "the aggregator to serve")
+        return AggregatorHandle(proc, bound["ingest"], bound["fleet"], bound["metrics"], data_dir)
+
+    def collector(self, node: str, ingest: str, *extra: str, token: str | None = None) -> Proc:
+        return self.spawn(
+            node,
+            gpufleet_argv(
+                "collector",
+                "run",
+                "--simulate",
+                "--node",
+                node,
+                "--cluster",
+                "test",
+                "--aggregator",
+                ingest,
+                "--metrics-listen",
+                "127.0.0.1:0",
+                *extra,
+            ),
+            env={
+                "GPUFLEET_COLLECTOR_TOKEN": token if token is not None else self.secrets.collector_token(node)
+            },
+        )
+
+    def stop_all(self) -> None:
+        for proc in reversed(self.procs):
+            proc.stop(signal.SIGTERM, timeout_s=15)

@@ -1,0 +1,120 @@
+"""The repair tests' shared steps: a fast policy, an XID scenario, an aggregator with repair on,
+the CLI as a person runs it (audit, incidents, breaker status) and the audit log read straight
+from the repair state."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import subprocess
+from pathlib import Path
+from typing import Any
+
+from harness.processes import AggregatorHandle, Cluster, gpufleet_argv
+
+# Short windows so a test takes seconds; the shipped defaults are in repair/default_policy.toml.
+FAST_POLICY = """
+[workflow]
+validate_s = 2.0
+reboot_timeout_s = 60.0
+reset_timeout_s = 20.0
+"""
+
+
+def xid_scenario(path: Path, xid: int, gpu: int = 3, lost: bool = False, at_s: float = 1.0) -> Path:
+    text = f'[[fault]]\nat_s = {at_s}\ngpu = {gpu}\nkind = "xid"\nxid = {xid}\n'
+    if lost:
+        text += f'\n[[fault]]\nat_s = {at_s}\ngpu = {gpu}\nkind = "lost"\n'
+    path.write_text(text)
+    return path
+
+
+def repair_flags(policy_file: Path) -> tuple[str, ...]:
+    """A fast repair loop on the given policy, the cap as a fraction out of the way (tests with
+    a handful of nodes would otherwise be held at one)."""
+    return (
+        "--repair-policy-file",
+        str(policy_file),
+        "--repair-interval-s",
+        "0.2",
+        "--repair-max-out-of-service-fraction",
+        "1",
+    )
+
+
+def repair_aggregator(
+    cluster: Cluster, *extra: str, policy: str = FAST_POLICY, **kwargs: Any
+) -> AggregatorHandle:
+    policy_file = cluster.tmp / "policy.toml"
+    policy_file.write_text(policy)
+    return cluster.aggregator(
+        kwargs.get("name", "aggregator"),
+        0,
+        0,
+        kwargs.get("data_dir"),
+        "--repair-policy-file",
+        str(policy_file),
+        "--repair-interval-s",
+        "0.2",
+        *extra,
+    )
+
+
+def slurm_args(slurm: Any, cluster: Cluster) -> list[str]:
+    return [
+        "--repair-backend",
+        "slurm",
+        "--repair-slurm-conf",
+        str(slurm.conf),
+        "--repair-reboot-command",
+        f"sh -c 'echo {{node}} >> {cluster.tmp}/reboots.txt'",
+    ]
+
+
+def gpufleet_cli(
+    agg: AggregatorHandle, cluster: Cluster, token: str, *args: str
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        gpufleet_argv(*args, "--fleet", agg.fleet, "--token", cluster.secrets.tokens[token]),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+def audit(agg: AggregatorHandle, cluster: Cluster, node: str = "") -> list[dict[str, Any]]:
+    out = gpufleet_cli(agg, cluster, "viewer", "audit", "--json", *(["--node", node] if node else []))
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout)
+
+
+def incidents(agg: AggregatorHandle, cluster: Cluster, *extra: str) -> list[dict[str, Any]]:
+    out = gpufleet_cli(agg, cluster, "viewer", "incidents", "--json", *extra)
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout)
+
+
+def lines(path: Path) -> list[str]:
+    return path.read_text().split() if path.exists() else []
+
+
+def drained(slurm: Any, node: str) -> bool:
+    return "DRAIN" in slurm.state(node)[0]
+
+
+def repair_status(agg: AggregatorHandle, cluster: Cluster) -> dict[str, Any]:
+    out = gpufleet_cli(agg, cluster, "viewer", "breaker", "status", "--json")
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout)
+
+
+def audit_rows(data_dir: Path) -> list[dict[str, Any]]:
+    """The audit log as the aggregator wrote it (read-only, straight from its repair state)."""
+    db = sqlite3.connect(f"file:{data_dir / 'repair.sqlite3'}?mode=ro", uri=True)
+    try:
+        rows = db.execute(
+            "SELECT seq, actor, node, action, reason, outcome FROM audit ORDER BY seq"
+        ).fetchall()
+    finally:
+        db.close()
+    return [dict(zip(("seq", "actor", "node", "action", "reason", "outcome"), r, strict=True)) for r in rows]

@@ -1,0 +1,118 @@
+"""The layout is the architecture: the README's "may import" table is the rule, read from the
+README itself, and every import of every module is checked against it (a checker shown to catch
+a forbidden import); no module outside cli/ imports the CLI; the complexity limits hold."""
+
+from __future__ import annotations
+
+import ast
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+from harness.paths import REPO
+
+
+def allowed_imports() -> dict[str, set[str] | None]:
+    """folder -> the folders it may import (None: everything), from the README's table."""
+    table: dict[str, set[str] | None] = {}
+    for line in (REPO / "README.md").read_text().splitlines():
+        m = re.match(r"\| `(\w+)/` \| .* \| (.*) \|$", line)
+        if not m or not (REPO / m.group(1) / "__init__.py").exists():
+            continue
+        cell = m.group(2)
+        table[m.group(1)] = None if cell.startswith("everything") else set(re.findall(r"`(\w+)/`", cell))
+    return table
+
+
+def imported_folders(source: str) -> set[str]:
+    """The gpufleet.<folder> packages a module's source imports (at any depth, lazily too)."""
+    found = set()
+    for node in ast.walk(ast.parse(source)):
+        names = [a.name for a in node.names] if isinstance(node, ast.Import) else []
+        if isinstance(node, ast.ImportFrom) and node.module:
+            names = [node.module]
+        for name in names:
+            parts = name.split(".")
+            if parts[0] == "gpufleet" and len(parts) > 1:
+                found.add(parts[1])
+    return found
+
+
+def violations(folder: str, may: set[str] | None, files: dict[Path, str]) -> list[str]:
+    if may is None:
+        return []
+    out = []
+    for path, source in files.items():
+        for target in sorted(imported_folders(source) - may - {folder}):
+            out.append(
+                f"{path.relative_to(REPO) if path.is_relative_to(REPO) else path} imports gpufleet.{target}"
+            )
+    return out
+
+
+def test_every_package_folder_is_in_the_readme_table() -> None:
+    folders = {p.parent.name for p in REPO.glob("*/__init__.py")}
+    assert set(allowed_imports()) == folders
+
+
+def test_no_module_imports_what_the_readme_forbids() -> None:
+    found = []
+    for folder, may in allowed_imports().items():
+        files = {p: p.read_text() for p in (REPO / folder).rglob("*.py") if "__pycache__" not in p.parts}
+        found += violations(folder, may, files)
+    assert not found, "\n".join(found)
+
+
+def test_the_checker_catches_a_forbidden_import(tmp_path: Path) -> None:
+    table = allowed_imports()
+    bad = {tmp_path / "x.py": "def f():\n    from gpufleet.aggregator.server import Aggregator\n"}
+    assert violations("repair", table["repair"], bad) == [f"{tmp_path / 'x.py'} imports gpufleet.aggregator"]
+    assert violations("dashboard", table["dashboard"], {tmp_path / "y.py": "import gpufleet.cli.main\n"})
+    assert not violations("cli", table["cli"], bad)
+
+
+def test_ruff_complexity_limit_holds() -> None:
+    """C901 is on in pyproject.toml (max-complexity there); ruff check runs it over the tree."""
+    out = subprocess.run(
+        [sys.executable, "-m", "ruff", "check", "--select", "C901", str(REPO)], capture_output=True, text=True
+    )
+    assert out.returncode == 0, out.stdout
+    config = (REPO / "pyproject.toml").read_text()
+    assert 'select = ["E", "F", "W", "I", "UP", "B", "SIM", "RUF", "ANN001", "ANN201", "C901"]' in config
+    assert "[tool.ruff.lint.mccabe]\nmax-complexity = 12\n" in config
+
+
+def test_no_class_is_over_300_lines() -> None:
+    big = []
+    for path in REPO.glob("*/**/*.py"):
+        if path.parts[len(REPO.parts)] in ("tests", "bench", "scripts", ".venv") or path.name.endswith(
+            "_pb2_grpc.py"
+        ):
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            size = (node.end_lineno or node.lineno) - node.lineno + 1 if isinstance(node, ast.ClassDef) else 0
+            if size > 300:
+                big.append(f"{path.relative_to(REPO)}:{node.lineno} {node.name} ({size} lines)")
+    assert not big, "\n".join(big)
+
+
+def test_tests_share_helpers_through_the_harness_only() -> None:
+    """A test module imports no other test module and no conftest: what tests share is in
+    tests/harness/ (one module per job), fixtures in the conftest.py files."""
+    found = []
+    for path in sorted((REPO / "tests").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = (
+                [a.name for a in node.names]
+                if isinstance(node, ast.Import)
+                else [node.module or ""]
+                if isinstance(node, ast.ImportFrom) and node.level == 0
+                else []
+            )
+            found += [
+                f"{path.relative_to(REPO)}:{node.lineno} imports {n}"
+                for n in names
+                if n.split(".")[0] == "conftest" or n.split(".")[0].startswith("test_")
+            ]
+    assert not found, "\n".join(found)
