@@ -7,7 +7,7 @@ scheduler's API, over the demo's simulated fleet.
 Real processes: one `gpufleet aggregator run` with the Kubernetes backend, one `gpufleet
 collector run --simulate` per node with a fault scenario (three XIDs, event-driven, and one
 uncorrected ECC error, sampled every --interval-s). The scheduler is the Kubernetes API
-stand-in from tests/k8s_standin.py, in this process, so the arrival of each cordon PATCH is
+stand-in from tests/harness/k8s_standin.py, in this process, so the arrival of each cordon PATCH is
 timed on the same clock as the collectors' fault logs (ms resolution). After each cordon the
 bench uncordons the node through the Fleet API (as an SRE would), so the node's next fault is
 timed as well.

@@ -14,7 +14,6 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-import re
 import sqlite3
 import threading
 from collections import defaultdict
@@ -40,8 +39,6 @@ _WAL_CHECKPOINT_PAGES = 16_384  # x 4 KiB pages
 # per batch few, few enough that the statement cache holds every size in use.
 _MAX_VARIABLES = 32_766
 _ROWS_PER_STATEMENT = 2_000
-_NAME = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
-_SQL_AGG = {"mean": "AVG", "max": "MAX", "min": "MIN", "count": "COUNT"}
 # SQLite result codes (primary, the low byte) that say the database or its disk cannot take a
 # write now; anything else a write raises is about the points themselves.
 _UNAVAILABLE_CODES = {

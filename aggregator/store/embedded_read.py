@@ -20,29 +20,8 @@ from gpufleet.aggregator.store.base import (
 
 log = logging.getLogger("gpufleet.aggregator.store")
 
-_SHARED_MAX = 500_000
-_WAL_CHECKPOINT_PAGES = 16_384  # x 4 KiB pages
-# Host parameters per statement: SQLite's default limit (SQLITE_MAX_VARIABLE_NUMBER) since 3.32;
-# builds may raise it, none lowers it. Rows per statement: enough to make the GIL round trips
-# per batch few, few enough that the statement cache holds every size in use.
-_MAX_VARIABLES = 32_766
-_ROWS_PER_STATEMENT = 2_000
 _NAME = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
 _SQL_AGG = {"mean": "AVG", "max": "MAX", "min": "MIN", "count": "COUNT"}
-# SQLite result codes (primary, the low byte) that say the database or its disk cannot take a
-# write now; anything else a write raises is about the points themselves.
-_UNAVAILABLE_CODES = {
-    sqlite3.SQLITE_FULL,
-    sqlite3.SQLITE_IOERR,
-    sqlite3.SQLITE_BUSY,
-    sqlite3.SQLITE_LOCKED,
-    sqlite3.SQLITE_CANTOPEN,
-    sqlite3.SQLITE_READONLY,
-    sqlite3.SQLITE_NOMEM,
-    sqlite3.SQLITE_PROTOCOL,
-    sqlite3.SQLITE_NOTADB,
-    sqlite3.SQLITE_CORRUPT,
-}
 
 
 def ident(name: str, what: str) -> str:

@@ -1,7 +1,7 @@
 """A collector's credential is bound to its node, on Kubernetes too.
 
 The aggregator runs with collector_auth = kubernetes against the Kubernetes API stand-in
-(tests/k8s_standin.py: no API server can run here), which answers TokenReview for the
+(tests/harness/k8s_standin.py: no API server can run here), which answers TokenReview for the
 projected ServiceAccount tokens it issues and serves the pods they are bound to, as the real
 server does. A token taken from node A's collector is refused when it names node B, and so
 are a token for another audience, another ServiceAccount's token, the token of a pod that is

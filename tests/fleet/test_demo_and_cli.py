@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.processes import gpufleet_argv
+from harness.processes import free_port, gpufleet_argv
 from harness.waiting import wait_until
 
 
@@ -138,7 +138,7 @@ def test_read_commands_refuse_a_bad_token_and_bad_arguments(demo: tuple[dict[str
 def test_cli_without_a_running_aggregator_says_what_to_do(tmp_path: Path) -> None:
     env = {**os.environ, "HOME": str(tmp_path), "XDG_CONFIG_HOME": str(tmp_path)}
     env.pop("GPUFLEET_FLEET", None)
-    port = __import__("conftest").free_port()
+    port = free_port()
     r = subprocess.run(
         gpufleet_argv("nodes", "--fleet", f"127.0.0.1:{port}"),
         env=env,

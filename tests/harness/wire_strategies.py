@@ -26,7 +26,7 @@ NAMES = st.from_regex(NODE_NAME_RE, fullmatch=True).filter(lambda n: len(n) <= 4
 
 
 def declared_uuid(i: int) -> str:
-    """The uuid the fuzz stream's hello declares for GPU i (conftest.hello)."""
+    """The uuid the fuzz stream's hello declares for GPU i (harness.streams.hello)."""
     return f"GPU-{NODE}-{i}"
 
 

@@ -97,22 +97,26 @@ def test_no_class_is_over_300_lines() -> None:
     assert not big, "\n".join(big)
 
 
+def _modules_imported(node: ast.AST) -> list[str]:
+    """What an import statement, or an `__import__("name")` call, imports."""
+    if isinstance(node, ast.Import):
+        return [a.name for a in node.names]
+    if isinstance(node, ast.ImportFrom) and node.level == 0:
+        return [node.module or ""]
+    if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "__import__":
+        first = node.args[0] if node.args else None
+        return [first.value] if isinstance(first, ast.Constant) and isinstance(first.value, str) else []
+    return []
+
+
 def test_tests_share_helpers_through_the_harness_only() -> None:
     """A test module imports no other test module and no conftest: what tests share is in
     tests/harness/ (one module per job), fixtures in the conftest.py files."""
-    found = []
-    for path in sorted((REPO / "tests").rglob("*.py")):
-        for node in ast.walk(ast.parse(path.read_text())):
-            names = (
-                [a.name for a in node.names]
-                if isinstance(node, ast.Import)
-                else [node.module or ""]
-                if isinstance(node, ast.ImportFrom) and node.level == 0
-                else []
-            )
-            found += [
-                f"{path.relative_to(REPO)}:{node.lineno} imports {n}"
-                for n in names
-                if n.split(".")[0] == "conftest" or n.split(".")[0].startswith("test_")
-            ]
+    found = [
+        f"{path.relative_to(REPO)}:{node.lineno} imports {name}"
+        for path in sorted((REPO / "tests").rglob("*.py"))
+        for node in ast.walk(ast.parse(path.read_text()))
+        for name in _modules_imported(node)
+        if name.split(".")[0] == "conftest" or name.split(".")[0].startswith("test_")
+    ]
     assert not found, "\n".join(found)

@@ -1,5 +1,5 @@
 """The Kubernetes repair backend, through the official client, against the stand-in API server
-(tests/k8s_standin.py: no real API server can run here)."""
+(tests/harness/k8s_standin.py: no real API server can run here)."""
 
 from __future__ import annotations
 
