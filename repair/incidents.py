@@ -140,7 +140,7 @@ class IncidentDesk:
         log.error(
             "circuit breaker tripped: %s; all automatic action halted until `gpufleet breaker reset`", reason
         )
-        self._on_action("", "breaker_trip", "ok")
+        self._on_action("", "breaker_trip", OK)
         self.alerts.breaker(
             Alert("breaker", "firing", "", "tripped", "critical", f"repair breaker tripped: {reason}", now)
         )

@@ -10,6 +10,7 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
+from gpufleet.repair.outcome import Outcome
 from harness.processes import AggregatorHandle, Cluster, gpufleet_argv
 
 # Short windows so a test takes seconds; the shipped defaults are in repair/default_policy.toml.
@@ -109,7 +110,8 @@ def repair_status(agg: AggregatorHandle, cluster: Cluster) -> dict[str, Any]:
 
 
 def audit_rows(data_dir: Path) -> list[dict[str, Any]]:
-    """The audit log as the aggregator wrote it (read-only, straight from its repair state)."""
+    """The audit log as the aggregator wrote it (read-only, straight from its repair state); each
+    row's `status` is its outcome's, as the repair code reads it (repair/outcome.py)."""
     db = sqlite3.connect(f"file:{data_dir / 'repair.sqlite3'}?mode=ro", uri=True)
     try:
         rows = db.execute(
@@ -117,4 +119,5 @@ def audit_rows(data_dir: Path) -> list[dict[str, Any]]:
         ).fetchall()
     finally:
         db.close()
-    return [dict(zip(("seq", "actor", "node", "action", "reason", "outcome"), r, strict=True)) for r in rows]
+    columns = ("seq", "actor", "node", "action", "reason", "outcome")
+    return [{**dict(zip(columns, r, strict=True)), "status": str(Outcome.parse(r[5]).status)} for r in rows]

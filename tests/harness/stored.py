@@ -15,7 +15,7 @@ from typing import Any, NamedTuple
 class StoredPoint(NamedTuple):
     tags: dict[str, str]
     fields: dict[str, Any]
-    time_ns: int
+    time_unix_ns: int
 
 
 def read_points(

@@ -212,9 +212,7 @@ def env(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
     # test_adversarial_node.py) is set past what 120 examples make.
     flags: tuple[str, ...] = ("--ingest-workers", str(workers), "--max-series-per-node", "100000")
     if store == "embedded":
-        yield from _env(
-            cluster, flags, lambda agg: ReadBack("embedded", str(Path(agg.data_dir) / "store.sqlite3"))
-        )
+        yield from _env(cluster, flags, lambda agg: ReadBack("embedded", str(agg.data_dir)))
     else:
         url = request.getfixturevalue("influxd")
         database = f"fuzz_{time.time_ns()}"
