@@ -45,6 +45,7 @@ def snapshots(fleet: FleetState, only: set[str] | None = None) -> list[NodeSnaps
                 gpus=dict(live.gpus),
                 events=list(live.events),
                 sample_time_ns=live.last_sample_ns,
+                gpus_on_pci_bus=live.gpus_on_pci_bus,
             )
         )
     return out

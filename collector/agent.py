@@ -20,9 +20,11 @@ from gpufleet.collector.commands import CommandGuard
 from gpufleet.collector.config import CollectorConfig
 from gpufleet.collector.keeping import Keeping
 from gpufleet.collector.replay_buffer import ReplayBuffer
+from gpufleet.collector.sources.deadline import DeadlineSampler
 from gpufleet.collector.sources.engines.discovery import EngineDiscovery
 from gpufleet.collector.sources.engines.scrape import EngineScraper, parse_endpoints
 from gpufleet.collector.sources.nvml import NvmlSource
+from gpufleet.collector.sources.pci_bus import count_nvidia_gpus
 from gpufleet.collector.sources.xid_kmsg import KernelLogXidWatcher
 from gpufleet.collector.streaming import Streaming
 from gpufleet.collector.xid_fold import XidFolder
@@ -37,6 +39,13 @@ class CollectorAgent(Streaming, Keeping):
         self.config = config
         self.source = source
         self.simulated = simulated
+        # Each GPU on a thread of its own, every NVML call under the deadline (collector/sources/deadline.py).
+        self.sampler = DeadlineSampler(source, config.nvml_deadline_s)
+        # NVIDIA GPUs on the PCI bus (None: not counted); run_collector swaps in the simulated bus.
+        self.pci_gpu_count: Callable[[], int | None] = (
+            (lambda: count_nvidia_gpus(config.pci_sysfs_dir)) if config.pci_sysfs_dir else (lambda: None)
+        )
+        self.last_tick_s = time.monotonic()  # when the sampling loop last finished a tick (/healthz)
         # Set by run_collector with --simulate: resets a simulated GPU when no reset_command is set.
         self.simulated_reset: Callable[[int], str] | None = None
         self.boot_id = uuid.uuid4().hex
@@ -80,7 +89,11 @@ class CollectorAgent(Streaming, Keeping):
     async def sample_once(self) -> telemetry_pb2.NodeReport:
         started_ns = time.time_ns()
         t0 = time.perf_counter()
-        sampling = asyncio.to_thread(self.source.sample)
+        # A tick never waits past the call deadline, nor past most of the interval: a GPU whose
+        # call is stuck is reported as such and the others stay on time.
+        sampling = asyncio.to_thread(
+            self.sampler.sample, min(self.config.nvml_deadline_s, self.config.interval_s * 0.8)
+        )
         if self.engines is not None:
             # Engines are scraped while the GPUs are sampled; each scrape has its own timeout.
             found = (
@@ -97,9 +110,15 @@ class CollectorAgent(Streaming, Keeping):
             gpus=gpus,
             engines=engines,
             events=self._lost_events(gpus, started_ns) + self._folded_xids(),
+            **self._bus_count(),
         )
         self.last_sample = report
+        self.last_tick_s = time.monotonic()
         return report
+
+    def _bus_count(self) -> dict[str, int]:
+        count = self.pci_gpu_count()
+        return {} if count is None else {"gpus_on_pci_bus": count}
 
     def _new_report(self, time_ns: int, **parts: object) -> telemetry_pb2.NodeReport:
         """The next report of this boot (seq + 1), with parts, held for sending until acked."""
@@ -168,7 +187,8 @@ class CollectorAgent(Streaming, Keeping):
             reports_rejected_total=self.buffer.rejected_total,
             unacked_reports=len(self.buffer),
             reconnects_total=self.reconnects_total,
-            sample_errors_total=self.source.errors_total,
+            sample_errors_total=self.source.errors_total + self.sampler.failed_total,
+            nvml_calls_hung_total=self.sampler.hung_total,
             sample_duration_s=self._sample_duration_s,
             kmsg_lines_unparsed_total=self.kmsg.lines_unparsed_total if self.kmsg else 0,
             xid_unknown_gpu_total=self.kmsg.xids_unknown_gpu_total if self.kmsg else 0,

@@ -88,6 +88,16 @@ class CollectorConfig:
         "find engines from the GPUs' NVML process ids (needs the host PID namespace); off with simulate",
     )
     engine_timeout_s: float = _setting(2.0, "seconds an engine endpoint may take to answer a scrape")
+    nvml_deadline_s: float = _setting(
+        10.0,
+        "seconds one NVML call may take before its GPU is reported driver_unresponsive (each GPU is "
+        "sampled on a thread of its own: a hung call never holds the others or the sampling loop)",
+    )
+    pci_sysfs_dir: str = _setting(
+        "/sys/bus/pci/devices",
+        "where NVIDIA GPUs on the PCI bus are counted, to see one missing from the driver "
+        "(empty: not counted)",
+    )
     tls_ca: str = _setting(
         "",
         "PEM CA bundle: connect with TLS and verify the aggregator against it (needed for any "
@@ -164,6 +174,8 @@ class CollectorConfig:
             raise ValueError(f"sim_engine={self.sim_engine!r} must be {' or '.join(SIMULATED_ENGINES)}")
         if not 0.1 <= self.engine_timeout_s <= 60:
             raise ValueError(f"engine_timeout_s={self.engine_timeout_s} must be between 0.1 and 60")
+        if not 0.001 <= self.nvml_deadline_s <= 600:
+            raise ValueError(f"nvml_deadline_s={self.nvml_deadline_s} must be between 0.001 and 600 seconds")
         parse_endpoints(self.engines)  # raises ValueError naming the bad entry
 
     def _check_transport(self) -> None:

@@ -7,6 +7,7 @@ import dataclasses
 import logging
 import signal
 
+from gpufleet.collector import probes
 from gpufleet.collector.agent import CollectorAgent
 from gpufleet.collector.config import CollectorConfig
 from gpufleet.collector.metrics_endpoint import serve
@@ -44,13 +45,30 @@ def serve_metrics(config: CollectorConfig, agent: CollectorAgent) -> None:
     if not config.metrics_listen:
         return
     try:
-        port = serve(config.metrics_listen, lambda: agent.last_sample, lambda: agent.xid_counts)
+        port = serve(
+            config.metrics_listen,
+            lambda: agent.last_sample,
+            lambda: agent.xid_counts,
+            {"/healthz": lambda: probes.healthz(agent), "/ready": lambda: probes.ready(agent)},
+        )
     except OSError as exc:
         raise MetricsUnavailable(
             f"cannot serve /metrics on {config.metrics_listen}: {exc}. Set --metrics-listen "
             "(GPUFLEET_COLLECTOR_METRICS_LISTEN) to a free address, or to an empty value to disable it."
         ) from exc
-    log.info("serving Prometheus metrics on %s:%d/metrics", config.metrics_listen.rpartition(":")[0], port)
+    log.info(
+        "serving Prometheus metrics on %s:%d/metrics (probes /healthz, /ready)",
+        config.metrics_listen.rpartition(":")[0],
+        port,
+    )
+
+
+def _close_nvml(agent: CollectorAgent, source: NvmlSource) -> None:
+    if agent.sampler.unresponsive:
+        # nvmlShutdown would wait on the stuck call: left to the process exit.
+        log.warning("NVML not shut down: a call is still stuck in the driver")
+    else:
+        source.close()
 
 
 async def run_collector(config: CollectorConfig) -> None:
@@ -66,6 +84,7 @@ async def run_collector(config: CollectorConfig) -> None:
     if node is not None:
         sim_node = node
         agent.simulated_reset = lambda index: sim_node.gpus[index].reset()
+        agent.pci_gpu_count = sim_node.pci_gpu_count  # the simulated bus, not this host's
     serve_metrics(config, agent)
     loop = asyncio.get_running_loop()
 
@@ -97,7 +116,7 @@ async def run_collector(config: CollectorConfig) -> None:
             running.stop()
         if sim_engine:
             sim_engine.stop()
-        source.close()
+        _close_nvml(agent, source)
         log.info(
             "collector stopped after seq %d with %d unacknowledged report(s)",
             agent.seq,

@@ -76,6 +76,15 @@ GPU_FIELDS = [
     ),
     _Field("nvlink_crc_total", "nvlink_crc_errors", "NVLink CRC errors, all links", counter=True),
     _Field("process_count", "compute_processes", "compute processes on the GPU"),
+    _Field("driver_unresponsive", "driver_unresponsive", "1 while an NVML call outlives the deadline"),
+    _Field("recovery_action", "recovery_action", "NVML recovery action: 0 none, 1 reset, 2 reboot"),
+    _Field("pcie_link_gen", "pcie_link_generation", "PCIe link generation now"),
+    _Field("pcie_link_gen_max", "pcie_link_generation_max", "most PCIe link generation GPU and slot reach"),
+    _Field("pcie_link_width", "pcie_link_width_lanes", "PCIe link width now"),
+    _Field("pcie_link_width_max", "pcie_link_width_max_lanes", "PCIe link width the GPU and slot can reach"),
+    _Field("fabric_state", "fabric_state", "NVLink fabric state: 1 not started, 2 in progress, 3 completed"),
+    _Field("fabric_status", "fabric_status", "NVLink fabric probe's NVML return code (0: success)"),
+    _Field("ecc_sbe_rate_per_s", "ecc_corrected_rate", "corrected ECC errors per second"),
 ]
 
 # (EngineSample field, Prometheus name, help, counter?)
@@ -94,6 +103,7 @@ SELF_FIELDS = [
     ("unacked_reports", "unacked_reports", "reports waiting for the aggregator's acknowledgement", False),
     ("reconnects_total", "reconnects", "reconnects to the aggregator", True),
     ("sample_errors_total", "nvml_errors", "NVML calls that failed (not counting NOT_SUPPORTED)", True),
+    ("nvml_calls_hung_total", "nvml_calls_hung", "NVML calls that outlived the call deadline", True),
     ("sample_duration_s", "sample_duration_seconds", "time the last sample of all GPUs took", False),
     ("kmsg_lines_unparsed_total", "kmsg_lines_unparsed", "kernel-log XID lines that did not parse", True),
     ("xid_unknown_gpu_total", "xid_unknown_gpu", "XIDs for a PCI bus id that is no GPU of this node", True),
@@ -190,8 +200,10 @@ def serve(
     address: str,
     latest: Callable[[], telemetry_pb2.NodeReport | None],
     xid_counts: Callable[[], XidCounts] = dict,
+    probes: dict[str, Callable[[], tuple[int, str, bytes]]] | None = None,
 ) -> int:
-    """Serve /metrics on address (host:port, port 0 picks one); return the port."""
+    """Serve /metrics (and probes: path -> answer, e.g. /healthz and /ready) on address
+    (host:port, port 0 picks one); return the port."""
     registry = CollectorRegistry(auto_describe=False)
     registry.register(GpuMetrics(latest, xid_counts))
     host, _, port = address.rpartition(":")
@@ -200,5 +212,5 @@ def serve(
         return 200, CONTENT_TYPE_LATEST, generate_latest(registry)
 
     # Bounded connections and idle timeouts (common/bounded_http.py), unlike start_http_server.
-    server = serve_routes(host.strip("[]"), int(port), {"/metrics": metrics, "/": metrics})
+    server = serve_routes(host.strip("[]"), int(port), {"/metrics": metrics, "/": metrics, **(probes or {})})
     return server.server_port

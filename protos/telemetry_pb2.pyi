@@ -8,7 +8,7 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class GpuSample(_message.Message):
-    __slots__ = ("index", "uuid", "model", "pci_bus_id", "lost", "util_gpu_pct", "util_mem_pct", "hbm_used_bytes", "hbm_total_bytes", "temp_gpu_c", "temp_mem_c", "power_w", "power_limit_w", "clock_sm_mhz", "clock_mem_mhz", "clock_event_reasons", "throttle_thermal", "throttle_power", "ecc_sbe_volatile", "ecc_dbe_volatile", "ecc_sbe_aggregate", "ecc_dbe_aggregate", "retired_pages_sbe", "retired_pages_dbe", "retired_pages_pending", "remap_correctable", "remap_uncorrectable", "remap_pending", "remap_failure", "pcie_replay_total", "nvlink_links_active", "nvlink_links_inactive", "nvlink_replay_total", "nvlink_recovery_total", "nvlink_crc_total", "process_count", "processes")
+    __slots__ = ("index", "uuid", "model", "pci_bus_id", "lost", "util_gpu_pct", "util_mem_pct", "hbm_used_bytes", "hbm_total_bytes", "temp_gpu_c", "temp_mem_c", "power_w", "power_limit_w", "clock_sm_mhz", "clock_mem_mhz", "clock_event_reasons", "throttle_thermal", "throttle_power", "ecc_sbe_volatile", "ecc_dbe_volatile", "ecc_sbe_aggregate", "ecc_dbe_aggregate", "retired_pages_sbe", "retired_pages_dbe", "retired_pages_pending", "remap_correctable", "remap_uncorrectable", "remap_pending", "remap_failure", "pcie_replay_total", "nvlink_links_active", "nvlink_links_inactive", "nvlink_replay_total", "nvlink_recovery_total", "nvlink_crc_total", "process_count", "driver_unresponsive", "driver_unresponsive_call", "driver_unresponsive_s", "recovery_action", "pcie_link_gen", "pcie_link_gen_max", "pcie_link_width", "pcie_link_width_max", "fabric_state", "fabric_status", "ecc_sbe_rate_per_s", "processes")
     INDEX_FIELD_NUMBER: _ClassVar[int]
     UUID_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
@@ -45,6 +45,17 @@ class GpuSample(_message.Message):
     NVLINK_RECOVERY_TOTAL_FIELD_NUMBER: _ClassVar[int]
     NVLINK_CRC_TOTAL_FIELD_NUMBER: _ClassVar[int]
     PROCESS_COUNT_FIELD_NUMBER: _ClassVar[int]
+    DRIVER_UNRESPONSIVE_FIELD_NUMBER: _ClassVar[int]
+    DRIVER_UNRESPONSIVE_CALL_FIELD_NUMBER: _ClassVar[int]
+    DRIVER_UNRESPONSIVE_S_FIELD_NUMBER: _ClassVar[int]
+    RECOVERY_ACTION_FIELD_NUMBER: _ClassVar[int]
+    PCIE_LINK_GEN_FIELD_NUMBER: _ClassVar[int]
+    PCIE_LINK_GEN_MAX_FIELD_NUMBER: _ClassVar[int]
+    PCIE_LINK_WIDTH_FIELD_NUMBER: _ClassVar[int]
+    PCIE_LINK_WIDTH_MAX_FIELD_NUMBER: _ClassVar[int]
+    FABRIC_STATE_FIELD_NUMBER: _ClassVar[int]
+    FABRIC_STATUS_FIELD_NUMBER: _ClassVar[int]
+    ECC_SBE_RATE_PER_S_FIELD_NUMBER: _ClassVar[int]
     PROCESSES_FIELD_NUMBER: _ClassVar[int]
     index: int
     uuid: str
@@ -82,8 +93,19 @@ class GpuSample(_message.Message):
     nvlink_recovery_total: int
     nvlink_crc_total: int
     process_count: int
+    driver_unresponsive: bool
+    driver_unresponsive_call: str
+    driver_unresponsive_s: float
+    recovery_action: int
+    pcie_link_gen: int
+    pcie_link_gen_max: int
+    pcie_link_width: int
+    pcie_link_width_max: int
+    fabric_state: int
+    fabric_status: int
+    ecc_sbe_rate_per_s: float
     processes: _containers.RepeatedCompositeFieldContainer[GpuProcess]
-    def __init__(self, index: _Optional[int] = ..., uuid: _Optional[str] = ..., model: _Optional[str] = ..., pci_bus_id: _Optional[str] = ..., lost: _Optional[bool] = ..., util_gpu_pct: _Optional[float] = ..., util_mem_pct: _Optional[float] = ..., hbm_used_bytes: _Optional[int] = ..., hbm_total_bytes: _Optional[int] = ..., temp_gpu_c: _Optional[float] = ..., temp_mem_c: _Optional[float] = ..., power_w: _Optional[float] = ..., power_limit_w: _Optional[float] = ..., clock_sm_mhz: _Optional[float] = ..., clock_mem_mhz: _Optional[float] = ..., clock_event_reasons: _Optional[int] = ..., throttle_thermal: _Optional[bool] = ..., throttle_power: _Optional[bool] = ..., ecc_sbe_volatile: _Optional[int] = ..., ecc_dbe_volatile: _Optional[int] = ..., ecc_sbe_aggregate: _Optional[int] = ..., ecc_dbe_aggregate: _Optional[int] = ..., retired_pages_sbe: _Optional[int] = ..., retired_pages_dbe: _Optional[int] = ..., retired_pages_pending: _Optional[bool] = ..., remap_correctable: _Optional[int] = ..., remap_uncorrectable: _Optional[int] = ..., remap_pending: _Optional[bool] = ..., remap_failure: _Optional[bool] = ..., pcie_replay_total: _Optional[int] = ..., nvlink_links_active: _Optional[int] = ..., nvlink_links_inactive: _Optional[int] = ..., nvlink_replay_total: _Optional[int] = ..., nvlink_recovery_total: _Optional[int] = ..., nvlink_crc_total: _Optional[int] = ..., process_count: _Optional[int] = ..., processes: _Optional[_Iterable[_Union[GpuProcess, _Mapping]]] = ...) -> None: ...
+    def __init__(self, index: _Optional[int] = ..., uuid: _Optional[str] = ..., model: _Optional[str] = ..., pci_bus_id: _Optional[str] = ..., lost: _Optional[bool] = ..., util_gpu_pct: _Optional[float] = ..., util_mem_pct: _Optional[float] = ..., hbm_used_bytes: _Optional[int] = ..., hbm_total_bytes: _Optional[int] = ..., temp_gpu_c: _Optional[float] = ..., temp_mem_c: _Optional[float] = ..., power_w: _Optional[float] = ..., power_limit_w: _Optional[float] = ..., clock_sm_mhz: _Optional[float] = ..., clock_mem_mhz: _Optional[float] = ..., clock_event_reasons: _Optional[int] = ..., throttle_thermal: _Optional[bool] = ..., throttle_power: _Optional[bool] = ..., ecc_sbe_volatile: _Optional[int] = ..., ecc_dbe_volatile: _Optional[int] = ..., ecc_sbe_aggregate: _Optional[int] = ..., ecc_dbe_aggregate: _Optional[int] = ..., retired_pages_sbe: _Optional[int] = ..., retired_pages_dbe: _Optional[int] = ..., retired_pages_pending: _Optional[bool] = ..., remap_correctable: _Optional[int] = ..., remap_uncorrectable: _Optional[int] = ..., remap_pending: _Optional[bool] = ..., remap_failure: _Optional[bool] = ..., pcie_replay_total: _Optional[int] = ..., nvlink_links_active: _Optional[int] = ..., nvlink_links_inactive: _Optional[int] = ..., nvlink_replay_total: _Optional[int] = ..., nvlink_recovery_total: _Optional[int] = ..., nvlink_crc_total: _Optional[int] = ..., process_count: _Optional[int] = ..., driver_unresponsive: _Optional[bool] = ..., driver_unresponsive_call: _Optional[str] = ..., driver_unresponsive_s: _Optional[float] = ..., recovery_action: _Optional[int] = ..., pcie_link_gen: _Optional[int] = ..., pcie_link_gen_max: _Optional[int] = ..., pcie_link_width: _Optional[int] = ..., pcie_link_width_max: _Optional[int] = ..., fabric_state: _Optional[int] = ..., fabric_status: _Optional[int] = ..., ecc_sbe_rate_per_s: _Optional[float] = ..., processes: _Optional[_Iterable[_Union[GpuProcess, _Mapping]]] = ...) -> None: ...
 
 class GpuProcess(_message.Message):
     __slots__ = ("pid", "used_memory_bytes")
@@ -152,7 +174,7 @@ class Event(_message.Message):
     def __init__(self, kind: _Optional[_Union[_vocabulary_pb2.EventKind, str]] = ..., source: _Optional[_Union[_vocabulary_pb2.EventSource, str]] = ..., time_unix_ns: _Optional[int] = ..., gpu_index: _Optional[int] = ..., pci_bus_id: _Optional[str] = ..., xid: _Optional[int] = ..., message: _Optional[str] = ..., pid: _Optional[int] = ..., process_name: _Optional[str] = ..., count: _Optional[int] = ..., first_time_unix_ns: _Optional[int] = ..., kmsg_seq: _Optional[int] = ..., kernel_boot_id: _Optional[str] = ...) -> None: ...
 
 class CollectorStats(_message.Message):
-    __slots__ = ("reports_dropped_total", "reports_rejected_total", "unacked_reports", "reconnects_total", "sample_errors_total", "sample_duration_s", "kmsg_lines_unparsed_total", "xid_unknown_gpu_total", "xid_duplicates_total", "engine_scrapes_failed_total", "xid_folded_total", "kmsg_records_caught_up_total")
+    __slots__ = ("reports_dropped_total", "reports_rejected_total", "unacked_reports", "reconnects_total", "sample_errors_total", "sample_duration_s", "kmsg_lines_unparsed_total", "xid_unknown_gpu_total", "xid_duplicates_total", "engine_scrapes_failed_total", "xid_folded_total", "kmsg_records_caught_up_total", "nvml_calls_hung_total")
     REPORTS_DROPPED_TOTAL_FIELD_NUMBER: _ClassVar[int]
     REPORTS_REJECTED_TOTAL_FIELD_NUMBER: _ClassVar[int]
     UNACKED_REPORTS_FIELD_NUMBER: _ClassVar[int]
@@ -165,6 +187,7 @@ class CollectorStats(_message.Message):
     ENGINE_SCRAPES_FAILED_TOTAL_FIELD_NUMBER: _ClassVar[int]
     XID_FOLDED_TOTAL_FIELD_NUMBER: _ClassVar[int]
     KMSG_RECORDS_CAUGHT_UP_TOTAL_FIELD_NUMBER: _ClassVar[int]
+    NVML_CALLS_HUNG_TOTAL_FIELD_NUMBER: _ClassVar[int]
     reports_dropped_total: int
     reports_rejected_total: int
     unacked_reports: int
@@ -177,10 +200,11 @@ class CollectorStats(_message.Message):
     engine_scrapes_failed_total: int
     xid_folded_total: int
     kmsg_records_caught_up_total: int
-    def __init__(self, reports_dropped_total: _Optional[int] = ..., reports_rejected_total: _Optional[int] = ..., unacked_reports: _Optional[int] = ..., reconnects_total: _Optional[int] = ..., sample_errors_total: _Optional[int] = ..., sample_duration_s: _Optional[float] = ..., kmsg_lines_unparsed_total: _Optional[int] = ..., xid_unknown_gpu_total: _Optional[int] = ..., xid_duplicates_total: _Optional[int] = ..., engine_scrapes_failed_total: _Optional[int] = ..., xid_folded_total: _Optional[int] = ..., kmsg_records_caught_up_total: _Optional[int] = ...) -> None: ...
+    nvml_calls_hung_total: int
+    def __init__(self, reports_dropped_total: _Optional[int] = ..., reports_rejected_total: _Optional[int] = ..., unacked_reports: _Optional[int] = ..., reconnects_total: _Optional[int] = ..., sample_errors_total: _Optional[int] = ..., sample_duration_s: _Optional[float] = ..., kmsg_lines_unparsed_total: _Optional[int] = ..., xid_unknown_gpu_total: _Optional[int] = ..., xid_duplicates_total: _Optional[int] = ..., engine_scrapes_failed_total: _Optional[int] = ..., xid_folded_total: _Optional[int] = ..., kmsg_records_caught_up_total: _Optional[int] = ..., nvml_calls_hung_total: _Optional[int] = ...) -> None: ...
 
 class NodeReport(_message.Message):
-    __slots__ = ("node", "cluster", "boot_id", "seq", "time_unix_ns", "interval_s", "gpus", "engines", "events", "stats")
+    __slots__ = ("node", "cluster", "boot_id", "seq", "time_unix_ns", "interval_s", "gpus", "engines", "events", "stats", "gpus_on_pci_bus")
     NODE_FIELD_NUMBER: _ClassVar[int]
     CLUSTER_FIELD_NUMBER: _ClassVar[int]
     BOOT_ID_FIELD_NUMBER: _ClassVar[int]
@@ -191,6 +215,7 @@ class NodeReport(_message.Message):
     ENGINES_FIELD_NUMBER: _ClassVar[int]
     EVENTS_FIELD_NUMBER: _ClassVar[int]
     STATS_FIELD_NUMBER: _ClassVar[int]
+    GPUS_ON_PCI_BUS_FIELD_NUMBER: _ClassVar[int]
     node: str
     cluster: str
     boot_id: str
@@ -201,7 +226,8 @@ class NodeReport(_message.Message):
     engines: _containers.RepeatedCompositeFieldContainer[EngineSample]
     events: _containers.RepeatedCompositeFieldContainer[Event]
     stats: CollectorStats
-    def __init__(self, node: _Optional[str] = ..., cluster: _Optional[str] = ..., boot_id: _Optional[str] = ..., seq: _Optional[int] = ..., time_unix_ns: _Optional[int] = ..., interval_s: _Optional[float] = ..., gpus: _Optional[_Iterable[_Union[GpuSample, _Mapping]]] = ..., engines: _Optional[_Iterable[_Union[EngineSample, _Mapping]]] = ..., events: _Optional[_Iterable[_Union[Event, _Mapping]]] = ..., stats: _Optional[_Union[CollectorStats, _Mapping]] = ...) -> None: ...
+    gpus_on_pci_bus: int
+    def __init__(self, node: _Optional[str] = ..., cluster: _Optional[str] = ..., boot_id: _Optional[str] = ..., seq: _Optional[int] = ..., time_unix_ns: _Optional[int] = ..., interval_s: _Optional[float] = ..., gpus: _Optional[_Iterable[_Union[GpuSample, _Mapping]]] = ..., engines: _Optional[_Iterable[_Union[EngineSample, _Mapping]]] = ..., events: _Optional[_Iterable[_Union[Event, _Mapping]]] = ..., stats: _Optional[_Union[CollectorStats, _Mapping]] = ..., gpus_on_pci_bus: _Optional[int] = ...) -> None: ...
 
 class GpuIdentity(_message.Message):
     __slots__ = ("index", "uuid", "model", "pci_bus_id", "hbm_total_bytes")

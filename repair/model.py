@@ -31,6 +31,7 @@ class NodeSnapshot:
     gpus: dict[int, telemetry_pb2.GpuSample] = field(default_factory=dict)
     events: list[telemetry_pb2.Event] = field(default_factory=list)  # recent, oldest first
     sample_time_ns: int = 0  # the newest report's time
+    gpus_on_pci_bus: int | None = None  # NVIDIA GPUs the node's PCI bus shows (None: not counted)
 
 
 @dataclass(frozen=True)

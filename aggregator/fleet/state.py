@@ -62,6 +62,7 @@ class NodeLive:
     simulated: bool = False
     driver_version: str = ""
     gpu_count: int = 0
+    gpus_on_pci_bus: int | None = None  # NVIDIA GPUs its PCI bus shows (None: not counted)
     connected: bool = False
     gpus: dict[int, telemetry_pb2.GpuSample] = field(default_factory=dict)
     engines: dict[tuple[str, int], telemetry_pb2.EngineSample] = field(default_factory=dict)
@@ -155,6 +156,7 @@ class FleetState:
         live.stats = report.stats
         if report.gpus:
             live.last_sample_ns = report.time_unix_ns
+            live.gpus_on_pci_bus = report.gpus_on_pci_bus if report.HasField("gpus_on_pci_bus") else None
         if report.gpus or report.engines:
             # A sampling report: it carries every engine found at this tick (a report that only
             # pushes events carries neither), so the engines it does not carry are gone.
@@ -177,6 +179,8 @@ class FleetState:
             live.last_seq = int(p.fields.get("seq", 0))
             live.boot_id = str(p.fields.get("boot_id", ""))
             live.gpu_count = int(p.fields.get("gpu_count", 0))
+            on_bus = p.fields.get("gpus_on_pci_bus")
+            live.gpus_on_pci_bus = None if on_bus is None else int(on_bus)
             live.interval_s = float(p.fields.get("interval_s", 0.0))
         numeric = {f.name for f in telemetry_pb2.GpuSample.DESCRIPTOR.fields} - {
             "index",
@@ -214,6 +218,7 @@ class FleetState:
         live.last_sample_ns, live.interval_s = s.last_sample_unix_ns, s.interval_s
         live.simulated, live.driver_version, live.gpu_count = s.simulated, s.driver_version, s.gpu_count
         live.connected = connected
+        live.gpus_on_pci_bus = s.gpus_on_pci_bus if s.HasField("gpus_on_pci_bus") else None
         live.gpus = {g.index: g for g in s.gpus}
         live.engines = {(e.engine, e.port): e for e in detail.engines}
         live.events = RecentEvents(detail.recent_events)
@@ -261,6 +266,7 @@ class FleetState:
             engines=[live.engines[k] for k in sorted(live.engines)],
             last_sample_unix_ns=live.last_sample_ns,
             replica=live.replica,
+            gpus_on_pci_bus=live.gpus_on_pci_bus,
         )
 
     def detail(self, live: NodeLive) -> fleet_pb2.NodeDetail:

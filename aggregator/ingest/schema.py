@@ -67,6 +67,23 @@ METRICS: dict[str, Metric] = {
         Metric("nvlink_recovery_total", "gpu", "count", "NVLink recovery errors, all links", 0, INT64_MAX),
         Metric("nvlink_crc_total", "gpu", "count", "NVLink CRC errors, all links", 0, INT64_MAX),
         Metric("process_count", "gpu", "processes", "compute processes on the GPU", 0, 100_000),
+        Metric("driver_unresponsive", "gpu", "bool", "an NVML call outlived the collector's deadline", 0, 1),
+        Metric("driver_unresponsive_s", "gpu", "s", "how long the stuck NVML call has waited", 0, 1e9),
+        Metric(
+            "recovery_action",
+            "gpu",
+            "code",
+            "NVML recovery action (0 none, 1 reset, 2 reboot)",
+            0,
+            255,
+        ),
+        Metric("pcie_link_gen", "gpu", "gen", "PCIe link generation now", 0, 16),
+        Metric("pcie_link_gen_max", "gpu", "gen", "PCIe link generation GPU and slot can reach", 0, 16),
+        Metric("pcie_link_width", "gpu", "lanes", "PCIe link width now", 0, 64),
+        Metric("pcie_link_width_max", "gpu", "lanes", "PCIe link width GPU and slot can reach", 0, 64),
+        Metric("fabric_state", "gpu", "state", "NVLink fabric state (3: completed)", 0, 16),
+        Metric("fabric_status", "gpu", "code", "NVLink fabric probe's return code (0: ok)", 0, 2**32 - 1),
+        Metric("ecc_sbe_rate_per_s", "gpu", "errors/s", "corrected ECC errors per second", 0, 1e12),
         Metric("kv_cache_usage_ratio", "engine", "ratio", "KV-cache blocks in use", 0, 1),
         Metric("requests_running", "engine", "requests", "requests being decoded", 0, 1e7),
         Metric("requests_waiting", "engine", "requests", "requests queued", 0, 1e9),
@@ -74,6 +91,7 @@ METRICS: dict[str, Metric] = {
         Metric("prefix_cache_hit_ratio", "engine", "ratio", "prefix-cache hit ratio", 0, 1),
         Metric("seq", "collector", "", "report sequence number", 1, INT64_MAX),
         Metric("gpu_count", "collector", "GPUs", "GPUs in the report", 0, 64),
+        Metric("gpus_on_pci_bus", "collector", "GPUs", "NVIDIA GPUs on the PCI bus (sysfs)", 0, 1024),
         Metric("interval_s", "collector", "s", "the collector's sampling interval", 0, 3600),
         Metric(
             "reports_dropped_total",
@@ -89,6 +107,7 @@ METRICS: dict[str, Metric] = {
         Metric("unacked_reports", "collector", "reports", "reports awaiting acknowledgement", 0, INT64_MAX),
         Metric("reconnects_total", "collector", "count", "collector reconnects", 0, INT64_MAX),
         Metric("sample_errors_total", "collector", "count", "NVML calls that failed", 0, INT64_MAX),
+        Metric("nvml_calls_hung_total", "collector", "count", "NVML calls past the deadline", 0, INT64_MAX),
         Metric("sample_duration_s", "collector", "s", "time to sample all GPUs", 0, 3600),
         Metric(
             "kmsg_lines_unparsed_total",
@@ -264,5 +283,7 @@ def _engine_event_collector_points(
     # An event-only report (XIDs pushed between ticks) says nothing of the GPU count.
     if report.gpus:
         fields["gpu_count"] = len(report.gpus)
+    if report.HasField("gpus_on_pci_bus"):
+        fields["gpus_on_pci_bus"] = report.gpus_on_pci_bus
     points.append(Point("collector", node_tags, fields, ts))
     return points

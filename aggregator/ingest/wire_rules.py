@@ -150,6 +150,7 @@ RULES: dict[str, Rule] = {
     "NodeReport.engines": Many(MAX_ENGINES_PER_REPORT, Nested()),
     "NodeReport.events": Many(MAX_EVENTS_PER_REPORT, Nested()),
     "NodeReport.stats": Nested(),
+    "NodeReport.gpus_on_pci_bus": Num(0, 1024, "GPUs"),
     # GpuSample: identity, then every measurement from METRICS
     "GpuSample.index": Num(0, MAX_GPUS_PER_NODE - 1),
     "GpuSample.uuid": Text(96, tag=True),
@@ -157,6 +158,7 @@ RULES: dict[str, Rule] = {
     "GpuSample.pci_bus_id": Text(32, tag=True),
     "GpuSample.lost": Flag(),
     "GpuSample.processes": Many(MAX_PROCESSES_PER_GPU, Nested()),
+    "GpuSample.driver_unresponsive_call": Text(64),  # an NVML function name; never a tag
     **_metric_rules("GpuSample", _GPU_METRICS),
     "GpuProcess.pid": Num(0, UINT32_MAX),
     "GpuProcess.used_memory_bytes": Num(0, 16 * _TIB, "bytes"),
@@ -198,6 +200,7 @@ RULES: dict[str, Rule] = {
     "CollectorStats.engine_scrapes_failed_total": _COUNTER,
     "CollectorStats.xid_folded_total": _COUNTER,
     "CollectorStats.kmsg_records_caught_up_total": _COUNTER,
+    "CollectorStats.nvml_calls_hung_total": _COUNTER,
     # CommandResult
     "CommandResult.id": Text(64, tag=True),
     "CommandResult.outcome": Known(),

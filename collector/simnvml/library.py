@@ -20,6 +20,7 @@ from gpufleet.collector.simnvml.args import arg_target, arg_value
 from gpufleet.collector.simnvml.machine import SimulatedGpu, SimulatedNode
 from gpufleet.collector.simnvml.symbols_events import EventSymbols, _EventSet
 from gpufleet.collector.simnvml.symbols_health import HealthSymbols
+from gpufleet.collector.simnvml.symbols_hidden import HiddenFailureSymbols
 
 _ERROR_STRINGS = {
     pynvml.NVML_SUCCESS: b"Success",
@@ -48,7 +49,7 @@ def _symbol(method: Callable[..., int]) -> Callable[..., int]:
     return fn
 
 
-class SimulatedNvmlLibrary(HealthSymbols, EventSymbols):
+class SimulatedNvmlLibrary(HealthSymbols, HiddenFailureSymbols, EventSymbols):
     """Answers pynvml's NVML calls from a SimulatedNode."""
 
     def __init__(self, node: SimulatedNode) -> None:
@@ -74,6 +75,7 @@ class SimulatedNvmlLibrary(HealthSymbols, EventSymbols):
             gpu = self._gpu_by_address[ctypes.addressof(handle.contents)]
         except (KeyError, ValueError, AttributeError):
             return None, pynvml.NVML_ERROR_INVALID_ARGUMENT
+        gpu.wait_if_hung(symbol)  # a call stuck in the driver, as on a degrading GPU
         if gpu.lost:
             return None, pynvml.NVML_ERROR_GPU_IS_LOST
         if symbol in gpu.fail_symbols:

@@ -3,8 +3,9 @@ follows the job with per-GPU noise, HBM follows the job's footprint, power follo
 utilization and temperature lags behind power.
 
 Everything is deterministic for a given seed and sequence of query times, so tests can
-reproduce a run. Fault hooks (`SimulatedGpu.lost`, `SimulatedGpu.fail_symbols`) are
-plain attributes that tests, and later the demo's scenario files, set directly.
+reproduce a run. Fault hooks (`SimulatedGpu.lost`, `SimulatedGpu.fail_symbols`,
+`SimulatedGpu.hangs`, ...) are plain attributes that tests and the scenario files
+(collector/simnvml/scenario.py) set directly.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import threading
 import time
 import uuid
 from dataclasses import dataclass, field
+from pathlib import Path
 
 MIB = 1024 * 1024
 
@@ -35,17 +37,83 @@ class GpuProfile:
     nvlink_links: int = 18  # 0: no NVLink (NOT_SUPPORTED)
     row_remapping: bool = True  # Ampere and later remap rows; older GPUs retire pages
     hbm: bool = True  # HBM reports its own temperature; GDDR boards do not
+    pcie_gen_max: int = 5
+    pcie_width_max: int = 16
+    fabric: bool = True  # an NVSwitch fabric (nvmlDeviceGetGpuFabricInfo): Hopper and later HGX
 
 
 # Names and memory sizes as NVML reports them on real boards.
 GPU_PROFILES: dict[str, GpuProfile] = {
     "H100": GpuProfile("NVIDIA H100 80GB HBM3", 81559 * MIB, 700.0, 72.0, 31.0, 68.0, 1980, 2619, 18),
     "H200": GpuProfile("NVIDIA H200", 143771 * MIB, 700.0, 78.0, 32.0, 70.0, 1980, 3201, 18),
-    "A100": GpuProfile("NVIDIA A100-SXM4-80GB", 81920 * MIB, 400.0, 55.0, 30.0, 66.0, 1410, 1593, 12),
+    "A100": GpuProfile(
+        "NVIDIA A100-SXM4-80GB",
+        81920 * MIB,
+        400.0,
+        55.0,
+        30.0,
+        66.0,
+        1410,
+        1593,
+        12,
+        pcie_gen_max=4,
+        fabric=False,
+    ),
     "B200": GpuProfile("NVIDIA B200", 183359 * MIB, 1000.0, 140.0, 33.0, 72.0, 1965, 3996, 18),
-    "L40S": GpuProfile("NVIDIA L40S", 46068 * MIB, 350.0, 36.0, 29.0, 74.0, 2520, 9001, 0, hbm=False),
-    "V100": GpuProfile("Tesla V100-SXM2-32GB", 32768 * MIB, 300.0, 40.0, 30.0, 70.0, 1530, 877, 6, False),
+    "L40S": GpuProfile(
+        "NVIDIA L40S",
+        46068 * MIB,
+        350.0,
+        36.0,
+        29.0,
+        74.0,
+        2520,
+        9001,
+        0,
+        hbm=False,
+        pcie_gen_max=4,
+        fabric=False,
+    ),
+    "V100": GpuProfile(
+        "Tesla V100-SXM2-32GB",
+        32768 * MIB,
+        300.0,
+        40.0,
+        30.0,
+        70.0,
+        1530,
+        877,
+        6,
+        False,
+        pcie_gen_max=3,
+        fabric=False,
+    ),
 }
+
+# A PCIe link at idle trains down to save power (as real GPUs do): its generation then reads 1.
+IDLE_PCIE_GEN = 1
+FABRIC_COMPLETED = 3  # NVML_GPU_FABRIC_STATE_COMPLETED
+
+
+@dataclass
+class Hang:
+    """An NVML call that does not return: until `until_s` (time.monotonic()), or, with neither
+    that nor a release file, never; a release file that appears ends it at once (how a test
+    lets a call "blocked forever" return)."""
+
+    until_s: float | None = None
+    release_file: str = ""
+
+    def over(self) -> bool:
+        if self.until_s is not None and time.monotonic() >= self.until_s:
+            return True
+        return bool(self.release_file) and Path(self.release_file).exists()
+
+    def wait(self) -> None:
+        # Polls: the call is stuck as a kernel call is, and nothing else of the stand-in waits on it.
+        while not self.over():
+            time.sleep(0.05)
+
 
 # NVML clock-event reason bits (nvmlClocksEventReason*), as the stand-in sets them.
 REASON_GPU_IDLE = 0x1
@@ -84,6 +152,20 @@ class SimulatedGpu:
     # (e.g. {"nvmlDeviceGetPowerUsage": NVML_ERROR_NOT_SUPPORTED}).
     lost: bool = False
     fail_symbols: dict[str, int] = field(default_factory=dict)
+    # hangs: C symbol name ("*": every call for this GPU) -> a call that blocks (Hang above).
+    hangs: dict[str, Hang] = field(default_factory=dict)
+    # Failures the driver hides (docs/repair.md): what NVML says the GPU needs, a PCIe link
+    # trained below its maximum (None: as the profile, at full speed under load), the fabric,
+    # a storm of corrected ECC errors, and a GPU slower than its peers (SM clock and power
+    # scaled by slow_factor under load, no throttle reason set).
+    recovery_action: int = 0
+    pcie_gen: int | None = None
+    pcie_width: int | None = None
+    fabric_state: int = FABRIC_COMPLETED
+    fabric_status: int = 0
+    sbe_rate_per_s: float = 0.0
+    slow_factor: float = 1.0
+    _sbe_carry: float = 0.0
     # Counters and states that faults move (read through the matching NVML symbols).
     ecc_sbe_volatile: int = 0
     ecc_dbe_volatile: int = 0
@@ -137,6 +219,21 @@ class SimulatedGpu:
             self.ecc_sbe_volatile += count
             self.ecc_sbe_aggregate += count
 
+    def wait_if_hung(self, symbol: str) -> None:
+        """Block the calling thread while a hang holds this symbol (or every symbol)."""
+        for key in (symbol, "*"):
+            hang = self.hangs.get(key)
+            if hang is not None:
+                hang.wait()
+                self.hangs.pop(key, None)
+
+    def pcie_link(self) -> tuple[int, int]:
+        """(generation, width) the link runs at now."""
+        gen = self.pcie_gen or self.profile.pcie_gen_max
+        if self.util_gpu_pct < 1:
+            gen = IDLE_PCIE_GEN
+        return gen, self.pcie_width or self.profile.pcie_width_max
+
     def clock_event_reasons(self) -> int:
         reasons = self.forced_reasons
         if self.util_gpu_pct < 1:
@@ -154,7 +251,10 @@ class SimulatedGpu:
             | REASON_SW_POWER_CAP
             | REASON_HW_POWER_BRAKE
         )
-        return p.max_sm_clock_mhz * (0.55 if slowed else 1.0)
+        return p.max_sm_clock_mhz * (0.55 if slowed else 1.0) * self._slowness()
+
+    def _slowness(self) -> float:
+        return self.slow_factor if self.util_gpu_pct >= 50 else 1.0
 
     def step(self, dt_s: float, job: _Job | None) -> None:
         """Advance this GPU by dt_s seconds towards what the job asks of it."""
@@ -174,7 +274,12 @@ class SimulatedGpu:
             + (p.power_limit_w * 0.95 - p.idle_power_w) * (self.util_gpu_pct / 100.0)
             + self.rng.gauss(0, 3)
         )
-        self.power_w = _clamp(self.power_w, p.idle_power_w * 0.8, p.power_limit_w)
+        self.power_w = _clamp(self.power_w * self._slowness(), p.idle_power_w * 0.8, p.power_limit_w)
+        if self.sbe_rate_per_s:
+            self._sbe_carry += self.sbe_rate_per_s * dt_s
+            storm, self._sbe_carry = int(self._sbe_carry), self._sbe_carry % 1
+            self.ecc_sbe_volatile += storm
+            self.ecc_sbe_aggregate += storm
         # Temperature: first-order lag (time constant ~20 s) towards the power's equilibrium.
         load = (self.power_w - p.idle_power_w) / max(1.0, p.power_limit_w - p.idle_power_w)
         t_eq = p.idle_temp_c + (p.full_temp_c - p.idle_temp_c) * load
@@ -220,10 +325,18 @@ class SimulatedNode:
             )
             for i in range(gpu_count)
         ]
+        # GPUs the PCI bus shows that the driver does not list (a GPU missing from NVML).
+        self.bus_only_gpus = 0
+        # A steady job at this utilization from now on (None: jobs come and go at random).
+        self.forced_util_pct: float | None = None
         self._job: _Job | None = None
         self._idle_until_s = 0.0
         self._last_s = self._clock()
         self._t_s = 0.0  # simulated seconds since start
+
+    def pci_gpu_count(self) -> int:
+        """NVIDIA GPUs on this node's PCI bus, as sysfs would count them."""
+        return len(self.gpus) + self.bus_only_gpus
 
     def advance(self) -> None:
         """Bring every GPU up to the current clock (called before each NVML read)."""
@@ -243,6 +356,12 @@ class SimulatedNode:
                     gpu.step(step, self._job)
 
     def _schedule_jobs(self) -> None:
+        if self.forced_util_pct is not None:
+            if self._job is None or self._job.util_target_pct != self.forced_util_pct:
+                self._job = _Job(
+                    self.forced_util_pct, 0.8, float("inf"), pid=self._rng.randint(10_000, 4_000_000)
+                )
+            return
         if self._job and self._t_s >= self._job.ends_at_s:
             self._job = None
             self._idle_until_s = self._t_s + self._rng.uniform(5, 60)

@@ -25,6 +25,17 @@ Kinds and their parameters:
     nvlink_errors   link = N, count = N replay and CRC errors on one link
     pcie_replays    count = N           PCIe replays
     not_supported   symbol = "nvml..."  that NVML call answers NOT_SUPPORTED from now on
+  Failures the driver hides (docs/repair.md):
+    hang            symbol = "nvml..." ("*": the next call of any), seconds = N (absent: never
+                    returns), release_file = PATH (the call returns once PATH exists)
+    recovery_action action = N          NVML_FI_DEV_GET_GPU_RECOVERY_ACTION (1 reset, 2 reboot)
+    pcie_downtrain  gen = N, width = N  the PCIe link trains to this (0: unchanged)
+    fabric_down     state = N (1), status = N (0)   the NVLink fabric (3 = completed)
+    gpu_missing     count = N (1)       GPUs on the PCI bus that the driver does not list
+    ecc_storm       rate = N            corrected ECC errors per second from now on
+    slow            factor = F          SM clock and power x F under load, no throttle reason
+    heal                                every fault of this list above gone
+    busy            util = N            the whole node runs a steady job at N % from now on
 """
 
 from __future__ import annotations
@@ -41,10 +52,12 @@ from typing import Any
 import pynvml
 
 from gpufleet.collector.simnvml.machine import (
+    FABRIC_COMPLETED,
     REASON_HW_POWER_BRAKE,
     REASON_HW_THERMAL,
     REASON_SW_POWER_CAP,
     REASON_SW_THERMAL,
+    Hang,
     SimulatedGpu,
     SimulatedNode,
 )
@@ -65,8 +78,43 @@ KINDS = {
     "nvlink_errors": {"link", "count"},
     "pcie_replays": {"count"},
     "not_supported": {"symbol"},
+    "hang": {"symbol", "seconds", "release_file"},
+    "recovery_action": {"action"},
+    "pcie_downtrain": {"gen", "width"},
+    "fabric_down": {"state", "status"},
+    "gpu_missing": {"count"},
+    "ecc_storm": {"rate"},
+    "slow": {"factor"},
+    "heal": set(),
+    "busy": {"util"},
 }
-_REQUIRED = {"xid": {"xid"}, "nvlink_down": {"link"}, "nvlink_errors": {"link"}, "not_supported": {"symbol"}}
+_REQUIRED = {
+    "xid": {"xid"},
+    "nvlink_down": {"link"},
+    "nvlink_errors": {"link"},
+    "not_supported": {"symbol"},
+    "recovery_action": {"action"},
+    "ecc_storm": {"rate"},
+    "slow": {"factor"},
+    "busy": {"util"},
+}
+# Each parameter's type (what the TOML value is converted with); absent ones take Fault's default.
+_TYPES: dict[str, type] = {
+    "xid": int,
+    "count": int,
+    "link": int,
+    "symbol": str,
+    "seconds": float,
+    "release_file": str,
+    "action": int,
+    "gen": int,
+    "width": int,
+    "state": int,
+    "status": int,
+    "rate": float,
+    "factor": float,
+    "util": float,
+}
 
 
 class ScenarioError(ValueError):
@@ -83,6 +131,16 @@ class Fault:
     count: int = 1
     link: int = 0
     symbol: str = ""
+    seconds: float | None = None
+    release_file: str = ""
+    action: int = 0
+    gen: int = 0
+    width: int = 0
+    state: int = 1
+    status: int = 0
+    rate: float = 0.0
+    factor: float = 1.0
+    util: float = 0.0
 
 
 def load(path: str | Path) -> list[Fault]:
@@ -108,20 +166,14 @@ def load(path: str | Path) -> list[Fault]:
             need = sorted(missing | ({"at_s", "gpu"} - set(raw)))
             raise ScenarioError(f"{where} ({kind}): missing {', '.join(need)}")
         try:
-            fault = Fault(
-                float(raw["at_s"]),
-                int(raw["gpu"]),
-                kind,
-                str(raw.get("node", "")),
-                int(raw.get("xid", 0)),
-                int(raw.get("count", 1)),
-                int(raw.get("link", 0)),
-                str(raw.get("symbol", "")),
-            )
+            params = {k: _TYPES[k](v) for k, v in raw.items() if k in _TYPES}
+            fault = Fault(float(raw["at_s"]), int(raw["gpu"]), kind, str(raw.get("node", "")), **params)
         except (TypeError, ValueError) as exc:
             raise ScenarioError(f"{where} ({kind}): {exc}") from exc
         if fault.at_s < 0 or fault.gpu < 0 or fault.count < 1:
             raise ScenarioError(f"{where} ({kind}): at_s and gpu must be ≥ 0, count ≥ 1")
+        if not (0 < fault.factor <= 1 and fault.rate >= 0 and (fault.seconds is None or fault.seconds >= 0)):
+            raise ScenarioError(f"{where} ({kind}): factor must be in (0, 1], rate and seconds ≥ 0")
         faults.append(fault)
     return sorted(faults, key=lambda f: f.at_s)
 
@@ -138,6 +190,27 @@ def _set(**values: Any) -> Callable[[SimulatedGpu, Fault], None]:
             setattr(gpu, name, value)
 
     return apply
+
+
+def _hang(gpu: SimulatedGpu, fault: Fault) -> None:
+    until = None if fault.seconds is None else time.monotonic() + fault.seconds
+    gpu.hangs[fault.symbol or "*"] = Hang(until, fault.release_file)
+
+
+def _pcie_downtrain(gpu: SimulatedGpu, fault: Fault) -> None:
+    gpu.pcie_gen = fault.gen or gpu.pcie_gen
+    gpu.pcie_width = fault.width or gpu.pcie_width
+
+
+_HEALED = {
+    "recovery_action": 0,
+    "pcie_gen": None,
+    "pcie_width": None,
+    "fabric_state": FABRIC_COMPLETED,
+    "fabric_status": 0,
+    "sbe_rate_per_s": 0.0,
+    "slow_factor": 1.0,
+}
 
 
 # How each kind is applied to its GPU (the kinds and their parameters: KINDS above).
@@ -159,6 +232,23 @@ APPLY: dict[str, Callable[[SimulatedGpu, Fault], None]] = {
     "nvlink_errors": _nvlink_errors,
     "pcie_replays": lambda gpu, f: setattr(gpu, "pcie_replay_total", gpu.pcie_replay_total + f.count),
     "not_supported": lambda gpu, f: gpu.fail_symbols.__setitem__(f.symbol, pynvml.NVML_ERROR_NOT_SUPPORTED),
+    "hang": _hang,
+    "recovery_action": lambda gpu, f: setattr(gpu, "recovery_action", f.action),
+    "pcie_downtrain": _pcie_downtrain,
+    "fabric_down": lambda gpu, f: (
+        setattr(gpu, "fabric_state", f.state),
+        setattr(gpu, "fabric_status", f.status),
+    ),
+    "gpu_missing": lambda gpu, f: None,  # the node's, not the GPU's: NODE_APPLY
+    "ecc_storm": lambda gpu, f: setattr(gpu, "sbe_rate_per_s", f.rate),
+    "slow": lambda gpu, f: setattr(gpu, "slow_factor", f.factor),
+    "heal": _set(**_HEALED),
+    "busy": lambda gpu, f: None,  # the node's: NODE_APPLY
+}
+# Kinds that change the node rather than one GPU.
+NODE_APPLY: dict[str, Callable[[SimulatedNode, Fault], None]] = {
+    "gpu_missing": lambda node, f: setattr(node, "bus_only_gpus", node.bus_only_gpus + f.count),
+    "busy": lambda node, f: setattr(node, "forced_util_pct", f.util),
 }
 if set(APPLY) != set(KINDS):
     raise RuntimeError(f"scenario kinds {sorted(KINDS)} and their appliers {sorted(APPLY)} differ")
@@ -199,6 +289,8 @@ class ScenarioRunner:
                 extra={"gpu": fault.gpu, "fault": fault.kind, **_params(fault)},
             )
             apply(self._node.gpus[fault.gpu], fault)
+            if fault.kind in NODE_APPLY:
+                NODE_APPLY[fault.kind](self._node, fault)
 
     def stop(self) -> None:
         self._stop.set()

@@ -124,6 +124,8 @@ class HealthSymbols:
         """A field's value, or None for NOT_SUPPORTED (answered per field, as NVML does)."""
         if field_id == pynvml.NVML_FI_DEV_MEMORY_TEMP:
             return round(gpu.temp_gpu_c + 6) if gpu.profile.hbm else None
+        if field_id == pynvml.NVML_FI_DEV_GET_GPU_RECOVERY_ACTION:
+            return gpu.recovery_action
         counters = {
             pynvml.NVML_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL: pynvml.NVML_NVLINK_ERROR_DL_CRC_FLIT,
             pynvml.NVML_FI_DEV_NVLINK_CRC_DATA_ERROR_COUNT_TOTAL: pynvml.NVML_NVLINK_ERROR_DL_CRC_DATA,

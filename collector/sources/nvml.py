@@ -3,12 +3,16 @@
 Each field is read with its own call; a call answering NOT_SUPPORTED leaves the field
 absent (and is not asked again for that GPU), GPU_IS_LOST marks the GPU lost for this
 sample, and any other error is counted and leaves only that field absent. One GPU's
-failure never stops the others from being sampled.
+failure never stops the others from being sampled. The call in progress on each GPU is
+recorded, so a call that never returns can be named (collector/sources/deadline.py runs
+each GPU's sample on a thread of its own, under a deadline).
 """
 
 from __future__ import annotations
 
+import ctypes
 import logging
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -32,6 +36,12 @@ class _Gpu:
     identity: telemetry_pb2.GpuIdentity
     unsupported: set[str]
     nvlink_links: int | None = None  # learned on the first sample: links this GPU has
+    # The NVML call in progress on this GPU and when it started (time.monotonic()); "" when none.
+    # Written by the GPU's sampling thread, read by the deadline watch.
+    current_call: str = ""
+    call_started_s: float = 0.0
+    # The last corrected-ECC count and when it was read: the storm rate is worked out from them.
+    last_sbe: tuple[float, int] | None = None
 
 
 def _decode(value: bytes | str) -> str:
@@ -118,6 +128,24 @@ def _read_pcie(handle: Any, sample: telemetry_pb2.GpuSample) -> None:
     sample.pcie_replay_total = int(pynvml.nvmlDeviceGetPcieReplayCounter(handle))
 
 
+def _read_pcie_link(handle: Any, sample: telemetry_pb2.GpuSample) -> None:
+    # The most the GPU and its slot can train to (not the GPU's own maximum: a Gen5 GPU in a
+    # Gen4 slot is not downtrained). An idle link trains down to save power; the rule knows.
+    sample.pcie_link_gen_max = int(pynvml.nvmlDeviceGetMaxPcieLinkGeneration(handle))
+    sample.pcie_link_width_max = int(pynvml.nvmlDeviceGetMaxPcieLinkWidth(handle))
+    sample.pcie_link_gen = int(pynvml.nvmlDeviceGetCurrPcieLinkGeneration(handle))
+    sample.pcie_link_width = int(pynvml.nvmlDeviceGetCurrPcieLinkWidth(handle))
+
+
+def _read_fabric(handle: Any, sample: telemetry_pb2.GpuSample) -> None:
+    info = pynvml.c_nvmlGpuFabricInfo_t()
+    pynvml.nvmlDeviceGetGpuFabricInfo(handle, ctypes.byref(info))
+    if info.state == pynvml.NVML_GPU_FABRIC_STATE_NOT_SUPPORTED:
+        raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)  # no NVSwitch fabric on this GPU
+    sample.fabric_state = int(info.state)
+    sample.fabric_status = int(info.status)
+
+
 def _read_processes(handle: Any, sample: telemetry_pb2.GpuSample) -> None:
     try:
         procs = pynvml.nvmlDeviceGetComputeRunningProcesses(handle)
@@ -143,14 +171,36 @@ READERS: list[tuple[str, Callable[[Any, telemetry_pb2.GpuSample], None]]] = [
     ("retired_pages", _read_retired_pages),
     ("remapped_rows", _read_remapped_rows),
     ("pcie", _read_pcie),
+    ("pcie_link", _read_pcie_link),
+    ("fabric", _read_fabric),
     ("processes", _read_processes),
 ]
+# The NVML call behind each group, as a hung one is named in reports and logs.
+CALLS = {
+    "utilization": "nvmlDeviceGetUtilizationRates",
+    "memory": "nvmlDeviceGetMemoryInfo",
+    "temperature": "nvmlDeviceGetTemperature",
+    "power": "nvmlDeviceGetPowerUsage",
+    "power_limit": "nvmlDeviceGetEnforcedPowerLimit",
+    "clocks": "nvmlDeviceGetClockInfo",
+    "clock_events": "nvmlDeviceGetCurrentClocksEventReasons",
+    "ecc": "nvmlDeviceGetTotalEccErrors",
+    "retired_pages": "nvmlDeviceGetRetiredPages",
+    "remapped_rows": "nvmlDeviceGetRemappedRows",
+    "pcie": "nvmlDeviceGetPcieReplayCounter",
+    "pcie_link": "nvmlDeviceGetCurrPcieLinkGeneration",
+    "fabric": "nvmlDeviceGetGpuFabricInfo",
+    "processes": "nvmlDeviceGetComputeRunningProcesses",
+    "field_values": "nvmlDeviceGetFieldValues",
+    "nvlink": "nvmlDeviceGetNvLinkState",
+}
 
 # Read together in one nvmlDeviceGetFieldValues call per GPU (each value has its own return
 # code): HBM temperature and the NVLink error totals over all links, which otherwise take
 # four calls per link.
 _FIELD_VALUES = {
     pynvml.NVML_FI_DEV_MEMORY_TEMP: "temp_mem_c",
+    pynvml.NVML_FI_DEV_GET_GPU_RECOVERY_ACTION: "recovery_action",
     pynvml.NVML_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL: "nvlink_replay_total",
     pynvml.NVML_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL: "nvlink_recovery_total",
     pynvml.NVML_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL: "nvlink_crc_flit",
@@ -227,9 +277,11 @@ class NvmlSource:
         return [g.identity for g in self.gpus]
 
     def sample(self) -> list[telemetry_pb2.GpuSample]:
-        return [self._sample_gpu(gpu) for gpu in self.gpus]
+        """Every GPU, one after another, on the calling thread (no deadline: the collector
+        samples through collector/sources/deadline.py)."""
+        return [self.sample_gpu(gpu) for gpu in self.gpus]
 
-    def _sample_gpu(self, gpu: _Gpu) -> telemetry_pb2.GpuSample:
+    def sample_gpu(self, gpu: _Gpu) -> telemetry_pb2.GpuSample:
         ident = gpu.identity
         sample = telemetry_pb2.GpuSample(
             index=gpu.index, uuid=ident.uuid, model=ident.model, pci_bus_id=ident.pci_bus_id
@@ -246,8 +298,22 @@ class NvmlSource:
         self._query(gpu, sample, "field_values", read_fields)
         if "temp_mem_c" in fields:
             sample.temp_mem_c = float(fields["temp_mem_c"])
+        if "recovery_action" in fields:
+            sample.recovery_action = int(fields["recovery_action"])
         self._query(gpu, sample, "nvlink", lambda: self._read_nvlink(gpu, sample, fields))
+        self._sbe_rate(gpu, sample)
         return sample
+
+    @staticmethod
+    def _sbe_rate(gpu: _Gpu, sample: telemetry_pb2.GpuSample) -> None:
+        """Corrected ECC errors per second since the previous sample (a storm of them never
+        shows as an uncorrected error). A count that went down (driver reload) starts again."""
+        if not sample.HasField("ecc_sbe_volatile"):
+            return
+        now, count = time.monotonic(), sample.ecc_sbe_volatile
+        if gpu.last_sbe is not None and count >= gpu.last_sbe[1] and now > gpu.last_sbe[0]:
+            sample.ecc_sbe_rate_per_s = (count - gpu.last_sbe[1]) / (now - gpu.last_sbe[0])
+        gpu.last_sbe = (now, count)
 
     def _query(
         self, gpu: _Gpu, sample: telemetry_pb2.GpuSample, group: str, read: Callable[[], None]
@@ -262,6 +328,7 @@ class NvmlSource:
             return False
         if group in gpu.unsupported:
             return True
+        gpu.current_call, gpu.call_started_s = CALLS.get(group, group), time.monotonic()
         try:
             read()
         except (pynvml.NVMLError_NotSupported, pynvml.NVMLError_FunctionNotFound):
@@ -277,6 +344,8 @@ class NvmlSource:
             return False
         except pynvml.NVMLError as exc:
             self._count_error(gpu, group, exc)
+        finally:
+            gpu.current_call = ""
         return True
 
     def _count_error(self, gpu: _Gpu, group: str, exc: Exception) -> None:

@@ -6,10 +6,12 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from gpufleet.repair.rules.base import Rule
+from gpufleet.repair.rules.driver import DriverUnresponsive, GpuMissingFromDriver, RecoveryActionPending
 from gpufleet.repair.rules.ecc import EccUncorrected
 from gpufleet.repair.rules.gpu_lost import GpuLost, GpuMissing
-from gpufleet.repair.rules.nvlink import NvlinkDown, NvlinkErrors
-from gpufleet.repair.rules.pcie import PcieReplays
+from gpufleet.repair.rules.nvlink import FabricDown, NvlinkDown, NvlinkErrors
+from gpufleet.repair.rules.pcie import PcieDowntrained, PcieReplays
+from gpufleet.repair.rules.peers import EccCorrectedStorm, GpuSlow
 from gpufleet.repair.rules.remap import RemapFailure, RemapPending
 from gpufleet.repair.rules.retired_pages import RetiredPages, RetiredPagesPending
 from gpufleet.repair.rules.silent import CollectorSilent
@@ -32,6 +34,14 @@ RULES: dict[str, Callable[[], Rule]] = {
     "gpu_lost": GpuLost,
     "gpu_missing": GpuMissing,
     "collector_silent": CollectorSilent,
+    # Failures the driver hides (docs/repair.md).
+    "driver_unresponsive": DriverUnresponsive,
+    "recovery_action": RecoveryActionPending,
+    "pcie_downtrained": PcieDowntrained,
+    "fabric_down": FabricDown,
+    "gpu_missing_from_driver": GpuMissingFromDriver,
+    "ecc_corrected_storm": EccCorrectedStorm,
+    "gpu_slow": GpuSlow,
 }
 
 # Rules whose findings change with time alone (rates): derived, as everything else, from RULES.

@@ -1,4 +1,4 @@
-"""NVLink: links down, and the rate of replay/recovery/CRC errors."""
+"""NVLink: links down, the rate of replay/recovery/CRC errors, and the NVSwitch fabric."""
 
 from __future__ import annotations
 
@@ -31,3 +31,24 @@ class NvlinkDown(GpuCheck):
     def check(self, gpu: telemetry_pb2.GpuSample, entry: Entry) -> str | None:
         down = gpu.nvlink_links_inactive if gpu.HasField("nvlink_links_inactive") else 0
         return f"{down} NVLink link(s) inactive" if down else None
+
+
+FABRIC_COMPLETED = 3  # NVML_GPU_FABRIC_STATE_COMPLETED
+_FABRIC_STATES = {1: "not started", 2: "in progress", 3: "completed"}
+
+
+class FabricDown(GpuCheck):
+    """On NVSwitch systems: every GPU looks healthy while the fabric (Fabric Manager) has not
+    come up or failed, and every multi-GPU job fails."""
+
+    name = "fabric_down"
+    watch_fields = ("fabric_state", "fabric_status")
+
+    def check(self, gpu: telemetry_pb2.GpuSample, entry: Entry) -> str | None:
+        if not gpu.HasField("fabric_state"):
+            return None
+        status = gpu.fabric_status if gpu.HasField("fabric_status") else 0
+        if gpu.fabric_state == FABRIC_COMPLETED and status == 0:
+            return None
+        state = _FABRIC_STATES.get(gpu.fabric_state, str(gpu.fabric_state))
+        return f"NVLink fabric {state}, status {status}"

@@ -145,6 +145,7 @@ def expected_points(r: telemetry_pb2.NodeReport) -> dict[str, list[tuple[dict[st
         "interval_s": r.interval_s,
         **{fd.name: getattr(s, fd.name) for fd in telemetry_pb2.CollectorStats.DESCRIPTOR.fields},
         **({"gpu_count": len(r.gpus)} if r.gpus else {}),
+        **({"gpus_on_pci_bus": r.gpus_on_pci_bus} if r.HasField("gpus_on_pci_bus") else {}),
     }
     return {
         "gpu": gpus,

@@ -1,0 +1,136 @@
+"""A driver call that never returns, and one that returns after 45 s, on a real collector process
+(the stand-in NVML blocks the call as a call stuck in the kernel does) streaming to a real
+aggregator with repair on: the other GPUs keep reporting every interval, the stuck GPUs are
+reported driver_unresponsive within the deadline plus one interval and become a finding in
+`gpufleet incidents`, the collector stays alive and its /ready names the stuck call, and when
+the calls return the GPUs report again without a restart."""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gpufleet.protos import fleet_pb2
+from harness.fleet_api import bearer
+from harness.processes import AggregatorHandle, Cluster, Proc
+from harness.repair import FAST_POLICY, incidents, repair_aggregator
+from harness.stored import read_points
+from harness.waiting import wait_until
+
+NODE = "hang-node-01"
+INTERVAL_S = 1.0
+DEADLINE_S = 2.0
+FOREVER_GPU, TIMED_GPU, TIMED_S = 3, 5, 45.0
+POLICY = FAST_POLICY + "\n[rules.driver_unresponsive]\nwindow_s = 3.0\n"
+
+
+def _scenario(path: Path, release: Path) -> Path:
+    path.write_text(
+        f'[[fault]]\nat_s = 3\ngpu = {FOREVER_GPU}\nkind = "hang"\nsymbol = "nvmlDeviceGetPowerUsage"\n'
+        f'release_file = "{release}"\n\n'
+        f'[[fault]]\nat_s = 3\ngpu = {TIMED_GPU}\nkind = "hang"\nsymbol = "nvmlDeviceGetTemperature"\n'
+        f"seconds = {TIMED_S}\n"
+    )
+    return path
+
+
+def _probe(collector: Proc, path: str) -> tuple[int, dict[str, Any]]:
+    port = int(re.findall(r"127\.0\.0\.1:(\d+)/metrics", collector.log())[0])
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as answer:
+            return answer.status, json.loads(answer.read())
+    except urllib.error.HTTPError as err:
+        return err.code, json.loads(err.read())
+
+
+def _gpus(agg: AggregatorHandle, cluster: Cluster) -> dict[int, Any]:
+    detail = agg.fleet_stub().GetNode(
+        fleet_pb2.GetNodeRequest(node=NODE), metadata=bearer(cluster.secrets.tokens["viewer"]), timeout=10
+    )
+    return {g.index: g for g in detail.summary.gpus}
+
+
+def _unresponsive(agg: AggregatorHandle, cluster: Cluster) -> set[int]:
+    return {i for i, g in _gpus(agg, cluster).items() if g.driver_unresponsive}
+
+
+@pytest.mark.slow
+def test_a_hung_driver_call_stops_only_its_gpu_and_recovers_without_a_restart(cluster: Cluster) -> None:
+    agg = repair_aggregator(cluster, policy=POLICY)
+    release = cluster.tmp / "release-gpu3"
+    scenario = _scenario(cluster.tmp / "hang.toml", release)
+    collector = cluster.collector(
+        NODE,
+        agg.ingest,
+        "--interval-s",
+        str(INTERVAL_S),
+        "--nvml-deadline-s",
+        str(DEADLINE_S),
+        "--sim-scenario",
+        str(scenario),
+    )
+    pid = collector.popen.pid
+
+    wait_until(lambda: _unresponsive(agg, cluster) == {FOREVER_GPU, TIMED_GPU}, 30, "both GPUs stuck")
+    hung_from_ns = time.time_ns()
+    gpu = _gpus(agg, cluster)[FOREVER_GPU]
+    assert gpu.driver_unresponsive_call == "nvmlDeviceGetPowerUsage"
+    assert not gpu.HasField("power_w"), "a stuck GPU's values are absent, not stale or zero"
+
+    # The finding, through the Fleet API as a person reads it.
+    def findings() -> set[tuple[int, str]]:
+        return {(f["gpu"], f["code"]) for i in incidents(agg, cluster, "--node", NODE) for f in i["findings"]}
+
+    wait_until(
+        lambda: {(FOREVER_GPU, "driver_unresponsive"), (TIMED_GPU, "driver_unresponsive")} <= findings(),
+        30,
+        "the driver_unresponsive findings in `gpufleet incidents`",
+    )
+
+    # Alive, live and ready, and /ready says which call is stuck where.
+    assert collector.alive()
+    status, live = _probe(collector, "/healthz")
+    assert status == 200, live
+    status, ready = _probe(collector, "/ready")
+    assert status == 200 and ready["connected"], ready
+    stuck = {h["gpu"]: h["nvml_call"] for h in ready["driver_unresponsive"]}
+    assert stuck == {FOREVER_GPU: "nvmlDeviceGetPowerUsage", TIMED_GPU: "nvmlDeviceGetTemperature"}
+    assert f"GPU {FOREVER_GPU} driver unresponsive" in ready["note"]
+
+    # The 45 s call returns by itself: GPU 5 reports again, GPU 3 is still stuck.
+    wait_until(lambda: _unresponsive(agg, cluster) == {FOREVER_GPU}, TIMED_S + 20, "GPU 5's call to return")
+    assert _gpus(agg, cluster)[TIMED_GPU].HasField("temp_gpu_c")
+    # The call "blocked forever" returns once released: GPU 3 reports again, same process.
+    release.touch()
+    wait_until(lambda: not _unresponsive(agg, cluster), 20, "GPU 3's call to return")
+    recovered_ns = time.time_ns()
+    wait_until(lambda: _gpus(agg, cluster)[FOREVER_GPU].HasField("power_w"), 10, "GPU 3's power again")
+    assert collector.alive() and collector.popen.pid == pid, "recovered without a restart"
+    status, ready = _probe(collector, "/ready")
+    assert status == 200 and ready["driver_unresponsive"] == [], ready
+
+    # What was stored while they were stuck: each of the 6 other GPUs every interval; each stuck
+    # GPU flagged from its first report on, within the deadline plus one interval of its call.
+    points = read_points(agg.data_dir, "gpu", hung_from_ns, recovered_ns)
+    span_s = (recovered_ns - hung_from_ns) / 1e9
+    per_gpu: dict[int, list[Any]] = {}
+    for p in points:
+        if p.tags["node"] == NODE:
+            per_gpu.setdefault(int(p.tags["gpu"]), []).append(p)
+    for index in set(range(8)) - {FOREVER_GPU, TIMED_GPU}:
+        reported = len(per_gpu.get(index, []))
+        assert reported >= span_s / INTERVAL_S - 3, (index, reported, span_s)
+    every = read_points(agg.data_dir, "gpu")
+    for index in (FOREVER_GPU, TIMED_GPU):
+        flagged = [p for p in every if p.tags["gpu"] == str(index) and p.fields.get("driver_unresponsive")]
+        first = flagged[0].fields["driver_unresponsive_s"]
+        assert DEADLINE_S <= first <= DEADLINE_S + INTERVAL_S + 0.5, (index, first)
+    hung_total = [p.fields["nvml_calls_hung_total"] for p in read_points(agg.data_dir, "collector")]
+    assert max(hung_total) == 2, "each stuck call counted once"

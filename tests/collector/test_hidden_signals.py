@@ -1,0 +1,127 @@
+"""The signals for failures the driver hides, read through pynvml over the stand-in NVML (and
+sysfs for the PCI bus): present where the GPU has them, absent where it has not, never zero
+for "unknown"."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import pynvml
+import pytest
+
+from gpufleet.collector.simnvml import SimulatedNode, SimulatedNvmlLibrary, install, uninstall
+from gpufleet.collector.simnvml.machine import Hang
+from gpufleet.collector.sources.deadline import DeadlineSampler
+from gpufleet.collector.sources.nvml import NvmlSource
+from gpufleet.collector.sources.pci_bus import count_nvidia_gpus
+from harness.clock import FakeClock
+
+
+def test_link_fabric_and_recovery_action_are_read(node: SimulatedNode, clock: FakeClock) -> None:
+    source = NvmlSource()
+    idle = source.sample()
+    assert {(s.pcie_link_gen, s.pcie_link_gen_max, s.pcie_link_width) for s in idle} == {(1, 5, 16)}, (
+        "an idle link trains down to Gen1 (its width stays)"
+    )
+    node.forced_util_pct = 97
+    node.gpus[2].pcie_gen, node.gpus[2].pcie_width = 3, 8
+    node.gpus[4].recovery_action = pynvml.NVML_GPU_RECOVERY_ACTION_GPU_RESET
+    node.gpus[6].fabric_state, node.gpus[6].fabric_status = 2, 0
+    clock.now += 30
+    busy = source.sample()
+    assert (busy[0].pcie_link_gen, busy[0].pcie_link_width) == (5, 16)
+    assert (busy[2].pcie_link_gen, busy[2].pcie_link_width, busy[2].pcie_link_width_max) == (3, 8, 16)
+    assert [s.recovery_action for s in busy] == [0, 0, 0, 0, 1, 0, 0, 0]
+    assert busy[6].fabric_state == 2 and busy[0].fabric_state == 3
+    assert all(s.HasField("recovery_action") and s.HasField("fabric_status") for s in busy)
+    source.close()
+
+
+def test_a_gpu_without_a_fabric_leaves_it_absent(clock: FakeClock) -> None:
+    sim = SimulatedNode("a100-node", gpu_count=2, model="A100", seed=1, clock=clock)
+    install(SimulatedNvmlLibrary(sim))
+    try:
+        source = NvmlSource()
+        samples = source.sample()
+        assert not any(s.HasField("fabric_state") for s in samples)
+        assert {s.pcie_link_gen_max for s in samples} == {4}
+        assert source.errors_total == 0, "no fabric is NOT_SUPPORTED, not an error"
+        source.close()
+    finally:
+        uninstall()
+
+
+def test_the_corrected_error_rate_is_per_second_between_samples(node: SimulatedNode) -> None:
+    source = NvmlSource()
+    first = source.sample()
+    assert not any(s.HasField("ecc_sbe_rate_per_s") for s in first), "no rate from one sample"
+    # The rate is over the collector's own (monotonic) time, which this fixture's clock does not
+    # move: 400 errors land, and at least 0.2 s passes before the next sample.
+    node.gpus[1].ecc_sbe_volatile += 400
+    time.sleep(0.2)
+    later = source.sample()
+    assert 0 < later[1].ecc_sbe_rate_per_s <= 2000
+    assert all(s.ecc_sbe_rate_per_s == 0 for i, s in enumerate(later) if i != 1)
+    source.close()
+
+
+def test_a_deadline_sampler_reports_only_the_stuck_gpu_and_recovers(
+    node: SimulatedNode, tmp_path: Path
+) -> None:
+    source = NvmlSource()
+    sampler = DeadlineSampler(source, deadline_s=0.3)
+    release = tmp_path / "release"
+    node.gpus[5].hangs["nvmlDeviceGetMemoryInfo"] = Hang(release_file=str(release))
+    ticks = []
+    for _ in range(4):
+        started = time.monotonic()
+        ticks.append(sampler.sample(wait_s=0.3))
+        assert time.monotonic() - started < 1.0, "a tick never waits (much) past the deadline"
+    for tick in ticks:
+        assert {s.index for s in tick} >= set(range(8)) - {5}
+    stuck = next(s for s in ticks[-1] if s.index == 5)
+    assert stuck.driver_unresponsive and stuck.driver_unresponsive_call == "nvmlDeviceGetMemoryInfo"
+    assert not stuck.HasField("util_gpu_pct") and stuck.driver_unresponsive_s >= 0.3
+    assert sampler.hung_total == 1 and [u.index for u in sampler.unresponsive] == [5]
+    release.touch()
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        tick = sampler.sample(wait_s=0.3)
+        five = [s for s in tick if s.index == 5]
+        if five and not five[0].driver_unresponsive:
+            break
+    assert five and five[0].HasField("util_gpu_pct"), "GPU 5 samples again once its call returns"
+    assert sampler.unresponsive == []
+
+
+def _device(root: Path, name: str, vendor: str, pci_class: str, driver: str | None = None) -> None:
+    dev = root / name
+    dev.mkdir()
+    (dev / "vendor").write_text(vendor + "\n")
+    (dev / "class").write_text(pci_class + "\n")
+    if driver:
+        (root.parent / driver).mkdir(exist_ok=True)
+        os.symlink(root.parent / driver, dev / "driver")
+
+
+def test_gpus_on_the_pci_bus_are_counted_from_sysfs(tmp_path: Path) -> None:
+    devices = tmp_path / "devices"
+    devices.mkdir()
+    _device(devices, "0000:18:00.0", "0x10de", "0x030200", "nvidia")  # an H100 (3D controller)
+    _device(devices, "0000:29:00.0", "0x10de", "0x030200")  # on the bus, no driver bound
+    _device(devices, "0000:3a:00.0", "0x10de", "0x030000", "nvidia")  # a VGA-class GPU
+    _device(devices, "0000:4b:00.0", "0x10de", "0x068000", "nvidia")  # an NVSwitch (bridge)
+    _device(devices, "0000:4b:00.1", "0x10de", "0x040300")  # a GPU's audio function
+    _device(devices, "0000:5c:00.0", "0x10de", "0x030200", "vfio-pci")  # passed through to a VM
+    _device(devices, "0000:00:1f.0", "0x8086", "0x030000", "i915")  # not NVIDIA
+    (devices / "0000:6d:00.0").mkdir()  # a device without the attributes (going away)
+    assert count_nvidia_gpus(devices) == 3
+    assert count_nvidia_gpus(tmp_path / "absent") is None
+
+
+@pytest.mark.skipif(not Path("/sys/bus/pci/devices").is_dir(), reason="no sysfs PCI tree here")
+def test_this_hosts_pci_bus_is_readable() -> None:
+    count = count_nvidia_gpus("/sys/bus/pci/devices")
+    assert count is not None and count >= 0
