@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pynvml
+
 from gpufleet.protos import telemetry_pb2
 from gpufleet.repair.policy import Entry
 from gpufleet.repair.rules.base import GpuCheck, RateCheck
@@ -33,7 +35,7 @@ class NvlinkDown(GpuCheck):
         return f"{down} NVLink link(s) inactive" if down else None
 
 
-FABRIC_COMPLETED = 3  # NVML_GPU_FABRIC_STATE_COMPLETED
+FABRIC_COMPLETED = pynvml.NVML_GPU_FABRIC_STATE_COMPLETED
 _FABRIC_STATES = {1: "not started", 2: "in progress", 3: "completed"}
 
 

@@ -8,6 +8,8 @@ from __future__ import annotations
 import statistics
 from collections.abc import Iterable
 
+import pynvml
+
 from gpufleet.protos import telemetry_pb2
 from gpufleet.repair.model import Finding, NodeSnapshot
 from gpufleet.repair.policy import Entry, Policy
@@ -26,7 +28,12 @@ SLOW_MIN_PEERS = 3
 SLOW_SIGNALS = (("clock_sm_mhz", "SM clock", "MHz"), ("power_w", "power", "W"))
 # Clock-event reasons with their own rules (thermal_slowdown, power_slowdown): a GPU slowed for a
 # named reason is not a gray failure. Masks as nvmlClocksEventReason*.
-NAMED_SLOWDOWN = 0x4 | 0x20 | 0x40 | 0x80  # SW power cap, SW thermal, HW thermal, HW power brake
+NAMED_SLOWDOWN = (
+    pynvml.nvmlClocksEventReasonSwPowerCap
+    | pynvml.nvmlClocksEventReasonSwThermalSlowdown
+    | pynvml.nvmlClocksEventReasonHwThermalSlowdown
+    | pynvml.nvmlClocksEventReasonHwPowerBrakeSlowdown
+)
 
 
 class EccCorrectedStorm(Rule):
