@@ -80,29 +80,43 @@ class SimulatedWorld:
             self._push(self.now + int(self.config.reset_s * 1e9), "reset", (node, command.id, gpu, False))
             return True
         if self.config.from_store:
-            done = self._clean_at(node, gpu)
-            if done is None:
+            answer = self._recorded_answer(node, gpu)
+            if answer is None:
                 return True  # never answers: the controller's reset_timeout_s fails it, as live
-            self._push(done, "reset", (node, command.id, gpu, True))
+            self._push(answer[0], "reset", (node, command.id, gpu, answer[1]))
         else:
             self._push(self.now + int(self.config.reset_s * 1e9), "reset", (node, command.id, gpu, True))
         return True
 
-    def _clean_at(self, node: str, gpu: int) -> int | None:
-        """When the recorded history shows this GPU clean of what a reset clears, from now on
-        (within reset_timeout_s); None if it never does."""
+    def _recorded_answer(self, node: str, gpu: int) -> tuple[int, bool] | None:
+        """A live reset's answer as the recorded history shows it: (when, succeeded), or None if
+        it never would have within reset_timeout_s.
+
+        The store holds a GPU's state at its sampling ticks, which lag what the collector saw
+        when it ran the reset by up to an interval, while a replay's cordon and drain take no
+        time: a GPU recorded lost (fallen off the bus) before the reset could have answered
+        (reset_s) was lost when it ran, and the reset failed, as it did live. Otherwise the
+        reset answers when the recorded GPU shows clean of what a reset clears."""
         state = {n: bool(getattr(self._nodes[node].gpus[gpu], n)) for n in CLEARED_BY_RESET}
-        if not any(state.values()):
-            return self.now + int(min(self.config.reset_s, 1.0) * 1e9)
+        soonest = self.now + int(min(self.config.reset_s, 1.0) * 1e9)
+        horizon = self.now + int(self.config.reset_s * 1e9)
         limit = self.now + int(self.policy.workflow["reset_timeout_s"] * 1e9)
         recorded = self._by_gpu.get((node, gpu), [])
-        for i in recorded[bisect_right([r.time_ns for r in recorded], self.now) :]:
+        upcoming = recorded[bisect_right([r.time_ns for r in recorded], self.now) :]
+        for i in upcoming:
+            if i.time_ns > horizon:
+                break
+            if i.signal == "lost" and i.value:
+                return max(soonest, i.time_ns), False
+        if not any(state.values()):
+            return soonest, True
+        for i in upcoming:
             if i.time_ns > limit:
                 return None
             if i.signal in state:
                 state[i.signal] = bool(i.value)
                 if not any(state.values()):
-                    return i.time_ns
+                    return i.time_ns, True
         return None
 
     async def _run_hook(self, template: str, timeout_s: float, **values: str) -> HookResult:

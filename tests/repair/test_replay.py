@@ -15,11 +15,11 @@ from hypothesis import strategies as st
 
 from gpufleet.repair.incidents import AUTOMATION
 from gpufleet.repair.outcome import Status
-from gpufleet.repair.policy import load_policy
+from gpufleet.repair.policy import load_policy, load_policy_text
 from gpufleet.repair.rails import Rails
 from gpufleet.repair.replay.engine import ReplayConfig, replay
 from gpufleet.repair.replay.generate import generate_llama3
-from gpufleet.repair.replay.history import TraceError, parse_input
+from gpufleet.repair.replay.history import FaultHistory, FaultInput, TraceError, parse_input
 from gpufleet.repair.replay.report import summarize
 from harness.processes import Cluster, gpufleet_argv
 from harness.repair import FAST_POLICY, audit, gpufleet_cli, incidents, repair_aggregator, repair_status
@@ -238,3 +238,24 @@ def test_a_bad_trace_is_refused_with_its_line_and_a_good_one_replayed(tmp_path: 
     assert report["nodes_taken_out_in_order"] == ["n0001"] and report["fleet"]["nodes"] == 16
     assert report["faults"]["hardware"]["caught"] == 1 and report["faults"]["application"]["missed"] == 1
     assert [s["action"] for s in report["nodes"]["n0001"]][:3] == ["cordon", "cordon", "drain"]
+
+
+def test_a_store_replay_fails_the_reset_of_a_gpu_recorded_lost_a_sample_after_its_xid() -> None:
+    """The store records a lost GPU at the sampling tick after its XID 79 event, while a replay's
+    cordon and drain take no time: when that sample is stored more than a replay tick (1 s)
+    after the XID (a loaded collector), the replay's reset is sent before the recorded `lost`
+    and must still fail, as the live reset of a GPU off the bus did. This failed the
+    faithfulness test above in CI (reset ok replayed, failed live)."""
+    t0 = 1_767_225_600 * 10**9
+    inputs = [
+        FaultInput(t0, "bus-node", 2, xid=79, message="GPU has fallen off the bus."),
+        FaultInput(t0 + 1_500_000_000, "bus-node", 2, signal="lost", value=1),
+    ]
+    history = FaultHistory.of(inputs, "store-like", 2, 8, t0, t0 + 120 * 10**9)
+    run = replay(load_policy_text(FAST_POLICY, "fast"), history, ReplayConfig(from_store=True))
+    resets = [
+        r.outcome.status
+        for r in run.state.audit_log(limit=100)
+        if r.node == "bus-node" and r.action == "reset_gpu"
+    ]
+    assert Status.FAILED in resets and Status.OK not in resets, resets
