@@ -47,6 +47,11 @@ def add_arguments(sub: Any, client: argparse.ArgumentParser) -> None:
     p.add_argument("--days", type=float, default=54.0, help="with --generate: days of history (default 54)")
     p.add_argument("--seed", type=int, default=0, help="with --generate: the random seed (default 0)")
     p.add_argument(
+        "--hidden-failures",
+        action="store_true",
+        help="with --generate: add failures the driver hides (assumed counts: docs/repair.md)",
+    )
+    p.add_argument(
         "--technician-h",
         type=float,
         default=48.0,
@@ -79,7 +84,9 @@ def _local(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, Any] | N
     if args.trace:
         history = load_trace(args.trace, args.nodes, args.gpus_per_node)
     else:
-        history = generate_llama3(args.nodes or 2048, args.days, args.seed, args.gpus_per_node)
+        history = generate_llama3(
+            args.nodes or 2048, args.days, args.seed, args.gpus_per_node, hidden=args.hidden_failures
+        )
     print(
         f"replaying {len(history.inputs)} inputs on {len(history.nodes)} nodes "
         f"({time.perf_counter() - started:.1f} s to read) ...",
@@ -127,6 +134,9 @@ def run(args: argparse.Namespace) -> int:
     from gpufleet.repair.replay.history import TraceError
     from gpufleet.repair.replay.report import compare, render
 
+    if args.hidden_failures and not args.generate:
+        print("gpufleet replay: --hidden-failures goes with --generate llama3", file=sys.stderr)
+        return 2
     try:
         report, other = _remote(args) if args.since else _local(args)
     except (TraceError, PolicyError) as exc:

@@ -1,11 +1,13 @@
 """The store's own history as a replay's input (docs/architecture.md "Policy replay"): every
-event the store holds for the range, and each GPU health signal the rules read (and `lost`),
-as an input at each sample where its value changed. Read node by node, so memory holds one
-node's raw samples at a time; the time this takes grows with nodes x samples in the range
-(raw samples, not roll-ups: a roll-up's mean would hide a flag set for one sample), which is
-what `replay_max_days` bounds. What the store does not keep is not replayed: a collector's
-silence (liveness is live state, not history) and the outcome of a live GPU reset (the replay
-takes it from the recorded samples: repair/replay/engine.py)."""
+event the store holds for the range, each GPU health signal the rules watch or read beside
+(and `lost`), and the node's GPU counts (NVML's and the PCI bus's), as an input at each sample
+where its value changed. Signals compared across GPUs at every pass (clocks and power, for
+gray failure) change at every sample and are not replayed from the store. Read node by node,
+so memory holds one node's raw samples at a time; the time this takes grows with nodes x
+samples in the range (raw samples, not roll-ups: a roll-up's mean would hide a flag set for
+one sample), which is what `replay_max_days` bounds. What the store does not keep is not
+replayed: a collector's silence (liveness is live state, not history) and the outcome of a live
+GPU reset (the replay takes it from the recorded samples: repair/replay/engine.py)."""
 
 from __future__ import annotations
 
@@ -14,11 +16,14 @@ import time
 from gpufleet.aggregator.store.base import Store
 from gpufleet.protos import vocabulary_pb2
 from gpufleet.protos.names import EVENT_KINDS, EVENT_SOURCES
-from gpufleet.repair.replay.history import FaultHistory, FaultInput
+from gpufleet.repair.replay.history import NODE_SIGNALS, FaultHistory, FaultInput
 from gpufleet.repair.replay.report import iso
-from gpufleet.repair.rules import WATCH_FIELDS
+from gpufleet.repair.rules import CONTEXT_FIELDS, WATCH_FIELDS
 
-SIGNAL_FIELDS = (*WATCH_FIELDS, "lost")
+SIGNAL_FIELDS = tuple(
+    f for f in dict.fromkeys((*WATCH_FIELDS, *CONTEXT_FIELDS, "lost")) if f not in NODE_SIGNALS
+)
+NODE_FIELDS = tuple(f for f in CONTEXT_FIELDS if f in NODE_SIGNALS)
 
 
 def history_from_store(store: Store, start_ns: int, end_ns: int, gpus_per_node: int = 8) -> FaultHistory:
@@ -48,6 +53,7 @@ def history_from_store(store: Store, start_ns: int, end_ns: int, gpus_per_node: 
             )
         )
     for node in sorted(gpu_counts):
+        inputs += _node_inputs(store, node, start_ns, end_ns)
         last: dict[tuple[int, str], object] = {}
         for p in store.query_points("gpu", start_ns, end_ns, {"node": [node]}):
             gpu_tag = p.tags.get("gpu", "")
@@ -75,3 +81,17 @@ def history_from_store(store: Store, start_ns: int, end_ns: int, gpus_per_node: 
     history.nodes = sorted(set(history.nodes) | set(gpu_counts))
     history.gpus_by_node = {n: c for n, c in gpu_counts.items() if c}
     return history
+
+
+def _node_inputs(store: Store, node: str, start_ns: int, end_ns: int) -> list[FaultInput]:
+    """The node's GPU counts (NVML's, the PCI bus's) at first sight and where they changed."""
+    out: list[FaultInput] = []
+    last: dict[str, object] = {}
+    for p in store.query_points("collector", start_ns, end_ns, {"node": [node]}):
+        for name in NODE_FIELDS:
+            value = p.fields.get(name)  # an event-only report carries no GPU count
+            if value is None or isinstance(value, str) or last.get(name) == value:
+                continue
+            last[name] = value
+            out.append(FaultInput(p.time_unix_ns, node, None, signal=name, value=float(value)))
+    return out

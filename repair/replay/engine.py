@@ -93,6 +93,8 @@ class _Node:
     boot: int = 0
     reporting: bool = True
     silent_since_ns: int = 0
+    on_pci_bus: int | None = None  # NVIDIA GPUs its PCI bus shows (None: not counted)
+    nvml_gpus: int | None = None  # GPUs NVML lists, when a history said (None: every GPU)
 
 
 @dataclass
@@ -191,10 +193,11 @@ class ReplayEngine(SimulatedWorld):
                     seconds_since_report=silent_s,
                     boot_id=f"boot-{node.boot}",
                     connected=node.reporting,
-                    gpu_count=len(node.gpus),
+                    gpu_count=len(node.gpus) if node.nvml_gpus is None else node.nvml_gpus,
                     gpus=dict(node.gpus),
                     events=list(node.events),
                     sample_time_ns=self.now if node.reporting else node.silent_since_ns,
+                    gpus_on_pci_bus=node.on_pci_bus,
                 )
             )
         return out
@@ -321,11 +324,10 @@ class ReplayEngine(SimulatedWorld):
             dirty.add(payload)
 
     async def _on_reset(self, payload: object, dirty: set[str]) -> None:
-        node, command_id, gpu, ok = payload  # type: ignore[misc]
+        node, command_id, gpu, ok, detail = payload  # type: ignore[misc]
         if ok and not self.config.from_store:
             self._clear(self._node(node), [gpu])
         outcome = vocabulary_pb2.COMMAND_OUTCOME_SUCCEEDED if ok else vocabulary_pb2.COMMAND_OUTCOME_FAILED
-        detail = "" if ok else "the GPU is lost (fallen off the bus): a reset cannot reach it"
         self.controller.on_command_result(
             node, ingest_pb2.CommandResult(id=command_id, outcome=outcome, detail=detail)
         )
@@ -336,7 +338,7 @@ class ReplayEngine(SimulatedWorld):
         sim = self._node(payload)
         sim.boot += 1
         if not self.config.from_store:
-            self._clear(sim, list(sim.gpus))
+            self._clear(sim, list(sim.gpus), reboot=True)
             sim.reporting = True
         dirty.add(payload)
 
@@ -347,7 +349,7 @@ class ReplayEngine(SimulatedWorld):
         if wf is not None and wf.state == Health.QUARANTINED:
             sim = self._node(payload)
             if not self.config.from_store:
-                self._clear(sim, list(sim.gpus))  # the part was replaced
+                self._clear(sim, list(sim.gpus), reboot=True)  # the part was replaced
                 for gpu in sim.gpus.values():
                     gpu.remap_failure = False
             await self.controller.uncordon(payload, "replay: repaired by a technician", TECHNICIAN)

@@ -12,8 +12,11 @@ or with `"signal": "<GpuSample field, as `gpufleet metrics` names it>", "value":
 instead of "xid". A GPU signal keeps its value until the next input for it (as a sampled
 field does). `label` (optional): hardware | software | application | benign. An input with
 a label and neither xid nor signal is a fault gpufleet cannot see (a NIC, a switch, silent
-data corruption): counted as missed, never fed to the controller. The pseudo-signal
-`collector_reporting` (0 or 1, no GPU) says whether the node's collector is reporting."""
+data corruption): counted as missed, never fed to the controller. `cause` (optional, up to 64
+characters): what the fault was (a root cause, a fault kind), so the report counts caught and
+missed per cause. Node signals (no GPU): `collector_reporting` (0 or 1) says whether the
+node's collector is reporting; `gpus_on_pci_bus` the NVIDIA GPUs its PCI bus shows and
+`gpu_count` the GPUs NVML lists (fewer than on the bus: a GPU missing from the driver)."""
 
 from __future__ import annotations
 
@@ -31,12 +34,17 @@ from gpufleet.protos.credentials import node_name_problem
 LABELS = ("hardware", "software", "application", "benign")
 ACTIONABLE = frozenset({"hardware", "software"})  # what automatic repair should take out
 REPORTING = "collector_reporting"
+ON_PCI_BUS = "gpus_on_pci_bus"
+NVML_GPU_COUNT = "gpu_count"
+NODE_SIGNALS = (REPORTING, ON_PCI_BUS, NVML_GPU_COUNT)
+# A signal is a number: text fields (identity, the name of a stuck NVML call) are not signals.
 _GPU_FIELDS = {
     f.name: f
     for f in telemetry_pb2.GpuSample.DESCRIPTOR.fields
-    if f.type != f.TYPE_MESSAGE and f.name not in ("index", "uuid", "model", "pci_bus_id")
+    if f.type not in (f.TYPE_MESSAGE, f.TYPE_STRING, f.TYPE_BYTES) and f.name != "index"
 }
-SIGNALS = (*sorted(_GPU_FIELDS), REPORTING)
+SIGNALS = (*sorted(_GPU_FIELDS), *NODE_SIGNALS)
+MAX_CAUSE_CHARS = 64
 MAX_GPUS = 64
 MAX_INPUTS = 5_000_000
 
@@ -58,6 +66,7 @@ class FaultInput:
     count: int = 1  # a folded storm: this many identical XIDs (the collector's count)
     kind: int = 0  # vocabulary_pb2.EventKind for a recorded non-XID event (the store's history)
     source: int = 0  # vocabulary_pb2.EventSource of a recorded event
+    cause: str = ""  # what the fault was, when known (a trace's "cause", a generated root cause)
 
     @property
     def visible(self) -> bool:
@@ -76,7 +85,11 @@ def _signal_codes() -> dict[str, frozenset[str]]:
 
     codes: dict[str, set[str]] = {}
     for name, factory in RULES.items():
-        for f in getattr(factory, "watch_fields", ()):
+        for f in (
+            *getattr(factory, "watch_fields", ()),
+            *getattr(factory, "context_fields", ()),
+            *getattr(factory, "peer_fields", ()),
+        ):
             codes.setdefault(f, set()).add(name)
     codes.setdefault("lost", set()).update({"gpu_lost", "gpu_missing"})
     codes.setdefault(REPORTING, set()).add("collector_silent")
@@ -149,7 +162,7 @@ def _time_ns(raw: object, where: str) -> int:
     raise TraceError(f'{where}: "time" is missing or {raw!r}; give ISO 8601 or unix seconds')
 
 
-_KEYS = {"time", "node", "gpu", "xid", "signal", "value", "label", "message", "count"}
+_KEYS = {"time", "node", "gpu", "xid", "signal", "value", "label", "message", "count", "cause"}
 
 
 def parse_input(obj: object, where: str) -> FaultInput:
@@ -165,7 +178,16 @@ def parse_input(obj: object, where: str) -> FaultInput:
     xid, signal = obj.get("xid"), obj.get("signal")
     if xid is not None and signal is not None:
         raise TraceError(f'{where}: give "xid" or "signal", not both')
-    base = {"time_ns": _time_ns(obj.get("time"), where), "node": node, "gpu": gpu, "label": label}
+    cause = obj.get("cause", "")
+    if not isinstance(cause, str) or len(cause) > MAX_CAUSE_CHARS or not cause.isprintable():
+        raise TraceError(f'{where}: "cause" must be printable text of at most {MAX_CAUSE_CHARS} characters')
+    base = {
+        "time_ns": _time_ns(obj.get("time"), where),
+        "node": node,
+        "gpu": gpu,
+        "label": label,
+        "cause": cause,
+    }
     if xid is not None:
         if isinstance(xid, bool) or not isinstance(xid, int) or not 1 <= xid <= 1_000_000:
             raise TraceError(f'{where}: "xid" = {xid!r}; give the XID number')
@@ -211,9 +233,13 @@ def _signal_value(obj: dict[str, Any], signal: object, gpu: int | None, where: s
         value = float(value)
     if not isinstance(value, int | float) or not math.isfinite(value) or not -1e18 <= value <= 1e18:
         raise TraceError(f'{where}: "value" = {value!r} for signal {signal}; give a finite number')
-    if signal == REPORTING:
-        if gpu is not None or value not in (0, 1):
-            raise TraceError(f"{where}: {REPORTING} is about the node (no gpu) and is 0 or 1")
+    if signal in NODE_SIGNALS:
+        if gpu is not None:
+            raise TraceError(f'{where}: {signal} is about the node: leave out "gpu"')
+        if signal == REPORTING and value not in (0, 1):
+            raise TraceError(f"{where}: {REPORTING} is 0 or 1, not {value!r}")
+        if not 0 <= value <= MAX_GPUS or value != int(value):
+            raise TraceError(f"{where}: {signal} is a GPU count: give a whole number 0 to {MAX_GPUS}")
         return float(value)
     assert isinstance(signal, str)
     field = _GPU_FIELDS[signal]

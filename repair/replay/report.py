@@ -4,15 +4,17 @@
 - nodes_taken_out: nodes automation cordoned, in the order of their first cordon;
 - gpu_hours_out_of_service: from each automatic cordon to the node's return (automatic
   uncordon, or a person's), or the end of the history; x the node's GPUs;
-- faults by label: a fault is the labeled inputs on one node, GPU and label within 60 s of
-  each other (an XID and the signals it comes with). caught: one of its inputs triggered an
-  automatic cordon (it is in the cordoning incident's findings, seen by then); while_out: it
-  came while its node was already out of service; invisible: it shows no signal gpufleet
-  reads; missed: the rest;
+- faults by label, and by cause where the history names one: a fault is the labeled inputs on
+  one node, GPU, label and cause within 60 s of each other (an XID and the signals it comes
+  with). caught: one of its inputs triggered an automatic cordon (it is in the cordoning
+  incident's findings, seen by then); while_out: it came while its node was already out of
+  service; invisible: it shows no signal gpufleet reads; alerted: not cordoned, but a finding
+  of its kind was raised for its node and GPU (an alert-only rule: a person was told);
+  missed: the rest;
 - false_cordons: cordons whose triggering inputs are all labeled application or benign;
 - precision: cordons with a hardware or software trigger / cordons with a labeled trigger;
-  recall: hardware and software faults caught / those not already out of service (recall_all
-  counts the invisible ones too);
+  recall: hardware and software faults caught / those visible and not already out of service
+  (an alerted one counts as not caught; recall_all counts the invisible ones too);
 - detect_latency_s: from a caught hardware or software fault's first input to its cordon;
 - actions: automatic cordons, drains, GPU resets, reboots and tickets begun, quarantines and
   returns; breaker_trips; lemon_nodes: nodes with repeat_offender_incidents incidents within
@@ -40,12 +42,16 @@ def iso(ns: int) -> str:
     return datetime.fromtimestamp(ns / 1e9, UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
 
 
+OUTCOMES = ("total", "caught", "alerted", "missed", "while_out", "invisible")
+
+
 @dataclass
 class Fault:
     node: str
     gpu: int | None
     label: str
     inputs: list[FaultInput]
+    cause: str = ""
 
     @property
     def time_ns(self) -> int:
@@ -64,12 +70,12 @@ def faults_of(inputs: list[FaultInput]) -> list[Fault]:
     for i in inputs:
         if not i.label:
             continue
-        key = (i.node, i.gpu, i.label)
+        key = (i.node, i.gpu, i.label, i.cause)
         fault = open_.get(key)
         if fault is not None and i.time_ns - fault.inputs[-1].time_ns <= FAULT_GAP_NS:
             fault.inputs.append(i)
             continue
-        fault = open_[key] = Fault(i.node, i.gpu, i.label, [i])
+        fault = open_[key] = Fault(i.node, i.gpu, i.label, [i], i.cause)
         out.append(fault)
     return out
 
@@ -102,13 +108,15 @@ def summarize(run: ReplayRun) -> dict[str, Any]:
         for node, spans in intervals.items()
         for start, end in spans
     )
-    by_label, fault_outcome, latencies = _classify_faults(history.inputs, cordons, triggers, intervals)
+    by_label, by_cause, fault_outcome, latencies = _classify_faults(
+        history.inputs, cordons, triggers, intervals, list(incidents.values())
+    )
 
     labeled = [t for t in triggers if any(i.label for i in t)]
     true_cordons = [t for t in labeled if any(i.label in ACTIONABLE for i in t)]
     actionable = [by_label[label] for label in ACTIONABLE]
     caught = sum(r["caught"] for r in actionable)
-    seen = sum(r["caught"] + r["missed"] for r in actionable)
+    seen = sum(r["caught"] + r["missed"] + r["alerted"] for r in actionable)  # alerted: not taken out
     everything = sum(r["total"] - r["while_out"] for r in actionable)
     taken_out = list(dict.fromkeys(c.node for c in cordons))
     return {
@@ -124,6 +132,7 @@ def summarize(run: ReplayRun) -> dict[str, Any]:
         "nodes_taken_out_in_order": taken_out,
         "gpu_hours_out_of_service": round(gpu_hours, 1),
         "faults": by_label,
+        "causes": by_cause,
         "false_cordons": len(labeled) - len(true_cordons),
         "unlabeled_cordons": len(cordons) - len(labeled),
         "precision": round(len(true_cordons) / len(labeled), 3) if labeled else None,
@@ -163,20 +172,27 @@ def _classify_faults(
     cordons: list[AuditRecord],
     triggers: list[list[FaultInput]],
     intervals: Intervals,
-) -> tuple[dict[str, dict[str, int]], dict[str, str], list[float]]:
-    """Each fault as caught, invisible, while_out or missed (counted by label, named by its
-    ident), and the detection latency of the caught hardware and software ones."""
+    incidents: list[Any],
+) -> tuple[dict[str, dict[str, int]], dict[str, dict[str, int]], dict[str, str], list[float]]:
+    """Each fault as caught, invisible, while_out, alerted or missed (counted by label and by
+    cause, named by its ident), and the detection latency of the caught hardware and software
+    ones."""
     caught_at: dict[int, int] = {}  # id(input) -> cordon time
     for cordon, trigger in zip(cordons, triggers, strict=True):
         for i in trigger:
             caught_at.setdefault(id(i), cordon.time_ns)
-    by_label: dict[str, dict[str, int]] = {
-        label: dict.fromkeys(("total", "caught", "missed", "while_out", "invisible"), 0) for label in LABELS
-    }
+    # Every finding raised, cordoning or not: (gpu, code, seen) by node.
+    raised: dict[str, list[tuple[int | None, str, int]]] = defaultdict(list)
+    for incident in incidents:
+        for finding in incident.findings:
+            raised[incident.node].append((finding.gpu, finding.code, finding.seen_ns))
+    by_label = {label: dict.fromkeys(OUTCOMES, 0) for label in LABELS}
+    by_cause: dict[str, dict[str, int]] = {}
     latencies: list[float] = []
     fault_outcome: dict[str, str] = {}
     for f in faults_of(inputs):
         times = [caught_at[id(i)] for i in f.inputs if id(i) in caught_at]
+        codes = frozenset().union(*(i.codes for i in f.inputs))
         if times:
             outcome = "caught"
             if f.label in ACTIONABLE:
@@ -185,12 +201,21 @@ def _classify_faults(
             outcome = "invisible"
         elif any(start <= f.time_ns < end for start, end in intervals.get(f.node, [])):
             outcome = "while_out"
+        elif any(
+            code in codes and (gpu is None or f.gpu is None or gpu == f.gpu) and seen >= f.time_ns
+            for gpu, code, seen in raised.get(f.node, [])
+        ):
+            outcome = "alerted"
         else:
             outcome = "missed"
-        by_label[f.label]["total"] += 1
-        by_label[f.label][outcome] += 1
+        for counts in (
+            by_label[f.label],
+            *([by_cause.setdefault(f.cause, dict.fromkeys(OUTCOMES, 0))] if f.cause else []),
+        ):
+            counts["total"] += 1
+            counts[outcome] += 1
         fault_outcome[f.ident] = outcome
-    return by_label, fault_outcome, latencies
+    return by_label, dict(sorted(by_cause.items())), fault_outcome, latencies
 
 
 def _actions(audit: list[AuditRecord], cordons: int) -> dict[str, int]:
@@ -320,6 +345,14 @@ def _num(value: float | None) -> str:
     return "-" if value is None else f"{value:.3f}"
 
 
+def _outcomes(f: dict[str, int]) -> str:
+    alerted = f", {f['alerted']} alerted" if f["alerted"] else ""
+    return (
+        f"{f['total']}: {f['caught']} caught{alerted}, {f['missed']} missed, "
+        f"{f['while_out']} while out, {f['invisible']} invisible"
+    )
+
+
 def _figures(r: dict[str, Any]) -> list[tuple[str, str]]:
     lat = r["detect_latency_s"]
     rows = [
@@ -328,13 +361,9 @@ def _figures(r: dict[str, Any]) -> list[tuple[str, str]]:
     ]
     for label, f in r["faults"].items():
         if f["total"]:
-            rows.append(
-                (
-                    f"{label} faults",
-                    f"{f['total']}: {f['caught']} caught, {f['missed']} missed, "
-                    f"{f['while_out']} while out, {f['invisible']} invisible",
-                )
-            )
+            rows.append((f"{label} faults", _outcomes(f)))
+    for cause, f in r.get("causes", {}).items():
+        rows.append((f"  {cause}", _outcomes(f)))
     rows += [
         ("false cordons", str(r["false_cordons"])),
         ("precision", "-" if r["precision"] is None else f"{r['precision']:.3f}"),

@@ -11,7 +11,7 @@ from google.protobuf.descriptor import FieldDescriptor
 
 from gpufleet.protos import ingest_pb2, telemetry_pb2, vocabulary_pb2
 from gpufleet.repair.hooks import HookResult
-from gpufleet.repair.replay.history import REPORTING, FaultInput
+from gpufleet.repair.replay.history import NVML_GPU_COUNT, ON_PCI_BUS, REPORTING, FaultInput
 
 # What a GPU reset (and a reboot) clears on a GPU: the sampled signals that only last until one.
 _BOOL, _DOUBLE = FieldDescriptor.TYPE_BOOL, FieldDescriptor.TYPE_DOUBLE
@@ -25,7 +25,19 @@ CLEARED_BY_RESET = (
     "retired_pages_pending",
     "lost",
     "nvlink_links_inactive",
+    "ecc_sbe_rate_per_s",  # a corrected-error storm: the reset remaps the failing row (simulated)
 )
+# Recovery actions (nvmlGpuRecoveryAction_t) a GPU reset answers: 1 reset, 3 drain P2P, 4 drain and
+# reset. The others (a reboot, a bus reset) clear only with a reboot.
+RESET_RECOVERY_ACTIONS = (1, 3, 4)
+# What a reboot also clears on every GPU, beyond a reset: the driver answers again, the recovery
+# NVML asked for is done, the fabric comes up (3: completed), the link retrains to its maximum.
+FABRIC_COMPLETED = 3
+# Why a reset fails, by the GPU's state.
+_UNREACHABLE = {
+    "lost": "the GPU is lost (fallen off the bus): a reset cannot reach it",
+    "driver_unresponsive": "the driver does not answer for this GPU: a reset cannot reach it",
+}
 
 
 class SimulatedWorld:
@@ -49,6 +61,12 @@ class SimulatedWorld:
                 node.silent_since_ns = i.time_ns
             node.reporting = bool(i.value)
             return
+        if i.signal == ON_PCI_BUS:
+            node.on_pci_bus = int(i.value)
+            return
+        if i.signal == NVML_GPU_COUNT:
+            node.nvml_gpus = int(i.value)
+            return
         if i.gpu is None:
             return
         gpu = node.gpus.get(i.gpu)
@@ -61,7 +79,8 @@ class SimulatedWorld:
             bool(i.value) if kind == _BOOL else float(i.value) if kind == _DOUBLE else int(i.value),
         )
 
-    def _clear(self, node: Any, gpus: list[int]) -> None:  # the engine's _Node
+    def _clear(self, node: Any, gpus: list[int], reboot: bool = False) -> None:  # the engine's _Node
+        """What a GPU reset clears on these GPUs, or (reboot) what a reboot clears on them."""
         for index in gpus:
             gpu = node.gpus.get(index)
             if gpu is None:
@@ -69,6 +88,20 @@ class SimulatedWorld:
             for name in CLEARED_BY_RESET:
                 if not _FIELDS[name].has_presence or gpu.HasField(name):
                     setattr(gpu, name, False if _FIELDS[name].type == _BOOL else 0)
+            if gpu.recovery_action and (reboot or gpu.recovery_action in RESET_RECOVERY_ACTIONS):
+                gpu.recovery_action = 0
+            if not reboot:
+                continue
+            if gpu.HasField("driver_unresponsive"):
+                gpu.driver_unresponsive = False
+            if gpu.HasField("fabric_state"):
+                gpu.fabric_state, gpu.fabric_status = FABRIC_COMPLETED, 0
+            if gpu.HasField("pcie_link_gen_max"):
+                gpu.pcie_link_gen = gpu.pcie_link_gen_max
+            if gpu.HasField("pcie_link_width_max"):
+                gpu.pcie_link_width = gpu.pcie_link_width_max
+        if reboot:
+            node.nvml_gpus = None  # the driver lists every GPU on the bus again
 
     def _send_command(self, node: str, command: ingest_pb2.Command) -> bool:
         gpu = command.reset_gpu.gpu_index
@@ -76,16 +109,22 @@ class SimulatedWorld:
         sample = sim.gpus.get(gpu)
         if not sim.reporting:
             return False  # the node's collector is not connected: the controller records that
-        if sample is not None and sample.lost:
-            self._push(self.now + int(self.config.reset_s * 1e9), "reset", (node, command.id, gpu, False))
+        unreachable = next((n for n in _UNREACHABLE if sample is not None and getattr(sample, n)), None)
+        if unreachable is not None:
+            self._push(
+                self.now + int(self.config.reset_s * 1e9),
+                "reset",
+                (node, command.id, gpu, False, _UNREACHABLE[unreachable]),
+            )
             return True
         if self.config.from_store:
             answer = self._recorded_answer(node, gpu)
             if answer is None:
                 return True  # never answers: the controller's reset_timeout_s fails it, as live
-            self._push(answer[0], "reset", (node, command.id, gpu, answer[1]))
+            when, ok = answer
+            self._push(when, "reset", (node, command.id, gpu, ok, "" if ok else _UNREACHABLE["lost"]))
         else:
-            self._push(self.now + int(self.config.reset_s * 1e9), "reset", (node, command.id, gpu, True))
+            self._push(self.now + int(self.config.reset_s * 1e9), "reset", (node, command.id, gpu, True, ""))
         return True
 
     def _recorded_answer(self, node: str, gpu: int) -> tuple[int, bool] | None:

@@ -53,3 +53,9 @@ TIME_DEPENDENT: frozenset[str] = frozenset(
 WATCH_FIELDS: tuple[str, ...] = tuple(
     dict.fromkeys(f for factory in RULES.values() for f in getattr(factory, "watch_fields", ()))
 )
+
+# The fields rules read beside the watched ones that change rarely (GpuSample fields, and the
+# node's GPU counts): a replay of the store's history reads their changes too.
+CONTEXT_FIELDS: tuple[str, ...] = tuple(
+    dict.fromkeys(f for factory in RULES.values() for f in getattr(factory, "context_fields", ()))
+)

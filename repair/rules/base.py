@@ -18,6 +18,13 @@ class Rule(abc.ABC):
     # (repair_observe_interval_s apart) a node is evaluated only when one of them changed, its
     # liveness changed, or it needs attention (repair/controller.py `run`).
     watch_fields: tuple[str, ...] = ()
+    # Fields it reads beside the watched ones that change rarely (a link's maximum, the GPU count
+    # on the PCI bus): a replay of the store's history reads their changes too, and traces a
+    # finding back to them.
+    context_fields: tuple[str, ...] = ()
+    # Fields it compares across a node's GPUs at every full pass, too busy to watch or to replay
+    # from the store (clocks, power): a trace or generated history may still give them.
+    peer_fields: tuple[str, ...] = ()
     # Whether its findings change with time alone, the samples staying the same (a rate falls
     # as a counter stands still): a replay looks at such a finding again as time passes.
     changes_with_time = False

@@ -74,6 +74,7 @@ class GpuMissingFromDriver(Rule):
     """More NVIDIA GPUs on the PCI bus than NVML lists (counted by the collector in sysfs)."""
 
     name = "gpu_missing_from_driver"
+    context_fields = ("gpus_on_pci_bus", "gpu_count")  # the node's, not a GPU's
 
     def evaluate(self, snap: NodeSnapshot, entry: Entry, policy: Policy, now_ns: int) -> list[Finding]:
         on_bus = snap.gpus_on_pci_bus

@@ -29,6 +29,7 @@ class PcieDowntrained(GpuCheck):
 
     name = "pcie_downtrained"
     watch_fields = ("pcie_link_gen", "pcie_link_width")
+    context_fields = ("pcie_link_gen_max", "pcie_link_width_max")
 
     def check(self, gpu: telemetry_pb2.GpuSample, entry: Entry) -> str | None:
         fields = ("pcie_link_gen", "pcie_link_gen_max", "pcie_link_width", "pcie_link_width_max")

@@ -100,6 +100,7 @@ class GpuSlow(Rule):
     # node at every report; the full passes (repair_observe_interval_s) are enough for a
     # finding that must hold for window_s (600 s shipped) anyway.
     watch_fields = ()
+    peer_fields = tuple(name for name, _, _ in SLOW_SIGNALS)
 
     def evaluate(self, snap: NodeSnapshot, entry: Entry, policy: Policy, now_ns: int) -> list[Finding]:
         flagged: dict[int, list[str]] = {}

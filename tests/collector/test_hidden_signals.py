@@ -4,7 +4,10 @@ for "unknown"."""
 
 from __future__ import annotations
 
+import json
 import os
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -17,6 +20,7 @@ from gpufleet.collector.sources.deadline import DeadlineSampler
 from gpufleet.collector.sources.nvml import NvmlSource
 from gpufleet.collector.sources.pci_bus import count_nvidia_gpus
 from harness.clock import FakeClock
+from harness.paths import REPO
 
 
 def test_link_fabric_and_recovery_action_are_read(node: SimulatedNode, clock: FakeClock) -> None:
@@ -125,3 +129,31 @@ def test_gpus_on_the_pci_bus_are_counted_from_sysfs(tmp_path: Path) -> None:
 def test_this_hosts_pci_bus_is_readable() -> None:
     count = count_nvidia_gpus("/sys/bus/pci/devices")
     assert count is not None and count >= 0
+
+
+def test_the_real_gpu_check_of_hidden_signals_runs_on_the_stand_in() -> None:
+    """bench/real_gpu_hidden.py is what a lent GPU runs (bench/real_gpu.sh): dry-run here on the
+    stand-in NVML, every new field is read and GPU 0's blocked call is flagged and recovered
+    while the other GPUs are sampled."""
+    out = subprocess.run(
+        [
+            sys.executable,
+            str(REPO / "bench" / "real_gpu_hidden.py"),
+            "--simulate",
+            "--deadline-s",
+            "0.3",
+            "--gap-s",
+            "0.2",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.returncode == 0, out.stderr
+    report = json.loads(out.stdout)
+    assert report["gpus_nvml_lists"] == 4
+    for row in report["fields"]:
+        assert "absent" not in row.values(), row
+    path = report["deadline_path"]
+    assert path["ok"] and path["gpu0_stuck_call"] == "nvmlDeviceGetPowerUsage", path
+    assert path["other_gpus_sampled_while_stuck"] == [1, 2, 3] and path["hung_calls_counted"] == 1

@@ -5,13 +5,15 @@ cordons. One aggregator, a node per fault, and a healthy node that must stay cle
 
 from __future__ import annotations
 
+import json
+import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from harness.processes import Cluster
-from harness.repair import FAST_POLICY, audit, incidents, lines, repair_aggregator
+from harness.repair import FAST_POLICY, audit, gpufleet_cli, incidents, lines, repair_aggregator
 from harness.waiting import wait_until
 
 # Short windows, so findings come in seconds (the shipped ones are minutes: repair/default_policy.toml).
@@ -57,6 +59,7 @@ def _scenario(path: Path, fault: str) -> Path:
 
 @pytest.mark.slow
 def test_each_hidden_failure_becomes_its_finding_and_only_that(cluster: Cluster) -> None:
+    started = time.time()
     reboots = cluster.tmp / "reboots.txt"
     agg = repair_aggregator(
         cluster,
@@ -98,3 +101,12 @@ def test_each_hidden_failure_becomes_its_finding_and_only_that(cluster: Cluster)
     # Alert-only rules touch nothing.
     for node in ("pcie-node", "slow-node"):
         assert "cordon" not in [a["action"] for a in audit(agg, cluster, node)], node
+
+    # Replaying the store's own history takes out the nodes the live controller did: the new
+    # signals (and the node's GPU counts) are in the history the replay reads.
+    cordoned = {a["node"] for a in audit(agg, cluster) if a["action"] == "cordon" and a["outcome"] == "ok"}
+    assert cordoned == {"recovery-node", "fabric-node", "missing-node", "storm-node"}, cordoned
+    since = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started - 5))
+    out = gpufleet_cli(agg, cluster, "viewer", "replay", "--since", since, "--json")
+    assert out.returncode == 0, out.stderr
+    assert set(json.loads(out.stdout)["nodes_taken_out_in_order"]) == cordoned

@@ -1,0 +1,134 @@
+"""On a real NVIDIA GPU: what the driver answers for each signal of the failures it hides, and
+the call-deadline path (docs/repair.md "Failures the driver hides"). Prints one JSON document.
+
+- each new field per GPU: recovery action, PCIe link gen/width now and max, NVLink fabric
+  state/status, the corrected-ECC rate (two samples, `--gap-s` apart): present, or absent;
+- the GPUs on the PCI bus (sysfs) against the GPUs NVML lists;
+- the deadline path on the real driver: GPU 0's power call made to block (a wrapper around the
+  real pynvml function, for GPU 0 only) while the real calls of every GPU go on; the sampler
+  must report GPU 0 driver_unresponsive within the deadline, sample every other GPU, and
+  recover once the call is let go.
+
+    python bench/real_gpu_hidden.py [--deadline-s 1.0] [--gap-s 2.0]
+    python bench/real_gpu_hidden.py --simulate   # the same on the stand-in NVML (no GPU)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import threading
+import time
+from typing import Any
+
+import pynvml
+
+from gpufleet.collector.sources.deadline import DeadlineSampler
+from gpufleet.collector.sources.nvml import NvmlSource
+from gpufleet.collector.sources.pci_bus import count_nvidia_gpus
+
+HIDDEN_FIELDS = (
+    "recovery_action",
+    "pcie_link_gen",
+    "pcie_link_gen_max",
+    "pcie_link_width",
+    "pcie_link_width_max",
+    "fabric_state",
+    "fabric_status",
+    "ecc_sbe_rate_per_s",
+)
+
+
+def fields(source: NvmlSource, gap_s: float) -> list[dict[str, Any]]:
+    source.sample()  # the first corrected-ECC count: the rate needs two
+    time.sleep(gap_s)  # a benchmark's pause between two real samples, not synchronisation
+    out = []
+    for sample in source.sample():
+        row: dict[str, Any] = {"gpu": sample.index, "model": sample.model}
+        for name in HIDDEN_FIELDS:
+            row[name] = getattr(sample, name) if sample.HasField(name) else "absent"
+        out.append(row)
+    return out
+
+
+def deadline_path(source: NvmlSource, deadline_s: float) -> dict[str, Any]:
+    real = pynvml.nvmlDeviceGetPowerUsage
+    stuck_handle = source.gpus[0].handle
+    release = threading.Event()
+
+    def blocking(handle: Any) -> int:
+        if handle is stuck_handle and not release.is_set():
+            release.wait(600)
+        return real(handle)
+
+    pynvml.nvmlDeviceGetPowerUsage = blocking
+    # nvml.py reads power through its reader, which looks the name up on pynvml at call time.
+    sampler = DeadlineSampler(source, deadline_s)
+    started = time.monotonic()
+    flagged_after_s = None
+    ticks = []
+    try:
+        while time.monotonic() - started < deadline_s * 4 + 5:
+            samples = sampler.sample(wait_s=deadline_s)
+            by_gpu = {s.index: s for s in samples}
+            ticks.append(sorted(by_gpu))
+            if by_gpu.get(0) is not None and by_gpu[0].driver_unresponsive:
+                flagged_after_s = round(time.monotonic() - started, 3)
+                call = by_gpu[0].driver_unresponsive_call
+                others = [i for i in by_gpu if i != 0 and not by_gpu[i].driver_unresponsive]
+                break
+        else:
+            call, others = "", []
+        release.set()
+        recovered_after_s = None
+        for _ in range(20):
+            samples = sampler.sample(wait_s=deadline_s)
+            first = next((s for s in samples if s.index == 0), None)
+            if first is not None and not first.driver_unresponsive and first.HasField("power_w"):
+                recovered_after_s = round(time.monotonic() - started, 3)
+                break
+    finally:
+        release.set()
+        pynvml.nvmlDeviceGetPowerUsage = real
+    return {
+        "deadline_s": deadline_s,
+        "gpu0_flagged_after_s": flagged_after_s,
+        "gpu0_stuck_call": call,
+        "other_gpus_sampled_while_stuck": others,
+        "gpus_in_total": len(source.gpus),
+        "hung_calls_counted": sampler.hung_total,
+        "gpu0_recovered_after_s": recovered_after_s,
+        "ok": flagged_after_s is not None
+        and flagged_after_s <= deadline_s * 2 + 1
+        and recovered_after_s is not None
+        and len(others) == len(source.gpus) - 1,
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--deadline-s", type=float, default=1.0)
+    ap.add_argument("--gap-s", type=float, default=2.0)
+    ap.add_argument("--simulate", action="store_true", help="the stand-in NVML (4 GPUs), for a dry run")
+    args = ap.parse_args()
+    if args.simulate:
+        from gpufleet.collector.simnvml.library import SimulatedNvmlLibrary, install
+        from gpufleet.collector.simnvml.machine import SimulatedNode
+
+        install(SimulatedNvmlLibrary(SimulatedNode("dry-run", 4, "H100")))
+    source = NvmlSource()
+    try:
+        report = {
+            "driver_version": source.driver_version,
+            "gpus_nvml_lists": len(source.gpus),
+            "gpus_on_pci_bus": count_nvidia_gpus("/sys/bus/pci/devices"),
+            "fields": fields(source, args.gap_s),
+            "deadline_path": deadline_path(source, args.deadline_s),
+        }
+    finally:
+        source.close()
+    print(json.dumps(report, indent=2))
+
+
+if __name__ == "__main__":
+    main()
