@@ -3,9 +3,11 @@ two aggregators in one process, as in tests, do not share counters)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-from gpufleet.aggregator.ingest.spool import Spool
+from gpufleet.aggregator.ingest.spool import SpoolStatus
 from gpufleet.aggregator.store.base import Store
 
 
@@ -75,8 +77,9 @@ class AggregatorMetrics:
             registry=r,
         )
 
-    def watch_spool(self, spool: Spool, store: Store) -> None:
-        """Gauges read from the spool (and the store's own drop count) at scrape time."""
+    def watch_spool(self, spool_status: Callable[[], SpoolStatus], store: Store) -> None:
+        """Gauges read from the spool (this process's and its ingest workers', as one) and the
+        store's own drop count, at scrape time."""
         r = self.registry
         for name, help_text, attr in (
             ("gpufleet_spool_bytes", "bytes held in the on-disk spool", "bytes"),
@@ -105,7 +108,7 @@ class AggregatorMetrics:
             ),
         ):
             Gauge(name, help_text, registry=r).set_function(
-                lambda attr=attr: float(getattr(spool.status(), attr))
+                lambda attr=attr: float(getattr(spool_status(), attr))
             )
         Gauge(
             "gpufleet_store_points_dropped",

@@ -15,7 +15,7 @@ from gpufleet.aggregator.fleet.export import EventExporter, WritePoints
 from gpufleet.aggregator.fleet.state import FleetState
 from gpufleet.aggregator.ingest.service import IngestService
 from gpufleet.aggregator.metrics import AggregatorMetrics
-from gpufleet.protos import ingest_pb2, telemetry_pb2
+from gpufleet.protos import columns, ingest_pb2, telemetry_pb2
 from gpufleet.protos.names import HEALTH_STATES
 from gpufleet.repair.alerts import open_sinks
 from gpufleet.repair.alerts.dispatcher import AlertDispatcher, Spawn
@@ -64,12 +64,36 @@ class HealthWatch:
         # One C call per GPU for every watched field (an absent field reads as its default: a
         # field going absent is seen at the next full pass, not at its report).
         self._fingerprint = operator.attrgetter("index", "lost", *self.FIELDS)
+        # Columns: the watched fields' slots of each layout (an absent slot holds 0, the default).
+        self._column_getters: dict[tuple, Callable[[tuple], tuple]] = {}
 
     def on_report(self, report: telemetry_pb2.NodeReport) -> None:
-        self.on_gpus(report.node, report.gpus, bool(report.events))
+        if report.HasField("gpu_columns"):
+            self._changed(report.node, self._column_fingerprint(report.gpu_columns), bool(report.events))
+        else:
+            self.on_gpus(report.node, report.gpus, bool(report.events))
+
+    def _column_fingerprint(self, cols: telemetry_pb2.GpuColumns) -> tuple[object, ...]:
+        key = (tuple(cols.double_fields), tuple(cols.integer_fields), tuple(cols.bool_fields), cols.count)
+        get = self._column_getters.get(key)
+        if get is None:
+            order = key[0] + key[1] + key[2]
+            watched = {columns.number_of(f) for f in self.FIELDS}
+            at = [
+                k * cols.count + i
+                for k, number in enumerate(order)
+                if number in watched
+                for i in range(cols.count)
+            ]
+            if len(self._column_getters) > 4096:
+                self._column_getters.clear()
+            get = self._column_getters[key] = columns.getter(at)
+        return (tuple(cols.index), cols.lost, get(columns.values(cols))) if cols.count else ()
 
     def on_gpus(self, node: str, gpus: Iterable[telemetry_pb2.GpuSample], events: bool) -> None:
-        fingerprint = tuple(map(self._fingerprint, gpus))
+        self._changed(node, tuple(map(self._fingerprint, gpus)), events)
+
+    def _changed(self, node: str, fingerprint: tuple[object, ...], events: bool) -> None:
         changed = bool(fingerprint) and self._last.get(node) != fingerprint
         if fingerprint:
             self._last[node] = fingerprint

@@ -34,6 +34,7 @@ from gpufleet.protos import fleet_pb2_grpc
 from gpufleet.repair.state import RepairState, open_state
 
 log = logging.getLogger("gpufleet.aggregator")
+WORKER_START_S = 30.0  # how long a start waits for the ingest workers' first word
 
 
 class Aggregator(StatusReports, BackgroundLoops):
@@ -50,13 +51,13 @@ class Aggregator(StatusReports, BackgroundLoops):
         self.spool = Spool(config.data_path / "spool", config.spool_max_bytes, config.spool_warn_ratio)
         # Batches spooled by ingest workers that this configuration no longer runs drain from here.
         adopt_orphans(config.data_path, config.ingest_workers, self.spool)
-        self.metrics.watch_spool(self.spool, self.store)
         self.writer = GroupCommitWriter(self.store, self.metrics, self.spool)
         self.pool = (
             WorkerPool(config, self.metrics, logging.getLevelName(logging.getLogger().getEffectiveLevel()))
             if config.ingest_workers
             else None
         )
+        self.metrics.watch_spool(self.spool_status, self.store)
         # Who makes reports durable: the worker processes, or this process's writer. The
         # watchdog and the status read it the same way.
         self.sink: GroupCommitWriter | WorkerPool = self.pool or self.writer
@@ -127,12 +128,8 @@ class Aggregator(StatusReports, BackgroundLoops):
         return CollectorAuth(self.auth, modes, kubernetes)
 
     async def start(self) -> Bound:
-        self.writer.start(self.supervisor)  # with workers too: it drains this process's spool
-        if self.pool is not None:
-            for task in self.pool.start(self.supervisor):
-                self._tasks[task.get_name()] = task
-        self._tasks["fanout"] = self.supervisor.start("fanout", self.fanout.run)
-        self._started = True
+        # The ports first: an address refused (plaintext off loopback, in use) stops the start
+        # before any worker process or task exists.
         options = server_options(self.config.max_report_bytes)
         ingest_server = grpc.aio.server(options=options)
         ingest_server.add_generic_rpc_handlers((self.ingest.handler(),))
@@ -143,8 +140,25 @@ class Aggregator(StatusReports, BackgroundLoops):
         fleet_pb2_grpc.add_FleetServicer_to_server(self.fleet_service, fleet_server)
         fleet_addr = add_port(fleet_server, self.config.fleet_listen, self.config)
         self._servers = [ingest_server, fleet_server]
+        self.writer.start(self.supervisor)  # with workers too: it drains this process's spool
+        if self.pool is not None:
+            for task in self.pool.start(self.supervisor):
+                self._tasks[task.get_name()] = task
+        self._tasks["fanout"] = self.supervisor.start("fanout", self.fanout.run)
+        self._started = True
         for server in self._servers:
             await server.start()
+        if self.pool is not None:
+            # Ready means the workers run and their spools are counted (a restart with spooled
+            # batches says so in its first status, not a second later).
+            late = await self.pool.wait_started(WORKER_START_S)
+            if late:
+                log.warning(
+                    "ingest worker(s) %s not running %g s after start; their nodes' reports wait "
+                    "(the status and /ready say so until they are)",
+                    ", ".join(map(str, late)),
+                    WORKER_START_S,
+                )
         metrics_addr = ""
         if self.config.metrics_listen:
             host, port = split_address(self.config.metrics_listen)
@@ -237,7 +251,11 @@ async def run_aggregator(config: AggregatorConfig) -> None:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
-    await aggregator.start()
+    try:
+        await aggregator.start()
+    except BaseException:
+        await aggregator.stop()  # whatever did start (worker processes, tasks) stops with it
+        raise
     aggregator.run_background(stop)
     await stop.wait()
     await aggregator.wait_loops()

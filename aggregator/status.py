@@ -3,6 +3,7 @@ GetStatus, `gpufleet status` and the dashboard) and the status the Fleet API ser
 
 from __future__ import annotations
 
+from gpufleet.aggregator.ingest.spool import SpoolStatus
 from gpufleet.common.redact import redact
 from gpufleet.common.version import __version__
 from gpufleet.protos import fleet_pb2
@@ -34,12 +35,14 @@ class StatusReports:
                 reasons.append(f"background task {name} has ended")
         return reasons
 
-    def status(self) -> fleet_pb2.AggregatorStatus:
+    def spool_status(self) -> SpoolStatus:
+        """This process's spool and its ingest workers' (with workers, theirs hold most)."""
         spool = self.spool.status()
+        return spool if self.pool is None else self.pool.spool_status(spool)
+
+    def status(self) -> fleet_pb2.AggregatorStatus:
+        spool = self.spool_status()
         batches, size, points = spool.batches, spool.bytes, spool.points
-        if self.pool is not None:  # the workers' spools too
-            more = self.pool.spool_totals()
-            batches, size, points = batches + more[0], size + more[1], points + more[2]
         reasons = self.unhealthy()
         not_acking = self.sink.not_acking
         store_error = self.sink.store_error or self.writer.store_error

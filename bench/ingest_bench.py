@@ -3,6 +3,11 @@
     python bench/ingest_bench.py                       # 2,000 nodes x 8 GPUs, 1 s interval
     python bench/ingest_bench.py --mode flood --nodes 200
     python bench/ingest_bench.py --repeat 3            # medians over 3 runs of each
+    python bench/ingest_bench.py --repeat 3 --spin 1   # ... with one core kept busy by a spinning process
+    python bench/ingest_bench.py --layouts columns     # only collectors that send columns
+
+Each layout of the GPU samples (`--layouts columns,per-gpu`: as collectors send them by default,
+and as older collectors do) is run against the bare server and the aggregator, side by side.
 
 For each target it starts the server as its own process, drives it with bench/loadgen.py
 (another process), and samples the server process's CPU and RSS with psutil over the
@@ -84,7 +89,9 @@ def aggregator_argv(data_dir: Path, secrets: Path, ready: Path, *extra: str) -> 
     ]
 
 
-def run_target(target: str, args: argparse.Namespace, tmp: Path, secrets: Path, secret: str) -> dict:
+def run_target(
+    target: str, args: argparse.Namespace, tmp: Path, secrets: Path, secret: str, columnar: bool = True
+) -> dict:
     ready = tmp / f"{target}.ready.json"
     ready.unlink(missing_ok=True)
     log = open(tmp / f"{target}.log", "ab")  # noqa: SIM115 (closed below)
@@ -92,7 +99,8 @@ def run_target(target: str, args: argparse.Namespace, tmp: Path, secrets: Path, 
         argv = [sys.executable, str(HERE / "bare_server.py"), "--ready-file", str(ready)]
     else:
         data = tmp / f"data-{time.monotonic_ns()}"
-        argv = aggregator_argv(data, secrets, ready, "--ingest-workers", str(args.ingest_workers))
+        workers = () if args.ingest_workers is None else ("--ingest-workers", str(args.ingest_workers))
+        argv = aggregator_argv(data, secrets, ready, *workers)
     server = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
     try:
         bound = wait_for_file(ready, server, 60)
@@ -109,6 +117,7 @@ def run_target(target: str, args: argparse.Namespace, tmp: Path, secrets: Path, 
                 seconds=args.seconds,
                 window=args.window,
                 procs=args.loadgen_procs,
+                columnar=columnar,
             )
         )
         sampler.stop.set()
@@ -128,15 +137,21 @@ def run_target(target: str, args: argparse.Namespace, tmp: Path, secrets: Path, 
 
 
 def run_pair(args: argparse.Namespace, tmp: Path, secrets: Path, secret: str, label: str) -> dict[str, list]:
-    runs: dict[str, list[dict]] = {"bare": [], "aggregator": []}
+    """Each layout's bare and aggregator runs, interleaved run by run (a noisy minute hits all)."""
+    names = [
+        (f"{target} ({layout})", target, layout)
+        for layout in args.layouts
+        for target in ("bare", "aggregator")
+    ]
+    runs: dict[str, list[dict]] = {name: [] for name, _, _ in names}
     offered = args.nodes / args.interval if args.mode == "paced" else 0.0
     for i in range(args.repeat):
-        for target in ("bare", "aggregator"):
-            r = run_target(target, args, tmp, secrets, secret)
+        for name, target, layout in names:
+            r = run_target(target, args, tmp, secrets, secret, columnar=layout == "columns")
             r["acked_fraction"] = r["acked"] / max(1, r["sent"])
-            runs[target].append(r)
+            runs[name].append(r)
             print(
-                f"  {label}run {i + 1} {target:10s}: {r['reports_per_s']:8.0f} reports/s"
+                f"  {label}run {i + 1} {name:22s}: {r['reports_per_s']:8.0f} reports/s"
                 + (f" ({r['acked'] / (offered * args.seconds):.1%} of offered)" if offered else "")
                 + f", CPU {r['cpu_pct']:5.0f}%, load generator CPU {r['loadgen_cpu_pct']:4.0f}%, "
                 f"p99 ack {r['ack_latency_p99_ms'] or float('nan'):7.1f} ms, "
@@ -216,7 +231,22 @@ def main() -> None:
     p.add_argument("--repeat", type=int, default=1, help="runs of each target; medians are reported")
     p.add_argument("--loadgen-procs", type=int, default=2, help="load generator processes")
     p.add_argument(
-        "--ingest-workers", type=int, default=2, help="the aggregator's ingest_workers (0: in one process)"
+        "--ingest-workers",
+        type=int,
+        default=None,
+        help="the aggregator's ingest_workers (0: in one process; default: the aggregator's, one per core)",
+    )
+    p.add_argument(
+        "--layouts",
+        type=lambda s: s.split(","),
+        default=["columns", "per-gpu"],
+        help="GPU sample layouts to run, comma-separated: columns, per-gpu (default both)",
+    )
+    p.add_argument(
+        "--spin",
+        type=int,
+        default=0,
+        help="processes spinning on the CPU for the whole bench (a busy neighbour)",
     )
     p.add_argument(
         "--capacity",
@@ -229,6 +259,19 @@ def main() -> None:
     new_secrets_file(secrets, [])
     secret = tomllib.loads(secrets.read_text())["collector_secret"]
     print(f"machine: {machine()}", flush=True)
+    spinners = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(args.spin)]
+    if spinners:
+        print(
+            f"{len(spinners)} spinning process(es) keep {len(spinners)} core(s) busy throughout", flush=True
+        )
+    try:
+        _bench(args, tmp, secrets, secret)
+    finally:
+        for s in spinners:
+            s.kill()
+
+
+def _bench(args: argparse.Namespace, tmp: Path, secrets: Path, secret: str) -> None:
     if args.capacity:
         print(
             f"capacity search: {args.gpus} GPUs a node, {args.interval:g} s interval, "
@@ -243,35 +286,40 @@ def main() -> None:
         f"ingest benchmark: {args.nodes} nodes x {args.gpus} GPUs, mode {args.mode}"
         + (f", {args.interval:g}s interval (offered {offered:.0f} reports/s)" if args.mode == "paced" else "")
         + f", {args.seconds:g}s window, {args.repeat} run(s) each, "
-        f"{args.loadgen_procs} load generator processes on the same cores, "
-        f"ingest_workers = {args.ingest_workers}",
+        f"{args.loadgen_procs} load generator processes on the same cores, ingest_workers = "
+        f"{'the default (one per core)' if args.ingest_workers is None else args.ingest_workers}",
         flush=True,
     )
     runs = run_pair(args, tmp, secrets, secret, "")
     med = medians(runs)
     print()
     print(
-        f"{'':12s}{'reports/s':>12s}{'GPU samples/s':>15s}{'CPU %':>8s}{'loadgen %':>11s}"
+        f"{'':24s}{'reports/s':>12s}{'GPU samples/s':>15s}{'CPU %':>8s}{'loadgen %':>11s}"
         f"{'peak RSS MiB':>14s}{'ack p50 ms':>12s}{'ack p99 ms':>12s}"
     )
     for t, m in med.items():
         print(
-            f"{t:12s}{m['reports_per_s']:12.0f}{m['gpu_samples_per_s']:15.0f}{m['cpu_pct']:8.0f}"
+            f"{t:24s}{m['reports_per_s']:12.0f}{m['gpu_samples_per_s']:15.0f}{m['cpu_pct']:8.0f}"
             f"{m['loadgen_cpu_pct']:11.0f}{m['peak_rss_mib']:14.0f}{m['ack_latency_p50_ms']:12.1f}"
             f"{m['ack_latency_p99_ms']:12.1f}"
         )
-    a, b = med["aggregator"], med["bare"]
-    print(
-        f"\nratio aggregator/bare (medians): throughput {a['reports_per_s'] / b['reports_per_s']:.2f}, "
-        f"CPU {a['cpu_pct'] / b['cpu_pct']:.2f}, CPU per report "
-        f"{(a['cpu_pct'] / a['reports_per_s']) / (b['cpu_pct'] / b['reports_per_s']):.2f}"
-    )
-    if args.mode == "paced":
-        n = kept_up(runs["aggregator"], offered, args.seconds)
+    print()
+    for layout in args.layouts:
+        a, b = med[f"aggregator ({layout})"], med[f"bare ({layout})"]
         print(
-            f"aggregator kept >= 99 % of the offered {offered:.0f} reports/s acknowledged in {n} of "
-            f"{args.repeat} runs (median {a['reports_per_s'] / offered:.1%})"
+            f"{layout}: ratio aggregator/bare (medians): throughput "
+            f"{a['reports_per_s'] / b['reports_per_s']:.2f}, "
+            f"CPU {a['cpu_pct'] / b['cpu_pct']:.2f}, CPU per report "
+            f"{(a['cpu_pct'] / a['reports_per_s']) / (b['cpu_pct'] / b['reports_per_s']):.2f}"
         )
+        if args.mode == "paced":
+            n = kept_up(runs[f"aggregator ({layout})"], offered, args.seconds)
+            p99 = [r["ack_latency_p99_ms"] for r in runs[f"aggregator ({layout})"]]
+            print(
+                f"  aggregator kept >= 99 % of the offered {offered:.0f} reports/s acknowledged in {n} of "
+                f"{args.repeat} runs (median {a['reports_per_s'] / offered:.1%}); ack p99 per run: "
+                + ", ".join(f"{x:.0f} ms" if x is not None else "-" for x in p99)
+            )
     print(f"(logs and data in {tmp})")
 
 

@@ -26,7 +26,7 @@ import grpc
 import psutil
 
 from gpufleet.aggregator.auth.tokens import issue_collector_token
-from gpufleet.protos import ingest_pb2, telemetry_pb2
+from gpufleet.protos import columns, ingest_pb2, telemetry_pb2
 
 METHOD = "/gpufleet.v1.Ingest/Stream"
 STREAMS_PER_CHANNEL = 50
@@ -93,7 +93,9 @@ class ReportBytes:
         return _REPORT_TAG + _varint(len(body)) + body
 
 
-def build_report(node: str, gpus: int) -> ingest_pb2.CollectorMessage:
+def build_report(node: str, gpus: int, columnar: bool = False) -> ingest_pb2.CollectorMessage:
+    """A node's report as the collector sends it: its GPU samples as columns (GpuColumns) when
+    columnar, else one GpuSample each."""
     msg = ingest_pb2.CollectorMessage()
     r = msg.report
     r.node, r.cluster, r.boot_id, r.interval_s = node, "bench", "bench-boot", 1.0
@@ -111,6 +113,9 @@ def build_report(node: str, gpus: int) -> ingest_pb2.CollectorMessage:
             power_w=612.5,
             power_limit_w=700.0,
         )
+    if columnar:
+        r.gpu_columns.CopyFrom(columns.to_columns(r.gpus))
+        r.ClearField("gpus")
     return msg
 
 
@@ -135,6 +140,7 @@ async def node_stream(
             cluster="bench",
             boot_id="bench-boot",
             interval_s=args.interval,
+            columnar_gpus=args.columnar,
             gpus=[
                 telemetry_pb2.GpuIdentity(index=i, uuid=f"GPU-{node}-{i}", model="NVIDIA H100 80GB HBM3")
                 for i in range(args.gpus)
@@ -144,7 +150,7 @@ async def node_stream(
     await call.write(hello.SerializeToString())
     await call.read()
     stats.connected += 1
-    msg = build_report(node, args.gpus)
+    msg = build_report(node, args.gpus, args.columnar)
     msg.report.interval_s = args.interval
     wire = ReportBytes(msg)
     sent_at: dict[int, float] = {}
@@ -264,6 +270,7 @@ class Load:
     warmup: float = 3.0
     drain: float = 3.0
     procs: int = 2
+    columnar: bool = False  # GPU samples as columns (GpuColumns), as collectors send by default
 
 
 class CpuSampler(threading.Thread):
@@ -317,7 +324,7 @@ def drive(load: Load) -> dict[str, object]:
         argv = [sys.executable, str(HERE), "--child", "--first", str(first), "--count", str(count)]
         for name in ("address", "secret", "nodes", "gpus", "interval", "mode", "window", "seconds", "warmup"):
             argv += [f"--{name}", str(getattr(load, name))]
-        argv += ["--drain", str(load.drain)]
+        argv += ["--drain", str(load.drain), *(["--columnar"] if load.columnar else [])]
         children.append(subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True))
         first += count
     try:
@@ -381,6 +388,7 @@ def main() -> None:
     p.add_argument("--seconds", type=float, default=20.0)
     p.add_argument("--warmup", type=float, default=3.0)
     p.add_argument("--drain", type=float, default=3.0)
+    p.add_argument("--columnar", action="store_true", help="GPU samples as columns")
     args = p.parse_args()
     print(json.dumps(asyncio.run(child(args))), flush=True)
 

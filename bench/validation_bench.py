@@ -1,13 +1,15 @@
 """Cost of checking a report against every wire rule and converting it to points, next to the
-cost of decoding it (what gRPC pays for every report anyway), in one process and one run.
+cost of decoding it (what gRPC pays for every report anyway), in one process and one run, for
+both layouts of its GPU samples: per GPU (`NodeReport.gpus`) and as columns (`gpu_columns`).
 
     python bench/validation_bench.py                # 8 GPUs, every field NVML gives set
     python bench/validation_bench.py --gpus 8 --runs 7
 
-A report of `--gpus` GPUs with every GpuSample field set (the worst case: an absent field
-costs nothing), one engine and the collector's stats. Prints the median µs per report over
---runs runs of --n reports each for: decoding the report's bytes (baseline), the ingest checks
-plus point conversion (`Checker.check_report`, aggregator/ingest/validation.py), and their ratio.
+A report of `--gpus` GPUs with every GpuSample measurement set (the worst case: an absent field
+costs nothing), a process per GPU, one engine and the collector's stats. Prints, per layout, the
+median µs per report over --runs runs of --n reports each for: decoding the report's bytes (the
+baseline), the ingest checks plus point conversion (`Checker.check_report`,
+aggregator/ingest/validation.py and columns.py), and their ratio; then columns against per GPU.
 """
 
 from __future__ import annotations
@@ -16,14 +18,21 @@ import argparse
 import statistics
 import time
 
+from loadgen import machine  # bench/ is on sys.path when a bench script runs
+
 from gpufleet.aggregator.ingest.validation import Checker
-from gpufleet.protos import ingest_pb2, telemetry_pb2
+from gpufleet.protos import columns, ingest_pb2, telemetry_pb2
 
 
 def full_report(gpus: int) -> tuple[telemetry_pb2.NodeReport, ingest_pb2.Hello]:
     now = time.time_ns()
     hello = ingest_pb2.Hello(
-        protocol_version=1, node="bench-node", cluster="bench", boot_id="b", interval_s=1.0
+        protocol_version=1,
+        node="bench-node",
+        cluster="bench",
+        boot_id="b",
+        interval_s=1.0,
+        columnar_gpus=True,
     )
     report = telemetry_pb2.NodeReport(
         node="bench-node", cluster="bench", boot_id="b", seq=7, time_unix_ns=now, interval_s=1.0
@@ -66,6 +75,14 @@ def full_report(gpus: int) -> tuple[telemetry_pb2.NodeReport, ingest_pb2.Hello]:
             nvlink_recovery_total=0,
             nvlink_crc_total=0,
             process_count=1,
+            recovery_action=0,
+            pcie_link_gen=5,
+            pcie_link_gen_max=5,
+            pcie_link_width=16,
+            pcie_link_width_max=16,
+            fabric_state=3,
+            fabric_status=0,
+            ecc_sbe_rate_per_s=0.0,
         ).processes.add(pid=4242, used_memory_bytes=58 << 30)
     report.engines.add(
         engine="vllm", model="llama-3-70b", port=8000, gpu_indices=list(range(gpus)), readable=True,
@@ -91,20 +108,39 @@ def main() -> None:
     p.add_argument("--runs", type=int, default=5)
     args = p.parse_args()
     report, hello = full_report(args.gpus)
-    data = report.SerializeToString()
-    checker = Checker(1 << 20, 14 * 86400, 300)
-    points = checker.check_report(report, hello)  # warm: tag cache, compiled rules
-    decode = [
-        per_report_us(lambda: telemetry_pb2.NodeReport.FromString(data), args.n) for _ in range(args.runs)
-    ]
-    check = [per_report_us(lambda: checker.check_report(report, hello), args.n) for _ in range(args.runs)]
-    d, c = statistics.median(decode), statistics.median(check)
-    print(f"report: {args.gpus} GPUs, every field set, {len(data)} bytes, {len(points)} points")
-    print(f"decode (baseline)        {d:8.1f} µs per report  (runs: {', '.join(f'{x:.0f}' for x in decode)})")
-    print(f"check + convert          {c:8.1f} µs per report  (runs: {', '.join(f'{x:.0f}' for x in check)})")
-    print(
-        f"ratio check+convert / decode: {c / d:.1f}x; at 2,000 reports/s: {c * 2000 / 1e4:.0f} % of one core"
-    )
+    columnar = telemetry_pb2.NodeReport()
+    columnar.CopyFrom(report)
+    columnar.ClearField("gpus")
+    columnar.gpu_columns.CopyFrom(columns.to_columns(report.gpus))
+    print(f"machine: {machine()}")
+    costs = {}
+    for layout, r in (("per GPU", report), ("columns", columnar)):
+        data = r.SerializeToString()
+        checker = Checker(1 << 20, 14 * 86400, 300)
+        points = checker.check_report(r, hello)  # warm: tag cache, compiled rules, layout plan
+        decode = [
+            per_report_us(lambda data=data: telemetry_pb2.NodeReport.FromString(data), args.n)
+            for _ in range(args.runs)
+        ]
+        check = [
+            per_report_us(lambda r=r, checker=checker: checker.check_report(r, hello), args.n)
+            for _ in range(args.runs)
+        ]
+        d, c = statistics.median(decode), statistics.median(check)
+        costs[layout] = c
+        print(f"{layout}: {args.gpus} GPUs, every field set, {len(data)} bytes, {len(points)} points")
+        print(
+            f"  decode (baseline)      {d:8.1f} µs per report  "
+            f"(runs: {', '.join(f'{x:.1f}' for x in decode)})"
+        )
+        print(
+            f"  check + convert        {c:8.1f} µs per report  (runs: {', '.join(f'{x:.0f}' for x in check)})"
+        )
+        print(
+            f"  ratio check+convert / decode: {c / d:.1f}x; "
+            f"at 2,000 reports/s: {c * 2000 / 1e4:.0f} % of one core"
+        )
+    print(f"columns / per GPU, check + convert: {costs['columns'] / costs['per GPU']:.2f}x")
 
 
 if __name__ == "__main__":

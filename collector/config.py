@@ -46,6 +46,11 @@ class CollectorConfig:
         False, "opt in to secret_file, knowing one compromised node could then report as any other"
     )
     interval_s: float = _setting(5.0, "seconds between samples")
+    columnar_gpus: bool = _setting(
+        True,
+        "send the GPU samples as columns (one array per field), which the aggregator checks and "
+        "stores in bulk; used only with an aggregator that says it takes them",
+    )
     buffer_reports: int = _setting(
         3600,
         "unacknowledged reports kept for replay; the oldest is dropped (and counted) beyond this",

@@ -14,7 +14,7 @@ import grpc
 
 from gpufleet.collector.commands import run_command
 from gpufleet.common.version import __version__
-from gpufleet.protos import ingest_pb2, ingest_pb2_grpc
+from gpufleet.protos import columns, ingest_pb2, ingest_pb2_grpc, telemetry_pb2
 
 log = logging.getLogger("gpufleet.collector")
 
@@ -49,6 +49,7 @@ class Streaming:
                 gpus=self.source.inventory(),
                 driver_version=self.source.driver_version,
                 simulated=self.simulated,
+                columnar_gpus=self.config.columnar_gpus,
             )
         )
 
@@ -75,15 +76,18 @@ class Streaming:
             first = await call.read()
             if first is grpc.aio.EOF or first.WhichOneof("body") != "welcome":
                 raise ConnectionError("aggregator did not answer the hello with a welcome")
+            # Columns only where both ends said so: an older aggregator gets per-GPU samples.
+            columnar = c.columnar_gpus and first.welcome.columnar_gpus
             log.info(
-                "connected to aggregator %s; %d unacknowledged report(s) to replay",
+                "connected to aggregator %s (GPU samples %s); %d unacknowledged report(s) to replay",
                 self.aggregator,
+                "as columns" if columnar else "per GPU",
                 len(self.buffer),
                 extra={"aggregator": self.aggregator, "boot_id": self.boot_id},
             )
             self.connected.set()
             self._welcomed = True
-            sender = asyncio.create_task(self._send_loop(call))
+            sender = asyncio.create_task(self._send_loop(call, columnar))
             receiver = asyncio.create_task(self._receive_loop(call))
             stopper = asyncio.create_task(stop.wait())
             try:
@@ -107,7 +111,7 @@ class Streaming:
         async with self._write_lock:
             await call.write(message)
 
-    async def _send_loop(self, call: grpc.aio.StreamStreamCall) -> None:
+    async def _send_loop(self, call: grpc.aio.StreamStreamCall, columnar: bool) -> None:
         # Results a broken stream did not carry go first: the aggregator is still waiting.
         while self._unsent_results:
             await self._write(call, ingest_pb2.CollectorMessage(command_result=self._unsent_results[0]))
@@ -115,7 +119,7 @@ class Streaming:
         last_sent = 0
         while True:
             for report in self.buffer.after(last_sent):
-                await self._write(call, ingest_pb2.CollectorMessage(report=report))
+                await self._write(call, ingest_pb2.CollectorMessage(report=_wire_form(report, columnar)))
                 last_sent = report.seq
             await self.buffer.wait_for_new()
 
@@ -240,3 +244,15 @@ def open_channel(
         )
         return grpc.aio.secure_channel(address, creds, options=CHANNEL_OPTIONS)
     return grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS)
+
+
+def _wire_form(report: telemetry_pb2.NodeReport, columnar: bool) -> telemetry_pb2.NodeReport:
+    """The report as it goes on this stream: its GPU samples as columns where the aggregator
+    takes them (the buffer keeps them per GPU, whichever aggregator the next stream reaches)."""
+    if not (columnar and report.gpus):
+        return report
+    wire = telemetry_pb2.NodeReport()
+    wire.CopyFrom(report)
+    wire.ClearField("gpus")
+    wire.gpu_columns.CopyFrom(columns.to_columns(report.gpus))
+    return wire

@@ -26,7 +26,7 @@ from gpufleet.protos import telemetry_pb2 as gpufleet_dot_v1_dot_telemetry__pb2
 from gpufleet.protos import vocabulary_pb2 as gpufleet_dot_v1_dot_vocabulary__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18gpufleet/v1/ingest.proto\x12\x0bgpufleet.v1\x1a\x1bgpufleet/v1/telemetry.proto\x1a\x1cgpufleet/v1/vocabulary.proto\"\xa0\x01\n\x10\x43ollectorMessage\x12#\n\x05hello\x18\x01 \x01(\x0b\x32\x12.gpufleet.v1.HelloH\x00\x12)\n\x06report\x18\x02 \x01(\x0b\x32\x17.gpufleet.v1.NodeReportH\x00\x12\x34\n\x0e\x63ommand_result\x18\x03 \x01(\x0b\x32\x1a.gpufleet.v1.CommandResultH\x00\x42\x06\n\x04\x62ody\"\xd3\x01\n\x05Hello\x12\x18\n\x10protocol_version\x18\x01 \x01(\r\x12\x0c\n\x04node\x18\x02 \x01(\t\x12\x0f\n\x07\x63luster\x18\x03 \x01(\t\x12\x0f\n\x07\x62oot_id\x18\x04 \x01(\t\x12\x19\n\x11\x63ollector_version\x18\x05 \x01(\t\x12\x12\n\ninterval_s\x18\x06 \x01(\x01\x12&\n\x04gpus\x18\x07 \x03(\x0b\x32\x18.gpufleet.v1.GpuIdentity\x12\x16\n\x0e\x64river_version\x18\x08 \x01(\t\x12\x11\n\tsimulated\x18\t \x01(\x08\"\xb5\x01\n\x11\x41ggregatorMessage\x12\'\n\x07welcome\x18\x01 \x01(\x0b\x32\x14.gpufleet.v1.WelcomeH\x00\x12\x1f\n\x03\x61\x63k\x18\x02 \x01(\x0b\x32\x10.gpufleet.v1.AckH\x00\x12%\n\x06reject\x18\x03 \x01(\x0b\x32\x13.gpufleet.v1.RejectH\x00\x12\'\n\x07\x63ommand\x18\x04 \x01(\x0b\x32\x14.gpufleet.v1.CommandH\x00\x42\x06\n\x04\x62ody\"Y\n\x07Welcome\x12\x18\n\x10protocol_version\x18\x01 \x01(\r\x12\x1a\n\x12\x61ggregator_version\x18\x02 \x01(\t\x12\x18\n\x10max_report_bytes\x18\x03 \x01(\x04\"\x13\n\x03\x41\x63k\x12\x0c\n\x04seqs\x18\x01 \x03(\x04\"4\n\x06Reject\x12\x0b\n\x03seq\x18\x01 \x01(\x04\x12\x0c\n\x04\x63ode\x18\x02 \x01(\x05\x12\x0f\n\x07message\x18\x03 \x01(\t\"[\n\x07\x43ommand\x12\n\n\x02id\x18\x01 \x01(\t\x12\x0e\n\x06reason\x18\x02 \x01(\t\x12*\n\treset_gpu\x18\n \x01(\x0b\x32\x15.gpufleet.v1.ResetGpuH\x00\x42\x08\n\x06\x61\x63tion\"/\n\x08ResetGpu\x12\x11\n\tgpu_index\x18\x01 \x01(\r\x12\x10\n\x08gpu_uuid\x18\x02 \x01(\t\"Y\n\rCommandResult\x12\n\n\x02id\x18\x01 \x01(\t\x12,\n\x07outcome\x18\x02 \x01(\x0e\x32\x1b.gpufleet.v1.CommandOutcome\x12\x0e\n\x06\x64\x65tail\x18\x03 \x01(\t2U\n\x06Ingest\x12K\n\x06Stream\x12\x1d.gpufleet.v1.CollectorMessage\x1a\x1e.gpufleet.v1.AggregatorMessage(\x01\x30\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18gpufleet/v1/ingest.proto\x12\x0bgpufleet.v1\x1a\x1bgpufleet/v1/telemetry.proto\x1a\x1cgpufleet/v1/vocabulary.proto\"\xa0\x01\n\x10\x43ollectorMessage\x12#\n\x05hello\x18\x01 \x01(\x0b\x32\x12.gpufleet.v1.HelloH\x00\x12)\n\x06report\x18\x02 \x01(\x0b\x32\x17.gpufleet.v1.NodeReportH\x00\x12\x34\n\x0e\x63ommand_result\x18\x03 \x01(\x0b\x32\x1a.gpufleet.v1.CommandResultH\x00\x42\x06\n\x04\x62ody\"\xea\x01\n\x05Hello\x12\x18\n\x10protocol_version\x18\x01 \x01(\r\x12\x0c\n\x04node\x18\x02 \x01(\t\x12\x0f\n\x07\x63luster\x18\x03 \x01(\t\x12\x0f\n\x07\x62oot_id\x18\x04 \x01(\t\x12\x19\n\x11\x63ollector_version\x18\x05 \x01(\t\x12\x12\n\ninterval_s\x18\x06 \x01(\x01\x12&\n\x04gpus\x18\x07 \x03(\x0b\x32\x18.gpufleet.v1.GpuIdentity\x12\x16\n\x0e\x64river_version\x18\x08 \x01(\t\x12\x11\n\tsimulated\x18\t \x01(\x08\x12\x15\n\rcolumnar_gpus\x18\n \x01(\x08\"\xb5\x01\n\x11\x41ggregatorMessage\x12\'\n\x07welcome\x18\x01 \x01(\x0b\x32\x14.gpufleet.v1.WelcomeH\x00\x12\x1f\n\x03\x61\x63k\x18\x02 \x01(\x0b\x32\x10.gpufleet.v1.AckH\x00\x12%\n\x06reject\x18\x03 \x01(\x0b\x32\x13.gpufleet.v1.RejectH\x00\x12\'\n\x07\x63ommand\x18\x04 \x01(\x0b\x32\x14.gpufleet.v1.CommandH\x00\x42\x06\n\x04\x62ody\"p\n\x07Welcome\x12\x18\n\x10protocol_version\x18\x01 \x01(\r\x12\x1a\n\x12\x61ggregator_version\x18\x02 \x01(\t\x12\x18\n\x10max_report_bytes\x18\x03 \x01(\x04\x12\x15\n\rcolumnar_gpus\x18\x04 \x01(\x08\"\x13\n\x03\x41\x63k\x12\x0c\n\x04seqs\x18\x01 \x03(\x04\"4\n\x06Reject\x12\x0b\n\x03seq\x18\x01 \x01(\x04\x12\x0c\n\x04\x63ode\x18\x02 \x01(\x05\x12\x0f\n\x07message\x18\x03 \x01(\t\"[\n\x07\x43ommand\x12\n\n\x02id\x18\x01 \x01(\t\x12\x0e\n\x06reason\x18\x02 \x01(\t\x12*\n\treset_gpu\x18\n \x01(\x0b\x32\x15.gpufleet.v1.ResetGpuH\x00\x42\x08\n\x06\x61\x63tion\"/\n\x08ResetGpu\x12\x11\n\tgpu_index\x18\x01 \x01(\r\x12\x10\n\x08gpu_uuid\x18\x02 \x01(\t\"Y\n\rCommandResult\x12\n\n\x02id\x18\x01 \x01(\t\x12,\n\x07outcome\x18\x02 \x01(\x0e\x32\x1b.gpufleet.v1.CommandOutcome\x12\x0e\n\x06\x64\x65tail\x18\x03 \x01(\t2U\n\x06Ingest\x12K\n\x06Stream\x12\x1d.gpufleet.v1.CollectorMessage\x1a\x1e.gpufleet.v1.AggregatorMessage(\x01\x30\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -36,21 +36,21 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_COLLECTORMESSAGE']._serialized_start=101
   _globals['_COLLECTORMESSAGE']._serialized_end=261
   _globals['_HELLO']._serialized_start=264
-  _globals['_HELLO']._serialized_end=475
-  _globals['_AGGREGATORMESSAGE']._serialized_start=478
-  _globals['_AGGREGATORMESSAGE']._serialized_end=659
-  _globals['_WELCOME']._serialized_start=661
-  _globals['_WELCOME']._serialized_end=750
-  _globals['_ACK']._serialized_start=752
-  _globals['_ACK']._serialized_end=771
-  _globals['_REJECT']._serialized_start=773
-  _globals['_REJECT']._serialized_end=825
-  _globals['_COMMAND']._serialized_start=827
-  _globals['_COMMAND']._serialized_end=918
-  _globals['_RESETGPU']._serialized_start=920
-  _globals['_RESETGPU']._serialized_end=967
-  _globals['_COMMANDRESULT']._serialized_start=969
-  _globals['_COMMANDRESULT']._serialized_end=1058
-  _globals['_INGEST']._serialized_start=1060
-  _globals['_INGEST']._serialized_end=1145
+  _globals['_HELLO']._serialized_end=498
+  _globals['_AGGREGATORMESSAGE']._serialized_start=501
+  _globals['_AGGREGATORMESSAGE']._serialized_end=682
+  _globals['_WELCOME']._serialized_start=684
+  _globals['_WELCOME']._serialized_end=796
+  _globals['_ACK']._serialized_start=798
+  _globals['_ACK']._serialized_end=817
+  _globals['_REJECT']._serialized_start=819
+  _globals['_REJECT']._serialized_end=871
+  _globals['_COMMAND']._serialized_start=873
+  _globals['_COMMAND']._serialized_end=964
+  _globals['_RESETGPU']._serialized_start=966
+  _globals['_RESETGPU']._serialized_end=1013
+  _globals['_COMMANDRESULT']._serialized_start=1015
+  _globals['_COMMANDRESULT']._serialized_end=1104
+  _globals['_INGEST']._serialized_start=1106
+  _globals['_INGEST']._serialized_end=1191
 # @@protoc_insertion_point(module_scope)

@@ -19,7 +19,7 @@ class CollectorMessage(_message.Message):
     def __init__(self, hello: _Optional[_Union[Hello, _Mapping]] = ..., report: _Optional[_Union[_telemetry_pb2.NodeReport, _Mapping]] = ..., command_result: _Optional[_Union[CommandResult, _Mapping]] = ...) -> None: ...
 
 class Hello(_message.Message):
-    __slots__ = ("protocol_version", "node", "cluster", "boot_id", "collector_version", "interval_s", "gpus", "driver_version", "simulated")
+    __slots__ = ("protocol_version", "node", "cluster", "boot_id", "collector_version", "interval_s", "gpus", "driver_version", "simulated", "columnar_gpus")
     PROTOCOL_VERSION_FIELD_NUMBER: _ClassVar[int]
     NODE_FIELD_NUMBER: _ClassVar[int]
     CLUSTER_FIELD_NUMBER: _ClassVar[int]
@@ -29,6 +29,7 @@ class Hello(_message.Message):
     GPUS_FIELD_NUMBER: _ClassVar[int]
     DRIVER_VERSION_FIELD_NUMBER: _ClassVar[int]
     SIMULATED_FIELD_NUMBER: _ClassVar[int]
+    COLUMNAR_GPUS_FIELD_NUMBER: _ClassVar[int]
     protocol_version: int
     node: str
     cluster: str
@@ -38,7 +39,8 @@ class Hello(_message.Message):
     gpus: _containers.RepeatedCompositeFieldContainer[_telemetry_pb2.GpuIdentity]
     driver_version: str
     simulated: bool
-    def __init__(self, protocol_version: _Optional[int] = ..., node: _Optional[str] = ..., cluster: _Optional[str] = ..., boot_id: _Optional[str] = ..., collector_version: _Optional[str] = ..., interval_s: _Optional[float] = ..., gpus: _Optional[_Iterable[_Union[_telemetry_pb2.GpuIdentity, _Mapping]]] = ..., driver_version: _Optional[str] = ..., simulated: _Optional[bool] = ...) -> None: ...
+    columnar_gpus: bool
+    def __init__(self, protocol_version: _Optional[int] = ..., node: _Optional[str] = ..., cluster: _Optional[str] = ..., boot_id: _Optional[str] = ..., collector_version: _Optional[str] = ..., interval_s: _Optional[float] = ..., gpus: _Optional[_Iterable[_Union[_telemetry_pb2.GpuIdentity, _Mapping]]] = ..., driver_version: _Optional[str] = ..., simulated: _Optional[bool] = ..., columnar_gpus: _Optional[bool] = ...) -> None: ...
 
 class AggregatorMessage(_message.Message):
     __slots__ = ("welcome", "ack", "reject", "command")
@@ -53,14 +55,16 @@ class AggregatorMessage(_message.Message):
     def __init__(self, welcome: _Optional[_Union[Welcome, _Mapping]] = ..., ack: _Optional[_Union[Ack, _Mapping]] = ..., reject: _Optional[_Union[Reject, _Mapping]] = ..., command: _Optional[_Union[Command, _Mapping]] = ...) -> None: ...
 
 class Welcome(_message.Message):
-    __slots__ = ("protocol_version", "aggregator_version", "max_report_bytes")
+    __slots__ = ("protocol_version", "aggregator_version", "max_report_bytes", "columnar_gpus")
     PROTOCOL_VERSION_FIELD_NUMBER: _ClassVar[int]
     AGGREGATOR_VERSION_FIELD_NUMBER: _ClassVar[int]
     MAX_REPORT_BYTES_FIELD_NUMBER: _ClassVar[int]
+    COLUMNAR_GPUS_FIELD_NUMBER: _ClassVar[int]
     protocol_version: int
     aggregator_version: str
     max_report_bytes: int
-    def __init__(self, protocol_version: _Optional[int] = ..., aggregator_version: _Optional[str] = ..., max_report_bytes: _Optional[int] = ...) -> None: ...
+    columnar_gpus: bool
+    def __init__(self, protocol_version: _Optional[int] = ..., aggregator_version: _Optional[str] = ..., max_report_bytes: _Optional[int] = ..., columnar_gpus: _Optional[bool] = ...) -> None: ...
 
 class Ack(_message.Message):
     __slots__ = ("seqs",)

@@ -204,7 +204,7 @@ class CollectorStats(_message.Message):
     def __init__(self, reports_dropped_total: _Optional[int] = ..., reports_rejected_total: _Optional[int] = ..., unacked_reports: _Optional[int] = ..., reconnects_total: _Optional[int] = ..., sample_errors_total: _Optional[int] = ..., sample_duration_s: _Optional[float] = ..., kmsg_lines_unparsed_total: _Optional[int] = ..., xid_unknown_gpu_total: _Optional[int] = ..., xid_duplicates_total: _Optional[int] = ..., engine_scrapes_failed_total: _Optional[int] = ..., xid_folded_total: _Optional[int] = ..., kmsg_records_caught_up_total: _Optional[int] = ..., nvml_calls_hung_total: _Optional[int] = ...) -> None: ...
 
 class NodeReport(_message.Message):
-    __slots__ = ("node", "cluster", "boot_id", "seq", "time_unix_ns", "interval_s", "gpus", "engines", "events", "stats", "gpus_on_pci_bus")
+    __slots__ = ("node", "cluster", "boot_id", "seq", "time_unix_ns", "interval_s", "gpus", "engines", "events", "stats", "gpus_on_pci_bus", "gpu_columns")
     NODE_FIELD_NUMBER: _ClassVar[int]
     CLUSTER_FIELD_NUMBER: _ClassVar[int]
     BOOT_ID_FIELD_NUMBER: _ClassVar[int]
@@ -216,6 +216,7 @@ class NodeReport(_message.Message):
     EVENTS_FIELD_NUMBER: _ClassVar[int]
     STATS_FIELD_NUMBER: _ClassVar[int]
     GPUS_ON_PCI_BUS_FIELD_NUMBER: _ClassVar[int]
+    GPU_COLUMNS_FIELD_NUMBER: _ClassVar[int]
     node: str
     cluster: str
     boot_id: str
@@ -227,7 +228,48 @@ class NodeReport(_message.Message):
     events: _containers.RepeatedCompositeFieldContainer[Event]
     stats: CollectorStats
     gpus_on_pci_bus: int
-    def __init__(self, node: _Optional[str] = ..., cluster: _Optional[str] = ..., boot_id: _Optional[str] = ..., seq: _Optional[int] = ..., time_unix_ns: _Optional[int] = ..., interval_s: _Optional[float] = ..., gpus: _Optional[_Iterable[_Union[GpuSample, _Mapping]]] = ..., engines: _Optional[_Iterable[_Union[EngineSample, _Mapping]]] = ..., events: _Optional[_Iterable[_Union[Event, _Mapping]]] = ..., stats: _Optional[_Union[CollectorStats, _Mapping]] = ..., gpus_on_pci_bus: _Optional[int] = ...) -> None: ...
+    gpu_columns: GpuColumns
+    def __init__(self, node: _Optional[str] = ..., cluster: _Optional[str] = ..., boot_id: _Optional[str] = ..., seq: _Optional[int] = ..., time_unix_ns: _Optional[int] = ..., interval_s: _Optional[float] = ..., gpus: _Optional[_Iterable[_Union[GpuSample, _Mapping]]] = ..., engines: _Optional[_Iterable[_Union[EngineSample, _Mapping]]] = ..., events: _Optional[_Iterable[_Union[Event, _Mapping]]] = ..., stats: _Optional[_Union[CollectorStats, _Mapping]] = ..., gpus_on_pci_bus: _Optional[int] = ..., gpu_columns: _Optional[_Union[GpuColumns, _Mapping]] = ...) -> None: ...
+
+class GpuColumns(_message.Message):
+    __slots__ = ("count", "index", "uuid", "model", "pci_bus_id", "lost", "double_fields", "doubles", "integer_fields", "integers", "bool_fields", "bools", "present", "driver_unresponsive_call", "process_gpu_index", "process_pid", "process_used_memory_bytes", "process_used_memory_present")
+    COUNT_FIELD_NUMBER: _ClassVar[int]
+    INDEX_FIELD_NUMBER: _ClassVar[int]
+    UUID_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    PCI_BUS_ID_FIELD_NUMBER: _ClassVar[int]
+    LOST_FIELD_NUMBER: _ClassVar[int]
+    DOUBLE_FIELDS_FIELD_NUMBER: _ClassVar[int]
+    DOUBLES_FIELD_NUMBER: _ClassVar[int]
+    INTEGER_FIELDS_FIELD_NUMBER: _ClassVar[int]
+    INTEGERS_FIELD_NUMBER: _ClassVar[int]
+    BOOL_FIELDS_FIELD_NUMBER: _ClassVar[int]
+    BOOLS_FIELD_NUMBER: _ClassVar[int]
+    PRESENT_FIELD_NUMBER: _ClassVar[int]
+    DRIVER_UNRESPONSIVE_CALL_FIELD_NUMBER: _ClassVar[int]
+    PROCESS_GPU_INDEX_FIELD_NUMBER: _ClassVar[int]
+    PROCESS_PID_FIELD_NUMBER: _ClassVar[int]
+    PROCESS_USED_MEMORY_BYTES_FIELD_NUMBER: _ClassVar[int]
+    PROCESS_USED_MEMORY_PRESENT_FIELD_NUMBER: _ClassVar[int]
+    count: int
+    index: _containers.RepeatedScalarFieldContainer[int]
+    uuid: _containers.RepeatedScalarFieldContainer[str]
+    model: _containers.RepeatedScalarFieldContainer[str]
+    pci_bus_id: _containers.RepeatedScalarFieldContainer[str]
+    lost: bytes
+    double_fields: _containers.RepeatedScalarFieldContainer[int]
+    doubles: bytes
+    integer_fields: _containers.RepeatedScalarFieldContainer[int]
+    integers: bytes
+    bool_fields: _containers.RepeatedScalarFieldContainer[int]
+    bools: bytes
+    present: bytes
+    driver_unresponsive_call: _containers.RepeatedScalarFieldContainer[str]
+    process_gpu_index: _containers.RepeatedScalarFieldContainer[int]
+    process_pid: _containers.RepeatedScalarFieldContainer[int]
+    process_used_memory_bytes: bytes
+    process_used_memory_present: bytes
+    def __init__(self, count: _Optional[int] = ..., index: _Optional[_Iterable[int]] = ..., uuid: _Optional[_Iterable[str]] = ..., model: _Optional[_Iterable[str]] = ..., pci_bus_id: _Optional[_Iterable[str]] = ..., lost: _Optional[bytes] = ..., double_fields: _Optional[_Iterable[int]] = ..., doubles: _Optional[bytes] = ..., integer_fields: _Optional[_Iterable[int]] = ..., integers: _Optional[bytes] = ..., bool_fields: _Optional[_Iterable[int]] = ..., bools: _Optional[bytes] = ..., present: _Optional[bytes] = ..., driver_unresponsive_call: _Optional[_Iterable[str]] = ..., process_gpu_index: _Optional[_Iterable[int]] = ..., process_pid: _Optional[_Iterable[int]] = ..., process_used_memory_bytes: _Optional[bytes] = ..., process_used_memory_present: _Optional[bytes] = ...) -> None: ...
 
 class GpuIdentity(_message.Message):
     __slots__ = ("index", "uuid", "model", "pci_bus_id", "hbm_total_bytes")

@@ -81,7 +81,7 @@ class ReportOutcome(_message.Message):
     def __init__(self, token: _Optional[int] = ..., kind: _Optional[_Union[ReportOutcome.Kind, str]] = ..., code: _Optional[int] = ..., reason: _Optional[str] = ..., message: _Optional[str] = ...) -> None: ...
 
 class WorkerStats(_message.Message):
-    __slots__ = ("pid", "not_acking", "store_error", "oldest_waiting_s", "refused_reports_total", "points_written_total", "store_write_errors_total", "store_writes_total", "store_write_seconds_total", "writer_errors_total", "spool_batches", "spool_bytes", "spool_points", "points_dropped_total")
+    __slots__ = ("pid", "not_acking", "store_error", "oldest_waiting_s", "refused_reports_total", "points_written_total", "store_write_errors_total", "store_writes_total", "store_write_seconds_total", "writer_errors_total", "spool_batches", "spool_bytes", "spool_points", "points_dropped_total", "spool_oldest_age_s", "spool_drained_points_total", "spool_drain_points_per_s", "spool_near_limit", "spool_refused_batches_total", "spool_quarantined_batches", "spool_quarantined_points")
     PID_FIELD_NUMBER: _ClassVar[int]
     NOT_ACKING_FIELD_NUMBER: _ClassVar[int]
     STORE_ERROR_FIELD_NUMBER: _ClassVar[int]
@@ -96,6 +96,13 @@ class WorkerStats(_message.Message):
     SPOOL_BYTES_FIELD_NUMBER: _ClassVar[int]
     SPOOL_POINTS_FIELD_NUMBER: _ClassVar[int]
     POINTS_DROPPED_TOTAL_FIELD_NUMBER: _ClassVar[int]
+    SPOOL_OLDEST_AGE_S_FIELD_NUMBER: _ClassVar[int]
+    SPOOL_DRAINED_POINTS_TOTAL_FIELD_NUMBER: _ClassVar[int]
+    SPOOL_DRAIN_POINTS_PER_S_FIELD_NUMBER: _ClassVar[int]
+    SPOOL_NEAR_LIMIT_FIELD_NUMBER: _ClassVar[int]
+    SPOOL_REFUSED_BATCHES_TOTAL_FIELD_NUMBER: _ClassVar[int]
+    SPOOL_QUARANTINED_BATCHES_FIELD_NUMBER: _ClassVar[int]
+    SPOOL_QUARANTINED_POINTS_FIELD_NUMBER: _ClassVar[int]
     pid: int
     not_acking: str
     store_error: str
@@ -110,4 +117,11 @@ class WorkerStats(_message.Message):
     spool_bytes: int
     spool_points: int
     points_dropped_total: int
-    def __init__(self, pid: _Optional[int] = ..., not_acking: _Optional[str] = ..., store_error: _Optional[str] = ..., oldest_waiting_s: _Optional[float] = ..., refused_reports_total: _Optional[int] = ..., points_written_total: _Optional[int] = ..., store_write_errors_total: _Optional[int] = ..., store_writes_total: _Optional[int] = ..., store_write_seconds_total: _Optional[float] = ..., writer_errors_total: _Optional[int] = ..., spool_batches: _Optional[int] = ..., spool_bytes: _Optional[int] = ..., spool_points: _Optional[int] = ..., points_dropped_total: _Optional[int] = ...) -> None: ...
+    spool_oldest_age_s: float
+    spool_drained_points_total: int
+    spool_drain_points_per_s: float
+    spool_near_limit: bool
+    spool_refused_batches_total: int
+    spool_quarantined_batches: int
+    spool_quarantined_points: int
+    def __init__(self, pid: _Optional[int] = ..., not_acking: _Optional[str] = ..., store_error: _Optional[str] = ..., oldest_waiting_s: _Optional[float] = ..., refused_reports_total: _Optional[int] = ..., points_written_total: _Optional[int] = ..., store_write_errors_total: _Optional[int] = ..., store_writes_total: _Optional[int] = ..., store_write_seconds_total: _Optional[float] = ..., writer_errors_total: _Optional[int] = ..., spool_batches: _Optional[int] = ..., spool_bytes: _Optional[int] = ..., spool_points: _Optional[int] = ..., points_dropped_total: _Optional[int] = ..., spool_oldest_age_s: _Optional[float] = ..., spool_drained_points_total: _Optional[int] = ..., spool_drain_points_per_s: _Optional[float] = ..., spool_near_limit: _Optional[bool] = ..., spool_refused_batches_total: _Optional[int] = ..., spool_quarantined_batches: _Optional[int] = ..., spool_quarantined_points: _Optional[int] = ...) -> None: ...

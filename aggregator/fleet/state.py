@@ -18,7 +18,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from gpufleet.aggregator.store import Point
-from gpufleet.protos import fleet_pb2, ingest_pb2, telemetry_pb2, vocabulary_pb2
+from gpufleet.protos import columns, fleet_pb2, ingest_pb2, telemetry_pb2, vocabulary_pb2
 
 RECENT_EVENTS = 100
 
@@ -64,7 +64,11 @@ class NodeLive:
     gpu_count: int = 0
     gpus_on_pci_bus: int | None = None  # NVIDIA GPUs its PCI bus shows (None: not counted)
     connected: bool = False
-    gpus: dict[int, telemetry_pb2.GpuSample] = field(default_factory=dict)
+    # The GPUs' newest samples, by index (read through `gpus`). A report that came as columns is
+    # kept as it came and read out into per-GPU samples only when something reads `gpus` (the
+    # repair controller, the Fleet API): most reports are superseded before anyone looks.
+    _gpu_samples: dict[int, telemetry_pb2.GpuSample] = field(default_factory=dict)
+    _gpu_columns: telemetry_pb2.GpuColumns | None = None
     engines: dict[tuple[str, int], telemetry_pb2.EngineSample] = field(default_factory=dict)
     events: RecentEvents = field(default_factory=RecentEvents)
     stats: telemetry_pb2.CollectorStats = field(default_factory=telemetry_pb2.CollectorStats)
@@ -73,6 +77,25 @@ class NodeLive:
     # report time it has shown; a new stream starts its seq at 0 and its time at or before now.
     stream: int = 0
     order_time_ns: int = 0
+
+    @property
+    def gpus(self) -> dict[int, telemetry_pb2.GpuSample]:
+        if self._gpu_columns is not None:
+            cols, self._gpu_columns = self._gpu_columns, None
+            for sample in columns.to_samples(cols):
+                self._gpu_samples[sample.index] = sample
+        return self._gpu_samples
+
+    @gpus.setter
+    def gpus(self, samples: dict[int, telemetry_pb2.GpuSample]) -> None:
+        self._gpu_samples, self._gpu_columns = samples, None
+
+    def take_columns(self, cols: telemetry_pb2.GpuColumns) -> None:
+        """The newest GPU samples, as columns: they replace the samples of the GPUs they hold."""
+        pending = self._gpu_columns
+        if pending is not None and pending.index != cols.index:
+            _ = self.gpus  # another set of GPUs: the pending ones are read out first
+        self._gpu_columns = cols
 
 
 class FleetState:
@@ -154,13 +177,16 @@ class FleetState:
         live.cluster = report.cluster
         live.interval_s = report.interval_s or live.interval_s
         live.stats = report.stats
-        if report.gpus:
+        sampled = bool(report.gpus) or report.HasField("gpu_columns")
+        if sampled:
             live.last_sample_ns = report.time_unix_ns
             live.gpus_on_pci_bus = report.gpus_on_pci_bus if report.HasField("gpus_on_pci_bus") else None
-        if report.gpus or report.engines:
+        if sampled or report.engines:
             # A sampling report: it carries every engine found at this tick (a report that only
             # pushes events carries neither), so the engines it does not carry are gone.
             live.engines = {(eng.engine, eng.port): eng for eng in report.engines}
+        if report.HasField("gpu_columns"):
+            live.take_columns(report.gpu_columns)
         for gpu in report.gpus:
             live.gpus[gpu.index] = gpu
 

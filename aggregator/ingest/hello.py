@@ -49,14 +49,15 @@ class StreamOpening:
                 f"{first.error}",
                 node,
             )
-        if first.WhichOneof("body") != "hello":
+        body = first.message.WhichOneof("body")
+        if body != "hello":
             return self._refuse(
                 "no_hello",
                 grpc.StatusCode.INVALID_ARGUMENT,
-                f"node {node!r}: the first message must be a hello, got {first.WhichOneof('body')}",
+                f"node {node!r}: the first message must be a hello, got {body}",
                 node,
             )
-        hello = first.hello
+        hello = first.message.hello
         try:
             self._checker.check_hello(hello)
         except Rejection as r:

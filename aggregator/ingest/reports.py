@@ -20,9 +20,9 @@ log = logging.getLogger("gpufleet.aggregator.ingest.service")
 
 
 class ReportHandling:
-    async def _pace(self, node: str, report: telemetry_pb2.NodeReport) -> None:
+    async def _pace(self, node: str, report: telemetry_pb2.NodeReport, size: int | None = None) -> None:
         """Hold the stream back while the node sends faster than its budget (node_budget.py)."""
-        wait_s = self._budgets.pace(node, report.ByteSize())
+        wait_s = self._budgets.pace(node, report.ByteSize() if size is None else size)
         if wait_s <= 0:
             return
         self._metrics.throttled.inc()
@@ -81,7 +81,11 @@ class ReportHandling:
                 )
             )
 
-    async def _accept(self, session: Session, report: telemetry_pb2.NodeReport) -> None:
+    async def _accept(
+        self, session: Session, report: telemetry_pb2.NodeReport, raw: bytes | None = None
+    ) -> None:
+        """Check, store and acknowledge one report; raw: its bytes as they came, if known (a
+        worker is handed those, not the report encoded again)."""
         if report.engines:
             why = self._budgets.admit_series(
                 session.hello.node,
@@ -106,12 +110,12 @@ class ReportHandling:
             self._pool.submit(
                 session.stream_id,
                 session.hello.node,
-                report.SerializeToString(),
+                report.SerializeToString() if raw is None else raw,
                 lambda error: self._durable(session, report, error),
             )
             return
         try:
-            points = self._checker.check_report(report, session.hello)
+            points = self._checker.check_report(report, session.hello, size=None if raw is None else len(raw))
         except Rejection as r:
             self._reject(session, report.seq, r)
             return
@@ -157,7 +161,7 @@ class ReportHandling:
             return
         self.fanout.report(report, time.time_ns(), session.stream_id)
         self._metrics.reports_accepted.inc()
-        self._metrics.gpu_samples.inc(len(report.gpus))
+        self._metrics.gpu_samples.inc(len(report.gpus) or report.gpu_columns.count)
         if not session.closed:
             # Every report of this stream made durable in this turn of the event loop (a group
             # commit completes many at once) goes out in one Ack: one gRPC write, not one each.

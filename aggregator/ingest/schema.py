@@ -283,6 +283,8 @@ def _engine_event_collector_points(
     # An event-only report (XIDs pushed between ticks) says nothing of the GPU count.
     if report.gpus:
         fields["gpu_count"] = len(report.gpus)
+    elif report.HasField("gpu_columns"):
+        fields["gpu_count"] = report.gpu_columns.count
     if report.HasField("gpus_on_pci_bus"):
         fields["gpus_on_pci_bus"] = report.gpus_on_pci_bus
     points.append(Point("collector", node_tags, fields, ts))

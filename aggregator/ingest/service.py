@@ -29,6 +29,7 @@ from gpufleet.aggregator.ingest.session import (
     End,
     IngestLimits,
     Malformed,
+    Received,
     Session,
     decode_collector_message,
     peer_host,
@@ -153,6 +154,7 @@ class IngestService(StreamOpening, ReportHandling):
                     protocol_version=session.hello.protocol_version,
                     aggregator_version=__version__,
                     max_report_bytes=self._limits.max_report_bytes,
+                    columnar_gpus=session.hello.columnar_gpus,
                 )
             )
             while True:
@@ -179,19 +181,21 @@ class IngestService(StreamOpening, ReportHandling):
     async def _read(self, session: Session, requests: AsyncIterator[object]) -> None:
         node = session.hello.node
         try:
-            async for msg in requests:
+            async for received in requests:
                 session.last_message_monotonic = time.monotonic()
-                if isinstance(msg, Malformed):
+                if isinstance(received, Malformed):
                     session.out.put_nowait(
                         self._refuse(
                             "malformed",
                             grpc.StatusCode.INVALID_ARGUMENT,
-                            f"node {node!r}: a {msg.size}-byte message is not a gpufleet.v1."
-                            f"CollectorMessage ({msg.error}); stream closed",
+                            f"node {node!r}: a {received.size}-byte message is not a gpufleet.v1."
+                            f"CollectorMessage ({received.error}); stream closed",
                             node,
                         )
                     )
                     return
+                assert isinstance(received, Received)
+                msg = received.message
                 body = msg.WhichOneof("body")
                 expired = self._auth.still_valid(session.identity)
                 if expired:
@@ -201,8 +205,9 @@ class IngestService(StreamOpening, ReportHandling):
                     return
                 try:
                     if body == "report":
-                        await self._pace(node, msg.report)
-                        await self._accept(session, msg.report)
+                        raw = received.report_bytes
+                        await self._pace(node, msg.report, len(raw) if raw is not None else None)
+                        await self._accept(session, msg.report, raw)
                         continue
                     if body == "command_result":
                         self._command_result(session, msg)

@@ -23,13 +23,43 @@ class Malformed:
     size: int
 
 
-def decode_collector_message(data: bytes) -> ingest_pb2.CollectorMessage | Malformed:
+@dataclass(slots=True)
+class Received:
+    """A decoded CollectorMessage and, for a report, its bytes as they came: what an ingest
+    worker is handed without encoding the report again."""
+
+    message: ingest_pb2.CollectorMessage
+    report_bytes: bytes | None = None
+
+
+# A CollectorMessage that is a report: the report field's tag, then its length (a varint).
+_REPORT_TAG = (ingest_pb2.CollectorMessage.DESCRIPTOR.fields_by_name["report"].number << 3) | 2
+
+
+def report_bytes(data: bytes) -> bytes | None:
+    """The NodeReport's own bytes inside a CollectorMessage that holds only a report (as every
+    collector sends it), or None when the message is laid out otherwise."""
+    if not data or data[0] != _REPORT_TAG:
+        return None
+    length, shift, at = 0, 0, 1
+    while at < len(data) and shift < 64:
+        byte = data[at]
+        length |= (byte & 0x7F) << shift
+        at += 1
+        if not byte & 0x80:
+            return data[at:] if at + length == len(data) else None
+        shift += 7
+    return None
+
+
+def decode_collector_message(data: bytes) -> Received | Malformed:
     # Decoding here, not in gRPC, lets an undecodable message get a precise status and a
     # count instead of gRPC's generic INTERNAL.
     try:
-        return ingest_pb2.CollectorMessage.FromString(data)
+        message = ingest_pb2.CollectorMessage.FromString(data)
     except DecodeError as exc:
         return Malformed(str(exc) or "not a valid protobuf message", len(data))
+    return Received(message, report_bytes(data) if message.HasField("report") else None)
 
 
 @dataclass

@@ -10,8 +10,9 @@ store oldest first, deleting each once the store has it, backing off between fai
 Bounded by `max_bytes`: past `warn_ratio` of it the spool reports itself near its limit
 (gauge gpufleet_spool_near_limit, a logged warning — alert on it); at the limit it refuses
 new batches (counted), and goes on refusing until the drain has taken it below RESUME_RATIO
-(90 %) of the limit, so the aggregator stops acknowledging and collectors keep the reports in
-their own replay buffers until there is room. Nothing is dropped here.
+(90 %) of the limit and made room for the batch that did not fit, so the aggregator stops
+acknowledging and collectors keep the reports in their own replay buffers until there is room.
+Nothing is dropped here.
 
 A disk that cannot take the segment (ENOSPC, EIO) raises SpoolUnavailable: the batch is not
 acknowledged, and the half-written file is removed. A batch the store refuses again and again
@@ -105,7 +106,8 @@ class Spool:
         self._bytes = sum(s[2] for s in self._segments)
         self.drained_points_total = 0
         self.refused_total = 0
-        self._refusing = False
+        # Refusing since a batch did not fit: until the drain brings the spool to this size.
+        self._resume_at_bytes: int | None = None
         self._drained: deque[tuple[float, int]] = deque(maxlen=120)  # (monotonic, points) per drain
         self._warned = False
         self.quarantine_dir = self.directory / "quarantine"
@@ -137,18 +139,25 @@ class Spool:
         """Make the batch durable in the spool (raises SpoolFull at the size limit)."""
         data = _encode(points)
         with self._lock:
-            # Once full, it stays full until the drain has made real room (below RESUME_RATIO):
-            # acks stop and resume once, not batch by batch as small batches squeeze in.
+            # Once full, it stays full until the drain has made real room: below RESUME_RATIO,
+            # and room for the batch that did not fit. Acks stop and resume once, not batch by
+            # batch as smaller batches squeeze in beside a large one that was refused (the
+            # status would flap between "not acknowledging" and "acknowledging" while the
+            # store is still down).
             if self._bytes + len(data) > self.max_bytes or (
-                self._refusing and self._bytes > RESUME_RATIO * self.max_bytes
+                self._resume_at_bytes is not None and self._bytes > self._resume_at_bytes
             ):
-                self._refusing = True
+                if self._resume_at_bytes is None:
+                    self._resume_at_bytes = min(
+                        int(RESUME_RATIO * self.max_bytes), max(0, self.max_bytes - len(data))
+                    )
                 self.refused_total += 1
                 raise SpoolFull(
                     f"the spool is full ({self._bytes} of {self.max_bytes} bytes); not "
-                    f"acknowledging until the store takes it back below {RESUME_RATIO:.0%}"
+                    f"acknowledging until the store takes it back below {self._resume_at_bytes} bytes "
+                    f"(at most {RESUME_RATIO:.0%}, and room for the {len(data)}-byte batch refused)"
                 )
-            self._refusing = False
+            self._resume_at_bytes = None
             n = self._next
             self._next += 1
         path = self.directory / f"{n:016d}.seg"

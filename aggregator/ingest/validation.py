@@ -12,6 +12,7 @@ import time
 
 import grpc
 
+from gpufleet.aggregator.ingest.columns import CHECKED_HERE, ColumnChecker
 from gpufleet.aggregator.ingest.schema import GPU_IDENTITY, GPU_VALUE_FIELDS, PointConverter
 from gpufleet.aggregator.ingest.wire_rules import (
     INT64_MAX,
@@ -26,6 +27,7 @@ from gpufleet.protos import ingest_pb2, telemetry_pb2
 from gpufleet.protos.credentials import node_name_problem
 
 SUPPORTED_PROTOCOLS = frozenset({1})
+_CHECKED_APART = frozenset({"gpus", "gpu_columns"})  # the GPU samples: _gpu_rows
 GPU_VALUES = frozenset(GPU_VALUE_FIELDS)
 
 __all__ = [
@@ -52,6 +54,7 @@ class Checker:
         # Each GPU sample: its stored values and (index, uuid, model, lost), checked in one pass.
         self._gpu_values = self._wire.values_for(telemetry_pb2.GpuSample.DESCRIPTOR, GPU_VALUES, GPU_IDENTITY)
         self._converter = PointConverter()
+        self._columns = ColumnChecker(self._check_gpu_identities)
         self._declared_by_stream: dict[tuple[str, str], dict[int, tuple[str, str]]] = {}
 
     def _declared(self, hello: ingest_pb2.Hello) -> dict[int, tuple[str, str]]:
@@ -161,7 +164,7 @@ class Checker:
                 f"{where} has {len(report.engines)} engines and {len(report.events)} "
                 f"events; limits are {MAX_ENGINES_PER_REPORT} and {MAX_EVENTS_PER_REPORT}",
             )
-        if len(report.gpus) > MAX_GPUS_PER_NODE or not self._wire.ok(report, skip="gpus"):
+        if len(report.gpus) > MAX_GPUS_PER_NODE or not self._wire.ok(report, skip=_CHECKED_APART):
             self._wire.check(report, where)
 
     def _gpu_rows(
@@ -169,6 +172,8 @@ class Checker:
     ) -> list[tuple[dict, tuple]]:
         """Each GPU sample's checked values and identity; Rejection naming the GPU, the field and
         the value, or an index or identity the hello did not declare."""
+        if report.HasField("gpu_columns"):
+            return self._column_rows(report, hello, where)
         gpu_rows = []
         for gpu in report.gpus:
             row = self._gpu_values(gpu)
@@ -187,6 +192,22 @@ class Checker:
         if gpu_rows:
             self._check_gpu_identities([ident for _, ident in gpu_rows], hello, where)
         return gpu_rows
+
+    def _column_rows(
+        self, report: telemetry_pb2.NodeReport, hello: ingest_pb2.Hello, where: str
+    ) -> list[tuple[dict, tuple]]:
+        if report.gpus:
+            raise _invalid("columns", f"{where} carries both gpus and gpu_columns; send one or the other")
+        if not hello.columnar_gpus:
+            raise _invalid(
+                "columns",
+                f"{where} carries gpu_columns, but the stream's hello did not say columnar_gpus; "
+                "a collector announces columns in its hello",
+            )
+        cols = report.gpu_columns
+        if not self._wire.ok(cols, skip=CHECKED_HERE):
+            self._wire.check(report, where)  # names the field: a size over its limit
+        return self._columns.rows(cols, hello, where)
 
     def _check_gpu_identities(self, idents: list[tuple], hello: ingest_pb2.Hello, where: str) -> None:
         gpu_count = len(hello.gpus)

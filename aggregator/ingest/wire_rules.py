@@ -36,6 +36,10 @@ from gpufleet.protos.limits import (
 )
 
 UINT32_MAX = 2**32 - 1
+MAX_COLUMNS = 128  # measurement columns in one GpuColumns: GpuSample has fewer scalar fields
+# Compute processes on one node's GPUs, in one report's columns (each GPU also at most
+# MAX_PROCESSES_PER_GPU): far beyond any real node, and within the repeated-field bound of 4,096.
+MAX_PROCESSES_PER_NODE = 4096
 MAX_NAME = 253  # a DNS name: node and cluster names
 _TIB = 1 << 40
 
@@ -73,6 +77,14 @@ class Text:
 
 
 @dataclass(frozen=True)
+class Blob:
+    """Bytes, at most max_len of them; what they hold is checked where they are read (the GPU
+    columns: aggregator/ingest/columns.py)."""
+
+    max_len: int
+
+
+@dataclass(frozen=True)
 class Flag:
     """A bool: every value is fine."""
 
@@ -97,7 +109,7 @@ class Many:
     reason: str = "oversized"
 
 
-Rule = Num | Text | Flag | Known | Nested | Many
+Rule = Num | Text | Blob | Flag | Known | Nested | Many
 
 
 def _metric_rules(message: str, fields: list[str]) -> dict[str, Rule]:
@@ -134,6 +146,7 @@ RULES: dict[str, Rule] = {
     "Hello.gpus": Many(MAX_GPUS_PER_NODE, Nested(), grpc.StatusCode.INVALID_ARGUMENT, "gpu_count"),
     "Hello.driver_version": Text(64, tag=True),
     "Hello.simulated": Flag(),
+    "Hello.columnar_gpus": Flag(),
     "GpuIdentity.index": Num(0, MAX_GPUS_PER_NODE - 1),
     "GpuIdentity.uuid": Text(96, tag=True),
     "GpuIdentity.model": Text(128, tag=True),
@@ -151,6 +164,45 @@ RULES: dict[str, Rule] = {
     "NodeReport.events": Many(MAX_EVENTS_PER_REPORT, Nested()),
     "NodeReport.stats": Nested(),
     "NodeReport.gpus_on_pci_bus": Num(0, 1024, "GPUs"),
+    "NodeReport.gpu_columns": Nested(),  # its arrays: aggregator/ingest/columns.py
+    # GpuColumns: sizes here; what the arrays hold (each value against its GpuSample field's
+    # rule, each array's length against count) is checked in bulk by aggregator/ingest/columns.py.
+    "GpuColumns.count": Num(0, MAX_GPUS_PER_NODE),
+    "GpuColumns.index": Many(
+        MAX_GPUS_PER_NODE, Num(0, MAX_GPUS_PER_NODE - 1), grpc.StatusCode.INVALID_ARGUMENT, "gpu_index"
+    ),
+    "GpuColumns.uuid": Many(
+        MAX_GPUS_PER_NODE, Text(96, tag=True), grpc.StatusCode.INVALID_ARGUMENT, "columns"
+    ),
+    "GpuColumns.model": Many(
+        MAX_GPUS_PER_NODE, Text(128, tag=True), grpc.StatusCode.INVALID_ARGUMENT, "columns"
+    ),
+    "GpuColumns.pci_bus_id": Many(
+        MAX_GPUS_PER_NODE, Text(32, tag=True), grpc.StatusCode.INVALID_ARGUMENT, "columns"
+    ),
+    "GpuColumns.lost": Blob(MAX_GPUS_PER_NODE),
+    "GpuColumns.double_fields": Many(
+        MAX_COLUMNS, Num(1, 536_870_911), grpc.StatusCode.INVALID_ARGUMENT, "columns"
+    ),
+    "GpuColumns.doubles": Blob(MAX_COLUMNS * MAX_GPUS_PER_NODE * 8),
+    "GpuColumns.integer_fields": Many(
+        MAX_COLUMNS, Num(1, 536_870_911), grpc.StatusCode.INVALID_ARGUMENT, "columns"
+    ),
+    "GpuColumns.integers": Blob(MAX_COLUMNS * MAX_GPUS_PER_NODE * 8),
+    "GpuColumns.bool_fields": Many(
+        MAX_COLUMNS, Num(1, 536_870_911), grpc.StatusCode.INVALID_ARGUMENT, "columns"
+    ),
+    "GpuColumns.bools": Blob(MAX_COLUMNS * MAX_GPUS_PER_NODE),
+    "GpuColumns.present": Blob((MAX_COLUMNS * MAX_GPUS_PER_NODE + 7) // 8),
+    "GpuColumns.driver_unresponsive_call": Many(
+        MAX_GPUS_PER_NODE, Text(64), grpc.StatusCode.INVALID_ARGUMENT, "columns"
+    ),
+    "GpuColumns.process_gpu_index": Many(
+        MAX_PROCESSES_PER_NODE, Num(0, MAX_GPUS_PER_NODE - 1), grpc.StatusCode.RESOURCE_EXHAUSTED, "oversized"
+    ),
+    "GpuColumns.process_pid": Many(MAX_PROCESSES_PER_NODE, Num(0, UINT32_MAX)),
+    "GpuColumns.process_used_memory_bytes": Blob(MAX_PROCESSES_PER_NODE * 8),
+    "GpuColumns.process_used_memory_present": Blob((MAX_PROCESSES_PER_NODE + 7) // 8),
     # GpuSample: identity, then every measurement from METRICS
     "GpuSample.index": Num(0, MAX_GPUS_PER_NODE - 1),
     "GpuSample.uuid": Text(96, tag=True),
@@ -229,7 +281,7 @@ def _fmt(x: float) -> str:
     return str(int(x)) if float(x).is_integer() else f"{x:g}"
 
 
-def _num_why(value: float, rule: Num) -> str | None:
+def num_why(value: float, rule: Num) -> str | None:
     if isinstance(value, float) and not math.isfinite(value):
         return "is not a finite number"
     if not rule.low <= value <= rule.high:
@@ -254,7 +306,7 @@ def text_why(value: str, rule: Text) -> str | None:
 _Check = Callable[[object, str], "tuple[str, object, str] | None"]
 
 
-_NUM, _TEXT, _TAG, _FLAG, _ENUM, _MSG = range(6)
+_NUM, _TEXT, _TAG, _FLAG, _ENUM, _MSG, _BLOB = range(7)
 _TYPE_RANGE = {FieldDescriptor.TYPE_UINT32: (0, UINT32_MAX)}
 _GOOD_TEXT_MAX = 100_000
 # (kind, repeated, max items, a, b, field name): Num a..b; Text/tag max length a; enum values a.
@@ -426,6 +478,8 @@ class WireValidator:
             return (_ENUM, many, max_items, frozenset(f.enum_type.values_by_number), None, f.name)
         if isinstance(one, Nested):
             return (_MSG, many, max_items, None, None, f.name)
+        if isinstance(one, Blob):
+            return (_BLOB, many, max_items, one.max_len, None, f.name)
         return (_FLAG, many, max_items, None, None, f.name)
 
     def _text_ok(self, kind: int, max_len: object, value: str) -> bool:
@@ -451,6 +505,8 @@ class WireValidator:
             return self._text_ok(kind, a, v)  # type: ignore[arg-type]
         if kind == _ENUM:
             return v in a  # type: ignore[operator]
+        if kind == _BLOB:
+            return len(v) <= a  # type: ignore[arg-type,operator]
         return True
 
     def _field_ok(self, spec: _Spec, value: object) -> bool:
@@ -465,16 +521,16 @@ class WireValidator:
             return True
         return all(self._value_ok(kind, a, b, v) for v in value)  # type: ignore[attr-defined]
 
-    def ok(self, msg: Message, skip: str = "") -> bool:
-        """True if every field the message carries (at any depth) keeps its rule; the field
-        named skip (top level only) is left to the caller (see values)."""
+    def ok(self, msg: Message, skip: frozenset[str] = frozenset()) -> bool:
+        """True if every field the message carries (at any depth) keeps its rule; the message
+        fields named in skip (top level only) are left to the caller (see values)."""
         specs = self._specs[msg.DESCRIPTOR.full_name]
         for fd, value in msg.ListFields():
             spec = specs[fd]
             if spec[0] == _NUM and not spec[1]:  # most fields: a number, checked inline
                 if not spec[3] <= value <= spec[4]:  # type: ignore[operator]  # False for NaN too
                     return False
-            elif spec[5] != skip and not self._field_ok(spec, value):
+            elif spec[5] not in skip and not self._field_ok(spec, value):
                 return False
         return True
 
@@ -532,11 +588,17 @@ class WireValidator:
 
     def _compile_one(self, f: FieldDescriptor, rule: Rule) -> _Check:
         if isinstance(rule, Num):
-            return lambda v, path: (path, v, why) if (why := _num_why(v, rule)) else None  # type: ignore[arg-type]
+            return lambda v, path: (path, v, why) if (why := num_why(v, rule)) else None  # type: ignore[arg-type]
         if isinstance(rule, Text):
             return lambda v, path: (path, v, why) if (why := text_why(v, rule)) else None  # type: ignore[arg-type]
         if isinstance(rule, Flag):
             return lambda v, path: None
+        if isinstance(rule, Blob):
+            return lambda v, path: (  # type: ignore[arg-type,return-value]
+                (f"{path} (length)", len(v), f"is over the limit of {rule.max_len} bytes")
+                if len(v) > rule.max_len  # type: ignore[arg-type]
+                else None
+            )
         if isinstance(rule, Known):
             names = f.enum_type.values_by_number
 

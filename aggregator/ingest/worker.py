@@ -99,6 +99,13 @@ class Worker:
             spool_batches=spool.batches,
             spool_bytes=spool.bytes,
             spool_points=spool.points,
+            spool_oldest_age_s=spool.oldest_age_s,
+            spool_drained_points_total=spool.drained_points_total,
+            spool_drain_points_per_s=spool.drain_points_per_s,
+            spool_near_limit=spool.near_limit,
+            spool_refused_batches_total=spool.refused_total,
+            spool_quarantined_batches=spool.quarantined_batches,
+            spool_quarantined_points=spool.quarantined_points,
             points_dropped_total=self.store.points_dropped_total,
         )
 

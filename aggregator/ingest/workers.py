@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 import grpc
 
 from gpufleet.aggregator.config import AggregatorConfig
+from gpufleet.aggregator.ingest.spool import SpoolStatus
 from gpufleet.aggregator.ingest.validation import Rejection
 from gpufleet.aggregator.ingest.wire_frames import frame, read_frame
 from gpufleet.aggregator.metrics import AggregatorMetrics
@@ -139,13 +140,35 @@ class WorkerPool:
         oldest = [next(iter(w.inflight.values()))[1] for w in self._workers if w.inflight]
         return max((now - t for t in oldest), default=0.0)
 
-    def spool_totals(self) -> tuple[int, int, int]:
-        """(batches, bytes, points) spooled by the workers."""
-        return (
-            sum(w.stats.spool_batches for w in self._workers),
-            sum(w.stats.spool_bytes for w in self._workers),
-            sum(w.stats.spool_points for w in self._workers),
+    def spool_status(self, main: SpoolStatus) -> SpoolStatus:
+        """The main process's spool and every worker's as one: sizes and counts summed, the
+        oldest batch of any, near the limit if any is (each worker's limit is its share of
+        spool_max_bytes: the sum is the setting)."""
+        stats = [w.stats for w in self._workers]
+        return dataclasses.replace(
+            main,
+            bytes=main.bytes + sum(s.spool_bytes for s in stats),
+            batches=main.batches + sum(s.spool_batches for s in stats),
+            points=main.points + sum(s.spool_points for s in stats),
+            oldest_age_s=max([main.oldest_age_s, *(s.spool_oldest_age_s for s in stats)]),
+            drained_points_total=main.drained_points_total + sum(s.spool_drained_points_total for s in stats),
+            drain_points_per_s=main.drain_points_per_s + sum(s.spool_drain_points_per_s for s in stats),
+            near_limit=main.near_limit or any(s.spool_near_limit for s in stats),
+            refused_total=main.refused_total + sum(s.spool_refused_batches_total for s in stats),
+            quarantined_batches=main.quarantined_batches + sum(s.spool_quarantined_batches for s in stats),
+            quarantined_points=main.quarantined_points + sum(s.spool_quarantined_points for s in stats),
         )
+
+    async def wait_started(self, timeout_s: float) -> list[int]:
+        """Wait until every worker has sent its first stats (it runs, and its spool is counted),
+        at most timeout_s; the indices of those that have not."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            late = [w.index for w in self._workers if not w.stats.pid]
+            if not late:
+                return []
+            await asyncio.sleep(0.05)  # polled: a worker's first stats come within a second
+        return [w.index for w in self._workers if not w.stats.pid]
 
     @property
     def points_dropped_total(self) -> int:

@@ -3,10 +3,26 @@ state"), the worker processes, and when a node counts as stale or silent."""
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 from gpufleet.aggregator.ingest.budget import BudgetLimits
 from gpufleet.aggregator.settings import require, setting
+
+AUTO_WORKERS = -1
+MAX_AUTO_WORKERS = 8
+
+
+def workers_for_cores() -> int:
+    """ingest_workers = -1: one worker process per core this process may run on, up to 8. On
+    two cores that is two workers beside the main process, which keeps the streams: measured
+    (docs/benchmarks.md) better than one (the checks and store writes then wait for each other)
+    and than none (everything on one core)."""
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        cores = os.cpu_count() or 1
+    return max(1, min(MAX_AUTO_WORKERS, cores))
 
 
 @dataclass
@@ -40,9 +56,9 @@ class IngestSettings:
     )
     series_window_s: float = setting(86400.0, "the window of max_series_per_node, in seconds")
     ingest_workers: int = setting(
-        0,
-        "processes that decode, validate and store reports (0: the main process does it; N: N "
-        "worker processes beside it, for more than one core; a node's reports always go to one)",
+        AUTO_WORKERS,
+        "processes that decode, validate and store reports (-1: one per core, up to 8; 0: the main "
+        "process does it; N: N worker processes beside it; a node's reports always go to one)",
     )
     stale_after_intervals: float = setting(
         3.0,
@@ -73,9 +89,12 @@ class IngestSettings:
             f"hello_timeout_s={self.hello_timeout_s:g} must be between 0.1 and 600",
         )
         require(
-            0 <= self.ingest_workers <= 64,
-            f"ingest_workers={self.ingest_workers} must be between 0 (in the main process) and 64",
+            -1 <= self.ingest_workers <= 64,
+            f"ingest_workers={self.ingest_workers} must be -1 (one per core), 0 (in the main process) "
+            "or up to 64",
         )
+        if self.ingest_workers == AUTO_WORKERS:
+            self.ingest_workers = workers_for_cores()
         require(
             1 <= self.max_streams_per_peer <= self.max_streams <= 1_000_000,
             f"need 1 <= max_streams_per_peer ({self.max_streams_per_peer}) <= max_streams "

@@ -64,7 +64,9 @@ class RawStream:
         self._channel.close()
 
 
-def hello(node: str, gpus: int = 8, boot_id: str = "boot-1", protocol_version: int = 1) -> Any:
+def hello(
+    node: str, gpus: int = 8, boot_id: str = "boot-1", protocol_version: int = 1, columnar_gpus: bool = False
+) -> Any:
     from gpufleet.protos import ingest_pb2, telemetry_pb2
 
     return ingest_pb2.CollectorMessage(
@@ -75,6 +77,7 @@ def hello(node: str, gpus: int = 8, boot_id: str = "boot-1", protocol_version: i
             boot_id=boot_id,
             collector_version="test",
             interval_s=1.0,
+            columnar_gpus=columnar_gpus,
             gpus=[
                 telemetry_pb2.GpuIdentity(index=i, uuid=f"GPU-{node}-{i}", model="NVIDIA H100 80GB HBM3")
                 for i in range(gpus)

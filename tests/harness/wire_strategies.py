@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import struct
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -16,7 +17,7 @@ from google.protobuf.descriptor import Descriptor, FieldDescriptor
 from hypothesis import strategies as st
 
 from gpufleet.aggregator.ingest.wire_rules import RULES, Many, Num, Text
-from gpufleet.protos import ingest_pb2, telemetry_pb2
+from gpufleet.protos import columns, ingest_pb2, telemetry_pb2
 from gpufleet.protos.credentials import NODE_NAME_RE
 
 NODE, BOOT, GPUS, CLUSTER = "fuzz-node", "fuzz-boot", 8, "test"
@@ -111,6 +112,14 @@ def message(draw: st.DrawFn, descriptor: Descriptor, valid: bool, skip: frozense
 class Case:
     report: telemetry_pb2.NodeReport
     valid: bool  # built only from values the rules accept: must be acknowledged
+    # A columnar report: the GPU samples its columns were made from (what must be stored), and
+    # whether its stream's hello offers columns (a report in columns on a stream that did not
+    # is refused).
+    samples: list[telemetry_pb2.GpuSample] | None = None
+    columnar_hello: bool = False
+
+    def gpu_samples(self) -> list[telemetry_pb2.GpuSample]:
+        return list(self.report.gpus) if self.samples is None else self.samples
 
 
 _times = itertools.count()
@@ -123,7 +132,9 @@ def next_report_time_ns() -> int:
 
 
 @st.composite
-def reports(draw: st.DrawFn) -> Case:
+def reports(draw: st.DrawFn, columnar: bool = False) -> Case:
+    """A whole report; columnar: its GPU samples as GpuColumns (telemetry.proto), and an invalid
+    one now and then broken in the columns' own structure."""
     valid = draw(st.booleans())
     ts = next_report_time_ns()
     r = draw(
@@ -164,6 +175,106 @@ def reports(draw: st.DrawFn) -> Case:
             continue
         seen.add((eng.engine, eng.model, eng.port))
         r.engines.append(eng)
+    _events(draw, r, valid, ts)
+    if draw(st.booleans()):
+        r.stats.CopyFrom(draw(message(telemetry_pb2.CollectorStats.DESCRIPTOR, valid)))
+    if not valid and draw(st.integers(0, 14)) == 0:  # repeated fields past their bound
+        which = draw(st.sampled_from(["engines", "events"]))
+        getattr(r, which).extend(
+            [getattr(telemetry_pb2, "EngineSample" if which == "engines" else "Event")()] * 1001
+        )
+    if not columnar:
+        return Case(r, valid)
+    samples = list(r.gpus)
+    r.ClearField("gpus")
+    r.gpu_columns.CopyFrom(columns.to_columns(samples))
+    case = Case(r, valid, samples, columnar_hello=valid or draw(st.integers(0, 9)) > 0)
+    if not valid and samples and draw(st.booleans()):
+        COLUMN_BREAKS[draw(st.sampled_from(sorted(COLUMN_BREAKS)))](r.gpu_columns)
+        case.samples = None  # refused: nothing is stored of it
+    return case
+
+
+_UTIL = columns.number_of("util_gpu_pct")
+_THROTTLE = columns.number_of("throttle_thermal")
+
+
+def _add_column(cols: telemetry_pb2.GpuColumns, kind: str, number: int, value: bytes) -> None:
+    """One more column in a block, `value` for every GPU (presence left as it was)."""
+    getattr(cols, f"{kind}_fields").append(number)
+    block = {"double": "doubles", "integer": "integers", "bool": "bools"}[kind]
+    setattr(cols, block, getattr(cols, block) + value * cols.count)
+
+
+def _util_column(cols: telemetry_pb2.GpuColumns) -> int:
+    """Where util_gpu_pct's column starts in the doubles (added, 1.5 on every GPU, if missing)."""
+    if _UTIL not in cols.double_fields:
+        _add_column(cols, "double", _UTIL, struct.pack("<d", 1.5))
+    return list(cols.double_fields).index(_UTIL) * 8 * cols.count
+
+
+def _bitmap_bytes(cols: telemetry_pb2.GpuColumns) -> int:
+    fields = len(cols.double_fields) + len(cols.integer_fields) + len(cols.bool_fields)
+    return (fields * cols.count + 7) // 8
+
+
+def _same_field_twice(cols: telemetry_pb2.GpuColumns) -> None:
+    if _THROTTLE not in cols.bool_fields:
+        _add_column(cols, "bool", _THROTTLE, b"\0")
+    _add_column(cols, "bool", _THROTTLE, b"\0")
+    cols.present = b""
+
+
+def _bool_byte_2(cols: telemetry_pb2.GpuColumns) -> None:
+    if not cols.bool_fields:
+        _add_column(cols, "bool", _THROTTLE, b"\0")
+        cols.present = b""
+    cols.bools = b"\2" * len(cols.bools)
+
+
+def _absent_slot_not_zero(cols: telemetry_pb2.GpuColumns) -> None:
+    at = _util_column(cols)
+    cols.doubles = (
+        cols.doubles[:at] + struct.pack("<d", 1.5) * cols.count + cols.doubles[at + 8 * cols.count :]
+    )
+    cols.present = bytes(_bitmap_bytes(cols))  # every value absent, util's slots not 0
+
+
+def _nan_value(cols: telemetry_pb2.GpuColumns) -> None:
+    at = _util_column(cols)
+    cols.doubles = cols.doubles[:at] + struct.pack("<d", math.nan) + cols.doubles[at + 8 :]
+    cols.present = b""
+
+
+# Ways to break a GpuColumns' structure, each refused for any batch of one GPU or more.
+COLUMN_BREAKS: dict[str, Any] = {
+    "count_past_arrays": lambda c: setattr(c, "count", c.count + 1),
+    "index_short": lambda c: c.index.pop(),
+    "uuid_long": lambda c: c.uuid.append("GPU-extra"),
+    "doubles_short": lambda c: setattr(c, "doubles", c.doubles + b"\0"),
+    "integers_short": lambda c: setattr(c, "integers", c.integers + b"\0" * 3),
+    "same_field_twice": _same_field_twice,
+    "identity_as_column": lambda c: _add_column(c, "integer", 1, bytes(8)),
+    "bool_as_double": lambda c: _add_column(c, "double", _THROTTLE, bytes(8)),
+    "unknown_field": lambda c: _add_column(c, "double", 199, bytes(8)),
+    "bool_byte_2": _bool_byte_2,
+    "lost_byte_2": lambda c: setattr(c, "lost", b"\2" * c.count),
+    "lost_short": lambda c: setattr(c, "lost", c.lost[:-1]),
+    "present_wrong_length": lambda c: setattr(c, "present", bytes(_bitmap_bytes(c) + 1)),
+    "absent_slot_not_zero": _absent_slot_not_zero,
+    "nan_value": _nan_value,
+    "texts_count": lambda c: c.driver_unresponsive_call.extend(["nvmlX"] * (c.count + 1)),
+    "process_on_unknown_gpu": lambda c: (
+        c.process_gpu_index.append(63),
+        c.process_pid.append(1),
+        setattr(c, "process_used_memory_bytes", c.process_used_memory_bytes + bytes(8)),
+        setattr(c, "process_used_memory_present", b""),
+    ),
+    "process_arrays_differ": lambda c: c.process_pid.append(1),
+}
+
+
+def _events(draw: st.DrawFn, r: telemetry_pb2.NodeReport, valid: bool, ts: int) -> None:
     for _ in range(draw(st.integers(0, 3))):
         ev = draw(
             message(
@@ -189,14 +300,6 @@ def reports(draw: st.DrawFn) -> Case:
                 else draw(st.sampled_from([min(last + 1, 2**63 - 1), -1, 2**63 - 1]))
             )
         r.events.append(ev)
-    if draw(st.booleans()):
-        r.stats.CopyFrom(draw(message(telemetry_pb2.CollectorStats.DESCRIPTOR, valid)))
-    if not valid and draw(st.integers(0, 14)) == 0:  # repeated fields past their bound
-        which = draw(st.sampled_from(["engines", "events"]))
-        getattr(r, which).extend(
-            [getattr(telemetry_pb2, "EngineSample" if which == "engines" else "Event")()] * 1001
-        )
-    return Case(r, valid)
 
 
 def _field(message_name: str, field: str) -> FieldDescriptor:

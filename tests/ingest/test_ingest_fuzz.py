@@ -53,7 +53,7 @@ CODES = {
 NAMES_THE_FIELD = re.compile(
     r"has [\w.\[\]]+=|has \d+ [\w.\[\]]+, more than|names node|carries boot_id|seq must be|"
     r"time_unix_ns=|GPU index|names GPU|event for GPU|is \d+ bytes|engines and \d+ events|twice|"
-    r"above hbm_total_bytes|names cluster|has GPU \d+ as uuid"
+    r"above hbm_total_bytes|names cluster|has GPU \d+ as uuid|has GPU \d+ \w+=|gpu_columns"
 )
 
 HELLO_NAMES_THE_FIELD = re.compile(
@@ -94,9 +94,13 @@ def _tags(tags: dict[str, str]) -> dict[str, str]:
     return {k: v for k, v in tags.items() if v != ""}  # InfluxDB keeps no empty tag
 
 
-def expected_points(r: telemetry_pb2.NodeReport) -> dict[str, list[tuple[dict[str, str], dict[str, Any]]]]:
+def expected_points(case: Case) -> dict[str, list[tuple[dict[str, str], dict[str, Any]]]]:
+    """What the store must hold of an acknowledged report: for a columnar one, the GPU samples its
+    columns were made from, value for value."""
+    r = case.report
+    samples = case.gpu_samples()
     gpus = []
-    for g in r.gpus:
+    for g in samples:
         fields: dict[str, Any] = {fd.name: v for fd, v in g.ListFields() if fd.name in GPU_VALUE_FIELDS}
         fields["lost"] = g.lost
         tags = {"node": r.node, "gpu": str(g.index), "uuid": g.uuid, "model": g.model, "cluster": r.cluster}
@@ -144,7 +148,7 @@ def expected_points(r: telemetry_pb2.NodeReport) -> dict[str, list[tuple[dict[st
         "boot_id": r.boot_id,
         "interval_s": r.interval_s,
         **{fd.name: getattr(s, fd.name) for fd in telemetry_pb2.CollectorStats.DESCRIPTOR.fields},
-        **({"gpu_count": len(r.gpus)} if r.gpus else {}),
+        **({"gpu_count": len(samples)} if r.gpus or r.HasField("gpu_columns") else {}),
         **({"gpus_on_pci_bus": r.gpus_on_pci_bus} if r.HasField("gpus_on_pci_bus") else {}),
     }
     return {
@@ -155,9 +159,9 @@ def expected_points(r: telemetry_pb2.NodeReport) -> dict[str, list[tuple[dict[st
     }
 
 
-def assert_stored_exactly(read: ReadBack, r: telemetry_pb2.NodeReport) -> None:
-    ts = r.time_unix_ns
-    for measurement, wanted in expected_points(r).items():
+def assert_stored_exactly(read: ReadBack, case: Case) -> None:
+    ts = case.report.time_unix_ns
+    for measurement, wanted in expected_points(case).items():
         end = ts + (100_000 if measurement == "event" else 1)
         stored = read.points(measurement, ts, end)
         got = sorted((sorted(_tags(t).items()), sorted(f.items())) for t, f, _ in stored)
@@ -224,12 +228,12 @@ def env(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
         )
 
 
-def send(env: Env, r: telemetry_pb2.NodeReport) -> Any:
+def send(env: Env, r: telemetry_pb2.NodeReport, columnar_hello: bool = False) -> Any:
     """One report on a stream of its own (the same boot: each new stream supersedes the last),
     so one example's answer can never be read as another's."""
     stream = RawStream(env.agg.ingest, env.cluster.secrets.collector_token(NODE))
     try:
-        stream.send(hello(NODE, gpus=GPUS, boot_id=BOOT))
+        stream.send(hello(NODE, gpus=GPUS, boot_id=BOOT, columnar_gpus=columnar_hello))
         assert stream.recv(timeout_s=15).WhichOneof("body") == "welcome"
         stream.send(ingest_pb2.CollectorMessage(report=r))
         while True:
@@ -244,13 +248,14 @@ def send(env: Env, r: telemetry_pb2.NodeReport) -> Any:
 
 def check_outcome(env: Env, case: Case) -> None:
     r = case.report
-    answer = send(env, r)
+    answer = send(env, r, case.columnar_hello)
     body = answer.WhichOneof("body")
     if currently_in_test_context():  # counted for --hypothesis-show-statistics
         event(f"{'valid' if case.valid else 'edge'} report: {body}")
     if body == "ack":
         assert list(answer.ack.seqs) == [r.seq]
-        assert_stored_exactly(env.read, r)
+        assert case.samples is not None or not r.HasField("gpu_columns"), "broken columns were stored"
+        assert_stored_exactly(env.read, case)
         return
     assert body == "reject", answer
     assert not case.valid, f"a report of valid values was refused: {answer.reject.message}"
@@ -276,6 +281,15 @@ FUZZ = settings(
 @FUZZ
 @given(case=reports())
 def test_every_report_is_stored_exactly_or_refused_by_field(env: Env, case: Case) -> None:
+    check_outcome(env, case)
+
+
+@FUZZ
+@given(case=reports(columnar=True))
+def test_every_columnar_report_is_stored_exactly_or_refused_by_field(env: Env, case: Case) -> None:
+    """The same, with the GPU samples in columns (GpuColumns): the bulk checks refuse what the
+    per-GPU checks refuse, name the GPU and the field, and store exactly what was sent; a batch
+    broken in its own structure is refused whole."""
     check_outcome(env, case)
 
 

@@ -53,12 +53,33 @@ def test_near_the_limit_it_warns_and_at_the_limit_it_refuses(tmp_path: Path) -> 
     with pytest.raises(SpoolFull, match="not acknowledging"):
         spool.append(batch(10))
     assert spool.status().refused_total == 1
-    with pytest.raises(SpoolFull, match="below 90%"):
+    with pytest.raises(SpoolFull, match="at most 90%"):
         spool.append(batch(1))  # full stays full: a small batch does not squeeze in
-    while spool.status().bytes > 0.9 * 4000:
+    while spool.status().bytes > 0.9 * 4000 or spool.status().bytes + size > 4000:
         n, _ = spool.oldest()
         spool.remove(n)
-    spool.append(batch(10))  # room again once the store takes it back below 90 %
+    spool.append(batch(10))  # room again once the store takes it back below 90 % (and it fits)
+
+
+def test_a_large_batch_refused_keeps_it_refusing_until_that_batch_would_fit(tmp_path: Path) -> None:
+    """A group-commit batch of many reports does not fit while the spool is half full: the spool
+    refuses every batch until the drain has made room for that one, so acks stop once and the
+    status does not flap back to "acknowledging" when a small batch would still squeeze in
+    (once seen as `gpufleet status` saying acknowledging again while the store was down)."""
+    big = batch(60)
+    scratch = Spool(tmp_path / "scratch", max_bytes=1 << 20)
+    scratch.append(big)
+    big_bytes = scratch.status().bytes
+    spool = Spool(tmp_path / "spool", max_bytes=big_bytes * 2)
+    while spool.status().bytes < big_bytes * 1.2:
+        spool.append(batch(5))
+    with pytest.raises(SpoolFull):
+        spool.append(big)
+    with pytest.raises(SpoolFull, match="room for the"):
+        spool.append(batch(1))  # it would fit, but the big one would not: still refusing
+    while spool.status().bytes + big_bytes > big_bytes * 2:
+        spool.remove(spool.oldest()[0])
+    spool.append(big)
 
 
 def test_the_spools_of_workers_no_longer_run_are_moved_into_the_main_spool(tmp_path: Path) -> None:

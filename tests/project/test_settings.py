@@ -64,3 +64,18 @@ def test_reference_lists_every_setting_with_its_environment_variable() -> None:
     for name in ("interval_s", "buffer_reports", "retention_s", "max_report_bytes"):
         assert f"`{name}`" in text
     assert "`GPUFLEET_AGGREGATOR_DATA_DIR`" in text
+
+
+def test_ingest_workers_default_to_one_per_core() -> None:
+    """ingest_workers = -1 (the default): a worker process per core this process may use, up to
+    8; 0 keeps everything in the main process; anything else out of -1..64 is refused."""
+    import os
+
+    cores = len(os.sched_getaffinity(0))
+    assert settings.resolve(AggregatorConfig, "aggregator", None, {}, {}).ingest_workers == min(8, cores)
+    zero = {"GPUFLEET_AGGREGATOR_INGEST_WORKERS": "0"}
+    assert settings.resolve(AggregatorConfig, "aggregator", None, zero, {}).ingest_workers == 0
+    with pytest.raises(settings.ConfigError, match="ingest_workers=-2 must be -1"):
+        settings.resolve(
+            AggregatorConfig, "aggregator", None, {"GPUFLEET_AGGREGATOR_INGEST_WORKERS": "-2"}, {}
+        )

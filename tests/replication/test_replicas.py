@@ -44,6 +44,11 @@ def replica(
         str(LEASE_S),
         "--live-sync-s",
         "0.3",
+        # Several replicas (and PostgreSQL, influxd, collectors) share this machine's two cores:
+        # each replica ingests in its main process, leaving the CPU to what these tests check
+        # (tests/ingest/test_ingest_workers.py has the worker processes).
+        "--ingest-workers",
+        "0",
         *repair_flags(policy),
         *extra,
     )
