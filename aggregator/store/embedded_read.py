@@ -148,7 +148,7 @@ class EmbeddedReads:
 
     def apply_retention(self, now_unix_ns: int) -> int:
         deleted = 0
-        with self._wlock:
+        with self._writing():
             self._catch_up(self._w, "_columns")  # measurements other processes created
             for measurement in list(self._columns):
                 cutoff = now_unix_ns - int(self._retention_s(measurement) * 1e9)
