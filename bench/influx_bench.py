@@ -7,9 +7,13 @@
    per node per report) POSTed straight to /write in 5,000-line batches — InfluxDB's own
    pace on this machine.
 2. Through the aggregator (--store influxdb): the same fleet shape driven by bench/loadgen.py
-   in flood mode; acknowledged reports x 9 points.
-   Prints points/s for both and the ratio (target >= 0.8).
-3. History: a 1-hour raw query of 1 node x 8 GPUs at a 1 min step, and the same node over
+   in flood mode (collectors sending columns); acknowledged reports x 9 points.
+   Prints points/s for both and their ratio, and influxd's own CPU seconds per million points
+   in each (sampled from its process): how well the aggregator batches against the bare
+   writer, whatever else shares the cores (target <= 1.15).
+3. Paced, as a fleet sends: 2,000 nodes x 8 GPUs at 1 s through the aggregator into influxd
+   (--paced-nodes): the share acknowledged and the ack latency (targets >= 99 %, p99 < 2 s).
+4. History: a 1-hour raw query of 1 node x 8 GPUs at a 1 min step, and the same node over
    30 days at a 1 h step from the hourly roll-up (what the Fleet API routes it to) and, for
    comparison, from raw data.
 """
@@ -26,7 +30,7 @@ import tomllib
 from pathlib import Path
 
 from ingest_bench import aggregator_argv, wait_for_file  # bench/ is on sys.path when a bench script runs
-from loadgen import Load, drive, machine
+from loadgen import CpuSampler, Load, drive, machine
 
 from gpufleet.aggregator.auth.tokens import new_secrets_file
 from gpufleet.aggregator.fleet import rollups
@@ -102,8 +106,9 @@ def fleet_points(nodes: int, t_ns: int) -> list[Point]:
     return points
 
 
-def bare_writer(url: str, database: str, nodes: int, reports: int) -> float:
-    """Points per second, line protocol POSTed directly."""
+def bare_writer(url: str, database: str, nodes: int, reports: int, influxd_pid: int) -> tuple[float, float]:
+    """Points per second, line protocol POSTed directly; and influxd's CPU seconds per million
+    points meanwhile."""
     InfluxStore(url, database)  # creates the database
     host, port = url.removeprefix("http://").split(":")
     conn = http.client.HTTPConnection(host, int(port), timeout=60)
@@ -113,16 +118,36 @@ def bare_writer(url: str, database: str, nodes: int, reports: int) -> float:
         lines = [line(p) for p in fleet_points(nodes, t0_ns + r * S)]
         bodies += ["\n".join(lines[i : i + 5000]).encode() for i in range(0, len(lines), 5000)]
     total = reports * nodes * 9
+    cpu_before = _cpu_s(influxd_pid)
     start = time.perf_counter()
     for body in bodies:
         conn.request("POST", f"/write?db={database}&precision=ns", body=body)
         response = conn.getresponse()
         response.read()
         assert response.status == 204, response.status
-    return total / (time.perf_counter() - start)
+    elapsed = time.perf_counter() - start
+    return total / elapsed, (_cpu_s(influxd_pid) - cpu_before) / total * 1e6
 
 
-def through_aggregator(url: str, database: str, nodes: int, seconds: float, tmp: Path, workers: int) -> float:
+def _cpu_s(pid: int) -> float:
+    import psutil
+
+    t = psutil.Process(pid).cpu_times()
+    return t.user + t.system
+
+
+def through_aggregator(
+    url: str,
+    database: str,
+    nodes: int,
+    seconds: float,
+    tmp: Path,
+    workers: int | None,
+    influxd_pid: int,
+    mode: str = "flood",
+) -> dict:
+    """The load through an aggregator on influxd: points/s acknowledged, influxd's CPU seconds
+    per million points over the window, and the load's own figures."""
     secrets = tmp / "secrets.toml"
     new_secrets_file(secrets, [])
     secret = tomllib.loads(secrets.read_text())["collector_secret"]
@@ -138,16 +163,31 @@ def through_aggregator(url: str, database: str, nodes: int, seconds: float, tmp:
             url,
             "--influx-database",
             database,
-            "--ingest-workers",
-            str(workers),
+            *(() if workers is None else ("--ingest-workers", str(workers))),
         )
     )
     try:
         address = wait_for_file(ready, agg, 60)["ingest"]
+        influx_cpu = CpuSampler([influxd_pid])
+        influx_cpu.start()
         result = drive(
-            Load(address=address, secret=secret, nodes=nodes, mode="flood", window=16, seconds=seconds)
+            Load(
+                address=address,
+                secret=secret,
+                nodes=nodes,
+                mode=mode,
+                window=16,
+                seconds=seconds,
+                columnar=True,
+            )
         )
-        return result["acked"] * 9 / result["seconds"]
+        influx_cpu.stop.set()
+        influx_cpu.join()
+        points = result["acked"] * 9
+        cpu_pct = influx_cpu.cpu_pct(result["window_wall_start"], result["window_wall_end"])
+        result["points_per_s"] = points / result["seconds"]
+        result["influxd_cpu_s_per_million"] = cpu_pct / 100 * result["seconds"] / max(1, points) * 1e6
+        return result
     finally:
         agg.terminate()
         agg.wait(timeout=60)
@@ -225,32 +265,64 @@ def main() -> None:
     p.add_argument("--reports", type=int, default=10, help="reports per node for the bare writer")
     p.add_argument("--seconds", type=float, default=15.0, help="aggregator measurement window")
     p.add_argument("--repeat", type=int, default=1)
-    p.add_argument("--ingest-workers", type=int, default=2, help="the aggregator's ingest_workers")
+    p.add_argument(
+        "--ingest-workers",
+        type=int,
+        default=None,
+        help="the aggregator's ingest_workers (default: one per core)",
+    )
+    p.add_argument("--paced-nodes", type=int, default=2000, help="nodes of the paced run at 1 s (0: none)")
     args = p.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="gpufleet-influx-bench-"))
     print(f"machine: {machine()}", flush=True)
     influxd, url = start_influxd(tmp / "influx")
     try:
-        bare, agg = [], []
+        bare, bare_cpu, agg, agg_cpu, paced = [], [], [], [], []
         for i in range(args.repeat):
-            bare.append(bare_writer(url, f"bare{i}", args.nodes, args.reports))
-            agg.append(
-                through_aggregator(
-                    url, f"agg{i}", min(args.nodes, 500), args.seconds, tmp, args.ingest_workers
-                )
+            rate, cpu = bare_writer(url, f"bare{i}", args.nodes, args.reports, influxd.pid)
+            bare.append(rate)
+            bare_cpu.append(cpu)
+            r = through_aggregator(
+                url, f"agg{i}", min(args.nodes, 500), args.seconds, tmp, args.ingest_workers, influxd.pid
             )
+            agg.append(r["points_per_s"])
+            agg_cpu.append(r["influxd_cpu_s_per_million"])
             print(
-                f"  run {i + 1}: bare writer {bare[-1]:,.0f} points/s, "
-                f"through the aggregator {agg[-1]:,.0f} points/s",
+                f"  run {i + 1}: bare writer {bare[-1]:,.0f} points/s (influxd {bare_cpu[-1]:.2f} CPU s per "
+                f"million points), through the aggregator {agg[-1]:,.0f} points/s (influxd "
+                f"{agg_cpu[-1]:.2f} CPU s per million)",
                 flush=True,
             )
+            if args.paced_nodes:
+                r = through_aggregator(
+                    url, f"paced{i}", args.paced_nodes, 20.0, tmp, args.ingest_workers, influxd.pid, "paced"
+                )
+                paced.append(r)
+                print(
+                    f"  run {i + 1}: paced {args.paced_nodes} nodes x 8 GPUs at 1 s into influxd: "
+                    f"{r['acked'] / (args.paced_nodes * 20.0):.1%} acknowledged, ack p50 "
+                    f"{r['ack_latency_p50_ms'] or float('nan'):.0f} ms, "
+                    f"p99 {r['ack_latency_p99_ms'] or float('nan'):.0f} ms",
+                    flush=True,
+                )
         b, a = statistics.median(bare), statistics.median(agg)
+        bc, ac = statistics.median(bare_cpu), statistics.median(agg_cpu)
         streams = min(args.nodes, 500)
         print(
             f"InfluxDB ingest ({args.nodes} nodes x 8 GPUs; aggregator driven by {streams} streams in flood "
-            f"mode, ingest_workers = {args.ingest_workers}): bare {b:,.0f} points/s, "
-            f"aggregator {a:,.0f} points/s, ratio {a / b:.2f} (target 0.8)"
+            f"mode, ingest_workers = {args.ingest_workers or 'one per core'}): bare {b:,.0f} points/s, "
+            f"aggregator {a:,.0f} points/s, ratio {a / b:.2f}; influxd CPU per million points: bare "
+            f"{bc:.2f} s, through the aggregator {ac:.2f} s, ratio {ac / bc:.2f} (target <= 1.15)"
         )
+        if paced:
+            acked = [r["acked"] / (args.paced_nodes * 20.0) for r in paced]
+            p99 = [r["ack_latency_p99_ms"] or float("nan") for r in paced]
+            print(
+                f"paced {args.paced_nodes} x 8 at 1 s into influxd: acknowledged "
+                + ", ".join(f"{x:.1%}" for x in acked)
+                + f" (runs); ack p99 {', '.join(f'{x:.0f} ms' for x in p99)}; "
+                f"median p99 {statistics.median(p99):.0f} ms"
+            )
         raw_1h, raw_30d, rolled_30d, raw_1h_5s = history_latency(url, "history")
         print(
             f"history, 1 node x 8 GPUs: 1 h at raw resolution (5 s, 720 points a GPU) "
