@@ -28,6 +28,7 @@ from google.protobuf.message import Message
 
 from gpufleet.aggregator.ingest.schema import INT64_MAX, METRICS
 from gpufleet.protos import ingest_pb2, telemetry_pb2
+from gpufleet.protos.columns import getter
 from gpufleet.protos.limits import (
     MAX_ENGINES_PER_REPORT,
     MAX_EVENTS_PER_REPORT,
@@ -318,16 +319,6 @@ ValuesFn = Callable[[Message], "tuple[dict, tuple] | None"]  # see WireValidator
 _GOOD_TAGS_MAX = 400_000  # about 50,000 nodes x 8 GPUs; cleared when full (then only slower)
 
 
-def _getter(indices: list[int]) -> Callable[[tuple], tuple]:
-    """A tuple of the items at indices (itemgetter returns a bare item for one index)."""
-    if not indices:
-        return lambda _values: ()
-    if len(indices) == 1:
-        i = indices[0]
-        return lambda values: (values[i],)
-    return operator.itemgetter(*indices)
-
-
 class _Shape:
     """The checks and copy for messages of one type carrying one set of fields."""
 
@@ -361,7 +352,7 @@ class _Shape:
         absent = [(n, d) for n, d in identity if n not in names]
         self._defaults = tuple(d for _, d in absent)
         where = {n: i for i, n in enumerate(names)} | {n: len(names) + k for k, (n, _) in enumerate(absent)}
-        self._ident = _getter([where[n] for n, _ in identity])
+        self._ident = getter([where[n] for n, _ in identity])
         nums, tags, texts, other, out = [], [], [], [], []
         self._lows: list[object] = []
         self._highs: list[object] = []
@@ -383,9 +374,9 @@ class _Shape:
             elif kind == _TEXT:
                 texts.append(i)
                 self._text_max.append(a)
-        self._nums, self._tags, self._texts = _getter(nums), _getter(tags), _getter(texts)
+        self._nums, self._tags, self._texts = getter(nums), getter(tags), getter(texts)
         self._other = other
-        self._out = _getter(out)
+        self._out = getter(out)
         self._out_names = [specs[i][5] for i in out]
 
     def values(self, vals: tuple) -> dict | None:
