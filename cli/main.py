@@ -1,28 +1,31 @@
-"""`gpufleet`: one command for every part of the system.
-
-gpufleet demo                      simulated fleet + aggregator (+ dashboard), one command
-gpufleet collector run             the per-node collector
-gpufleet aggregator run            the control-plane aggregator
-gpufleet nodes | node NAME | history METRIC | metrics | whoami   (Fleet API)
-gpufleet auth init | collector-token NODE | add-token NAME | revoke TOKEN_ID
-gpufleet gpu-reset-helper          the privileged GPU-reset helper beside a collector
-gpufleet config reference          every setting, its flag, environment variable, default
-"""
+"""`gpufleet`: one command for every part of the system: the components (collector,
+aggregator, dashboard, demo), the SRE's commands on the Fleet API, and local tools. Every
+command is listed by `gpufleet --help` (argparse lists the subcommands it was built with), and
+`gpufleet COMMAND --help` gives its flags."""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import os
 import sys
+import time
+from collections.abc import Callable
 from pathlib import Path
 
-from gpufleet.cli import repair_cmds, replay_cmd, settings
+from gpufleet.cli import completion, repair_cmds, replay_cmd, settings
+from gpufleet.client.exits import Exit, sentence
 from gpufleet.client.fleet import ClientError, FleetClient, resolve_client
 from gpufleet.common.logsetup import configure as configure_logging
+from gpufleet.common.version import __version__
 from gpufleet.protos.names import AGGREGATES, HISTORY_EVENT_KINDS
 
-EXIT_CONFIG = 2
+EXIT_CONFIG = Exit.USAGE
+DESCRIPTION = (
+    "GPU fleet telemetry and health repair: the components, the SRE's commands on the Fleet API, "
+    "and local tools. `gpufleet COMMAND --help` gives a command's flags."
+)
 
 
 def _output_flags(p: argparse.ArgumentParser) -> None:
@@ -45,9 +48,8 @@ def build_parser() -> argparse.ArgumentParser:
     from gpufleet.cli import demo
     from gpufleet.collector.config import CollectorConfig
 
-    parser = argparse.ArgumentParser(
-        prog="gpufleet", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    parser = argparse.ArgumentParser(prog="gpufleet", description=DESCRIPTION, epilog=sentence())
+    parser.add_argument("--version", action="version", version=f"gpufleet {__version__}")
     parser.add_argument("--log-level", default=os.environ.get("GPUFLEET_LOG_LEVEL", "info"))
     parser.add_argument(
         "--config",
@@ -90,6 +92,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("nodes", parents=[client], help="every node with its live state")
     p.add_argument("--cluster", action="append", help="only this cluster (repeatable)")
     p.add_argument("--json", action="store_true")
+    add_watch(p)
     p = sub.add_parser("node", parents=[client], help="one node's GPUs, engines and events")
     p.add_argument("name")
     p.add_argument("--json", action="store_true")
@@ -128,9 +131,11 @@ def build_parser() -> argparse.ArgumentParser:
     replay_cmd.add_arguments(sub, client)
     p = sub.add_parser("metrics", parents=[client], help="the metrics history can query")
     p.add_argument("--json", action="store_true")
-    sub.add_parser("whoami", parents=[client], help="which token the Fleet API sees")
+    p = sub.add_parser("whoami", parents=[client], help="which token the Fleet API sees")
+    p.add_argument("--json", action="store_true")
     p = sub.add_parser("status", parents=[client], help="the aggregator's store and spool")
     p.add_argument("--json", action="store_true")
+    add_watch(p)
 
     eng = sub.add_parser("engines", help="inference-engine endpoints")
     eng_sub = eng.add_subparsers(dest="action", required=True)
@@ -163,7 +168,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--role", required=True, choices=["viewer", "operator"])
     p.add_argument("--secrets", required=True)
 
-    repair_cmds.add_arguments(sub, client)
+    repair_cmds.add_arguments(sub, client, add_watch)
 
     p = sub.add_parser(
         "gpu-reset-helper",
@@ -184,7 +189,24 @@ def build_parser() -> argparse.ArgumentParser:
     cfg = sub.add_parser("config", help="configuration")
     cfg_sub = cfg.add_subparsers(dest="action", required=True)
     cfg_sub.add_parser("reference", help="print every setting as a Markdown table")
+    p = cfg_sub.add_parser(
+        "check", help="check a settings file as the collector and aggregator would at start (exit 2 if not)"
+    )
+    p.add_argument("file", help="a TOML settings file, e.g. /etc/gpufleet/gpufleet.toml")
+    p.add_argument("--json", action="store_true")
+
+    p = sub.add_parser("completion", help="a shell completion script: `source <(gpufleet completion bash)`")
+    p.add_argument("shell", choices=completion.SHELLS)
     return parser
+
+
+def add_watch(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--watch",
+        type=float,
+        metavar="N",
+        help="show it again every N seconds until Ctrl-C (an unreachable aggregator is said, not fatal)",
+    )
 
 
 def _run_component(args: argparse.Namespace) -> int:
@@ -275,10 +297,12 @@ def _run_auth(args: argparse.Namespace) -> int:
     path = Path(args.secrets)
     if args.action == "init":
         if path.exists() and not args.force:
-            raise SystemExit(
+            print(
                 f"gpufleet auth init: {path} exists; pass --force to replace it "
-                "(every collector token changes)"
+                "(every collector token changes)",
+                file=sys.stderr,
             )
+            return EXIT_CONFIG
         names = [(n, "operator") for n in args.operator] + [(n, "viewer") for n in args.viewer]
         issued = new_secrets_file(path, names)
         print(f"wrote {path} (mode 0600)")
@@ -288,7 +312,8 @@ def _run_auth(args: argparse.Namespace) -> int:
     try:
         data = tomllib.loads(path.read_text())
     except (OSError, tomllib.TOMLDecodeError) as exc:
-        raise SystemExit(f"gpufleet auth: cannot read {path}: {exc}") from exc
+        print(f"gpufleet auth: cannot read {path}: {exc}", file=sys.stderr)
+        return EXIT_CONFIG
     if args.action == "collector-token":
         try:
             token, token_id, expires = issue_collector_token(data["collector_secret"], args.node, args.days)
@@ -344,7 +369,15 @@ def _run_config(args: argparse.Namespace) -> int:
     from gpufleet.aggregator.config import AggregatorConfig
     from gpufleet.collector.config import CollectorConfig
 
-    print(settings.reference({"collector": CollectorConfig, "aggregator": AggregatorConfig}))
+    components = {"collector": CollectorConfig, "aggregator": AggregatorConfig}
+    if args.action == "check":
+        return settings.check_file(args.file, components, args.json)
+    print(settings.reference(components))
+    return 0
+
+
+def _run_completion(args: argparse.Namespace) -> int:
+    print(completion.script(build_parser(), args.shell))
     return 0
 
 
@@ -366,6 +399,7 @@ LOCAL_COMMANDS = {
     "policy": repair_cmds.run_policy,
     "replay": replay_cmd.run,
     "dashboard": _run_dashboard,
+    "completion": _run_completion,
 }
 
 
@@ -384,6 +418,9 @@ def _run_whoami(client: FleetClient, args: argparse.Namespace) -> None:
     from gpufleet.protos import fleet_pb2
 
     me = client.call("WhoAmI", fleet_pb2.WhoAmIRequest())
+    if args.json:
+        print(json.dumps({"name": me.name, "role": me.role, "fleet": client.settings.fleet}))  # type: ignore[attr-defined]
+        return
     print(f"{me.name} ({me.role}) at {client.settings.fleet}")  # type: ignore[attr-defined]
 
 
@@ -391,7 +428,8 @@ def _run_fleet_command(args: argparse.Namespace) -> None:
     from gpufleet.cli import sre
 
     client = FleetClient(resolve_client(args.fleet, args.token, args.token_file))
-    try:
+
+    def once() -> None:
         if args.command == "whoami":
             _run_whoami(client, args)
         elif args.command == "auth":  # revoke: the other auth actions are local
@@ -400,8 +438,34 @@ def _run_fleet_command(args: argparse.Namespace) -> None:
             repair_cmds.run(client, args)
         else:
             sre.run(client, args)
+
+    try:
+        watch(once, getattr(args, "watch", None), bool(getattr(args, "json", False)))
     finally:
         client.close()
+
+
+def watch(once: Callable[[], None], every_s: float | None, as_json: bool) -> None:
+    """once(); with --watch N, again every N seconds until Ctrl-C: a terminal is cleared before
+    each (JSON: one document after another, the time on stderr), and an error is said and
+    watched through (an aggregator restarting), not fatal."""
+    if every_s is None:
+        once()
+        return
+    if not 0.5 <= every_s <= 3600:
+        raise ValueError(f"--watch {every_s:g}: give 0.5 to 3600 seconds")
+    clear = sys.stdout.isatty() and not as_json
+    while True:
+        if clear:
+            print("\033[H\033[2J", end="")
+        stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        print(f"every {every_s:g} s until Ctrl-C; {stamp}", file=sys.stderr if as_json else sys.stdout)
+        try:
+            once()
+        except ClientError as exc:
+            print(f"gpufleet: {exc} (still watching)", file=sys.stderr)
+        sys.stdout.flush()
+        time.sleep(every_s)  # the refresh period the user asked for
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -423,6 +487,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"gpufleet: {exc}", file=sys.stderr)
         return EXIT_CONFIG
     except BrokenPipeError:  # `gpufleet history ... | head`
+        return 0
+    except KeyboardInterrupt:  # Ctrl-C ends a --watch
         return 0
     return 0
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from collections.abc import Callable
 from typing import Any
 
 from tabulate import tabulate
@@ -15,7 +16,10 @@ from gpufleet.protos import fleet_pb2
 from gpufleet.protos.names import action_name, health_name, outcome_status_name, severity_name
 
 
-def add_arguments(sub: Any, client: argparse.ArgumentParser) -> None:
+def add_arguments(
+    sub: Any, client: argparse.ArgumentParser, watch: Callable[[argparse.ArgumentParser], None]
+) -> None:
+    """The repair commands; watch adds --watch N to the listing ones."""
     for name, help_text in (
         ("cordon", "take a node out of service (a person's cordon always wins)"),
         ("uncordon", "return a node to service; cancels its repair workflow"),
@@ -29,6 +33,7 @@ def add_arguments(sub: Any, client: argparse.ArgumentParser) -> None:
     p.add_argument("--node", default="")
     p.add_argument("--limit", type=int, default=100)
     p.add_argument("--json", action="store_true")
+    watch(p)
     p = sub.add_parser("audit", parents=[client], help="every repair action, automatic or manual")
     p.add_argument("--node", default="")
     p.add_argument("--limit", type=int, default=200)
@@ -37,6 +42,7 @@ def add_arguments(sub: Any, client: argparse.ArgumentParser) -> None:
     b = p.add_subparsers(dest="action", required=True)
     q = b.add_parser("status", parents=[client], help="breaker, cap and every node not healthy")
     q.add_argument("--json", action="store_true")
+    watch(q)
     q = b.add_parser("reset", parents=[client], help="resume automatic repair after a trip")
     q.add_argument("--reason", required=True)
     q.add_argument("--json", action="store_true")

@@ -153,3 +153,40 @@ def reference(sections: Mapping[str, type]) -> str:
             )
         lines.append("")
     return "\n".join(lines)
+
+
+def check_file(path: str, sections: Mapping[str, type], as_json: bool = False) -> int:
+    """`gpufleet config check FILE`: each of the file's sections resolved as its component does
+    at start (the file alone: no flags, no environment), with the same messages; 0 when every
+    section is usable, 2 (the exit code for bad configuration) when one is not."""
+    import json
+
+    label = f"config file {path}"
+    results: dict[str, str] = {}
+    try:
+        data = load_file(Path(path))
+    except ConfigError as exc:
+        results["file"] = str(exc)
+    else:
+        for name in sorted(set(data) - set(sections)):
+            results[name] = (
+                f"{label}: unknown section [{name}]; known: {', '.join(f'[{s}]' for s in sections)}"
+            )
+        for section, cls in sections.items():
+            if section not in data:
+                continue
+            try:
+                resolve(cls, section, None, {}, data, label)
+                results[section] = ""
+            except ConfigError as exc:
+                results[section] = str(exc)
+        if not results:
+            results["file"] = f"{label} has none of the sections {', '.join(f'[{s}]' for s in sections)}"
+    ok = not any(results.values())
+    if as_json:
+        print(json.dumps({"file": path, "ok": ok, "sections": {k: v or "ok" for k, v in results.items()}}))
+    else:
+        for section, problem in results.items():
+            print(f"[{section}] ok" if not problem else f"[{section}] {problem}")
+        print(f"{path}: {'usable' if ok else 'NOT usable: fix the lines above'}")
+    return 0 if ok else 2

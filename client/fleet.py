@@ -19,6 +19,7 @@ from pathlib import Path
 
 import grpc
 
+from gpufleet.client.exits import Exit
 from gpufleet.protos import fleet_pb2_grpc
 
 DEFAULT_FLEET = "127.0.0.1:7711"
@@ -40,9 +41,9 @@ class ClientSettings:
 
 
 class ClientError(Exception):
-    """Something the user must fix; exit_code tells scripts which kind."""
+    """Something the user must fix; exit_code tells scripts which kind (client/exits.py)."""
 
-    def __init__(self, message: str, exit_code: int = 1) -> None:
+    def __init__(self, message: str, exit_code: int = Exit.FAILED) -> None:
         super().__init__(message)
         self.exit_code = exit_code
 
@@ -59,12 +60,12 @@ def resolve_client(
         try:
             file_data = tomllib.loads(path.read_text())
         except (OSError, tomllib.TOMLDecodeError) as exc:
-            raise ClientError(f"cannot read client config {path}: {exc}") from exc
+            raise ClientError(f"cannot read client config {path}: {exc}", Exit.USAGE) from exc
     if token_file:
         try:
             token = Path(token_file).read_text().strip()
         except OSError as exc:
-            raise ClientError(f"cannot read --token-file {token_file}: {exc}") from exc
+            raise ClientError(f"cannot read --token-file {token_file}: {exc}", Exit.USAGE) from exc
     if fleet:
         address, source = fleet, "--fleet"
     elif env.get("GPUFLEET_FLEET"):
@@ -88,7 +89,13 @@ class FleetClient:
         self.settings = settings
         self.timeout_s = timeout_s
         if settings.tls_ca:
-            creds = grpc.ssl_channel_credentials(Path(settings.tls_ca).read_bytes())
+            try:
+                ca = Path(settings.tls_ca).read_bytes()
+            except OSError as exc:
+                raise ClientError(
+                    f"cannot read the TLS CA file {settings.tls_ca}: {exc}", Exit.USAGE
+                ) from exc
+            creds = grpc.ssl_channel_credentials(ca)
             self._channel = grpc.secure_channel(settings.fleet, creds)
         else:
             self._channel = grpc.insecure_channel(settings.fleet)
@@ -128,21 +135,21 @@ class FleetClient:
             return ClientError(
                 f"cannot reach {where}: {details}. Is `gpufleet aggregator run` or "
                 "`gpufleet demo` running? Set the address with --fleet or GPUFLEET_FLEET.",
-                3,
+                Exit.UNREACHABLE,
             )
         if code == grpc.StatusCode.UNAUTHENTICATED:
             return ClientError(
                 f"{where} rejected the credential: {details}. Pass a token with "
                 "--token, --token-file or GPUFLEET_TOKEN.",
-                4,
+                Exit.CREDENTIAL,
             )
         if code == grpc.StatusCode.PERMISSION_DENIED:
-            return ClientError(f"permission denied: {details}", 4)
+            return ClientError(f"permission denied: {details}", Exit.CREDENTIAL)
         if code == grpc.StatusCode.NOT_FOUND:
-            return ClientError(details, 5)
+            return ClientError(details, Exit.NOT_FOUND)
         if code == grpc.StatusCode.INVALID_ARGUMENT:
-            return ClientError(details, 2)  # the request was wrong: same as a bad flag
-        return ClientError(f"{code.name}: {details}", 1)
+            return ClientError(details, Exit.USAGE)  # the request was wrong: same as a bad flag
+        return ClientError(f"{code.name}: {details}", Exit.FAILED)
 
     def close(self) -> None:
         self._channel.close()
