@@ -9,6 +9,7 @@ import time
 from collections.abc import Callable, Iterable
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
+from prometheus_client.core import GaugeMetricFamily
 
 from gpufleet.aggregator.config import AggregatorConfig
 from gpufleet.aggregator.fleet.export import EventExporter, WritePoints
@@ -264,6 +265,7 @@ class RepairWiring:
             nodes_in_state.labels(state=name).set_function(
                 of(lambda c, name=name: float(sum(1 for w in c.workflows.values() if w.state == name)))
             )
+        r.register(_FlaggedGpus(lambda: self.controller))
         Gauge(
             "gpufleet_repair_leader",
             "1 while this aggregator runs the repair controller (is the leader)",
@@ -299,3 +301,28 @@ class RepairWiring:
             "history export passes that failed this leader term (each logged, tried again)",
             registry=r,
         ).set_function(lambda: float(self.exporter.failures_total) if self.exporter else 0.0)
+
+
+class _FlaggedGpus:
+    """`gpufleet_gpu_flagged{node, gpu, code, severity}` = 1 for every finding the repair
+    controller holds now (its last pass): a GPU stays flagged for as long as its signal lasts
+    (a volatile ECC count until a reset, an XID for the policy's look-back), which is what lets
+    a Prometheus rule keep firing after the raw counter stopped moving
+    (deploy/prometheus/gpufleet-alerts.yml). Only the repair leader has findings; a node-level
+    finding has gpu="". Bounded by the findings the rules can make of the fleet."""
+
+    def __init__(self, controller: Callable[[], RepairController | None]) -> None:
+        self._controller = controller
+
+    def collect(self) -> Iterable[GaugeMetricFamily]:
+        family = GaugeMetricFamily(
+            "gpufleet_gpu_flagged",
+            "1 for each finding the repair controller holds now, by node, GPU, code and severity",
+            labels=["node", "gpu", "code", "severity"],
+        )
+        controller = self._controller()
+        if controller is not None:
+            for node, findings in list(controller.findings.items()):
+                for f in findings:
+                    family.add_metric([node, "" if f.gpu is None else str(f.gpu), f.code, f.severity], 1.0)
+        yield family

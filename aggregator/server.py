@@ -58,6 +58,7 @@ class Aggregator(StatusReports, BackgroundLoops):
             else None
         )
         self.metrics.watch_spool(self.spool_status, self.store)
+        self.register_status_gauges(self.metrics.registry)
         # Who makes reports durable: the worker processes, or this process's writer. The
         # watchdog and the status read it the same way.
         self.sink: GroupCommitWriter | WorkerPool = self.pool or self.writer

@@ -3,13 +3,42 @@ GetStatus, `gpufleet status` and the dashboard) and the status the Fleet API ser
 
 from __future__ import annotations
 
+import time
+
+from prometheus_client import CollectorRegistry, Gauge
+
 from gpufleet.aggregator.ingest.spool import SpoolStatus
 from gpufleet.common.redact import redact
 from gpufleet.common.version import __version__
 from gpufleet.protos import fleet_pb2
+from gpufleet.protos.names import LIVENESS_NAMES
 
 
 class StatusReports:
+    def register_status_gauges(self, registry: CollectorRegistry) -> None:
+        """Gauges read at scrape time for the aggregator's own alert rules
+        (deploy/prometheus/gpufleet-alerts.yml): ready or not, and the nodes it knows by
+        liveness (what Prometheus should find collectors for)."""
+        Gauge(
+            "gpufleet_aggregator_ready",
+            "1 while this aggregator is ready (what /ready says; 0: see gpufleet status)",
+            registry=registry,
+        ).set_function(lambda: float(not self.unhealthy()))
+        nodes = Gauge(
+            "gpufleet_fleet_nodes",
+            "nodes this aggregator knows, by liveness",
+            ["liveness"],
+            registry=registry,
+        )
+        for value, name in LIVENESS_NAMES.items():
+            nodes.labels(liveness=name).set_function(
+                lambda value=value: float(self._nodes_by_liveness(value))
+            )
+
+    def _nodes_by_liveness(self, liveness: int) -> int:
+        now = time.time_ns()
+        return sum(1 for live in self.fleet.nodes.values() if self.fleet.liveness(live, now) == liveness)
+
     def unhealthy(self) -> list[str]:
         """The watchdog: why this aggregator should not be sent collectors now (empty: healthy).
         Read by /ready, GetStatus, `gpufleet status` and the dashboard."""

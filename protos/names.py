@@ -77,3 +77,6 @@ def aggregate_name(value: int) -> str:
 
 # The one list of history aggregates: name -> the Fleet API's value.
 AGGREGATES = {aggregate_name(v): v for v in fleet_pb2.Aggregate.values() if v}
+
+# Every liveness but "unspecified", by value: what `gpufleet_fleet_nodes{liveness}` counts.
+LIVENESS_NAMES = {v: liveness_name(v) for v in vocabulary_pb2.Liveness.values() if v}
