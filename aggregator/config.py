@@ -15,6 +15,7 @@ from gpufleet.aggregator.settings.replicas import ReplicaSettings
 from gpufleet.aggregator.settings.serving import ServingSettings
 from gpufleet.aggregator.settings.store import StoreSettings
 from gpufleet.aggregator.store import Store, open_store
+from gpufleet.repair.alerts import open_sinks
 
 
 # Fields come in the reverse order of the bases (dataclasses collect the last base's first):
@@ -27,6 +28,12 @@ class AggregatorConfig(ReplicaSettings, RepairSettings, StoreSettings, IngestSet
         self.check_store()
         self.check_repair()
         self.check_replicas()
+        # The alert sinks, opened once here so a token file that cannot be read (or any other
+        # bad sink setting) stops the start with its setting named, not the first repair term.
+        try:
+            open_sinks(self.section("alert_"))
+        except ValueError as exc:
+            require(False, str(exc))
         require(
             not self.replicated or self.store == "influxdb",
             "control_plane = postgresql (replicas) needs store = influxdb: every replica writes its "

@@ -212,6 +212,7 @@ class RepairWiring:
             max_age_s=config.alert_max_age_s,
             count=lambda sink, outcome: self._alert_count.labels(sink=sink, outcome=outcome).inc(),
             store=state,
+            dashboard_url=config.dashboard_url,
         )
         controller = RepairController(
             self._policy,

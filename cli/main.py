@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from gpufleet.cli import completion, repair_cmds, replay_cmd, settings
+from gpufleet.cli import alert_cmd, completion, repair_cmds, replay_cmd, settings
 from gpufleet.client.exits import Exit, sentence
 from gpufleet.client.fleet import ClientError, FleetClient, resolve_client
 from gpufleet.common.logsetup import configure as configure_logging
@@ -169,6 +169,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--secrets", required=True)
 
     repair_cmds.add_arguments(sub, client, add_watch)
+    alert_cmd.add_arguments(sub)
 
     p = sub.add_parser(
         "gpu-reset-helper",
@@ -400,6 +401,7 @@ LOCAL_COMMANDS = {
     "replay": replay_cmd.run,
     "dashboard": _run_dashboard,
     "completion": _run_completion,
+    "alert": alert_cmd.run,
 }
 
 

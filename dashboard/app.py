@@ -13,19 +13,22 @@ from collections.abc import Callable
 
 import streamlit as st
 
+from gpufleet.dashboard import links
 from gpufleet.dashboard.fleet import client, try_call
 from gpufleet.dashboard.views import history, inference, node, overview, repairs, whatif
 from gpufleet.protos import fleet_pb2
 
 REFRESH_S = 5
+# page (its `?page=` in the address) -> (its label in the sidebar, render, refreshed in place)
 PAGES = {
-    "Fleet overview": (overview.render, True),
-    "Inference": (inference.render, True),
-    "Failures and repairs": (repairs.render, True),
-    "Node": (node.render, True),
-    "History explorer": (history.render, False),
-    "Policy what-if": (whatif.render, False),
+    "overview": ("Fleet overview", overview.render, True),
+    "inference": ("Inference", inference.render, True),
+    "repairs": ("Failures and repairs", repairs.render, True),
+    "node": ("Node", node.render, True),
+    "history": ("History explorer", history.render, False),
+    "whatif": ("Policy what-if", whatif.render, False),
 }
+_BY_LABEL = {label: slug for slug, (label, _, _) in PAGES.items()}
 
 
 def health_banner() -> None:
@@ -59,7 +62,14 @@ def page(render: Callable[[], None]) -> Callable[[], None]:
 def main() -> None:
     st.set_page_config(page_title="gpufleet", layout="wide")
     st.sidebar.title("gpufleet")
-    chosen = st.sidebar.radio("page", list(PAGES))
+    asked = links.param("page", "overview")
+    asked = asked if asked in PAGES else "overview"
+    labels = [label for label, _, _ in PAGES.values()]
+    chosen = _BY_LABEL[st.sidebar.radio("page", labels, index=list(PAGES).index(asked), key="page")]
+    if chosen != links.param("page"):
+        # Another page chosen in the sidebar: its address, without the last page's parameters.
+        st.query_params.clear()
+        st.query_params["page"] = chosen
     me, error = try_call("WhoAmI", fleet_pb2.WhoAmIRequest())
     where = f"Fleet API {client().settings.fleet}"
     if error:
@@ -67,7 +77,7 @@ def main() -> None:
         st.sidebar.caption(where)
         return
     st.sidebar.caption(f"{where} · {me.name} ({me.role}) · refresh every {REFRESH_S}s")
-    render, live = PAGES[chosen]
+    _, render, live = PAGES[chosen]
     if live:
         st.fragment(page(render), run_every=REFRESH_S)()
     else:

@@ -131,6 +131,7 @@ class IncidentDesk:
                     "findings": [f.to_json() for f in incident.findings],
                     "detail": wf.detail,
                     "outcome": incident.outcome,
+                    "opened_unix_ns": incident.opened_ns,
                 },
             )
         )

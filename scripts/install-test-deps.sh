@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # System packages the test suite uses, from Debian's repositories, installed when missing:
 #   promtool (package prometheus)  lints the collector's /metrics
+#   prometheus-alertmanager        the Alertmanager alert sink's tests run against a real one
 #   openssl                        makes the TLS test's throwaway certificate
 #   influxd (package influxdb)     the InfluxDB store's tests run against a real server
 #   slurmctld, slurmd (slurm-wlm)  the Slurm repair backend's tests drive a real Slurm
@@ -12,6 +13,7 @@
 set -euo pipefail
 missing=()
 command -v promtool >/dev/null 2>&1 || missing+=(prometheus)
+command -v prometheus-alertmanager >/dev/null 2>&1 || missing+=(prometheus-alertmanager)
 command -v openssl >/dev/null 2>&1 || missing+=(openssl)
 command -v influxd >/dev/null 2>&1 || missing+=(influxdb)
 command -v slurmctld >/dev/null 2>&1 || missing+=(slurm-wlm)

@@ -65,6 +65,25 @@ class RepairSettings:
         "the pattern); used for every Slurm, Kubernetes and hook call",
     )
     alert_webhooks: str = setting("", "comma-separated URLs that get every alert as JSON (POST)")
+    alert_webhook_token_file: str = setting(
+        "", "file holding a bearer token sent to the webhooks (Authorization: Bearer ...); empty: none"
+    )
+    alert_alertmanager_url: str = setting(
+        "", "Alertmanager to send every incident to (its v2 API), e.g. http://alertmanager:9093"
+    )
+    alert_alertmanager_token_file: str = setting(
+        "", "file holding a bearer token for Alertmanager (behind an authenticating proxy); empty: none"
+    )
+    alert_alertmanager_refresh_s: float = setting(
+        60.0,
+        "a firing incident is sent to Alertmanager again this often (it resolves one that stops "
+        "coming after a few of these)",
+    )
+    dashboard_url: str = setting(
+        "",
+        "the dashboard's address as people open it, e.g. https://gpufleet.example: every alert "
+        "links its incident's and node's page; empty: no links",
+    )
     alert_slack_url: str = setting("", "Slack (or Mattermost) incoming-webhook URL")
     alert_pagerduty_routing_key: str = setting("", "PagerDuty Events API v2 routing key")
     alert_pagerduty_url: str = setting(
@@ -76,6 +95,14 @@ class RepairSettings:
     alert_max_age_s: float = setting(3600.0, "failed alert deliveries are retried for this long")
 
     def check_repair(self) -> None:
+        require(
+            not self.dashboard_url or self.dashboard_url.startswith(("http://", "https://")),
+            f"dashboard_url={self.dashboard_url!r} must start with http:// or https://",
+        )
+        require(
+            10.0 <= self.alert_alertmanager_refresh_s <= 3600.0,
+            f"alert_alertmanager_refresh_s={self.alert_alertmanager_refresh_s:g} must be 10..3600",
+        )
         require(
             self.repair_backend in BACKENDS,
             f"repair_backend={self.repair_backend!r}: use one of {', '.join(BACKENDS)}",

@@ -9,6 +9,7 @@ import streamlit as st
 
 from gpufleet.client.present import AGGREGATES, history_csv
 from gpufleet.client.timeparse import parse_duration_ns, parse_time_ns
+from gpufleet.dashboard import links
 from gpufleet.dashboard.data import band_frame, history_frame, time_x
 from gpufleet.dashboard.fleet import call, list_nodes
 from gpufleet.protos import fleet_pb2
@@ -47,10 +48,16 @@ def render() -> None:
     listed = list(list_nodes().nodes)
     names = [n.node for n in listed]
     c1, c2, c3, c4 = st.columns(4)
-    metric = c1.selectbox("metric", [m.name for m in metrics])
+    metric_names = [m.name for m in metrics]
+    asked_metric = links.param("metric")
+    metric = c1.selectbox(
+        "metric", metric_names, index=metric_names.index(asked_metric) if asked_metric in metric_names else 0
+    )
     info = next((m for m in metrics if m.name == metric), None)
     unit = info.unit if info else ""
-    nodes = c2.multiselect("nodes (all if empty)", names)
+    nodes = c2.multiselect(
+        "nodes (all if empty)", names, default=[n for n in links.params("node") if n in names]
+    )
     gpus = c3.multiselect("GPUs (all if empty)", sorted({g.index for n in listed for g in n.gpus}))
     clusters = c4.multiselect("clusters (all if empty)", sorted({n.cluster for n in listed}))
     c5, c6, c7, c8, c9 = st.columns(5)
@@ -62,12 +69,24 @@ def render() -> None:
             | {e.model for n in listed for e in n.engines if e.model}
         ),
     )
-    since = c7.text_input("from (e.g. 1h, 7d, 2026-11-29T10:00)", "1h")
-    until = c8.text_input("to (empty: now)", "")
-    step = c9.text_input("step (empty: automatic)", "")
+    since = c7.text_input("from (e.g. 1h, 7d, 2026-11-29T10:00)", links.param("since", "1h"))
+    until = c8.text_input("to (empty: now)", links.param("until"))
+    step = c9.text_input("step (empty: automatic)", links.param("step"))
     c10, c11, c12 = st.columns([2, 2, 1])
-    agg = c10.selectbox("aggregate", list(AGGREGATES), key="history_aggregate")
-    grouping = c11.selectbox("group by", list(GROUPINGS), key="history_group_by")
+    aggregates, groupings = list(AGGREGATES), list(GROUPINGS)
+    agg = c10.selectbox(
+        "aggregate",
+        aggregates,
+        index=aggregates.index(links.param("agg")) if links.param("agg") in aggregates else 0,
+        key="history_aggregate",
+    )
+    grouping = c11.selectbox(
+        "group by",
+        groupings,
+        index=groupings.index(links.param("group")) if links.param("group") in groupings else 0,
+        key="history_group_by",
+    )
+    links.keep(metric=metric, node=nodes, since=since, until=until, step=step, agg=agg, group=grouping)
     group_by = GROUPINGS[grouping]
     if group_by is None:
         group_by = auto_grouping(listed, info.measurement if info else "gpu", nodes, clusters)

@@ -8,7 +8,7 @@ import altair as alt
 import streamlit as st
 
 from gpufleet.client.timeparse import parse_duration_ns, parse_time_ns
-from gpufleet.dashboard import actions
+from gpufleet.dashboard import actions, links
 from gpufleet.dashboard.data import (
     display_state,
     engines_frame,
@@ -54,9 +54,13 @@ def render() -> None:
     if not names:
         st.info("No nodes have reported to this aggregator yet.")
         return
-    default = names.index(st.session_state["node"]) if st.session_state.get("node") in names else 0
+    asked = links.param("node") or st.session_state.get("node")
+    if links.param("node") and links.param("node") not in names:
+        st.warning(f"Node {links.param('node')!r} is not known to this aggregator.")
+    default = names.index(asked) if asked in names else 0
     name = st.selectbox("node", names, index=default, key="node_select")
     st.session_state["node"] = name
+    links.keep(node=name)
     detail = call("GetNode", fleet_pb2.GetNodeRequest(node=name))
     s = detail.summary
     cols = st.columns(4)

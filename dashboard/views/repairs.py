@@ -8,6 +8,7 @@ import pandas as pd
 import streamlit as st
 
 from gpufleet.client.timeparse import iso
+from gpufleet.dashboard import links
 from gpufleet.dashboard.data import audit_frame, incidents_frame, queue_frame
 from gpufleet.dashboard.fleet import call
 from gpufleet.protos import fleet_pb2
@@ -58,7 +59,12 @@ def render() -> None:
         )
         st.altair_chart(chart, width="stretch")
         st.dataframe(frame, hide_index=True, width="stretch")
-        chosen = st.selectbox("incident", list(frame["incident"]))
+        ids = list(frame["incident"])
+        asked = links.param("incident")
+        if asked and asked not in ids:
+            st.warning(f"Incident {asked!r} is not among the {len(ids)} listed here.")
+        chosen = st.selectbox("incident", ids, index=ids.index(asked) if asked in ids else 0)
+        links.keep(incident=chosen)
         incident = next(i for i in incidents if i.id == chosen)
         st.markdown(f"**{incident.id}** on **{incident.node}** — {incident.outcome or 'open'}")
         st.dataframe(

@@ -12,12 +12,15 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from gpufleet.repair.alerts.alertmanager import AlertmanagerSink
 from gpufleet.repair.alerts.base import Sink
 from gpufleet.repair.alerts.pagerduty import PagerDutySink
 from gpufleet.repair.alerts.slack import SlackSink
 from gpufleet.repair.alerts.webhook import WebhookSink
 
-SINKS: dict[str, type[Sink]] = {cls.name: cls for cls in (WebhookSink, SlackSink, PagerDutySink)}
+SINKS: dict[str, type[Sink]] = {
+    cls.name: cls for cls in (WebhookSink, SlackSink, PagerDutySink, AlertmanagerSink)
+}
 
 
 def open_sinks(settings: Mapping[str, Any]) -> list[Sink]:

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import abc
+import urllib.parse
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 
@@ -18,6 +20,13 @@ class Alert:
     summary: str  # one line for people
     time_ns: int
     details: dict[str, Any] = field(default_factory=dict)
+    # The dashboard pages that explain it (dashboard_url set): "incident" and "node" (links()).
+    links: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def link(self) -> str:
+        """The one page to open first: the incident's, else the node's (or the repairs page)."""
+        return self.links.get("incident") or self.links.get("node") or self.links.get("repairs", "")
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -30,18 +39,48 @@ class Alert:
             "summary": self.summary,
             "time_unix_ns": self.time_ns,
             "details": self.details,
+            "links": self.links,
         }
+
+
+def links(alert: Alert, dashboard_url: str) -> dict[str, str]:
+    """The dashboard's pages for this alert, as addressable URLs (dashboard/app.py reads
+    `page` and its parameters from the query string); none without dashboard_url."""
+    if not dashboard_url:
+        return {}
+    base = dashboard_url.rstrip("/") + "/?"
+    out = {"repairs": base + urllib.parse.urlencode({"page": "repairs"})}
+    if alert.key != "breaker":
+        out["incident"] = base + urllib.parse.urlencode({"page": "repairs", "incident": alert.key})
+    if alert.node:
+        out["node"] = base + urllib.parse.urlencode({"page": "node", "node": alert.node})
+    return out
+
+
+def read_token(path: str, setting: str) -> str:
+    """A bearer token from a file (a sink's credential never sits in a URL or the settings
+    file); ValueError naming the setting when it cannot be read or is empty."""
+    try:
+        token = Path(path).read_text().strip()
+    except OSError as exc:
+        raise ValueError(f"{setting}={path!r}: cannot read the token file: {exc.strerror or exc}") from exc
+    if not token:
+        raise ValueError(f"{setting}={path!r}: the token file is empty")
+    return token
 
 
 @dataclass(frozen=True)
 class Request:
     url: str
-    body: dict[str, Any]
+    body: Any  # JSON: an object for most sinks, a list for Alertmanager
     headers: dict[str, str] = field(default_factory=dict)
 
 
 class Sink(abc.ABC):
     name = ""
+    # How often a firing alert is sent again (0: only when it changes). Alertmanager resolves an
+    # alert that is not sent again within its resolve_timeout, as it does for Prometheus.
+    refresh_s = 0.0
 
     @classmethod
     @abc.abstractmethod

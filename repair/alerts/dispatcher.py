@@ -24,7 +24,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import asdict
 from typing import Protocol
 
-from gpufleet.repair.alerts.base import Alert, Request, Sink
+from gpufleet.repair.alerts.base import Alert, Request, Sink, links
 
 log = logging.getLogger("gpufleet.repair.alerts")
 # Starts a named long-running coroutine: (name, body) -> task.
@@ -59,6 +59,7 @@ class AlertDispatcher:
         timeout_s: float = 10.0,
         count: Callable[[str, str], None] = lambda sink, outcome: None,
         store: AlertStore | None = None,
+        dashboard_url: str = "",
     ) -> None:
         self._sinks = sinks
         self._group_wait_s = group_wait_s
@@ -66,7 +67,10 @@ class AlertDispatcher:
         self._timeout_s = timeout_s
         self._count = count
         self._store = store
+        self._dashboard_url = dashboard_url
         self._queues: dict[str, asyncio.Queue[tuple[int, Alert]]] = {}
+        # What is firing now, as last sent: sent again to the sinks that want it refreshed.
+        self._firing: dict[str, Alert] = {}
         self._workers: list[asyncio.Task[None]] = []
         self._sent_keys: set[str] = set()
         self._waiting: dict[str, Alert] = {}  # first alerts in their group wait
@@ -75,6 +79,7 @@ class AlertDispatcher:
         for key, status, body in store.alert_identities() if store else []:
             if status == "sent":
                 self._sent_keys.add(key)
+                self._firing[key] = _alert(body)
             elif status == "held":
                 self._held[key] = _alert(body)
             else:
@@ -113,6 +118,15 @@ class AlertDispatcher:
                 return self._deliver_forever(sink, queue)
 
             self._workers.append(spawn(f"alerts-{sink.name}", body) if spawn else asyncio.create_task(body()))
+            if sink.refresh_s:
+
+                def refresh(
+                    sink: Sink = sink, queue: asyncio.Queue[tuple[int, Alert]] = queue
+                ) -> Awaitable[None]:
+                    return self._refresh_forever(sink, queue)
+
+                name = f"alerts-{sink.name}-refresh"
+                self._workers.append(spawn(name, refresh) if spawn else asyncio.create_task(refresh()))
         # What an earlier process queued and did not deliver goes first, in order.
         store = self._store
         for seq, sink_name, body_text in store.queued_alerts() if store else []:
@@ -134,6 +148,7 @@ class AlertDispatcher:
         return len(self._held)
 
     def notify(self, alert: Alert) -> None:
+        alert.links = links(alert, self._dashboard_url)
         key = alert.key
         if key in self._sent_keys:
             self._send(alert)
@@ -164,6 +179,7 @@ class AlertDispatcher:
 
     def breaker(self, alert: Alert) -> None:
         """The breaker tripped (alert.status firing) or was reset (resolved)."""
+        alert.links = links(alert, self._dashboard_url)
         if alert.status == "firing":
             self._breaker_tripped = True
             self._hold_waiting()
@@ -185,13 +201,26 @@ class AlertDispatcher:
             # Its last word: the identity is done once this is queued (it is kept in the outbox
             # until delivered). A later "firing" with the same key starts afresh.
             self._sent_keys.discard(alert.key)
+            self._firing.pop(alert.key, None)
             self._forget(alert.key)
         else:
             self._sent_keys.add(alert.key)
+            self._firing[alert.key] = alert
             self._remember(alert.key, "sent", alert, body)
         for name, queue in self._queues.items():
             seq = self._store.queue_alert(name, body) if self._store else 0
             queue.put_nowait((seq, alert))
+
+    async def _refresh_forever(self, sink: Sink, queue: asyncio.Queue[tuple[int, Alert]]) -> None:
+        """Every sink.refresh_s, what is firing goes to this sink again (not kept in the
+        outbox: the next refresh is the retry). A breaker that holds incidents sends only its
+        own alert, as it does the first time."""
+        while True:
+            await asyncio.sleep(sink.refresh_s)  # the refresh period, not synchronisation
+            if queue.qsize() > len(self._firing):
+                continue  # the sink is behind (unreachable): do not pile up copies
+            for alert in list(self._firing.values()):
+                queue.put_nowait((0, alert))
 
     async def _deliver_forever(self, sink: Sink, queue: asyncio.Queue[tuple[int, Alert]]) -> None:
         while True:
@@ -240,14 +269,19 @@ class AlertDispatcher:
             delay_s = min(delay_s * 2, 60.0)
 
     def _post(self, request: Request) -> str | None:
-        data = json.dumps(request.body).encode()
-        headers = {"Content-Type": "application/json", "User-Agent": "gpufleet", **request.headers}
-        req = urllib.request.Request(request.url, data=data, headers=headers, method="POST")
-        try:
-            with urllib.request.urlopen(req, timeout=self._timeout_s) as response:
-                response.read()
-        except urllib.error.HTTPError as exc:
-            return f"HTTP {exc.code} from {request.url}"
-        except (urllib.error.URLError, OSError) as exc:
-            return f"{request.url}: {exc}"
-        return None
+        return post(request, self._timeout_s)
+
+
+def post(request: Request, timeout_s: float) -> str | None:
+    """POST one alert request; None when the sink took it, else what went wrong (blocking)."""
+    data = json.dumps(request.body).encode()
+    headers = {"Content-Type": "application/json", "User-Agent": "gpufleet", **request.headers}
+    req = urllib.request.Request(request.url, data=data, headers=headers, method="POST")
+    try:
+        with urllib.request.urlopen(req, timeout=timeout_s) as response:
+            response.read()
+    except urllib.error.HTTPError as exc:
+        return f"HTTP {exc.code} from {request.url}"
+    except (urllib.error.URLError, OSError) as exc:
+        return f"{request.url}: {exc}"
+    return None

@@ -30,6 +30,8 @@ class PagerDutySink(Sink):
             "event_action": "resolve" if alert.status == "resolved" else "trigger",
             "dedup_key": f"gpufleet-{alert.key}",
         }
+        if alert.link:
+            body["links"] = [{"href": alert.link, "text": "gpufleet dashboard"}]
         if alert.status != "resolved":
             body["payload"] = {
                 "summary": f"{alert.node}: {alert.state} — {alert.summary}"[:1024],

@@ -23,4 +23,6 @@ class SlackSink(Sink):
     def request(self, alert: Alert) -> Request:
         icon = ":white_check_mark:" if alert.status == "resolved" else _ICON.get(alert.severity, "")
         text = f"{icon} *{alert.status.upper()}* [{alert.key}] {alert.node}: {alert.state} — {alert.summary}"
+        if alert.link:
+            text += f" <{alert.link}|open in the dashboard>"
         return Request(self._url, {"text": text})

@@ -1,11 +1,13 @@
-"""A generic JSON webhook: the alert as JSON (Alert.to_json), POSTed to a URL."""
+"""A generic JSON webhook: the alert as JSON (Alert.to_json, with its dashboard links), POSTed to
+a URL, with a bearer token read from alert_webhook_token_file when one is set (a secret belongs
+in a file, not in the URL)."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from typing import Any
 
-from gpufleet.repair.alerts.base import Alert, Request, Sink
+from gpufleet.repair.alerts.base import Alert, Request, Sink, read_token
 
 
 class WebhookSink(Sink):
@@ -14,9 +16,11 @@ class WebhookSink(Sink):
     @classmethod
     def from_settings(cls, settings: Mapping[str, Any]) -> list[Sink]:
         urls = [u.strip() for u in str(settings.get("webhooks", "")).split(",") if u.strip()]
+        token_file = str(settings.get("webhook_token_file", ""))
+        token = read_token(token_file, "alert_webhook_token_file") if urls and token_file else ""
         sinks: list[Sink] = []
         for i, url in enumerate(urls):
-            sink = cls(url)
+            sink = cls(url, token)
             sink.name = f"webhook{i + 1}" if len(urls) > 1 else "webhook"
             sinks.append(sink)
         return sinks

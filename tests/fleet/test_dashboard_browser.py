@@ -16,9 +16,11 @@ from typing import Any
 
 import pytest
 
+from harness.alert_receiver import AlertReceiver
 from harness.fleets import fleet_of_200_nodes, fleet_with_a_quarantined_node
 from harness.paths import REPO
 from harness.processes import Cluster, free_port, gpufleet_argv
+from harness.repair import repair_aggregator, xid_scenario
 from harness.waiting import wait_until
 
 sync_api = pytest.importorskip("playwright.sync_api")
@@ -50,8 +52,8 @@ def chromium_path() -> str:
     return chromium
 
 
-def serve_dashboard(cluster: Cluster, fleet: str, name: str = "dashboard") -> str:
-    port = free_port()
+def serve_dashboard(cluster: Cluster, fleet: str, name: str = "dashboard", port: int = 0) -> str:
+    port = port or free_port()
     cluster.spawn(
         name,
         gpufleet_argv(
@@ -153,3 +155,48 @@ def test_grouped_history_and_stored_events_in_chromium(cluster: Cluster) -> None
         settled(page, "Node")
         page.screenshot(path=str(SHOTS / "node-events-after-restart.png"), full_page=True)
         browser.close()
+
+
+def test_an_alerts_links_open_its_incident_and_its_node_in_chromium(cluster: Cluster) -> None:
+    """An alert carries its incident's and its node's dashboard pages (dashboard_url): followed in
+    Chromium, each opens on what the alert is about, and the address still names it."""
+    chromium = chromium_path()
+    port = free_port()
+    dashboard = f"http://127.0.0.1:{port}"
+    receiver = AlertReceiver()
+    try:
+        agg = repair_aggregator(
+            cluster,
+            "--alert-webhooks",
+            f"{receiver.url}/hook",
+            "--alert-group-wait-s",
+            "0.2",
+            "--dashboard-url",
+            dashboard,
+        )
+        scenario = xid_scenario(cluster.tmp / "xid.toml", 79, gpu=2, lost=True)
+        cluster.collector("linked-node", agg.ingest, "--interval-s", "0.5", "--sim-scenario", str(scenario))
+        cluster.collector("aaa-node", agg.ingest, "--interval-s", "0.5")  # first in the list: not the default
+        alert = wait_until(lambda: receiver.received, 60, "the incident's alert")[0]
+        assert alert["links"]["incident"] == f"{dashboard}/?page=repairs&incident={alert['key']}"
+        serve_dashboard(cluster, agg.fleet, port=port)
+        with sync_api.sync_playwright() as pw:
+            browser = pw.chromium.launch(executable_path=chromium, args=CHROMIUM_FLAGS)
+            page = browser.new_page(viewport={"width": 1500, "height": 1100})
+            page.goto(alert["links"]["incident"])
+            page.get_by_role("heading", name="Failures and repairs").first.wait_for(timeout=60_000)
+            page.get_by_text(f"{alert['key']} on linked-node").first.wait_for(timeout=60_000)
+            settled(page, "Failures and repairs")
+            assert f"incident={alert['key']}" in page.url
+            page.screenshot(path=str(SHOTS / "alert-link-incident.png"), full_page=True)
+
+            page.goto(alert["links"]["node"])
+            page.get_by_role("heading", name="Node").first.wait_for(timeout=60_000)
+            # Only linked-node lost a GPU: its events on the page say the link chose it, not the
+            # first node of the list (aaa-node, healthy).
+            page.get_by_text("gpu_lost").first.wait_for(state="attached", timeout=60_000)
+            settled(page, "Node")
+            assert "node=linked-node" in page.url
+            browser.close()
+    finally:
+        receiver.close()

@@ -27,7 +27,13 @@ class AlertReceiver:
                         self.send_response(500)
                         self.end_headers()
                         return
-                    receiver.received.append({"path": self.path, **json.loads(body)})
+                    receiver.received.append(
+                        {
+                            "path": self.path,
+                            "authorization": self.headers.get("Authorization", ""),
+                            **json.loads(body),
+                        }
+                    )
                 self.send_response(202)
                 self.end_headers()
 

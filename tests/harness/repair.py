@@ -48,10 +48,11 @@ def repair_aggregator(
 ) -> AggregatorHandle:
     policy_file = cluster.tmp / "policy.toml"
     policy_file.write_text(policy)
+    ingest_port, fleet_port = kwargs.get("ports", (0, 0))
     return cluster.aggregator(
         kwargs.get("name", "aggregator"),
-        0,
-        0,
+        ingest_port,
+        fleet_port,
         kwargs.get("data_dir"),
         "--repair-policy-file",
         str(policy_file),
