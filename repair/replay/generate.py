@@ -86,22 +86,44 @@ def _faulty_gpu(
     fallen = rng.random() < 0.5
     k = 0.0
     while k <= recur_for_s:
-        at = t + k
+        at, again = t + k, k > 0  # the first failure is the interruption; the rest recur
         if fallen:
             out.append(
                 FaultInput(
-                    _ns(at), node, gpu, xid=79, label="hardware", message="GPU has fallen off the bus."
+                    _ns(at),
+                    node,
+                    gpu,
+                    xid=79,
+                    label="hardware",
+                    message="GPU has fallen off the bus.",
+                    recurrence=again,
                 )
             )
-            out.append(FaultInput(_ns(at) + 1, node, gpu, signal="lost", value=1, label="hardware"))
+            out.append(
+                FaultInput(_ns(at) + 1, node, gpu, signal="lost", value=1, label="hardware", recurrence=again)
+            )
         else:
             out.append(
                 FaultInput(
-                    _ns(at), node, gpu, xid=48, label="hardware", message="An uncorrectable double bit error"
+                    _ns(at),
+                    node,
+                    gpu,
+                    xid=48,
+                    label="hardware",
+                    message="An uncorrectable double bit error",
+                    recurrence=again,
                 )
             )
             out.append(
-                FaultInput(_ns(at) + 1, node, gpu, signal="ecc_dbe_volatile", value=1, label="hardware")
+                FaultInput(
+                    _ns(at) + 1,
+                    node,
+                    gpu,
+                    signal="ecc_dbe_volatile",
+                    value=1,
+                    label="hardware",
+                    recurrence=again,
+                )
             )
         k += recur_s
     return out

@@ -14,9 +14,11 @@ field does). `label` (optional): hardware | software | application | benign. An 
 a label and neither xid nor signal is a fault gpufleet cannot see (a NIC, a switch, silent
 data corruption): counted as missed, never fed to the controller. `cause` (optional, up to 64
 characters): what the fault was (a root cause, a fault kind), so the report counts caught and
-missed per cause. Node signals (no GPU): `collector_reporting` (0 or 1) says whether the
-node's collector is reporting; `gpus_on_pci_bus` the NVIDIA GPUs its PCI bus shows and
-`gpu_count` the GPUs NVML lists (fewer than on the bus: a GPU missing from the driver)."""
+missed per cause; `recurrence` (optional, true or false): the same fault back again (a faulty
+part failing again), counted apart from new interruptions. Node signals (no GPU):
+`collector_reporting` (0 or 1) says whether the node's collector is reporting;
+`gpus_on_pci_bus` the NVIDIA GPUs its PCI bus shows and `gpu_count` the GPUs NVML lists (fewer
+than on the bus: a GPU missing from the driver)."""
 
 from __future__ import annotations
 
@@ -67,6 +69,9 @@ class FaultInput:
     kind: int = 0  # vocabulary_pb2.EventKind for a recorded non-XID event (the store's history)
     source: int = 0  # vocabulary_pb2.EventSource of a recorded event
     cause: str = ""  # what the fault was, when known (a trace's "cause", a generated root cause)
+    # The same fault back again (a faulty part failing again), not a new interruption: the report
+    # counts interruptions and recurrences apart.
+    recurrence: bool = False
 
     @property
     def visible(self) -> bool:
@@ -162,7 +167,19 @@ def _time_ns(raw: object, where: str) -> int:
     raise TraceError(f'{where}: "time" is missing or {raw!r}; give ISO 8601 or unix seconds')
 
 
-_KEYS = {"time", "node", "gpu", "xid", "signal", "value", "label", "message", "count", "cause"}
+_KEYS = {
+    "time",
+    "node",
+    "gpu",
+    "xid",
+    "signal",
+    "value",
+    "label",
+    "message",
+    "count",
+    "cause",
+    "recurrence",
+}
 
 
 def parse_input(obj: object, where: str) -> FaultInput:
@@ -181,12 +198,16 @@ def parse_input(obj: object, where: str) -> FaultInput:
     cause = obj.get("cause", "")
     if not isinstance(cause, str) or len(cause) > MAX_CAUSE_CHARS or not cause.isprintable():
         raise TraceError(f'{where}: "cause" must be printable text of at most {MAX_CAUSE_CHARS} characters')
+    recurrence = obj.get("recurrence", False)
+    if not isinstance(recurrence, bool):
+        raise TraceError(f'{where}: "recurrence" is true or false, not {recurrence!r}')
     base = {
         "time_ns": _time_ns(obj.get("time"), where),
         "node": node,
         "gpu": gpu,
         "label": label,
         "cause": cause,
+        "recurrence": recurrence,
     }
     if xid is not None:
         if isinstance(xid, bool) or not isinstance(xid, int) or not 1 <= xid <= 1_000_000:

@@ -42,7 +42,7 @@ def iso(ns: int) -> str:
     return datetime.fromtimestamp(ns / 1e9, UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
 
 
-OUTCOMES = ("total", "caught", "alerted", "missed", "while_out", "invisible")
+OUTCOMES = ("total", "interruptions", "recurrences", "caught", "alerted", "missed", "while_out", "invisible")
 
 
 @dataclass
@@ -146,6 +146,11 @@ def summarize(run: ReplayRun) -> dict[str, Any]:
         "actions": _actions(audit, len(cordons)),
         "breaker_trips": sum(1 for a in audit if a.action == "breaker_trip"),
         "lemon_nodes": _lemons(run),
+        "lemon_rule": (
+            f"nodes with {run.policy.workflow['repeat_offender_incidents']:g} or more incidents within "
+            f"{run.policy.workflow['repeat_offender_days']:g} days (repeat_offender_*): each recurrence "
+            "of a faulty part opens another incident"
+        ),
         "out_of_service": _series(intervals, history),
         "fault_outcomes": fault_outcome,
         "nodes": _steps_by_node(audit),
@@ -213,6 +218,7 @@ def _classify_faults(
             *([by_cause.setdefault(f.cause, dict.fromkeys(OUTCOMES, 0))] if f.cause else []),
         ):
             counts["total"] += 1
+            counts["recurrences" if f.inputs[0].recurrence else "interruptions"] += 1
             counts[outcome] += 1
         fault_outcome[f.ident] = outcome
     return by_label, dict(sorted(by_cause.items())), fault_outcome, latencies
@@ -347,8 +353,11 @@ def _num(value: float | None) -> str:
 
 def _outcomes(f: dict[str, int]) -> str:
     alerted = f", {f['alerted']} alerted" if f["alerted"] else ""
+    again = (
+        f" ({f['interruptions']} interruptions + {f['recurrences']} recurrences)" if f["recurrences"] else ""
+    )
     return (
-        f"{f['total']}: {f['caught']} caught{alerted}, {f['missed']} missed, "
+        f"{f['total']}{again}: {f['caught']} caught{alerted}, {f['missed']} missed, "
         f"{f['while_out']} while out, {f['invisible']} invisible"
     )
 
@@ -384,7 +393,8 @@ def _figures(r: dict[str, Any]) -> list[tuple[str, str]]:
                 f" ({', '.join(r['lemon_nodes'][:5])}{', ...' if len(r['lemon_nodes']) > 5 else ''})"
                 if r["lemon_nodes"]
                 else ""
-            ),
+            )
+            + f" — {r.get('lemon_rule', '')}",
         ),
         ("replay", f"{r['inputs']} inputs, {r['passes']} passes, {r['wall_s']:.1f} s"),
     ]

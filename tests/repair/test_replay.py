@@ -191,7 +191,20 @@ _values = st.one_of(
 )
 _lines = st.dictionaries(
     st.sampled_from(
-        ["time", "node", "gpu", "xid", "signal", "value", "label", "message", "count", "cause", "other"]
+        [
+            "time",
+            "node",
+            "gpu",
+            "xid",
+            "signal",
+            "value",
+            "label",
+            "message",
+            "count",
+            "cause",
+            "recurrence",
+            "other",
+        ]
     ),
     st.one_of(
         _values,
@@ -347,6 +360,8 @@ def test_a_trace_carries_the_hidden_signals_and_each_is_acted_on(tmp_path: Path)
     assert sorted(report["nodes_taken_out_in_order"]) == ["n0001", "n0002", "n0003", "n0004"]
     assert report["faults"]["hardware"] == {
         "total": 4,
+        "interruptions": 4,
+        "recurrences": 0,
         "caught": 4,
         "alerted": 0,
         "missed": 0,
@@ -366,3 +381,21 @@ def test_a_trace_carries_the_hidden_signals_and_each_is_acted_on(tmp_path: Path)
         gpufleet_argv("replay", "--trace", str(bad)), capture_output=True, text=True, timeout=60
     )
     assert refused.returncode == 2 and f"{bad}:1" in refused.stderr and "about the node" in refused.stderr
+
+
+def test_at_the_papers_scale_the_interruptions_are_table_5s_and_recurrences_are_counted_apart() -> None:
+    """2,048 nodes x 54 days: each root cause drawn exactly as Table 5 counts it (419 in all),
+    a faulty GPU's repeats counted as recurrences, and the report saying what a lemon node is."""
+    from gpufleet.repair.replay.generate import table5
+
+    report = summarize(replay(load_policy(), generate_llama3(seed=0)))
+    causes = report["causes"]
+    for component, _category, count in table5():
+        assert causes[component]["interruptions"] == count, component
+    assert sum(c["interruptions"] for c in causes.values()) == 419
+    faulty = causes["Faulty GPU"]
+    assert faulty["recurrences"] > 0 and faulty["total"] == faulty["interruptions"] + faulty["recurrences"]
+    assert all(c["recurrences"] == 0 for name, c in causes.items() if name != "Faulty GPU")
+    hardware = report["faults"]["hardware"]
+    assert hardware["interruptions"] + hardware["recurrences"] == hardware["total"]
+    assert "incidents within" in report["lemon_rule"]
