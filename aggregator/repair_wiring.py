@@ -278,6 +278,13 @@ class RepairWiring:
         Gauge(
             "gpufleet_alerts_held", "incident alerts held while the breaker is tripped", registry=r
         ).set_function(lambda: float(self.dispatcher.held) if self.dispatcher is not None else 0.0)
+        Gauge(
+            "gpufleet_alert_store_errors",
+            "alert writes the repair state refused (fenced after a leader change, or unreachable)",
+            registry=r,
+        ).set_function(
+            lambda: float(self.dispatcher.store_errors_total) if self.dispatcher is not None else 0.0
+        )
         Gauge("gpufleet_repair_passes", "repair passes run by this leader term", registry=r).set_function(
             of(lambda c: float(c.passes))
         )

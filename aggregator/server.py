@@ -106,13 +106,16 @@ class Aggregator(StatusReports, BackgroundLoops):
         self._started = False
 
     def _open_control_plane(self) -> RepairState:
-        # A connect attempt is bounded well inside the lease: a replica that cannot reach
-        # PostgreSQL learns it before its lease runs out.
+        # A connect attempt is bounded well inside the lease, and no call waits for an answer
+        # longer than a quarter of it: a replica that cannot reach PostgreSQL, or whose
+        # PostgreSQL hangs, learns it before its lease runs out, and its event loop is never
+        # held longer than one call timeout (docs/architecture.md "When the control plane hangs").
         config = self.config
         return open_state(
             config.control_plane,
             str(config.data_path / "repair.sqlite3"),
             connect_timeout_s=min(5.0, config.leader_lease_s / 2),
+            call_timeout_s=config.control_plane_call_timeout_s,
         )
 
     def _collector_auth(self, config: AggregatorConfig) -> CollectorAuth:

@@ -57,6 +57,9 @@ class CollectorAgent(Streaming, Keeping):
         self.buffer = ReplayBuffer(config.buffer_reports)
         self.seq = 0
         self.reconnects_total = 0
+        self.ack_timeouts_total = (
+            0  # streams left because the aggregator stopped acknowledging (also reconnects)
+        )
         self.connected = asyncio.Event()
         self._lost: set[int] = set()
         self._sample_duration_s = 0.0

@@ -135,6 +135,12 @@ class CollectorConfig:
         300.0, "a second reset of the same GPU within this many seconds is refused (a repeated command)"
     )
     backoff_max_s: float = _setting(30.0, "longest wait between reconnect attempts")
+    ack_timeout_intervals: float = _setting(
+        2.0,
+        "with several aggregator addresses: move to the next one when the oldest report sent on "
+        "the stream has waited this many intervals for its acknowledgement (a replica that hangs "
+        "keeps its TCP connection open, which keepalive notices only after 30 s); 0 turns it off",
+    )
     shutdown_grace_s: float = _setting(
         5.0,
         "on SIGTERM, seconds to wait for unacknowledged reports to be acknowledged",
@@ -179,6 +185,10 @@ class CollectorConfig:
             raise ValueError(f"sim_engine={self.sim_engine!r} must be {' or '.join(SIMULATED_ENGINES)}")
         if not 0.1 <= self.engine_timeout_s <= 60:
             raise ValueError(f"engine_timeout_s={self.engine_timeout_s} must be between 0.1 and 60")
+        if self.ack_timeout_intervals != 0 and not 1 <= self.ack_timeout_intervals <= 1000:
+            raise ValueError(
+                f"ack_timeout_intervals={self.ack_timeout_intervals:g} must be 0 (off) or between 1 and 1000"
+            )
         if not 0.001 <= self.nvml_deadline_s <= 600:
             raise ValueError(f"nvml_deadline_s={self.nvml_deadline_s} must be between 0.001 and 600 seconds")
         parse_endpoints(self.engines)  # raises ValueError naming the bad entry

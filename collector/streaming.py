@@ -5,9 +5,11 @@ backoff across the replicas' addresses, and the drain before a clean exit."""
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import logging
 import random
+import time
 from pathlib import Path
 
 import grpc
@@ -34,6 +36,10 @@ CHANNEL_OPTIONS = [
     ("grpc.max_receive_message_length", 16 * 1024 * 1024),
     ("grpc.max_send_message_length", 16 * 1024 * 1024),
 ]
+
+
+class AckTimeout(ConnectionError):
+    """The aggregator holds the stream open but stopped acknowledging (paused, hung)."""
 
 
 class Streaming:
@@ -87,11 +93,15 @@ class Streaming:
             )
             self.connected.set()
             self._welcomed = True
-            sender = asyncio.create_task(self._send_loop(call, columnar))
+            sent: collections.deque[tuple[int, float]] = collections.deque()  # (seq, when sent)
+            sender = asyncio.create_task(self._send_loop(call, columnar, sent))
             receiver = asyncio.create_task(self._receive_loop(call))
             stopper = asyncio.create_task(stop.wait())
+            watch = asyncio.create_task(self._ack_watch(sent))
             try:
-                done, _ = await asyncio.wait({sender, receiver, stopper}, return_when=asyncio.FIRST_COMPLETED)
+                done, _ = await asyncio.wait(
+                    {sender, receiver, stopper, watch}, return_when=asyncio.FIRST_COMPLETED
+                )
                 if stopper in done:
                     await self._drain_before_exit()
                     return
@@ -100,9 +110,31 @@ class Streaming:
                 raise ConnectionError("aggregator closed the stream")
             finally:
                 self.connected.clear()
-                for task in (sender, receiver, stopper):
+                for task in (sender, receiver, stopper, watch):
                     task.cancel()
-                await asyncio.gather(sender, receiver, stopper, return_exceptions=True)
+                await asyncio.gather(sender, receiver, stopper, watch, return_exceptions=True)
+
+    async def _ack_watch(self, sent: collections.deque[tuple[int, float]]) -> None:
+        """Ends the stream (AckTimeout) when the oldest report sent on it has waited
+        ack_timeout_intervals intervals: a paused or hung replica keeps the connection open and
+        reads nothing, and only a stream that moves on gets this node's reports stored. Only
+        with several addresses: with one, waiting is all a collector can do (its buffer keeps
+        every report until acknowledged)."""
+        c = self.config
+        timeout_s = c.ack_timeout_intervals * c.interval_s
+        if not timeout_s or len(self._addresses) < 2:
+            await asyncio.Event().wait()  # never ends the stream
+        check_s = min(0.25, c.interval_s / 4)
+        while True:
+            await asyncio.sleep(check_s)  # the watch's own period, not synchronisation
+            while sent and not self.buffer.holds(sent[0][0]):
+                sent.popleft()  # acknowledged (or rejected, or dropped from a full buffer)
+            if sent and time.monotonic() - sent[0][1] > timeout_s:
+                self.ack_timeouts_total += 1
+                raise AckTimeout(
+                    f"no acknowledgement for report seq {sent[0][0]} in {timeout_s:g} s "
+                    f"({c.ack_timeout_intervals:g} intervals; {len(sent)} report(s) outstanding)"
+                )
 
     async def _write(self, call: grpc.aio.StreamStreamCall, message: ingest_pb2.CollectorMessage) -> None:
         # One write at a time on a stream: gRPC refuses a second while one is in flight
@@ -111,7 +143,9 @@ class Streaming:
         async with self._write_lock:
             await call.write(message)
 
-    async def _send_loop(self, call: grpc.aio.StreamStreamCall, columnar: bool) -> None:
+    async def _send_loop(
+        self, call: grpc.aio.StreamStreamCall, columnar: bool, sent: collections.deque[tuple[int, float]]
+    ) -> None:
         # Results a broken stream did not carry go first: the aggregator is still waiting.
         while self._unsent_results:
             await self._write(call, ingest_pb2.CollectorMessage(command_result=self._unsent_results[0]))
@@ -121,6 +155,7 @@ class Streaming:
             for report in self.buffer.after(last_sent):
                 await self._write(call, ingest_pb2.CollectorMessage(report=_wire_form(report, columnar)))
                 last_sent = report.seq
+                sent.append((report.seq, time.monotonic()))
             await self.buffer.wait_for_new()
 
     async def _receive_loop(self, call: grpc.aio.StreamStreamCall) -> None:
@@ -202,6 +237,16 @@ class Streaming:
                     exc.details(),
                     wait_s,
                     extra={"code": exc.code().name, "unacked": len(self.buffer)},
+                )
+            except AckTimeout as exc:
+                # The replica is alive enough to hold the connection but not to answer: the
+                # next address at once, no backoff (it is not the network that failed).
+                wait_s = 0.0
+                log.warning(
+                    "aggregator %s stopped acknowledging: %s; moving to the next address",
+                    self.aggregator,
+                    exc,
+                    extra={"aggregator": self.aggregator, "unacked": len(self.buffer)},
                 )
             except (ConnectionError, OSError, asyncio.InvalidStateError) as exc:
                 # InvalidStateError: gRPC's "RPC already finished" when a write races the

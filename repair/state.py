@@ -477,10 +477,15 @@ class RepairState(KeptValues, ABC):
 
 
 def open_state(
-    url: str, sqlite_path: str = "", connect_timeout_s: float = 10.0, migrate: bool = True
+    url: str,
+    sqlite_path: str = "",
+    connect_timeout_s: float = 10.0,
+    migrate: bool = True,
+    call_timeout_s: float = 10.0,
 ) -> RepairState:
     """The control-plane store a URL names: postgresql://... (replicas), or "sqlite" (one box,
-    at sqlite_path). Migrations are applied unless migrate is False."""
+    at sqlite_path). Migrations are applied unless migrate is False. With PostgreSQL, no call
+    waits longer than call_timeout_s for an answer (repair/state_postgres.py)."""
     if url.startswith(("postgresql://", "postgres://")):
         try:
             from gpufleet.repair.state_postgres import PostgresState
@@ -489,7 +494,7 @@ def open_state(
                 f"control plane {redact(url)} needs psycopg: pip install 'gpufleet[postgresql]' ({exc})"
             ) from exc
 
-        state: RepairState = PostgresState(url, connect_timeout_s)
+        state: RepairState = PostgresState(url, connect_timeout_s, call_timeout_s)
     elif url in ("", "sqlite"):
         from gpufleet.repair.state_sqlite import SqliteState
 

@@ -7,108 +7,212 @@ timeout (the aggregator gives half the lease, at most 5 s): a replica SIGSTOPped
 of a transaction holding the lease row's lock is cut off by the server, so the others can take
 the lease over.
 
-The controller's calls are synchronous and short (one or two round trips on a local network);
-each replica's background loops open their own connection so that a slow query there never
-holds the event loop's. A connection that broke (the server restarted, a network blip) is
-opened again on the next call; a call that fails raises StateError, which the caller counts."""
+**A server that stops answering never holds the caller** (docs/architecture.md "When the
+control plane hangs"). A database that hangs (paused, a storage stall, a partition that drops
+packets) accepts bytes and answers none; TCP keepalive notices only after minutes. So every
+wait on the server is bounded by call_timeout_s (psycopg's own per-wait timeout): a statement
+that has no answer by then fails with StateError and its connection is closed (its state is
+unknown). A new connection is opened on a thread of its own: the call that starts it waits at most
+CONNECT_WAIT_S, and while that connect is still pending every call fails at once — the
+aggregator's event loop, which makes the repair leader's calls, waits about one call_timeout_s
+per stall, never the length of the stall."""
 
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Iterator, Sequence
+from concurrent.futures import Future
+from concurrent.futures import TimeoutError as FutureTimeout
 from contextlib import contextmanager
 from typing import Any
 
 import psycopg
+from psycopg import errors as pg_errors
 
 from gpufleet.common.redact import redact
 from gpufleet.repair.state import RepairState, StateError
 
 _NOW_NS = "(extract(epoch from clock_timestamp()) * 1000000000)::bigint"
+_WAIT_INTERVAL_S = 0.1  # psycopg's own interval between checks for Ctrl-C
+CONNECT_WAIT_S = 0.25  # how long a call waits for a new connection before failing
+
+
+class _BoundedConnection(psycopg.Connection[Any]):
+    """A psycopg connection whose every wait on the server ends after call_timeout_s with
+    psycopg's _WaitTimeout (psycopg waits without a limit unless told)."""
+
+    call_timeout_s: float = 2.0
+
+    def wait(self, gen: Any, interval: float = _WAIT_INTERVAL_S, timeout: float | None = None) -> Any:
+        return super().wait(gen, interval, self.call_timeout_s if timeout is None else timeout)
+
+
+class _Link:
+    """One connection to the server, shared by a state and its fenced views, opened again
+    (on a thread of its own) when it broke or a call on it had no answer in time."""
+
+    def __init__(self, url: str, connect_timeout_s: float, call_timeout_s: float) -> None:
+        self.url, self.connect_timeout_s, self.call_timeout_s = url, connect_timeout_s, call_timeout_s
+        self.lock = threading.RLock()
+        self.conn: psycopg.Connection[Any] | None = None
+        self._connecting: Future[psycopg.Connection[Any]] | None = None
+        self._connecting_since = 0.0
+        self.timeouts_total = 0  # calls that had no answer within call_timeout_s
+
+    def _open(self) -> psycopg.Connection[Any]:
+        conn = _BoundedConnection.connect(
+            self.url,
+            autocommit=True,
+            connect_timeout=max(1, int(self.connect_timeout_s)),
+            # A process paused or cut off inside a transaction must not hold the lease row's
+            # lock for ever (a takeover would wait on it): the server ends such a session
+            # after the timeout, and no statement waits longer for a lock.
+            options=f"-c idle_in_transaction_session_timeout={int(self.connect_timeout_s * 1000)} "
+            f"-c lock_timeout={int(self.connect_timeout_s * 1000)}",
+        )
+        conn.call_timeout_s = self.call_timeout_s
+        return conn
+
+    def _connect_failed(self, exc: BaseException) -> StateError:
+        return StateError(
+            redact(f"cannot connect to the control-plane PostgreSQL at {self.url}: {exc}".strip())
+        )
+
+    def connect_now(self) -> None:
+        """The first connection, in the caller (a clear error at start if it cannot be made)."""
+        try:
+            self.conn = self._open()
+        except psycopg.Error as exc:
+            raise self._connect_failed(exc) from exc
+
+    def connection(self) -> psycopg.Connection[Any]:
+        """The open connection; or a new one if it can be made at once (a restarted server
+        answers in milliseconds). While a connect is pending, calls fail at once: a hung
+        server holds only the connecting thread."""
+        conn = self.conn
+        if conn is not None and not conn.closed and not conn.broken:
+            return conn
+        pending = self._connecting
+        if pending is None:
+            pending = self._connecting = Future()
+            self._connecting_since = time.monotonic()
+            threading.Thread(
+                target=self._connect_into, args=(pending,), name="control-plane-connect", daemon=True
+            ).start()
+            wait_s = min(self.call_timeout_s, CONNECT_WAIT_S)
+        else:
+            wait_s = 0.0
+        try:
+            conn = pending.result(timeout=wait_s)
+        except FutureTimeout as exc:
+            raise StateError(
+                redact(
+                    f"control-plane PostgreSQL {self.url}: no connection yet "
+                    f"({time.monotonic() - self._connecting_since:.1f} s trying, in the background)"
+                )
+            ) from exc
+        except psycopg.Error as exc:
+            self._connecting = None  # the next call tries again
+            raise self._connect_failed(exc) from exc
+        self._connecting = None
+        self.conn = conn
+        return conn
+
+    def _connect_into(self, pending: Future[psycopg.Connection[Any]]) -> None:
+        try:
+            pending.set_result(self._open())
+        except BaseException as exc:  # handed to the caller that waits on it
+            pending.set_exception(exc)
+
+    def failed(self, exc: psycopg.Error) -> StateError:
+        """The error a failed call raises; a call without an answer in time closes the
+        connection (it is mid-statement, its state unknown)."""
+        if isinstance(exc, pg_errors._WaitTimeout):  # psycopg's own timeout error
+            self.timeouts_total += 1
+            conn, self.conn = self.conn, None
+            if conn is not None:
+                conn.close()
+            return StateError(
+                redact(
+                    f"control-plane PostgreSQL {self.url}: no answer within {self.call_timeout_s:g} s "
+                    "(the server hangs or the network drops packets); connection closed"
+                )
+            )
+        return StateError(redact(f"control-plane PostgreSQL {self.url}: {exc}".strip()))
+
+    def close(self) -> None:
+        conn, self.conn = self.conn, None
+        if conn is not None:
+            conn.close()
 
 
 class PostgresState(RepairState):
     dialect = "postgresql"
 
     def __init__(
-        self, url: str, connect_timeout_s: float = 10.0, _shared: PostgresState | None = None
+        self,
+        url: str,
+        connect_timeout_s: float = 10.0,
+        call_timeout_s: float = 10.0,
+        _shared: PostgresState | None = None,
     ) -> None:
         if _shared is not None:  # a fenced view on the same connection
-            self._url, self._timeout_s = _shared._url, _shared._timeout_s
-            self._box, self._lock, self._sql = _shared._box, _shared._lock, _shared._sql
+            self._link, self._sql = _shared._link, _shared._sql
             return
-        self._url, self._timeout_s = url, connect_timeout_s
-        self._lock = threading.RLock()
-        self._box: list[psycopg.Connection[Any] | None] = [None]  # shared with fenced views
+        self._link = _Link(url, connect_timeout_s, call_timeout_s)
         self._sql: dict[str, str] = {}  # "?" statements → psycopg's "%s"
-        self._connection()  # fail now, with a clear message, if the server cannot be reached
+        self._link.connect_now()  # fail now, with a clear message, if the server cannot be reached
+
+    @property
+    def call_timeouts_total(self) -> int:
+        """Calls that had no answer within the call timeout (each closed its connection)."""
+        return self._link.timeouts_total
 
     def fenced(self, holder: str, epoch: int) -> RepairState:
-        view = PostgresState(self._url, self._timeout_s, _shared=self)
+        view = PostgresState("", _shared=self)
         view._holder, view._epoch = holder, epoch
         return view
 
     def describe(self) -> str:
-        return redact(self._url)
+        return redact(self._link.url)
 
     def close(self) -> None:
-        conn = self._box[0]
-        if conn is not None:
-            conn.close()
-        self._box[0] = None
-
-    def _connection(self) -> psycopg.Connection[Any]:
-        conn = self._box[0]
-        if conn is None or conn.closed or conn.broken:
-            try:
-                conn = psycopg.connect(
-                    self._url,
-                    autocommit=True,
-                    connect_timeout=max(1, int(self._timeout_s)),
-                    # A process paused or cut off inside a transaction must not hold the lease
-                    # row's lock for ever (a takeover would wait on it): the server ends such a
-                    # session after the timeout, and no statement waits longer for a lock.
-                    options=f"-c idle_in_transaction_session_timeout={int(self._timeout_s * 1000)} "
-                    f"-c lock_timeout={int(self._timeout_s * 1000)}",
-                )
-            except psycopg.Error as exc:
-                raise StateError(
-                    redact(f"cannot connect to the control-plane PostgreSQL at {self._url}: {exc}".strip())
-                ) from exc
-            self._box[0] = conn
-        return conn
+        self._link.close()
 
     def _execute(self, sql: str, args: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
         text = self._sql.get(sql)
         if text is None:
             text = self._sql[sql] = sql.replace("?", "%s")
-        with self._lock:
-            conn = self._connection()
+        link = self._link
+        with link.lock:
+            conn = link.connection()
             try:
                 cur = conn.execute(text, tuple(args))  # type: ignore[call-overload]
                 return cur.fetchall() if cur.description else []
             except psycopg.Error as exc:
-                raise StateError(redact(f"control-plane PostgreSQL {self._url}: {exc}".strip())) from exc
+                raise link.failed(exc) from exc
 
     def _execute_many(self, sql: str, rows: Sequence[Sequence[Any]]) -> None:
         with self._transaction():
             try:
                 # psycopg pipelines executemany: one round trip for the lot, not one per row.
-                self._connection().cursor().executemany(sql.replace("?", "%s"), [tuple(r) for r in rows])
+                self._link.connection().cursor().executemany(sql.replace("?", "%s"), [tuple(r) for r in rows])
             except psycopg.Error as exc:
-                raise StateError(redact(f"control-plane PostgreSQL {self._url}: {exc}".strip())) from exc
+                raise self._link.failed(exc) from exc
 
     @contextmanager
     def _transaction(self, lock_lease: bool = False) -> Iterator[None]:
-        with self._lock:
-            conn = self._connection()
+        link = self._link
+        with link.lock:
+            conn = link.connection()
             try:
                 with conn.transaction():
                     if lock_lease:
                         self._execute("SELECT 1 FROM leader_lease WHERE id = 1 FOR UPDATE")
                     yield
             except psycopg.Error as exc:  # the commit itself failed
-                raise StateError(redact(f"control-plane PostgreSQL {self._url}: {exc}".strip())) from exc
+                raise link.failed(exc) from exc
 
     def _store_now_ns(self) -> int:
         return int(self._execute(f"SELECT {_NOW_NS}")[0][0])

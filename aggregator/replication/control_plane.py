@@ -27,6 +27,7 @@ import os
 import socket
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -96,9 +97,13 @@ class ControlPlane:
         self._lease_state = open_state()
         self._lease = ReplicaRecords(self._lease_state)
         self._sync_state = open_state()
+        # The lease and sync loops' calls run here: two threads, so a stalled sync never
+        # delays a renewal, and asyncio's default executor (shared) never delays either.
+        self._threads = ThreadPoolExecutor(max_workers=2, thread_name_prefix="control-plane")
         self._check_name_free()
         self.epoch: int | None = None
         self.lease_info: LeaseInfo | None = None
+        self._lease_read_at = time.monotonic()  # this process's clock when lease_info was asked for
         self.replicas: list[ReplicaInfo] = []
         self.workflows: dict[str, Workflow] = {}  # as the leader last saved them (for followers)
         self.addresses: dict[str, str] = {}  # this replica's fleet and ingest addresses
@@ -145,47 +150,83 @@ class ControlPlane:
                 return r.replica, str(r.info.get("fleet", ""))
         return lease.holder, ""
 
+    async def _call(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """A control-plane call on the loops' own threads (not asyncio's default executor, which
+        other work shares): each returns within the call timeout (repair/state_postgres.py)."""
+        return await asyncio.get_running_loop().run_in_executor(self._threads, fn, *args)
+
     async def lease_loop(self, stop: asyncio.Event) -> None:
         while not stop.is_set():
             began = time.monotonic()
             try:
                 if self.epoch is None:
-                    epoch = await asyncio.to_thread(self._lease.acquire_lease, self.replica, self._lease_s)
+                    epoch = await self._call(self._lease.acquire_lease, self.replica, self._lease_s)
+                    # Not a leader until a renewal also went through: an acquisition that
+                    # lands just as the store stalls would otherwise act in a term that ends
+                    # before its first renewal (docs/architecture.md "When the control plane hangs").
                     if epoch is not None:
-                        self._valid_until = began + self._lease_s * LEASE_TRUST
-                        self._elected(epoch)
-                elif await asyncio.to_thread(
-                    self._lease.renew_lease, self.replica, self.epoch, self._lease_s
-                ):
+                        began = time.monotonic()
+                        if await self._call(self._lease.renew_lease, self.replica, epoch, self._lease_s):
+                            self._valid_until = began + self._lease_s * LEASE_TRUST
+                            self._elected(epoch)
+                elif await self._renewed_in_trust(self.epoch):
                     self._valid_until = began + self._lease_s * LEASE_TRUST
                 else:
-                    lost = await asyncio.to_thread(self._lease_state.lease)
+                    lost = await self._call(self._lease_state.lease)
                     await self._deposed(f"the repair lease is {lost.describe()}", lease=lost)
-                self.lease_info = await asyncio.to_thread(self._lease_state.lease)
+                asked = time.monotonic()
+                self._saw_lease(await self._call(self._lease_state.lease), asked)
             except StateError as exc:
                 self.lease_errors_total += 1
                 log.warning("repair lease: %s", exc, extra={"replica": self.replica})
-            if self.epoch is not None and time.monotonic() >= self._valid_until:
-                await self._deposed("the lease could not be renewed in time")
-            controller = self._repair.controller
-            if self.epoch is not None and controller is not None and controller.fenced:
-                await self._deposed(controller.fenced)
+            await self._depose_if_due()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), self._next_lease_check_s())
         if self.epoch is not None:
             epoch = self.epoch
             await self._deposed("this aggregator is stopping", logging.INFO)
             with contextlib.suppress(StateError):
-                await asyncio.to_thread(self._lease.release_lease, self.replica, epoch)
+                await self._call(self._lease.release_lease, self.replica, epoch)
+
+    async def _renewed_in_trust(self, epoch: int) -> bool:
+        """Renew, waiting no longer than this term can still be trusted: a renewal that has
+        not come back by then counts as failed, whatever the call's own timeout."""
+        renewal = self._call(self._lease.renew_lease, self.replica, epoch, self._lease_s)
+        try:
+            return bool(await asyncio.wait_for(renewal, max(0.01, self._valid_until - time.monotonic())))
+        except TimeoutError as exc:
+            raise StateError("the renewal had no answer before this term's trust ran out") from exc
+
+    async def _depose_if_due(self) -> None:
+        if self.epoch is not None and time.monotonic() >= self._valid_until:
+            await self._deposed(
+                f"the lease could not be renewed within {LEASE_TRUST:g} x leader_lease_s "
+                f"({self._lease_s * LEASE_TRUST:g} s) of the last renewal; it stops acting before "
+                "the lease can run out"
+            )
+        controller = self._repair.controller
+        if self.epoch is not None and controller is not None and controller.fenced:
+            await self._deposed(controller.fenced)
 
     def _next_lease_check_s(self) -> float:
-        """A leader renews every third of its lease; a follower also wakes just after the
-        holder's lease would run out, so a dead leader is replaced within one lease period."""
+        """A leader renews every third of its lease, and wakes when its trust runs out whatever
+        a renewal is doing; a follower also wakes just after the holder's lease would run
+        out, so a dead leader is replaced within one lease period (plus one round trip)."""
         period = self._lease_s / 3
+        if self.epoch is not None:
+            return max(0.0, min(period, self._valid_until - time.monotonic()))
         lease = self.lease_info
-        if self.epoch is not None or lease is None or not lease.live:
+        if lease is None or not lease.live:
             return period
-        return min(period, (lease.expires_ns - lease.now_ns) / 1e9 + 0.05)
+        # The lease's time left as the store's clock said when it was read, less the time
+        # since (this process's clock): only durations are compared, so neither clock's
+        # offset matters, and a lease read by the sync loop a moment ago is not waited out late.
+        left_s = (lease.expires_ns - lease.now_ns) / 1e9 - (time.monotonic() - self._lease_read_at)
+        return max(0.0, min(period, left_s + 0.05))
+
+    def _saw_lease(self, lease: LeaseInfo | None, asked_monotonic: float) -> None:
+        if lease is not None:
+            self.lease_info, self._lease_read_at = lease, asked_monotonic
 
     def _elected(self, epoch: int) -> None:
         self.epoch = epoch
@@ -205,7 +246,7 @@ class ControlPlane:
         epoch, self.epoch = self.epoch, None
         # What status shows as the lease: as just read, or unknown until the next read (not
         # this replica's own lease, which it no longer trusts).
-        self.lease_info = lease
+        self.lease_info, self._lease_read_at = lease, time.monotonic()
         log.log(
             level,
             "this replica is no longer the repair leader (epoch %s): %s; its repair controller stops",
@@ -253,14 +294,15 @@ class ControlPlane:
             "process": f"{socket.gethostname()}:{os.getpid()}",
         }
         full = self._syncs % FULL_SYNC_EVERY == 0
+        asked = time.monotonic()
         try:
-            got = await asyncio.to_thread(self._exchange, rows, held, info, full, self.leader)
+            got = await self._call(self._exchange, rows, held, info, full, self.leader)
         except StateError:
             fleet.mark_changed(node for node, *_ in rows)  # written next time
             raise
         self._syncs += 1
         self.last_sync_monotonic = time.monotonic()
-        self._apply(got)
+        self._apply(got, asked)
 
     def _exchange(
         self,
@@ -285,7 +327,7 @@ class ControlPlane:
         out.lease = s.lease()
         return out
 
-    def _apply(self, got: _SyncResult) -> None:
+    def _apply(self, got: _SyncResult, asked_monotonic: float) -> None:
         for row in got.remote:
             self._cursor = max(self._cursor, row.version)
             if row.replica == self.replica:
@@ -318,7 +360,7 @@ class ControlPlane:
             if live.replica and live.replica not in alive:
                 live.connected = False
         self.replicas = got.replicas
-        self.lease_info = got.lease or self.lease_info
+        self._saw_lease(got.lease, asked_monotonic)
 
     def _queue_command(self, state: RepairState, node: str, command: ingest_pb2.Command) -> bool:
         """The leader's command for a node whose stream another replica holds (fenced: the
@@ -350,7 +392,14 @@ class ControlPlane:
                 extra={"node": node},
             )
 
+    def call_timeouts_total(self) -> int:
+        return sum(
+            int(getattr(s, "call_timeouts_total", 0))
+            for s in (self.state, self._lease_state, self._sync_state)
+        )
+
     def close(self) -> None:
+        self._threads.shutdown(wait=False, cancel_futures=True)
         for s in (self.state, self._lease_state, self._sync_state):
             s.close()
 
@@ -371,6 +420,11 @@ def register_metrics(plane: ControlPlane, registry: CollectorRegistry) -> None:
         ("gpufleet_repair_leader_terms", "times this replica became the repair leader", "terms_total"),
     ):
         Gauge(name, text, registry=registry).set_function(lambda read=read: float(getattr(plane, read)))
+    Gauge(
+        "gpufleet_control_plane_call_timeouts",
+        "control-plane calls that had no answer within the call timeout (PostgreSQL hung or cut off)",
+        registry=registry,
+    ).set_function(lambda: float(plane.call_timeouts_total()))
     Gauge(
         "gpufleet_control_plane_sync_age_seconds",
         "seconds since this replica last reached the control plane",

@@ -41,6 +41,15 @@ class ReplicaSettings:
         return self.control_plane.startswith(("postgresql://", "postgres://"))
 
     @property
+    def control_plane_call_timeout_s(self) -> float:
+        """How long any one control-plane call waits for PostgreSQL's answer: a quarter of the
+        lease, at most 1 s (a local PostgreSQL answers the control plane's statements in
+        milliseconds; the event loop waits no longer than this per stall), so a leader whose
+        renewal hangs learns it in time to stop acting before its lease runs out
+        (docs/architecture.md "When the control plane hangs")."""
+        return min(1.0, self.leader_lease_s / 4)
+
+    @property
     def replica_name(self) -> str:
         import socket
 

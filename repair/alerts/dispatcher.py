@@ -25,6 +25,7 @@ from dataclasses import asdict
 from typing import Protocol
 
 from gpufleet.repair.alerts.base import Alert, Request, Sink, links
+from gpufleet.repair.state import StateError
 
 log = logging.getLogger("gpufleet.repair.alerts")
 # Starts a named long-running coroutine: (name, body) -> task.
@@ -76,6 +77,10 @@ class AlertDispatcher:
         self._waiting: dict[str, Alert] = {}  # first alerts in their group wait
         self._held: dict[str, Alert] = {}  # held while the breaker is tripped
         self._breaker_tripped = False
+        # Writes the store refused (Fenced: this replica no longer leads; or the store is
+        # unreachable), counted; each kind logged once, without a traceback.
+        self.store_errors_total = 0
+        self._store_errors_logged: set[type[StateError]] = set()
         for key, status, body in store.alert_identities() if store else []:
             if status == "sent":
                 self._sent_keys.add(key)
@@ -166,7 +171,26 @@ class AlertDispatcher:
             self._remember(key, "waiting", alert)
             asyncio.get_running_loop().call_later(self._group_wait_s, self._flush, key)
 
+    def _store_refused(self, what: str, exc: StateError) -> None:
+        self.store_errors_total += 1
+        if type(exc) in self._store_errors_logged:
+            return
+        self._store_errors_logged.add(type(exc))
+        log.warning(
+            "%s: not done, the repair state refused it (%s); further refusals of this kind are "
+            "only counted (gpufleet_alert_store_errors)",
+            what,
+            exc,
+        )
+
     def _flush(self, key: str) -> None:
+        """A group wait ended (a timer callback: nothing may escape to asyncio's handler)."""
+        try:
+            self._flush_now(key)
+        except StateError as exc:  # Fenced included: the new leader alerts instead
+            self._store_refused(f"alert {key} after its group wait", exc)
+
+    def _flush_now(self, key: str) -> None:
         alert = self._waiting.pop(key, None)
         if alert is None:
             return
@@ -227,7 +251,10 @@ class AlertDispatcher:
             seq, alert = await queue.get()
             outcome = await self._deliver(sink, alert)
             if self._store is not None and seq:
-                self._store.finish_alert(seq, outcome)
+                try:
+                    self._store.finish_alert(seq, outcome)
+                except StateError as exc:  # delivered; the outbox row is finished by a later leader
+                    self._store_refused(f"alert {alert.key}'s delivery to {sink.name} recorded", exc)
 
     async def _deliver(self, sink: Sink, alert: Alert) -> str:
         request = sink.request(alert)

@@ -4,6 +4,7 @@ port with password authentication. Each test gets a database of its own (`new_da
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import os
 import pwd
@@ -126,6 +127,32 @@ class PostgresServer:
         name = url.rsplit("/", 1)[1]
         with psycopg.connect(self.url("postgres"), autocommit=True) as conn:
             conn.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")  # type: ignore[arg-type]
+
+    def processes(self) -> list[int]:
+        """The postmaster and every process it started (backends, checkpointer, walwriter...)."""
+        assert self.proc is not None, "the server is not running"
+        pids, children = [self.proc.pid], {}
+        for stat in glob.glob("/proc/[0-9]*/stat"):
+            try:
+                fields = Path(stat).read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue  # gone meanwhile
+            children.setdefault(int(fields[1]), []).append(int(stat.split("/")[2]))
+        for pid in pids:
+            pids.extend(children.get(pid, []))
+        return pids
+
+    def pause(self) -> list[int]:
+        """SIGSTOP every process of the server: a hang (connections stay open, nothing answers)."""
+        pids = self.processes()
+        for pid in pids:
+            os.kill(pid, signal.SIGSTOP)
+        return pids
+
+    def resume(self, pids: list[int]) -> None:
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGCONT)
 
     def stop(self, sig: int = signal.SIGINT) -> None:
         """SIGINT: PostgreSQL's fast shutdown (clients are disconnected; SIGTERM would wait
