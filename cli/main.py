@@ -457,17 +457,26 @@ def watch(once: Callable[[], None], every_s: float | None, as_json: bool) -> Non
     if not 0.5 <= every_s <= 3600:
         raise ValueError(f"--watch {every_s:g}: give 0.5 to 3600 seconds")
     clear = sys.stdout.isatty() and not as_json
-    while True:
-        if clear:
-            print("\033[H\033[2J", end="")
-        stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-        print(f"every {every_s:g} s until Ctrl-C; {stamp}", file=sys.stderr if as_json else sys.stdout)
-        try:
-            once()
-        except ClientError as exc:
-            print(f"gpufleet: {exc} (still watching)", file=sys.stderr)
+    try:
+        while True:
+            if clear:
+                print("\033[H\033[2J", end="")
+            stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+            print(f"every {every_s:g} s until Ctrl-C; {stamp}", file=sys.stderr if as_json else sys.stdout)
+            try:
+                once()
+            except ClientError as exc:
+                print(f"gpufleet: {exc} (still watching)", file=sys.stderr)
+            sys.stdout.flush()
+            time.sleep(every_s)  # the refresh period the user asked for
+    except KeyboardInterrupt:
+        # Ctrl-C ends the watch, at once and with status 0. Not through the channel's close:
+        # a KeyboardInterrupt raised while a call was in flight leaves gRPC's channel.close()
+        # deadlocked (grpc/grpc#19973; seen here once in ~30 runs), and there is nothing to
+        # keep, so the process ends without waiting on it.
         sys.stdout.flush()
-        time.sleep(every_s)  # the refresh period the user asked for
+        sys.stderr.flush()
+        os._exit(0)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -7,7 +7,8 @@ import asyncio
 import json
 import logging
 import time
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import grpc
 
@@ -29,6 +30,7 @@ if TYPE_CHECKING:
     pass
 
 log = logging.getLogger("gpufleet.aggregator.fleet")
+T = TypeVar("T")
 
 _FORWARDED = "x-gpufleet-forwarded-by"  # set on a repair call a replica passed to the leader
 
@@ -61,7 +63,9 @@ class RepairApi:
 
     def _recent_incidents(self) -> tuple[dict[str, int], int]:
         """Incidents per node within the policy's repeat_offender_days, and how many make a lemon
-        node (0: repair is off). One query for the whole fleet, reused for 5 s."""
+        node (0: repair is off). One query for the whole fleet, reused for 5 s. With replicas
+        the query runs on a thread and the answer as last read is used meanwhile: ListNodes
+        never waits on PostgreSQL (docs/architecture.md "When the control plane hangs")."""
         now = time.monotonic()
         if now - self._lemon_read_at < 5.0:
             return self._lemon_counts
@@ -71,13 +75,36 @@ class RepairApi:
             return self._lemon_counts
         workflow = self._wiring.policy.workflow
         since = time.time_ns() - int(workflow["repeat_offender_days"] * 86400e9)
-        try:
-            counts = self._repair_records().incident_counts_since(since)
-        except (Refused, StateError) as exc:
-            log.warning("cannot count recent incidents for the lemon-node flag: %s", exc)
-            counts = {}
-        self._lemon_counts = (counts, int(workflow["repeat_offender_incidents"]))
+        lemon_at = int(workflow["repeat_offender_incidents"])
+
+        def count(records: RepairState) -> None:
+            try:
+                counts = records.incident_counts_since(since)
+            except StateError as exc:
+                log.warning("cannot count recent incidents for the lemon-node flag: %s", exc)
+                counts = {}
+            self._lemon_counts = (counts, lemon_at)
+
+        if self._shared is not None:
+            self._lemon_counting = asyncio.ensure_future(asyncio.to_thread(count, self._shared.reads))
+            self._lemon_counts = (self._lemon_counts[0], lemon_at)
+        else:
+            try:
+                count(self._repair_records())
+            except Refused:
+                self._lemon_counts = ({}, lemon_at)
         return self._lemon_counts
+
+    async def _read_records(self, read: Callable[[RepairState], T]) -> T:
+        """Incidents and audit for the Fleet API. With replicas: on the control plane's read
+        connection, on a thread (a hung PostgreSQL fails the call after its call timeout and
+        holds nothing else); on one box: the controller's SQLite, in place."""
+        if self._shared is not None:
+            try:
+                return await asyncio.to_thread(read, self._shared.reads)
+            except StateError as exc:
+                raise Refused(grpc.StatusCode.UNAVAILABLE, f"the control plane: {exc}") from exc
+        return read(self._repair_records())
 
     def _controller(self) -> RepairController:
         if self._repair is None:
@@ -186,15 +213,15 @@ class RepairApi:
 
     @rpc("viewer")
     async def ListIncidents(self, request: fleet_pb2.ListIncidentsRequest, principal: Principal) -> Any:
-        records = self._repair_records()
-        incidents = records.incidents(request.open_only, request.node, request.limit or 100)
-        return fleet_pb2.ListIncidentsResponse(
-            incidents=[_incident_pb(i, records.audit_log(incident_id=i.id, limit=100)) for i in incidents]
-        )
+        def read(records: RepairState) -> list[fleet_pb2.Incident]:
+            incidents = records.incidents(request.open_only, request.node, request.limit or 100)
+            return [_incident_pb(i, records.audit_log(incident_id=i.id, limit=100)) for i in incidents]
+
+        return fleet_pb2.ListIncidentsResponse(incidents=await self._read_records(read))
 
     @rpc("viewer")
     async def ListAudit(self, request: fleet_pb2.ListAuditRequest, principal: Principal) -> Any:
-        entries = self._repair_records().audit_log(request.node, request.limit or 200)
+        entries = await self._read_records(lambda r: r.audit_log(request.node, request.limit or 200))
         return fleet_pb2.ListAuditResponse(entries=[_audit_pb(e) for e in entries])
 
     @rpc("viewer", forward=True)

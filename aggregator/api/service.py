@@ -47,6 +47,7 @@ class FleetService(NodesApi, HistoryApi, RepairApi, fleet_pb2_grpc.FleetServicer
         self._replay_lock = asyncio.Lock()
         self._lemon_counts: tuple[dict[str, int], int] = ({}, 0)
         self._lemon_read_at = -1e9
+        self._lemon_counting: asyncio.Future[None] | None = None  # the replicas' count in flight
         # Replicas serve with TLS when configured: the leader is dialled trusting the same
         # certificate (one certificate for every replica, or a chain its file completes).
         self._tls_ca: bytes | None = None

@@ -37,13 +37,12 @@ from gpufleet.aggregator.config import AggregatorConfig
 from gpufleet.aggregator.fleet.state import FleetState
 from gpufleet.aggregator.ingest.service import IngestService
 from gpufleet.aggregator.repair_wiring import RepairWiring
+from gpufleet.aggregator.replication.leadership import Leadership
 from gpufleet.aggregator.replication.records import ReplicaRecords
 from gpufleet.aggregator.supervise import Supervisor
 from gpufleet.common.redact import redact
 from gpufleet.protos import fleet_pb2, ingest_pb2, vocabulary_pb2
-from gpufleet.repair.outcome import OK
 from gpufleet.repair.state import (
-    AuditRecord,
     LeaseInfo,
     LiveRow,
     QueuedCommand,
@@ -56,7 +55,6 @@ from gpufleet.repair.state import (
 log = logging.getLogger("gpufleet.aggregator.replication.control_plane")
 
 FULL_SYNC_EVERY = 30  # reads of the shared view between two reads of all of it
-LEASE_TRUST = 0.8  # a leader acts for this fraction of its lease after a renewal began
 COMMAND_MAX_AGE_S = 120.0  # a queued command older than this is never sent (its step timed out)
 
 
@@ -70,7 +68,7 @@ class _SyncResult:
     lease: LeaseInfo | None = None
 
 
-class ControlPlane:
+class ControlPlane(Leadership):
     def __init__(
         self,
         config: AggregatorConfig,
@@ -88,15 +86,18 @@ class ControlPlane:
         self._lease_s = config.leader_lease_s
         self._sync_s = config.live_sync_s
         self._fleet, self._ingest, self._repair, self._supervisor = fleet, ingest, repair, supervisor
-        # Three connections: the event loop's (the leader's writes, Fleet API reads) and one for
-        # each loop's thread, so a slow statement in one never holds the others. The event
-        # loop's calls are synchronous: while PostgreSQL cannot be reached, a leader's pass may
-        # wait up to the connect timeout per attempt until the lease loop deposes it (within
-        # 0.8 x leader_lease_s); a refused connection fails at once.
+        # Four connections: the event loop's (the leader's writes), one for each loop's thread
+        # and one for the Fleet API's reads (on threads), so a slow statement in one never holds
+        # the others. The leader's calls on the event loop are synchronous but bounded: a call
+        # waits at most the call timeout for an answer, and while a connection is being made
+        # again every call fails at once (repair/state_postgres.py), so a hung PostgreSQL holds
+        # the loop for one call timeout per stall, not the stall.
         self.state = open_state()
         self._lease_state = open_state()
         self._lease = ReplicaRecords(self._lease_state)
         self._sync_state = open_state()
+        # The Fleet API's reads (incidents, audit) on threads: never the event loop's connection.
+        self.reads = open_state()
         # The lease and sync loops' calls run here: two threads, so a stalled sync never
         # delays a renewal, and asyncio's default executor (shared) never delays either.
         self._threads = ThreadPoolExecutor(max_workers=2, thread_name_prefix="control-plane")
@@ -134,138 +135,6 @@ class ControlPlane:
         if quiet_s > max(3 * self._lease_s, 10 * self._sync_s):
             return [f"the control plane ({self.url}) has not been reachable for {quiet_s:.0f} s"]
         return []
-
-    # --- leadership -------------------------------------------------------------------------
-    @property
-    def leader(self) -> bool:
-        return self.epoch is not None
-
-    def leader_address(self) -> tuple[str, str]:
-        """(replica id, Fleet API address) of the leader as last seen; ("", "") when none."""
-        lease = self.lease_info
-        if lease is None or not lease.live:
-            return "", ""
-        for r in self.replicas:
-            if r.replica == lease.holder:
-                return r.replica, str(r.info.get("fleet", ""))
-        return lease.holder, ""
-
-    async def _call(self, fn: Callable[..., Any], *args: Any) -> Any:
-        """A control-plane call on the loops' own threads (not asyncio's default executor, which
-        other work shares): each returns within the call timeout (repair/state_postgres.py)."""
-        return await asyncio.get_running_loop().run_in_executor(self._threads, fn, *args)
-
-    async def lease_loop(self, stop: asyncio.Event) -> None:
-        while not stop.is_set():
-            began = time.monotonic()
-            try:
-                if self.epoch is None:
-                    epoch = await self._call(self._lease.acquire_lease, self.replica, self._lease_s)
-                    # Not a leader until a renewal also went through: an acquisition that
-                    # lands just as the store stalls would otherwise act in a term that ends
-                    # before its first renewal (docs/architecture.md "When the control plane hangs").
-                    if epoch is not None:
-                        began = time.monotonic()
-                        if await self._call(self._lease.renew_lease, self.replica, epoch, self._lease_s):
-                            self._valid_until = began + self._lease_s * LEASE_TRUST
-                            self._elected(epoch)
-                elif await self._renewed_in_trust(self.epoch):
-                    self._valid_until = began + self._lease_s * LEASE_TRUST
-                else:
-                    lost = await self._call(self._lease_state.lease)
-                    await self._deposed(f"the repair lease is {lost.describe()}", lease=lost)
-                asked = time.monotonic()
-                self._saw_lease(await self._call(self._lease_state.lease), asked)
-            except StateError as exc:
-                self.lease_errors_total += 1
-                log.warning("repair lease: %s", exc, extra={"replica": self.replica})
-            await self._depose_if_due()
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), self._next_lease_check_s())
-        if self.epoch is not None:
-            epoch = self.epoch
-            await self._deposed("this aggregator is stopping", logging.INFO)
-            with contextlib.suppress(StateError):
-                await self._call(self._lease.release_lease, self.replica, epoch)
-
-    async def _renewed_in_trust(self, epoch: int) -> bool:
-        """Renew, waiting no longer than this term can still be trusted: a renewal that has
-        not come back by then counts as failed, whatever the call's own timeout."""
-        renewal = self._call(self._lease.renew_lease, self.replica, epoch, self._lease_s)
-        try:
-            return bool(await asyncio.wait_for(renewal, max(0.01, self._valid_until - time.monotonic())))
-        except TimeoutError as exc:
-            raise StateError("the renewal had no answer before this term's trust ran out") from exc
-
-    async def _depose_if_due(self) -> None:
-        if self.epoch is not None and time.monotonic() >= self._valid_until:
-            await self._deposed(
-                f"the lease could not be renewed within {LEASE_TRUST:g} x leader_lease_s "
-                f"({self._lease_s * LEASE_TRUST:g} s) of the last renewal; it stops acting before "
-                "the lease can run out"
-            )
-        controller = self._repair.controller
-        if self.epoch is not None and controller is not None and controller.fenced:
-            await self._deposed(controller.fenced)
-
-    def _next_lease_check_s(self) -> float:
-        """A leader renews every third of its lease, and wakes when its trust runs out whatever
-        a renewal is doing; a follower also wakes just after the holder's lease would run
-        out, so a dead leader is replaced within one lease period (plus one round trip)."""
-        period = self._lease_s / 3
-        if self.epoch is not None:
-            return max(0.0, min(period, self._valid_until - time.monotonic()))
-        lease = self.lease_info
-        if lease is None or not lease.live:
-            return period
-        # The lease's time left as the store's clock said when it was read, less the time
-        # since (this process's clock): only durations are compared, so neither clock's
-        # offset matters, and a lease read by the sync loop a moment ago is not waited out late.
-        left_s = (lease.expires_ns - lease.now_ns) / 1e9 - (time.monotonic() - self._lease_read_at)
-        return max(0.0, min(period, left_s + 0.05))
-
-    def _saw_lease(self, lease: LeaseInfo | None, asked_monotonic: float) -> None:
-        if lease is not None:
-            self.lease_info, self._lease_read_at = lease, asked_monotonic
-
-    def _elected(self, epoch: int) -> None:
-        self.epoch = epoch
-        self.terms_total += 1
-        with contextlib.suppress(StateError):
-            self._result_cursor = ReplicaRecords(self.state).last_command_result_seq()
-        log.warning(
-            "this replica is the repair leader now (epoch %d); workflows, ledger and breaker loaded from %s",
-            epoch,
-            self.url,
-            extra={"replica": self.replica, "epoch": epoch},
-        )
-        self._audit("leader_elected", f"epoch {epoch}; lease {self._lease_s:g} s", epoch)
-        self._repair.start_term(self.state.fenced(self.replica, epoch), self._supervisor.start)
-
-    async def _deposed(self, why: str, level: int = logging.ERROR, lease: LeaseInfo | None = None) -> None:
-        epoch, self.epoch = self.epoch, None
-        # What status shows as the lease: as just read, or unknown until the next read (not
-        # this replica's own lease, which it no longer trusts).
-        self.lease_info, self._lease_read_at = lease, time.monotonic()
-        log.log(
-            level,
-            "this replica is no longer the repair leader (epoch %s): %s; its repair controller stops",
-            epoch,
-            why,
-            extra={"replica": self.replica, "epoch": epoch},
-        )
-        await self._repair.end_term()
-        self._audit("leader_deposed", why, epoch)
-
-    def _audit(self, action: str, reason: str, epoch: int | None) -> None:
-        """Leadership changes in the audit log (unfenced: they claim no authority), best effort:
-        a replica cut off from the store cannot write, and says so in its log."""
-        try:
-            self.state.audit(
-                AuditRecord(time.time_ns(), f"{self.replica} (epoch {epoch})", "", action, reason[:300], OK)
-            )
-        except StateError as exc:
-            log.warning("%s not in the audit log: %s", action, exc, extra={"replica": self.replica})
 
     # --- the shared live view, heartbeats and commands ------------------------------------------
     async def sync_loop(self, stop: asyncio.Event) -> None:
@@ -395,12 +264,12 @@ class ControlPlane:
     def call_timeouts_total(self) -> int:
         return sum(
             int(getattr(s, "call_timeouts_total", 0))
-            for s in (self.state, self._lease_state, self._sync_state)
+            for s in (self.state, self._lease_state, self._sync_state, self.reads)
         )
 
     def close(self) -> None:
         self._threads.shutdown(wait=False, cancel_futures=True)
-        for s in (self.state, self._lease_state, self._sync_state):
+        for s in (self.state, self._lease_state, self._sync_state, self.reads):
             s.close()
 
 

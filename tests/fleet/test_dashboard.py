@@ -104,6 +104,7 @@ def assert_node_events(events: Any) -> None:
     assert list(events["time"]) == sorted(events["time"]), "oldest first"
 
 
+@pytest.mark.slow
 def test_node_page_events_survive_an_aggregator_restart(
     cluster: Cluster, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -80,6 +80,7 @@ def settled(page: Any, label: str) -> None:
     assert not page.locator('[data-testid="stException"]').count(), f"{label}: a traceback is shown"
 
 
+@pytest.mark.slow
 def test_every_page_renders_in_chromium(cluster: Cluster) -> None:
     chromium = chromium_path()
     agg = fleet_with_a_quarantined_node(cluster)
@@ -119,6 +120,7 @@ def test_every_page_renders_in_chromium(cluster: Cluster) -> None:
         browser.close()
 
 
+@pytest.mark.slow
 def test_grouped_history_and_stored_events_in_chromium(cluster: Cluster) -> None:
     """At 200 nodes the history explorer draws one line per cluster; after an aggregator restart
     the node page still marks and lists the node's XID, findings and repair actions."""
@@ -157,6 +159,7 @@ def test_grouped_history_and_stored_events_in_chromium(cluster: Cluster) -> None
         browser.close()
 
 
+@pytest.mark.slow
 def test_an_alerts_links_open_its_incident_and_its_node_in_chromium(cluster: Cluster) -> None:
     """An alert carries its incident's and its node's dashboard pages (dashboard_url): followed in
     Chromium, each opens on what the alert is about, and the address still names it."""

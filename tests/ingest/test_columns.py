@@ -8,6 +8,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 
 from gpufleet.aggregator.ingest.validation import Checker, Rejection
@@ -34,6 +35,7 @@ def _points(checker: Checker, report: telemetry_pb2.NodeReport, h: ingest_pb2.He
         return r
 
 
+@pytest.mark.slow
 @settings(max_examples=400, deadline=None, derandomize=True, database=None,
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])  # fmt: skip
 @given(case=reports())
@@ -60,6 +62,7 @@ _PER_GPU = Checker(1024 * 1024, 14 * 86400, 300)
 _COLUMNAR = Checker(1024 * 1024, 14 * 86400, 300)
 
 
+@pytest.mark.slow
 @settings(max_examples=200, deadline=None, derandomize=True, database=None)
 @given(case=reports())
 def test_columns_read_back_into_the_samples_they_were_made_of(case: Case) -> None:

@@ -174,6 +174,7 @@ def _spool_with_poison(data_dir: Path, poison: Point) -> list[Point]:
     return good
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("store", ["embedded", "influxdb"])
 def test_a_poison_batch_in_the_spool_is_quarantined_and_the_rest_drains(
     cluster: Cluster, tmp_path: Path, store: str, request: pytest.FixtureRequest

@@ -207,7 +207,13 @@ def _env(
 # processes (aggregator/ingest/workers.py), where the same checks and writer run in another process.
 @pytest.fixture(
     scope="module",
-    params=[("embedded", 0), ("influxdb", 0), ("embedded", 2), ("influxdb", 2)],
+    # The fast default keeps one (the embedded store in-process); the others are slow.
+    params=[
+        ("embedded", 0),
+        pytest.param(("influxdb", 0), marks=pytest.mark.slow),
+        pytest.param(("embedded", 2), marks=pytest.mark.slow),
+        pytest.param(("influxdb", 2), marks=pytest.mark.slow),
+    ],
     ids=["embedded", "influxdb", "embedded-workers", "influxdb-workers"],
 )
 def env(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:

@@ -12,6 +12,7 @@ import urllib.error
 import urllib.request
 
 import psutil
+import pytest
 
 from harness.processes import AggregatorHandle, Cluster
 from harness.stored import stored_seqs
@@ -57,6 +58,7 @@ def test_reports_are_stored_by_the_workers_and_counted_by_the_main_process(clust
     assert ready(agg)[0] == 200
 
 
+@pytest.mark.slow
 def test_a_killed_worker_loses_nothing_and_comes_back(cluster: Cluster) -> None:
     agg = cluster.aggregator("aggregator", 0, 0, None, "--ingest-workers", "2")
     for node in NODES:

@@ -136,6 +136,7 @@ def test_a_valid_report_passes() -> None:
 SHARED = WireValidator()
 
 
+@pytest.mark.slow
 @settings(max_examples=200, deadline=None, derandomize=True, database=None,
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])  # fmt: skip
 @given(case=reports(), h=hellos())

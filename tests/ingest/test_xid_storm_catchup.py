@@ -10,6 +10,8 @@ import threading
 import time
 from pathlib import Path
 
+import pytest
+
 from harness.processes import Cluster
 from harness.stored import read_points
 from harness.waiting import wait_until
@@ -34,6 +36,7 @@ def xid_events(data_dir: Path, xid: int) -> list:
     ]
 
 
+@pytest.mark.slow
 def test_an_xid_storm_is_folded_into_counts_and_another_xid_is_not_held_back(cluster: Cluster) -> None:
     fifo = cluster.tmp / "kmsg"
     os.mkfifo(fifo)
@@ -100,6 +103,7 @@ def kmsg_record(seq: int, xid: int, bus: str, text: str) -> str:
     return f"3,{seq},{usec},-;NVRM: Xid (PCI:0000:{bus}:00): {xid}, pid={1000 + seq}, name=train, {text}\n"
 
 
+@pytest.mark.slow
 def test_xids_logged_while_the_collector_was_down_are_reported_exactly_once(cluster: Cluster) -> None:
     log = cluster.tmp / "kmsg.log"
     boot_id = cluster.tmp / "boot_id"

@@ -46,6 +46,7 @@ def test_booleans_from_flags_and_environment() -> None:
         ({"collector": {"intervl_s": 1}}, "unknown setting(s) intervl_s in [collector]"),
         ({"collector": {"sim_model": "P100", "simulate": True}}, "sim_model='P100' is unknown"),
         ({"collector": {"aggregator": "no-port"}}, "aggregator='no-port' must be host:port"),
+        ({"collector": {"ack_timeout_intervals": 0.5}}, "ack_timeout_intervals=0.5 must be 0 (off)"),
     ],
 )
 def test_bad_values_name_the_setting_and_the_fix(file_data: dict[str, object], message: str) -> None:

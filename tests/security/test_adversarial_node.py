@@ -402,6 +402,7 @@ def test_nothing_is_read_before_the_credential(env: Env) -> None:
     assert time.monotonic() - started < 10
 
 
+@pytest.mark.slow
 def test_idle_http_connections_hold_no_thread_for_long(env: Env) -> None:
     pid = env.agg.proc.popen.pid
     host, port = env.agg.metrics.rsplit(":", 1)

@@ -119,6 +119,7 @@ def _hello(name: str) -> ingest_pb2.Hello:
     database=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
 )
+@pytest.mark.slow
 @given(name=NAMES)
 def test_no_name_reaches_a_backend_unless_it_matches_the_grammar(places: Places, name: str) -> None:
     good = NODE_NAME_RE.fullmatch(name) is not None
