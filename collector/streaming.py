@@ -15,6 +15,7 @@ from pathlib import Path
 import grpc
 
 from gpufleet.collector.commands import run_command
+from gpufleet.collector.replay_buffer import ReplayBuffer
 from gpufleet.common.version import __version__
 from gpufleet.protos import columns, ingest_pb2, ingest_pb2_grpc, telemetry_pb2
 
@@ -40,6 +41,32 @@ CHANNEL_OPTIONS = [
 
 class AckTimeout(ConnectionError):
     """The aggregator holds the stream open but stopped acknowledging (paused, hung)."""
+
+
+class _SentReports:
+    """The reports sent on one stream and when, oldest first, kept only while the replay
+    buffer still holds them (unacknowledged): at most the buffer's worth, however long the
+    stream lives."""
+
+    def __init__(self, buffer: ReplayBuffer) -> None:
+        self._buffer = buffer
+        self._sent: collections.deque[tuple[int, float]] = collections.deque()  # (seq, when sent)
+
+    def add(self, seq: int) -> None:
+        self._sent.append((seq, time.monotonic()))
+        self._prune()
+
+    def oldest(self) -> tuple[int, float] | None:
+        """(seq, monotonic time sent) of the oldest report still waiting; None if none waits."""
+        self._prune()
+        return self._sent[0] if self._sent else None
+
+    def __len__(self) -> int:
+        return len(self._sent)
+
+    def _prune(self) -> None:
+        while self._sent and not self._buffer.holds(self._sent[0][0]):
+            self._sent.popleft()  # acknowledged (or rejected, or dropped from a full buffer)
 
 
 class Streaming:
@@ -93,7 +120,7 @@ class Streaming:
             )
             self.connected.set()
             self._welcomed = True
-            sent: collections.deque[tuple[int, float]] = collections.deque()  # (seq, when sent)
+            sent = _SentReports(self.buffer)
             sender = asyncio.create_task(self._send_loop(call, columnar, sent))
             receiver = asyncio.create_task(self._receive_loop(call))
             stopper = asyncio.create_task(stop.wait())
@@ -114,7 +141,7 @@ class Streaming:
                     task.cancel()
                 await asyncio.gather(sender, receiver, stopper, watch, return_exceptions=True)
 
-    async def _ack_watch(self, sent: collections.deque[tuple[int, float]]) -> None:
+    async def _ack_watch(self, sent: _SentReports) -> None:
         """Ends the stream (AckTimeout) when the oldest report sent on it has waited
         ack_timeout_intervals intervals: a paused or hung replica keeps the connection open and
         reads nothing, and only a stream that moves on gets this node's reports stored. Only
@@ -127,12 +154,11 @@ class Streaming:
         check_s = min(0.25, c.interval_s / 4)
         while True:
             await asyncio.sleep(check_s)  # the watch's own period, not synchronisation
-            while sent and not self.buffer.holds(sent[0][0]):
-                sent.popleft()  # acknowledged (or rejected, or dropped from a full buffer)
-            if sent and time.monotonic() - sent[0][1] > timeout_s:
+            oldest = sent.oldest()
+            if oldest is not None and time.monotonic() - oldest[1] > timeout_s:
                 self.ack_timeouts_total += 1
                 raise AckTimeout(
-                    f"no acknowledgement for report seq {sent[0][0]} in {timeout_s:g} s "
+                    f"no acknowledgement for report seq {oldest[0]} in {timeout_s:g} s "
                     f"({c.ack_timeout_intervals:g} intervals; {len(sent)} report(s) outstanding)"
                 )
 
@@ -143,9 +169,7 @@ class Streaming:
         async with self._write_lock:
             await call.write(message)
 
-    async def _send_loop(
-        self, call: grpc.aio.StreamStreamCall, columnar: bool, sent: collections.deque[tuple[int, float]]
-    ) -> None:
+    async def _send_loop(self, call: grpc.aio.StreamStreamCall, columnar: bool, sent: _SentReports) -> None:
         # Results a broken stream did not carry go first: the aggregator is still waiting.
         while self._unsent_results:
             await self._write(call, ingest_pb2.CollectorMessage(command_result=self._unsent_results[0]))
@@ -155,7 +179,7 @@ class Streaming:
             for report in self.buffer.after(last_sent):
                 await self._write(call, ingest_pb2.CollectorMessage(report=_wire_form(report, columnar)))
                 last_sent = report.seq
-                sent.append((report.seq, time.monotonic()))
+                sent.add(report.seq)
             await self.buffer.wait_for_new()
 
     async def _receive_loop(self, call: grpc.aio.StreamStreamCall) -> None:
