@@ -141,7 +141,7 @@ class Leadership:
         self.epoch = epoch
         self.terms_total += 1
         with contextlib.suppress(StateError):
-            self._result_cursor = await self._call(ReplicaRecords(self._lease_state).last_command_result_seq)
+            self._result_cursor = await self._call(self._lease.last_command_result_seq)
         log.warning(
             "this replica is the repair leader now (epoch %d); workflows, ledger and breaker loaded from %s",
             epoch,

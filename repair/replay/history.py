@@ -167,7 +167,7 @@ def _time_ns(raw: object, where: str) -> int:
     raise TraceError(f'{where}: "time" is missing or {raw!r}; give ISO 8601 or unix seconds')
 
 
-_KEYS = {
+TRACE_KEYS = {  # every key a trace line may have (docs/repair.md's trace format)
     "time",
     "node",
     "gpu",
@@ -186,10 +186,10 @@ def parse_input(obj: object, where: str) -> FaultInput:
     """One trace line's object as an input; TraceError names what is wrong with it."""
     if not isinstance(obj, dict):
         raise TraceError(f"{where}: each line must be a JSON object, not {type(obj).__name__}")
-    unknown = set(obj) - _KEYS
+    unknown = set(obj) - TRACE_KEYS
     if unknown:
         raise TraceError(
-            f"{where}: unknown key(s) {', '.join(sorted(unknown))}; known: {', '.join(sorted(_KEYS))}"
+            f"{where}: unknown key(s) {', '.join(sorted(unknown))}; known: {', '.join(sorted(TRACE_KEYS))}"
         )
     node, gpu, label, message, count = _common(obj, where)
     xid, signal = obj.get("xid"), obj.get("signal")

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 import yaml
 
-from harness.processes import free_port
+from harness.processes import free_port, stop_process
 from harness.waiting import wait_until
 
 
@@ -69,8 +69,4 @@ class Alertmanager:
         ]
 
     def stop(self) -> None:
-        self.proc.terminate()
-        try:
-            self.proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
+        stop_process(self.proc)

@@ -45,13 +45,18 @@ class Proc:
         return self.popen.poll() is None
 
     def stop(self, sig: int = signal.SIGTERM, timeout_s: float = 20) -> int:
-        if self.alive():
-            self.popen.send_signal(sig)
-        try:
-            return self.popen.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            self.popen.kill()
-            return self.popen.wait()
+        return stop_process(self.popen, sig, timeout_s)
+
+
+def stop_process(popen: subprocess.Popen[Any], sig: int = signal.SIGTERM, timeout_s: float = 20) -> int:
+    """Signal a process (if still running), wait for it, and SIGKILL it past timeout_s."""
+    if popen.poll() is None:
+        popen.send_signal(sig)
+    try:
+        return popen.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        popen.kill()
+        return popen.wait()
 
 
 @dataclass

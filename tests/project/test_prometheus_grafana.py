@@ -30,7 +30,7 @@ import pytest
 import yaml
 
 from harness.paths import REPO
-from harness.processes import Cluster, free_port
+from harness.processes import Cluster, free_port, stop_process
 from harness.repair import repair_flags
 from harness.waiting import wait_until
 
@@ -301,11 +301,7 @@ class PrometheusServer:
         return body["data"]
 
     def stop(self) -> None:
-        self.proc.terminate()
-        try:
-            self.proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
+        stop_process(self.proc)
 
 
 class Fleet:

@@ -19,7 +19,7 @@ from gpufleet.repair.policy import load_policy, load_policy_text
 from gpufleet.repair.rails import Rails
 from gpufleet.repair.replay.engine import ReplayConfig, replay
 from gpufleet.repair.replay.generate import generate_llama3
-from gpufleet.repair.replay.history import FaultHistory, FaultInput, TraceError, parse_input
+from gpufleet.repair.replay.history import TRACE_KEYS, FaultHistory, FaultInput, TraceError, parse_input
 from gpufleet.repair.replay.report import summarize
 from harness.processes import Cluster, gpufleet_argv
 from harness.repair import FAST_POLICY, audit, gpufleet_cli, incidents, repair_aggregator, repair_status
@@ -190,22 +190,7 @@ _values = st.one_of(
     st.lists(st.integers(), max_size=3),
 )
 _lines = st.dictionaries(
-    st.sampled_from(
-        [
-            "time",
-            "node",
-            "gpu",
-            "xid",
-            "signal",
-            "value",
-            "label",
-            "message",
-            "count",
-            "cause",
-            "recurrence",
-            "other",
-        ]
-    ),
+    st.sampled_from([*sorted(TRACE_KEYS), "other"]),
     st.one_of(
         _values,
         st.sampled_from(
