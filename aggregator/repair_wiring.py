@@ -6,7 +6,8 @@ from __future__ import annotations
 import asyncio
 import operator
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Awaitable, Callable, Coroutine, Iterable
+from typing import Any, TypeVar
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
 from prometheus_client.core import GaugeMetricFamily
@@ -15,11 +16,15 @@ from gpufleet.aggregator.config import AggregatorConfig
 from gpufleet.aggregator.fleet.export import EventExporter, WritePoints
 from gpufleet.aggregator.fleet.state import FleetState
 from gpufleet.aggregator.ingest.service import IngestService
+from gpufleet.aggregator.loop_thread import LoopClosed, call_on
 from gpufleet.aggregator.metrics import AggregatorMetrics
+from gpufleet.aggregator.repair_term import RepairTerm, Spawn, TermParts
+from gpufleet.aggregator.store import Point
+from gpufleet.aggregator.supervise import Supervisor
 from gpufleet.protos import columns, ingest_pb2, telemetry_pb2
 from gpufleet.protos.names import HEALTH_STATES
 from gpufleet.repair.alerts import open_sinks
-from gpufleet.repair.alerts.dispatcher import AlertDispatcher, Spawn
+from gpufleet.repair.alerts.dispatcher import AlertDispatcher
 from gpufleet.repair.backends import open_backend
 from gpufleet.repair.controller import Hooks, Rails, RepairController
 from gpufleet.repair.model import NodeSnapshot
@@ -27,6 +32,8 @@ from gpufleet.repair.policy import Policy, load_policy
 from gpufleet.repair.replay.engine import ReplayConfig
 from gpufleet.repair.rules import WATCH_FIELDS
 from gpufleet.repair.state import RepairState
+
+T = TypeVar("T")
 
 
 def snapshots(fleet: FleetState, only: set[str] | None = None) -> list[NodeSnapshot]:
@@ -50,6 +57,10 @@ def snapshots(fleet: FleetState, only: set[str] | None = None) -> list[NodeSnaps
             )
         )
     return out
+
+
+async def _awaited(awaitable: Awaitable[T]) -> T:
+    return await awaitable
 
 
 class HealthWatch:
@@ -107,8 +118,9 @@ class RepairWiring:
     there is one term, from start to stop. With replicas, a term is this replica's time as
     repair leader (aggregator/replication/control_plane.py): `start_term` builds a controller, its alert
     dispatcher and backend on the leader's fenced view of the store, reloading every workflow,
-    incident, ledger entry and the breaker from it; `end_term` stops them. Listeners and
-    gauges are registered once and read the term that is running (none: 0, nothing done)."""
+    incident, ledger entry and the breaker from it, on the term's own thread
+    (aggregator/repair_term.py); `end_term` stops them. Listeners and gauges are registered
+    once and read the term that is running (none: 0, nothing done)."""
 
     def __init__(
         self,
@@ -121,7 +133,6 @@ class RepairWiring:
         self._config, self._fleet, self._ingest, self._metrics = config, fleet, ingest, metrics
         # Where the term's audit rows and findings go into history (None: nowhere).
         self._write_points = write_points
-        self.exporter: EventExporter | None = None
         self._policy = load_policy(config.repair_policy_file or None)
         self.scheduler_names = config.scheduler_names()
         r = metrics.registry
@@ -137,10 +148,7 @@ class RepairWiring:
             ["action", "outcome"],
             registry=r,
         )
-        self.controller: RepairController | None = None
-        self.dispatcher: AlertDispatcher | None = None
-        self._term_stop: asyncio.Event | None = None
-        self._term_tasks: list[asyncio.Task[None]] = []
+        self.term: RepairTerm | None = None  # the running term (one at a time)
         # How commands reach a node whose stream another replica holds (None: one box).
         self.remote_command: Callable[[RepairState, str, ingest_pb2.Command], bool] | None = None
         ingest.fanout.on_command_result("repair", self.on_command_result)
@@ -187,24 +195,42 @@ class RepairWiring:
         )
 
     def poke(self, node: str | None = None) -> None:
-        if self.controller is not None:
-            self.controller.poke(node)
+        """Called on the event loop; the controller is poked on its term's thread."""
+        term, controller = self.term, self.controller
+        if term is not None and controller is not None:
+            term.call_soon(controller.poke, node)
 
     def on_command_result(self, node: str, result: ingest_pb2.CommandResult) -> None:
-        if self.controller is not None:
-            self.controller.on_command_result(node, result)
+        term, controller = self.term, self.controller
+        if term is not None and controller is not None:
+            term.call_soon(controller.on_command_result, node, result)
 
     def watch_remote(self, node: str, gpus: Iterable[telemetry_pb2.GpuSample], events: bool) -> None:
         """A node another replica holds changed in the shared live view."""
         self._health_watch.on_gpus(node, gpus, events)
 
-    def _send_command(self, state: RepairState, node: str, command: ingest_pb2.Command) -> bool:
-        if self._ingest.send_command(node, command):
+    def _send_command(
+        self, main: asyncio.AbstractEventLoop, state: RepairState, node: str, command: ingest_pb2.Command
+    ) -> bool:
+        """On the term's thread: down the node's stream if this replica holds it (on the event
+        loop that owns the streams), else queued in the control plane for the replica that does."""
+        if call_on(main, self._ingest.send_command, node, command):
             return True
         return self.remote_command is not None and self.remote_command(state, node, command)
 
-    def start_term(self, state: RepairState, spawn: Spawn) -> RepairController:
+    def start_term(self, state: RepairState, supervisor: Supervisor) -> RepairTerm:
+        """Start a term on a thread of its own (aggregator/repair_term.py); it loads its state
+        there. Called on the aggregator's event loop."""
+        main = asyncio.get_running_loop()
+        name = "one-box" if state.epoch is None else f"epoch-{state.epoch}"
+        self.term = RepairTerm(name, state, lambda spawn: self._build(main, state, spawn), supervisor)
+        self.term.start()
+        return self.term
+
+    def _build(self, main: asyncio.AbstractEventLoop, state: RepairState, spawn: Spawn) -> TermParts:
+        """The term's controller, alert dispatcher and history export, on the term's thread."""
         config = self._config
+        fleet = self._fleet
         backend = open_backend(config.repair_backend, self.scheduler_names, **config.section("repair_"))
         dispatcher = AlertDispatcher(
             open_sinks(config.section("alert_")),
@@ -221,39 +247,58 @@ class RepairWiring:
             self._rails(),
             Hooks(config.repair_reboot_command, config.repair_ticket_command, config.repair_hook_timeout_s),
             dispatcher,
-            lambda only: snapshots(self._fleet, only),
-            lambda node, command: self._send_command(state, node, command),
+            lambda only: call_on(main, snapshots, fleet, only),
+            lambda node, command: self._send_command(main, state, node, command),
             on_action=lambda node, action, outcome: self._actions.labels(
                 action=action, outcome=outcome.status.value
             ).inc(),
             observe_interval_s=config.repair_observe_interval_s,
-            liveness=self._fleet.liveness_by_node,
+            liveness=lambda: call_on(main, fleet.liveness_by_node),
         )
-        self._term_stop = stop = asyncio.Event()
         dispatcher.start(spawn)
-        self._term_tasks = [spawn("repair", lambda: controller.run(stop, config.repair_interval_s))]
-        if self._write_points is not None:
-            self.exporter = exporter = EventExporter(state, self._write_points, self._fleet.cluster_of)
-            self._term_tasks.append(spawn("history-export", lambda: exporter.run(stop)))
-        self.controller, self.dispatcher = controller, dispatcher
-        return controller
+        exporter = None
+        write = self._write_points
+        if write is not None:
+            # The history store's writer belongs to the event loop: each batch is written there.
+            def write_on_main(points: list[Point]) -> Awaitable[None]:
+                return asyncio.wrap_future(asyncio.run_coroutine_threadsafe(_awaited(write(points)), main))
+
+            exporter = EventExporter(state, write_on_main, fleet.cluster_of)
+        return TermParts(controller, dispatcher, exporter, config.repair_interval_s)
+
+    @property
+    def controller(self) -> RepairController | None:
+        """The running term's controller (None: no term, or its state is still loading)."""
+        return self.term.controller if self.term is not None else None
+
+    @property
+    def dispatcher(self) -> AlertDispatcher | None:
+        parts = self.term.parts if self.term is not None else None
+        return parts.dispatcher if parts is not None else None
+
+    @property
+    def exporter(self) -> EventExporter | None:
+        parts = self.term.parts if self.term is not None else None
+        return parts.exporter if parts is not None else None
+
+    async def wait_controller(self, timeout_s: float = 10.0) -> RepairController | None:
+        """The running term's controller, waiting up to timeout_s for its state to load."""
+        term = self.term
+        return await term.wait_built(timeout_s) if term is not None else None
+
+    async def on_term(self, coro: Coroutine[Any, Any, T]) -> T:
+        """Run coro on the running term's thread (a person's action through the Fleet API)."""
+        term = self.term
+        if term is None:
+            coro.close()
+            raise LoopClosed("no repair term is running here (no longer the leader)")
+        return await term.run(coro)
 
     async def end_term(self, timeout_s: float = 60.0) -> None:
         """Stop the running term: its pass finishes (a step is not cut short), alerts stop."""
-        if self._term_stop is not None:
-            self._term_stop.set()
-        if self._term_tasks:
-            _, late = await asyncio.wait(self._term_tasks, timeout=timeout_s)
-            for task in late:
-                task.cancel()
-        if self.dispatcher is not None:
-            await self.dispatcher.close()
-        self.controller, self.dispatcher, self._term_stop, self._term_tasks = None, None, None, []
-        self.exporter = None
-
-    @property
-    def term_tasks(self) -> list[asyncio.Task[None]]:
-        return self._term_tasks
+        term, self.term = self.term, None
+        if term is not None:
+            await term.end(timeout_s)
 
     def _gauges(self, r: CollectorRegistry) -> None:
         def of(read: Callable[[RepairController], float]) -> Callable[[], float]:
@@ -264,7 +309,7 @@ class RepairWiring:
         )
         for name in HEALTH_STATES:
             nodes_in_state.labels(state=name).set_function(
-                of(lambda c, name=name: float(sum(1 for w in c.workflows.values() if w.state == name)))
+                of(lambda c, name=name: float(sum(1 for w in list(c.workflows.values()) if w.state == name)))
             )
         r.register(_FlaggedGpus(lambda: self.controller))
         Gauge(
@@ -285,6 +330,11 @@ class RepairWiring:
         ).set_function(
             lambda: float(self.dispatcher.store_errors_total) if self.dispatcher is not None else 0.0
         )
+        Gauge(
+            "gpufleet_repair_term_load_failures",
+            "attempts of this term to load its state from the control plane that failed (each logged)",
+            registry=r,
+        ).set_function(lambda: float(self.term.build_failures_total) if self.term is not None else 0.0)
         Gauge("gpufleet_repair_passes", "repair passes run by this leader term", registry=r).set_function(
             of(lambda c: float(c.passes))
         )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import json
 import logging
 import os
@@ -100,7 +101,8 @@ class Aggregator(StatusReports, BackgroundLoops):
         )
         self._servers: list[grpc.aio.Server] = []
         self._http: BoundedHTTPServer | None = None
-        self._tasks: dict[str, asyncio.Task[None]] = {}  # watched: one that ends is unhealthy
+        # Watched: one that ends is unhealthy (the repair term is a future of its own thread).
+        self._tasks: dict[str, asyncio.Task[None] | concurrent.futures.Future[None]] = {}
         self._loops: list[asyncio.Task[None]] = []
         self._stopping = False
         self._started = False
@@ -216,8 +218,9 @@ class Aggregator(StatusReports, BackgroundLoops):
             if name != "restore":  # restore ends once the live view is seeded
                 self._tasks[name] = task
         if self.control_plane is None:
-            self.repair.start_term(self.repair_state, self.supervisor.start)
-            self._tasks["repair"] = self.repair.term_tasks[0]
+            term = self.repair.start_term(self.repair_state, self.supervisor)
+            assert term.done is not None
+            self._tasks["repair"] = term.done
             stop_task = asyncio.ensure_future(self._end_term_on(stop))
             self._loops.append(stop_task)
 

@@ -14,8 +14,9 @@ import contextlib
 import logging
 import time
 from collections import deque
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter
 
@@ -47,11 +48,17 @@ class Supervisor:
 
     def start(self, name: str, body: Callable[[], Awaitable[None]]) -> asyncio.Task[None]:
         """Run body() under supervision as task `name`; the task is returned."""
-        record = self.records.setdefault(name, TaskRecord(name))
-        self._restarts.labels(task=name)  # the series exists (at 0) before any crash
-        task = asyncio.create_task(self._run(record, body), name=name)
+        task = asyncio.create_task(self.supervised(name, body), name=name)
         self._tasks.append(task)
         return task
+
+    def supervised(self, name: str, body: Callable[[], Awaitable[None]]) -> Coroutine[Any, Any, None]:
+        """body() under supervision, as a coroutine for the caller to run on a loop of its own
+        (the repair term's thread, aggregator/repair_wiring.py): counted and reported here, its
+        task owned, cancelled and awaited by the caller."""
+        record = self.records.setdefault(name, TaskRecord(name))
+        self._restarts.labels(task=name)  # the series exists (at 0) before any crash
+        return self._run(record, body)
 
     async def _run(self, record: TaskRecord, body: Callable[[], Awaitable[None]]) -> None:
         delay_s = 0.1
@@ -84,8 +91,8 @@ class Supervisor:
         """Why each task restarting in a loop is unhealthy, one line each."""
         now = time.monotonic()
         out = []
-        for r in self.records.values():
-            recent = sum(1 for t in r.restarts if now - t <= self.loop_window_s)
+        for r in list(self.records.values()):  # the term's thread may add one meanwhile
+            recent = sum(1 for t in list(r.restarts) if now - t <= self.loop_window_s)
             if recent >= self.loop_restarts:
                 out.append(
                     f"background task {r.name} restarted {recent} times in the last "

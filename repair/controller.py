@@ -113,7 +113,8 @@ class RepairController(PersonActions, WorkflowSteps):
         return self.evaluator.first_seen_ns(f)
 
     def out_of_service(self) -> int:
-        return sum(1 for w in self.workflows.values() if w.state in OUT_OF_SERVICE)
+        # A copy first: the Fleet API reads this from another thread than the passes run on.
+        return sum(1 for w in list(self.workflows.values()) if w.state in OUT_OF_SERVICE)
 
     def cap(self) -> int:
         return self.gate.cap()

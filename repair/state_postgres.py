@@ -14,8 +14,9 @@ wait on the server is bounded by call_timeout_s (psycopg's own per-wait timeout)
 that has no answer by then fails with StateError and its connection is closed (its state is
 unknown). A new connection is opened on a thread of its own: the call that starts it waits at most
 CONNECT_WAIT_S, and while that connect is still pending every call fails at once — the
-aggregator's event loop, which makes the repair leader's calls, waits about one call_timeout_s
-per stall, never the length of the stall."""
+repair term's thread (aggregator/repair_term.py), which makes the leader's calls, waits about
+one call_timeout_s per stall, never the length of the stall, and the aggregator's event loop
+waits on none of them."""
 
 from __future__ import annotations
 

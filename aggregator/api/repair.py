@@ -15,6 +15,7 @@ import grpc
 from gpufleet.aggregator.api.base import Refused, rpc
 from gpufleet.aggregator.auth.tokens import Principal
 from gpufleet.aggregator.fleet.replay_source import history_from_store
+from gpufleet.aggregator.loop_thread import LoopClosed
 from gpufleet.aggregator.store import StoreError
 from gpufleet.common.net import is_loopback
 from gpufleet.protos import fleet_pb2, fleet_pb2_grpc
@@ -32,6 +33,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("gpufleet.aggregator.fleet")
 T = TypeVar("T")
 
+_TERM_LOAD_WAIT_S = 10.0  # how long a repair call waits for a new term to load its state
 _FORWARDED = "x-gpufleet-forwarded-by"  # set on a repair call a replica passed to the leader
 
 
@@ -39,7 +41,9 @@ class RepairApi:
     @property
     def _repair(self) -> RepairController | None:
         """The repair controller running here: on one box always; with replicas, only on the
-        leader (the other replicas forward repair actions to it: `_on_leader`)."""
+        leader (the other replicas forward repair actions to it: `_on_leader`). It runs on its
+        term's thread (aggregator/repair_term.py): what is read of it here is its view as of
+        now, and what changes it is sent to that thread (`_manual`)."""
         return self._wiring.controller if self._wiring else None
 
     def _workflows(self) -> dict[str, Workflow]:
@@ -85,37 +89,47 @@ class RepairApi:
                 counts = {}
             self._lemon_counts = (counts, lemon_at)
 
-        if self._shared is not None:
-            self._lemon_counting = asyncio.ensure_future(asyncio.to_thread(count, self._shared.reads))
-            self._lemon_counts = (self._lemon_counts[0], lemon_at)
-        else:
-            try:
-                count(self._repair_records())
-            except Refused:
-                self._lemon_counts = ({}, lemon_at)
+        try:
+            records = self._shared.reads if self._shared is not None else self._repair_records()
+        except Refused:
+            self._lemon_counts = ({}, lemon_at)
+            return self._lemon_counts
+        self._lemon_counting = asyncio.ensure_future(asyncio.to_thread(count, records))
+        self._lemon_counts = (self._lemon_counts[0], lemon_at)
         return self._lemon_counts
 
     async def _read_records(self, read: Callable[[RepairState], T]) -> T:
-        """Incidents and audit for the Fleet API. With replicas: on the control plane's read
-        connection, on a thread (a hung PostgreSQL fails the call after its call timeout and
-        holds nothing else); on one box: the controller's SQLite, in place."""
-        if self._shared is not None:
-            try:
-                return await asyncio.to_thread(read, self._shared.reads)
-            except StateError as exc:
-                raise Refused(grpc.StatusCode.UNAVAILABLE, f"the control plane: {exc}") from exc
-        return read(self._repair_records())
+        """Incidents and audit for the Fleet API, on a thread: with replicas, on the control
+        plane's read connection (a hung PostgreSQL fails the call after its call timeout and
+        holds nothing else); on one box, the controller's SQLite (whose transaction the
+        term's thread may hold for an fsync)."""
+        records = self._shared.reads if self._shared is not None else self._repair_records()
+        try:
+            return await asyncio.to_thread(read, records)
+        except StateError as exc:
+            raise Refused(grpc.StatusCode.UNAVAILABLE, f"the control plane: {exc}") from exc
 
-    def _controller(self) -> RepairController:
-        if self._repair is None:
+    async def _controller(self) -> RepairController:
+        """The controller, once its term has loaded its state (at a start or a new term: a
+        moment; with the control plane down, until it answers)."""
+        if self._wiring is None or self._wiring.term is None:
             raise Refused(grpc.StatusCode.UNIMPLEMENTED, "repair is not running in this aggregator")
-        return self._repair
+        repair = await self._wiring.wait_controller(_TERM_LOAD_WAIT_S)
+        if repair is None:
+            raise Refused(
+                grpc.StatusCode.UNAVAILABLE,
+                f"the repair controller is still loading its state from "
+                f"{self._wiring.term.state.describe()} "
+                f"after {_TERM_LOAD_WAIT_S:g} s (the control plane is slow or down): try again shortly",
+            )
+        return repair
 
     def _repair_records(self) -> RepairState:
-        """Incidents and audit: the controller's, or (on a replica that does not lead) the
-        shared store's, which hold the same."""
-        if self._repair is not None:
-            return self._repair.state
+        """Incidents and audit: the running term's store, or (on a replica that does not lead)
+        the shared store's, which hold the same."""
+        term = self._wiring.term if self._wiring is not None else None
+        if term is not None:
+            return term.state
         if self._shared is not None:
             return self._shared.state
         raise Refused(grpc.StatusCode.UNIMPLEMENTED, "repair is not running in this aggregator")
@@ -123,7 +137,7 @@ class RepairApi:
     async def _on_leader(self, name: str, request: Any, context: grpc.aio.ServicerContext) -> Any | None:
         """On a replica that does not lead: the answer of the leader to the same call, with the
         caller's credentials (every replica shares the secrets file). None: this one leads."""
-        if self._repair is not None or self._shared is None:
+        if self._shared is None or (self._wiring is not None and self._wiring.term is not None):
             return None
         holder, address = self._shared.leader_address()
         if any(k == _FORWARDED for k, _ in context.invocation_metadata()):
@@ -226,13 +240,14 @@ class RepairApi:
 
     @rpc("viewer", forward=True)
     async def GetRepairStatus(self, request: fleet_pb2.RepairStatusRequest, principal: Principal) -> Any:
-        return self._repair_status()
+        return self._repair_status(await self._controller())
 
-    def _repair_status(self) -> fleet_pb2.RepairStatus:
-        repair = self._controller()
+    def _repair_status(self, repair: RepairController) -> fleet_pb2.RepairStatus:
         nodes = []
-        for name in sorted(repair.workflows):
-            wf = repair.workflows[name]
+        for name in sorted(repair.workflows):  # a copy: the term's thread may add a node
+            wf = repair.workflows.get(name)
+            if wf is None:
+                continue
             findings = repair.findings.get(name, [])
             if wf.state is Health.HEALTHY and not findings:
                 continue
@@ -258,7 +273,7 @@ class RepairApi:
         )
 
     async def _manual(self, action: str, request: fleet_pb2.CordonRequest, principal: Principal) -> Any:
-        repair = self._controller()
+        repair = await self._controller()
         if not request.node:
             raise Refused(grpc.StatusCode.INVALID_ARGUMENT, f"{action} needs a node name")
         if not request.reason.strip():
@@ -267,8 +282,11 @@ class RepairApi:
                 f"{action} {request.node} needs a reason (--reason TEXT): it goes in the audit log",
             )
         try:
-            wf = await getattr(repair, action)(request.node, request.reason.strip(), principal.name)
-        except StateError as exc:  # fenced (no longer the leader) or the store is down
+            # On the term's thread: its store calls, its lock against a pass, its backend.
+            wf = await self._wiring.on_term(
+                getattr(repair, action)(request.node, request.reason.strip(), principal.name)
+            )
+        except (StateError, LoopClosed) as exc:  # fenced (no longer the leader) or the store is down
             raise Refused(grpc.StatusCode.UNAVAILABLE, f"{action} {request.node} not done: {exc}") from exc
         except RepairRefused as exc:
             code = {"not_found": grpc.StatusCode.NOT_FOUND, "invalid": grpc.StatusCode.INVALID_ARGUMENT}.get(
@@ -289,11 +307,12 @@ class RepairApi:
     async def ResetBreaker(self, request: fleet_pb2.ResetBreakerRequest, principal: Principal) -> Any:
         if not request.reason.strip():
             raise Refused(grpc.StatusCode.INVALID_ARGUMENT, "breaker reset needs a reason (--reason TEXT)")
+        repair = await self._controller()
         try:
-            await self._controller().reset_breaker(request.reason.strip(), principal.name)
-        except StateError as exc:
+            await self._wiring.on_term(repair.reset_breaker(request.reason.strip(), principal.name))
+        except (StateError, LoopClosed) as exc:
             raise Refused(grpc.StatusCode.UNAVAILABLE, f"breaker reset not done: {exc}") from exc
-        return self._repair_status()
+        return self._repair_status(repair)
 
 
 def _audit_pb(e: AuditRecord) -> fleet_pb2.AuditEntry:

@@ -56,6 +56,7 @@ log = logging.getLogger("gpufleet.aggregator.replication.control_plane")
 
 FULL_SYNC_EVERY = 30  # reads of the shared view between two reads of all of it
 COMMAND_MAX_AGE_S = 120.0  # a queued command older than this is never sent (its step timed out)
+RESULTS_HELD_MAX = 10_000  # command results a follower keeps for the leader while the store is down
 
 
 @dataclass
@@ -86,12 +87,10 @@ class ControlPlane(Leadership):
         self._lease_s = config.leader_lease_s
         self._sync_s = config.live_sync_s
         self._fleet, self._ingest, self._repair, self._supervisor = fleet, ingest, repair, supervisor
-        # Four connections: the event loop's (the leader's writes), one for each loop's thread
-        # and one for the Fleet API's reads (on threads), so a slow statement in one never holds
-        # the others. The leader's calls on the event loop are synchronous but bounded: a call
-        # waits at most the call timeout for an answer, and while a connection is being made
-        # again every call fails at once (repair/state_postgres.py), so a hung PostgreSQL holds
-        # the loop for one call timeout per stall, not the stall.
+        # Four connections: the repair term's (the leader's writes, on the term's own thread:
+        # aggregator/repair_term.py), one for each loop's thread and one for the Fleet API's
+        # reads (on threads), so a slow statement in one never holds the others, and none is
+        # ever waited on by the event loop (docs/architecture.md "When the control plane hangs").
         self.state = open_state()
         self._lease_state = open_state()
         self._lease = ReplicaRecords(self._lease_state)
@@ -116,6 +115,7 @@ class ControlPlane(Leadership):
         self.sync_errors_total = 0
         self.lease_errors_total = 0
         self.terms_total = 0
+        self._results_out: list[tuple[str, ingest_pb2.CommandResult]] = []  # for the leader, next sync
         repair.remote_command = self._queue_command
         ingest.fanout.on_command_result("control_plane", self._on_command_result)
 
@@ -164,10 +164,12 @@ class ControlPlane(Leadership):
         }
         full = self._syncs % FULL_SYNC_EVERY == 0
         asked = time.monotonic()
+        results, self._results_out = self._results_out, []
         try:
-            got = await self._call(self._exchange, rows, held, info, full, self.leader)
+            got = await self._call(self._exchange, rows, held, info, full, self.leader, results)
         except StateError:
             fleet.mark_changed(node for node, *_ in rows)  # written next time
+            self._results_out[:0] = results  # so are the results, first
             raise
         self._syncs += 1
         self.last_sync_monotonic = time.monotonic()
@@ -180,9 +182,12 @@ class ControlPlane(Leadership):
         info: dict[str, Any],
         full: bool,
         leader: bool,
+        results: list[tuple[str, ingest_pb2.CommandResult]],
     ) -> _SyncResult:
         """One round trip's worth of work in the sync loop's thread."""
         s, records = self._sync_state, ReplicaRecords(self._sync_state)
+        for node, result in results:
+            records.put_command_result(node, result.id, result.SerializeToString())
         records.put_live(self.replica, rows)
         records.heartbeat(self.replica, info)
         out = _SyncResult()
@@ -208,7 +213,7 @@ class ControlPlane(Leadership):
         for queued in got.commands:
             command = ingest_pb2.Command.FromString(queued.body)
             if not self._ingest.send_command(queued.node, command):
-                self._write_result(
+                self._pass_result(
                     queued.node,
                     ingest_pb2.CommandResult(
                         id=command.id,
@@ -248,18 +253,21 @@ class ControlPlane(Leadership):
 
     def _on_command_result(self, node: str, result: ingest_pb2.CommandResult) -> None:
         if not self.leader:  # the leader got it directly (repair_wiring's listener)
-            self._write_result(node, result)
+            self._pass_result(node, result)
 
-    def _write_result(self, node: str, result: ingest_pb2.CommandResult) -> None:
-        try:
-            ReplicaRecords(self.state).put_command_result(node, result.id, result.SerializeToString())
-        except StateError as exc:
+    def _pass_result(self, node: str, result: ingest_pb2.CommandResult) -> None:
+        """A command's result for the leader, written by the next sync on its thread (never on
+        the event loop); kept until a sync succeeds. Bounded: a result is small and there is
+        one per command the leader sent, but a store down for hours must not grow it for ever."""
+        if len(self._results_out) >= RESULTS_HELD_MAX:
+            dropped = self._results_out.pop(0)
             log.error(
-                "result of command %s could not be passed to the leader: %s",
-                result.id,
-                exc,
-                extra={"node": node},
+                "result of command %s dropped: %d results wait for the control plane (unreachable)",
+                dropped[1].id,
+                RESULTS_HELD_MAX,
+                extra={"node": dropped[0]},
             )
+        self._results_out.append((node, result))
 
     def call_timeouts_total(self) -> int:
         return sum(

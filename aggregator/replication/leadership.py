@@ -149,7 +149,7 @@ class Leadership:
             extra={"replica": self.replica, "epoch": epoch},
         )
         await self._audit("leader_elected", f"epoch {epoch}; lease {self._lease_s:g} s", epoch)
-        self._repair.start_term(self.state.fenced(self.replica, epoch), self._supervisor.start)
+        self._repair.start_term(self.state.fenced(self.replica, epoch), self._supervisor)
 
     async def _deposed(self, why: str, level: int = logging.ERROR, lease: LeaseInfo | None = None) -> None:
         epoch, self.epoch = self.epoch, None

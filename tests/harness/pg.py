@@ -37,8 +37,15 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
+FAKETIME_LIBS = "/usr/lib/*/faketime/libfaketime.so.1"  # Debian's libfaketime
+
+
 class PostgresServer:
-    def __init__(self) -> None:
+    def __init__(self, clock_offset_s: int = 0) -> None:
+        """clock_offset_s: the server's wall clock is this far from the machine's (libfaketime,
+        preloaded into every server process; its monotonic clock is left alone), so that what
+        PostgreSQL's clock_timestamp() says differs from what the replicas' clocks say."""
+        self.clock_offset_s = clock_offset_s
         self.home = Path(tempfile.mkdtemp(prefix="gpufleet-pg-"))
         self.data = self.home / "data"
         self.port = _free_port()
@@ -96,6 +103,7 @@ class PostgresServer:
             stdout=log,
             stderr=subprocess.STDOUT,
             cwd=self.home,
+            env=self._env(),
         )
         deadline = time.monotonic() + 60
         while True:
@@ -106,6 +114,29 @@ class PostgresServer:
                 if self.proc.poll() is not None or time.monotonic() > deadline:
                     raise RuntimeError(f"postgres did not start: {self.log()[-2000:]}") from None
                 time.sleep(0.1)
+
+    def _env(self) -> dict[str, str] | None:
+        if not self.clock_offset_s:
+            return None
+        found = sorted(glob.glob(FAKETIME_LIBS))
+        if not found:
+            raise RuntimeError(
+                f"{FAKETIME_LIBS} is missing: scripts/install-test-deps.sh installs Debian's libfaketime"
+            )
+        return {
+            **os.environ,
+            "LD_PRELOAD": found[-1],
+            "FAKETIME": f"{self.clock_offset_s:+d}",
+            "FAKETIME_DONT_FAKE_MONOTONIC": "1",
+            "FAKETIME_NO_CACHE": "1",
+        }
+
+    def now_offset_s(self) -> float:
+        """How far the server's clock is from this machine's now, as the server says."""
+        with psycopg.connect(self.url("postgres"), connect_timeout=5) as conn:
+            row = conn.execute("SELECT extract(epoch from clock_timestamp())::float8").fetchone()
+        assert row is not None
+        return float(row[0]) - time.time()
 
     def log(self) -> str:
         return (self.home / "postgres.log").read_text(errors="replace")

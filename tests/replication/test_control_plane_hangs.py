@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 
+from gpufleet.aggregator.replication.leadership import LEASE_TRUST
 from gpufleet.protos import fleet_pb2
 from gpufleet.repair.state import StateError
 from gpufleet.repair.state_postgres import PostgresState
@@ -272,12 +273,8 @@ TAKEOVERS = 20
 SYNC_S = 0.3  # harness/replicas.py's --live-sync-s
 
 
-@pytest.mark.slow
-def test_takeover_within_the_lease_and_one_sync_every_time(
-    cluster: Cluster, pg_url: str, influxd: str
-) -> None:
-    """The leader paused, TAKEOVERS times in turn: the other replica leads within
-    leader_lease_s + one live sync of the pause (the lease was renewed at most then)."""
+def _takeovers(cluster: Cluster, pg_url: str, influxd: str, times: int) -> list[float]:
+    """The leader paused, `times` times in turn; the seconds until the other replica led."""
     import signal
 
     influx = influx_flags(influxd)
@@ -287,7 +284,7 @@ def test_takeover_within_the_lease_and_one_sync_every_time(
     b = replica(cluster, "agg-b", pg_url, influx)
     leader, follower = a, b
     takeovers_s = []
-    for _ in range(TAKEOVERS):
+    for _ in range(times):
         leader.proc.popen.send_signal(signal.SIGSTOP)
         paused = time.monotonic()
         try:
@@ -299,9 +296,56 @@ def test_takeover_within_the_lease_and_one_sync_every_time(
             leader.proc.popen.send_signal(signal.SIGCONT)
         wait_until(lambda o=leader: not fleet.status(o).repair_leader, 20, "the paused leader stepping down")
         leader, follower = follower, leader
+    return takeovers_s
+
+
+@pytest.mark.slow
+def test_takeover_within_the_lease_and_one_sync_every_time(
+    cluster: Cluster, pg_url: str, influxd: str
+) -> None:
+    """The leader paused, TAKEOVERS times in turn: the other replica leads within
+    leader_lease_s + one live sync of the pause (the lease was renewed at most then)."""
+    takeovers_s = _takeovers(cluster, pg_url, influxd, TAKEOVERS)
     worst = max(takeovers_s)
     print(
         f"\ntakeovers ({TAKEOVERS}, lease {LEASE_S:g} s, sync {SYNC_S:g} s): median "
         f"{statistics.median(takeovers_s):.2f} s, worst {worst:.2f} s"
     )
     assert worst <= LEASE_S + SYNC_S, f"a takeover took {worst:.2f} s: {sorted(takeovers_s)}"
+
+
+SKEWED_TAKEOVERS = 5
+
+
+@pytest.fixture(params=[3600, -3600], ids=["db-clock-1h-ahead", "db-clock-1h-behind"])
+def skewed_pg_url(request: pytest.FixtureRequest) -> Iterator[str]:
+    """A database on a PostgreSQL whose clock is an hour ahead of, or behind, the replicas'."""
+    from harness.pg import PostgresServer
+
+    server = PostgresServer(clock_offset_s=request.param)
+    try:
+        server.start()
+        offset_s = server.now_offset_s()
+        assert abs(offset_s - request.param) < 60, f"the server's clock is {offset_s:+.0f} s off, not skewed"
+        yield server.new_database()
+    finally:
+        server.cleanup()
+
+
+@pytest.mark.slow
+def test_takeover_bound_holds_with_the_database_clock_an_hour_off(
+    cluster: Cluster, skewed_pg_url: str, influxd: str
+) -> None:
+    """The lease is timed by the database's clock and the replicas compare only durations
+    (its time left, less the time since it was read): with PostgreSQL's clock an hour ahead of
+    or behind the replicas', a paused leader is still replaced within lease + one sync, and a
+    leader that keeps renewing is never replaced (each takeover waits for its pause)."""
+    takeovers_s = _takeovers(cluster, skewed_pg_url, influxd, SKEWED_TAKEOVERS)
+    print(
+        f"\ntakeovers with a skewed database clock ({SKEWED_TAKEOVERS}): "
+        f"{', '.join(f'{t:.2f}' for t in takeovers_s)} s"
+    )
+    # Not early either: the paused leader's lease was renewed at most its trust before the
+    # pause, so the lease runs out no sooner than lease x (1 - trust) after it.
+    earliest_s = LEASE_S * (1 - LEASE_TRUST) - 0.05
+    assert all(earliest_s <= t <= LEASE_S + SYNC_S for t in takeovers_s), sorted(takeovers_s)
