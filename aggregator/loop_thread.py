@@ -61,11 +61,15 @@ class LoopThread:
             raise LoopClosed(f"{self.name} has stopped") from exc
 
     async def run(self, coro: Coroutine[Any, Any, T]) -> T:
-        """Await coro, run on this thread's loop, from another loop (which goes on meanwhile)."""
+        """Await coro, run on this thread's loop, from another loop (which goes on meanwhile).
+        A caller that is cancelled (its client went away) does not cut the call short there."""
+        inner = asyncio.wrap_future(self.submit(coro))
         try:
-            return await asyncio.wrap_future(self.submit(coro))
-        except concurrent.futures.CancelledError as exc:  # the loop stopped under it
-            raise LoopClosed(f"{self.name} stopped before the call ended") from exc
+            return await asyncio.shield(inner)
+        except asyncio.CancelledError:
+            if inner.cancelled():  # the loop stopped under it, not the caller
+                raise LoopClosed(f"{self.name} stopped before the call ended") from None
+            raise
 
     def call_soon(self, fn: Callable[..., Any], *args: Any) -> None:
         """fn(*args) on this thread's loop, soon; nothing once the loop stopped."""

@@ -85,10 +85,17 @@ class RepairTerm:
 
     async def wait_built(self, timeout_s: float) -> RepairController | None:
         """The controller once its state is loaded; None if that takes longer than timeout_s."""
-        try:
-            parts = await asyncio.wait_for(asyncio.shield(asyncio.wrap_future(self.built)), timeout_s)
-        except (TimeoutError, concurrent.futures.CancelledError):
+        if self.built.cancelled():  # the term ended before it loaded
             return None
+        inner = asyncio.wrap_future(self.built)
+        try:
+            parts = await asyncio.wait_for(asyncio.shield(inner), timeout_s)
+        except TimeoutError:
+            return None
+        except asyncio.CancelledError:
+            if inner.cancelled():  # the term ended meanwhile, not the caller
+                return None
+            raise
         return parts.controller
 
     def _spawn(self, name: str, body: Callable[[], Awaitable[None]]) -> asyncio.Task[None]:
@@ -143,8 +150,12 @@ class RepairTerm:
         then whatever still runs on its loop is cancelled and its thread ends."""
         self.thread.call_soon(self._stop.set)
         if self.done is not None:
+            inner = asyncio.wrap_future(self.done)
             try:
-                await asyncio.wait_for(asyncio.shield(asyncio.wrap_future(self.done)), timeout_s)
+                await asyncio.wait_for(asyncio.shield(inner), timeout_s)
+            except asyncio.CancelledError:
+                if not inner.cancelled():  # the caller was cancelled, not the term
+                    raise
             except TimeoutError:
                 log.error(
                     "repair term %s did not end within %g s; its tasks are cancelled", self.name, timeout_s

@@ -38,7 +38,7 @@ from gpufleet.repair.people import PersonActions, RepairRefused
 from gpufleet.repair.policy import Policy
 from gpufleet.repair.progress import WorkflowSteps
 from gpufleet.repair.rails import Breaker, Gate, Rails, SchedulerView
-from gpufleet.repair.state import Fenced, HeldStep, RepairState, Workflow
+from gpufleet.repair.state import Fenced, HeldStep, RepairState, StateError, Workflow
 
 log = logging.getLogger("gpufleet.repair")
 _YIELD_EVERY = 64  # nodes evaluated between two returns to the event loop in one pass
@@ -93,6 +93,7 @@ class RepairController(PersonActions, WorkflowSteps):
         self._lock = asyncio.Lock()
         self.passes = 0
         self.pass_errors = 0  # passes that raised (logged with the traceback, counted)
+        self._store_failing = False  # the last pass failed on the store (logged at the first)
         self.last_pass_s = 0.0
         self.fenced = ""  # why this controller stopped: a newer leader holds the lease
 
@@ -176,18 +177,8 @@ class RepairController(PersonActions, WorkflowSteps):
                 self.gate.fleet_size = len(known.keys() | self.workflows.keys())
                 if only is not None:
                     only |= self.needs_attention(known)
-            try:
-                if only is None or only:
-                    await self.pass_once(only)
-            except Fenced as exc:
-                # Another replica leads now: this one must not act again (docs/architecture.md
-                # "Control plane and replicas"). The refusal is in the audit log.
-                self.fenced = str(exc)
-                log.error("repair stopped on this replica: %s", exc)
+            if not await self._guarded_pass(only):
                 break
-            except Exception:  # a bug in one pass must not stop repairs for good
-                self.pass_errors += 1
-                log.exception("repair pass failed (%d so far); retrying next interval", self.pass_errors)
             if full:
                 # From the pass's end: the next full pass finds the whole-fleet read due again
                 # (repair/observe.py counts its interval from the end of the read).
@@ -203,6 +194,31 @@ class RepairController(PersonActions, WorkflowSteps):
             for w in waiters:
                 w.cancel()
         self.steps.close()
+
+    async def _guarded_pass(self, only: set[str] | None) -> bool:
+        """One pass (none for an empty `only`); False once fenced: this controller stops."""
+        try:
+            if only is None or only:
+                await self.pass_once(only)
+        except Fenced as exc:
+            # Another replica leads now: this one must not act again (docs/architecture.md
+            # "Control plane and replicas"). The refusal is in the audit log.
+            self.fenced = str(exc)
+            log.error("repair stopped on this replica: %s", exc)
+            return False
+        except StateError as exc:  # the store is down or hangs: said once, until it answers
+            self.pass_errors += 1
+            if not self._store_failing:
+                log.error("repair pass stopped: %s; retrying every interval, nothing acts meanwhile", exc)
+            self._store_failing = True
+        except Exception:  # a bug in one pass must not stop repairs for good
+            self.pass_errors += 1
+            log.exception("repair pass failed (%d so far); retrying next interval", self.pass_errors)
+        else:
+            if self._store_failing:
+                log.warning("repair passes run again: the control plane answers")
+            self._store_failing = False
+        return True
 
     def on_command_result(self, node: str, result: ingest_pb2.CommandResult) -> None:
         self.steps.on_command_result(node, result)

@@ -21,7 +21,7 @@ from gpufleet.repair.incidents import IncidentDesk
 from gpufleet.repair.model import NodeSnapshot
 from gpufleet.repair.outcome import OK, STARTED, Outcome, Status, failed
 from gpufleet.repair.policy import Policy
-from gpufleet.repair.state import RepairState, Workflow
+from gpufleet.repair.state import RepairState, StateError, Workflow
 
 log = logging.getLogger("gpufleet.repair")
 
@@ -82,6 +82,7 @@ class StepRunner:
         self._pending: dict[str, _Pending] = {}  # ledger key → reset results
         self._sent: dict[str, _SentReset] = {}  # command id → what it asked
         self._tasks: dict[str, asyncio.Task[None]] = {}
+        self.unrecorded_total = 0  # hook steps that finished but the store refused their outcome
 
     def close(self) -> None:
         for task in self._tasks.values():
@@ -128,13 +129,26 @@ class StepRunner:
         node, incident, gpus = wf.node, wf.incident_id, ",".join(map(str, wf.gpus))
 
         async def run() -> None:
-            result = await self._run_hook(
-                template, self._hooks.timeout_s, node=node, reason=summary, incident=incident, gpus=gpus
-            )
-            outcome = Outcome(Status.OK if result.ok else Status.FAILED, result.detail)
-            self._state.finish_action(key, outcome)
-            self._desk.audit(wf, step, summary or step, outcome, self._clock())
-            self._tasks.pop(key, None)
+            try:
+                result = await self._run_hook(
+                    template, self._hooks.timeout_s, node=node, reason=summary, incident=incident, gpus=gpus
+                )
+                outcome = Outcome(Status.OK if result.ok else Status.FAILED, result.detail)
+                self._state.finish_action(key, outcome)
+                self._desk.audit(wf, step, summary or step, outcome, self._clock())
+            except StateError as exc:
+                # Fenced (a newer leader) or the store down or hung: the entry stays begun, so
+                # the command is never run again for this step; the step runs into its timeout
+                # (or the next leader validates), as after a crash. Said once, no traceback.
+                self.unrecorded_total += 1
+                log.error(
+                    "%s finished but its outcome is not in the ledger: %s",
+                    step,
+                    exc,
+                    extra={"node": node, "incident": incident},
+                )
+            finally:
+                self._tasks.pop(key, None)
             self._poke(node)
 
         self._tasks[key] = asyncio.create_task(run())

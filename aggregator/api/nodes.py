@@ -43,6 +43,7 @@ class NodesApi:
             raise Refused(
                 grpc.StatusCode.INVALID_ARGUMENT, f"page_size {request.page_size} is over {NODES_PAGE_MAX}"
             )
+        await self._count_recent_incidents()  # before the walk: nothing awaits within it
         limit = request.page_size or NODES_PAGE
         now = time.time_ns()
         clusters = set(request.clusters)
@@ -89,6 +90,7 @@ class NodesApi:
                 f"({len(self._fleet.nodes)} nodes are); `gpufleet nodes` lists them",
             )
         detail = self._fleet.detail(live)
+        await self._count_recent_incidents()
         self._with_health(self._viewer_summary(detail.summary, processes=True))
         return detail
 

@@ -67,16 +67,21 @@ class RepairApi:
 
     def _recent_incidents(self) -> tuple[dict[str, int], int]:
         """Incidents per node within the policy's repeat_offender_days, and how many make a lemon
-        node (0: repair is off). One query for the whole fleet, reused for 5 s. With replicas
-        the query runs on a thread and the answer as last read is used meanwhile: ListNodes
-        never waits on PostgreSQL (docs/architecture.md "When the control plane hangs")."""
+        node (0: repair is off), as last counted (`_count_recent_incidents`)."""
+        return self._lemon_counts
+
+    async def _count_recent_incidents(self) -> None:
+        """Count the recent incidents again if the last count is over 5 s old: one query for the
+        whole fleet, on a thread. One box: awaited (SQLite on this host). Replicas: in the
+        background, the count as last read used meanwhile, so ListNodes never waits on
+        PostgreSQL (docs/architecture.md "When the control plane hangs")."""
         now = time.monotonic()
         if now - self._lemon_read_at < 5.0:
-            return self._lemon_counts
+            return
         self._lemon_read_at = now
         if self._wiring is None:
             self._lemon_counts = ({}, 0)
-            return self._lemon_counts
+            return
         workflow = self._wiring.policy.workflow
         since = time.time_ns() - int(workflow["repeat_offender_days"] * 86400e9)
         lemon_at = int(workflow["repeat_offender_incidents"])
@@ -93,10 +98,13 @@ class RepairApi:
             records = self._shared.reads if self._shared is not None else self._repair_records()
         except Refused:
             self._lemon_counts = ({}, lemon_at)
-            return self._lemon_counts
-        self._lemon_counting = asyncio.ensure_future(asyncio.to_thread(count, records))
+            return
+        counting = asyncio.ensure_future(asyncio.to_thread(count, records))
+        if self._shared is None:
+            await counting
+            return
+        self._lemon_counting = counting
         self._lemon_counts = (self._lemon_counts[0], lemon_at)
-        return self._lemon_counts
 
     async def _read_records(self, read: Callable[[RepairState], T]) -> T:
         """Incidents and audit for the Fleet API, on a thread: with replicas, on the control

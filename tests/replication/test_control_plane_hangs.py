@@ -143,12 +143,8 @@ def test_a_hung_postgresql_stops_no_ingest_and_nothing_acts_while_it_hangs(
     a = replica(cluster, "agg-a", control_plane, influx, *timed_hook_flags(cluster, "agg-a"))
     wait_until(lambda: fleet.status(a).repair_leader, 20, "agg-a leading")
     b = replica(cluster, "agg-b", control_plane, influx, *timed_hook_flags(cluster, "agg-b"))
-    # A GPU that fails while the store hangs: its cordon waits for the store to answer.
     faulty = "node-faulty"
-    (cluster.tmp / "faults.toml").write_text(ECC_FAULT.format(node=faulty).replace("2.0", "8.0"))
-    cluster.collector(
-        faulty, a.ingest, "--interval-s", "1", "--sim-scenario", str(cluster.tmp / "faults.toml")
-    )
+    (cluster.tmp / "faults.toml").write_text(ECC_FAULT.format(node=faulty).replace("2.0", "3.0"))
     healthy = {
         agg.proc.name: HealthyNode(
             agg.ingest,
@@ -164,6 +160,11 @@ def test_a_hung_postgresql_stops_no_ingest_and_nothing_acts_while_it_hangs(
 
     hang_began = time.time()
     end_hang = hang_the_store(how, postgres_server, proxy)
+    # A GPU that fails while the store hangs (its collector starts now, the fault 3 s later,
+    # well inside the hang however slow the set-up was): its cordon waits for the store.
+    cluster.collector(
+        faulty, a.ingest, "--interval-s", "1", "--sim-scenario", str(cluster.tmp / "faults.toml")
+    )
     status_s: list[float] = []
     try:
         # While it hangs: the Fleet API answers on both replicas, and agg-a stops leading
