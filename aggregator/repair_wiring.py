@@ -335,6 +335,12 @@ class RepairWiring:
             "attempts of this term to load its state from the control plane that failed (each logged)",
             registry=r,
         ).set_function(lambda: float(self.term.build_failures_total) if self.term is not None else 0.0)
+        Gauge(
+            "gpufleet_repair_unrecorded_outcomes",
+            "reboot or ticket commands that finished but whose outcome the control plane refused "
+            "(fenced, or unreachable): each logged, its ledger entry left begun",
+            registry=r,
+        ).set_function(of(lambda c: float(c.steps.unrecorded_total)))
         Gauge("gpufleet_repair_passes", "repair passes run by this leader term", registry=r).set_function(
             of(lambda c: float(c.passes))
         )

@@ -253,9 +253,7 @@ class RepairApi:
     def _repair_status(self, repair: RepairController) -> fleet_pb2.RepairStatus:
         nodes = []
         for name in sorted(repair.workflows):  # a copy: the term's thread may add a node
-            wf = repair.workflows.get(name)
-            if wf is None:
-                continue
+            wf = repair.workflows[name]  # never removed once added
             findings = repair.findings.get(name, [])
             if wf.state is Health.HEALTHY and not findings:
                 continue

@@ -143,7 +143,8 @@ class Leadership:
         with contextlib.suppress(StateError):
             self._result_cursor = await self._call(self._lease.last_command_result_seq)
         log.warning(
-            "this replica is the repair leader now (epoch %d); workflows, ledger and breaker loaded from %s",
+            "this replica is the repair leader now (epoch %d); its repair term loads workflows, ledger "
+            "and breaker from %s",
             epoch,
             self.url,
             extra={"replica": self.replica, "epoch": epoch},
