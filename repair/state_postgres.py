@@ -131,21 +131,27 @@ class _Link:
         connection (it is mid-statement, its state unknown)."""
         if isinstance(exc, pg_errors._WaitTimeout):  # psycopg's own timeout error
             self.timeouts_total += 1
-            conn, self.conn = self.conn, None
-            if conn is not None:
-                conn.close()
+            self._drop()
             return StateError(
                 redact(
                     f"control-plane PostgreSQL {self.url}: no answer within {self.call_timeout_s:g} s "
                     "(the server hangs or the network drops packets); connection closed"
                 )
             )
+        if exc.sqlstate is None:
+            # Not the server's answer to a statement but the client's own failure (a pipeline
+            # left busy, a lost connection): the connection may never take another statement,
+            # so it is closed and a new one made, as after a timeout.
+            self._drop()
         return StateError(redact(f"control-plane PostgreSQL {self.url}: {exc}".strip()))
 
-    def close(self) -> None:
+    def _drop(self) -> None:
         conn, self.conn = self.conn, None
         if conn is not None:
             conn.close()
+
+    def close(self) -> None:
+        self._drop()
 
 
 class PostgresState(RepairState):

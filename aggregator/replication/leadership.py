@@ -131,7 +131,11 @@ class Leadership:
         # since (this process's clock): only durations are compared, so neither clock's
         # offset matters, and a lease read by the sync loop a moment ago is not waited out late.
         left_s = (lease.expires_ns - lease.now_ns) / 1e9 - (time.monotonic() - self._lease_read_at)
-        return max(0.0, min(period, left_s + 0.05))
+        if left_s <= -0.05:
+            # Already past it, and the store could not be read since: try again soon, not at
+            # once (a store that fails every call at once would otherwise spin this loop).
+            return period / 4
+        return min(period, left_s + 0.05)
 
     def _saw_lease(self, lease: LeaseInfo | None, asked_monotonic: float) -> None:
         if lease is not None:
