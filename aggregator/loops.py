@@ -71,7 +71,7 @@ class BackgroundLoops:
             while not stop.is_set():
                 try:
                     if state is None:
-                        state = await asyncio.to_thread(self._open_control_plane)
+                        state = await asyncio.to_thread(self._open_control_plane, "revocations")
                     revoked = await asyncio.to_thread(state.revoked_collector_tokens)
                     if revoked != self.revocations.ids:
                         self.revocations.update(revoked)

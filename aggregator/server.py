@@ -107,7 +107,7 @@ class Aggregator(StatusReports, BackgroundLoops):
         self._stopping = False
         self._started = False
 
-    def _open_control_plane(self) -> RepairState:
+    def _open_control_plane(self, purpose: str = "repair") -> RepairState:
         # A connect attempt is bounded well inside the lease, and no call waits for an answer
         # longer than a quarter of it: a replica that cannot reach PostgreSQL, or whose
         # PostgreSQL hangs, learns it before its lease runs out, and its event loop is never
@@ -118,6 +118,8 @@ class Aggregator(StatusReports, BackgroundLoops):
             str(config.data_path / "repair.sqlite3"),
             connect_timeout_s=min(5.0, config.leader_lease_s / 2),
             call_timeout_s=config.control_plane_call_timeout_s,
+            # PostgreSQL keeps 63 bytes of it: "gpufleet agg-a lease" says whose session it is.
+            application_name=f"gpufleet {config.replica_name} {purpose}"[:63],
         )
 
     def _collector_auth(self, config: AggregatorConfig) -> CollectorAuth:

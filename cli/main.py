@@ -257,7 +257,12 @@ def _run_db(args: argparse.Namespace) -> int:
         AggregatorConfig, "aggregator", args, os.environ, settings.load_file(path), str(path)
     )
     try:
-        state = open_state(config.control_plane, str(config.data_path / "repair.sqlite3"), migrate=False)
+        state = open_state(
+            config.control_plane,
+            str(config.data_path / "repair.sqlite3"),
+            migrate=False,
+            application_name=f"gpufleet db {args.action}",
+        )
     except (StateError, ValueError) as exc:
         print(f"gpufleet db: {exc}", file=sys.stderr)
         return EXIT_CONFIG

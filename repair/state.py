@@ -482,10 +482,12 @@ def open_state(
     connect_timeout_s: float = 10.0,
     migrate: bool = True,
     call_timeout_s: float = 10.0,
+    application_name: str = "gpufleet",
 ) -> RepairState:
     """The control-plane store a URL names: postgresql://... (replicas), or "sqlite" (one box,
     at sqlite_path). Migrations are applied unless migrate is False. With PostgreSQL, no call
-    waits longer than call_timeout_s for an answer (repair/state_postgres.py)."""
+    waits longer than call_timeout_s for an answer (repair/state_postgres.py), and the session
+    shows in pg_stat_activity as application_name unless the URL names one."""
     if url.startswith(("postgresql://", "postgres://")):
         try:
             from gpufleet.repair.state_postgres import PostgresState
@@ -494,7 +496,7 @@ def open_state(
                 f"control plane {redact(url)} needs psycopg: pip install 'gpufleet[postgresql]' ({exc})"
             ) from exc
 
-        state: RepairState = PostgresState(url, connect_timeout_s, call_timeout_s)
+        state: RepairState = PostgresState(url, connect_timeout_s, call_timeout_s, application_name)
     elif url in ("", "sqlite"):
         from gpufleet.repair.state_sqlite import SqliteState
 

@@ -2,10 +2,11 @@
 "Control plane and replicas"). Any number of aggregators share one database; the lease is
 timed by the database's clock, so the replicas' clocks do not matter to who leads.
 
-Every session runs with idle_in_transaction_session_timeout and lock_timeout set to the connect
-timeout (the aggregator gives half the lease, at most 5 s): a replica SIGSTOPped in the middle
-of a transaction holding the lease row's lock is cut off by the server, so the others can take
-the lease over.
+Every session runs with idle_in_transaction_session_timeout set to the connect timeout (the
+aggregator gives half the lease, at most 5 s): a replica SIGSTOPped in the middle of a
+transaction holding the lease row's lock is cut off by the server, so the others can take the
+lease over. Its lock_timeout is under the call timeout, so a wait for a lock ends with the
+server's error, not with a caller that gave up on it.
 
 **A server that stops answering never holds the caller** (docs/architecture.md "When the
 control plane hangs"). A database that hangs (paused, a storage stall, a partition that drops
@@ -37,6 +38,7 @@ from gpufleet.repair.state import RepairState, StateError
 _NOW_NS = "(extract(epoch from clock_timestamp()) * 1000000000)::bigint"
 _WAIT_INTERVAL_S = 0.1  # psycopg's own interval between checks for Ctrl-C
 CONNECT_WAIT_S = 0.25  # how long a call waits for a new connection before failing
+LOCK_WAIT_SHARE = 0.8  # of the call timeout, the most a statement waits for a lock
 
 
 class _BoundedConnection(psycopg.Connection[Any]):
@@ -53,8 +55,11 @@ class _Link:
     """One connection to the server, shared by a state and its fenced views, opened again
     (on a thread of its own) when it broke or a call on it had no answer in time."""
 
-    def __init__(self, url: str, connect_timeout_s: float, call_timeout_s: float) -> None:
+    def __init__(
+        self, url: str, connect_timeout_s: float, call_timeout_s: float, application_name: str
+    ) -> None:
         self.url, self.connect_timeout_s, self.call_timeout_s = url, connect_timeout_s, call_timeout_s
+        self.application_name = application_name
         self.lock = threading.RLock()
         self.conn: psycopg.Connection[Any] | None = None
         self._connecting: Future[psycopg.Connection[Any]] | None = None
@@ -66,11 +71,16 @@ class _Link:
             self.url,
             autocommit=True,
             connect_timeout=max(1, int(self.connect_timeout_s)),
+            # Which process and which of its connections a session is, in pg_stat_activity (a
+            # DBA looking at a held lock sees whose it is); an application_name in the URL wins.
+            fallback_application_name=self.application_name,
             # A process paused or cut off inside a transaction must not hold the lease row's
             # lock for ever (a takeover would wait on it): the server ends such a session
-            # after the timeout, and no statement waits longer for a lock.
+            # after the timeout. A statement waits for a lock for less than its caller waits
+            # for an answer: the server ends the wait with an error and the connection stays,
+            # rather than the caller giving up on a session still queued for the lock.
             options=f"-c idle_in_transaction_session_timeout={int(self.connect_timeout_s * 1000)} "
-            f"-c lock_timeout={int(self.connect_timeout_s * 1000)}",
+            f"-c lock_timeout={max(1, int(self.call_timeout_s * LOCK_WAIT_SHARE * 1000))}",
         )
         conn.call_timeout_s = self.call_timeout_s
         return conn
@@ -162,12 +172,13 @@ class PostgresState(RepairState):
         url: str,
         connect_timeout_s: float = 10.0,
         call_timeout_s: float = 10.0,
+        application_name: str = "gpufleet",
         _shared: PostgresState | None = None,
     ) -> None:
         if _shared is not None:  # a fenced view on the same connection
             self._link, self._sql = _shared._link, _shared._sql
             return
-        self._link = _Link(url, connect_timeout_s, call_timeout_s)
+        self._link = _Link(url, connect_timeout_s, call_timeout_s, application_name)
         self._sql: dict[str, str] = {}  # "?" statements → psycopg's "%s"
         self._link.connect_now()  # fail now, with a clear message, if the server cannot be reached
 

@@ -9,7 +9,7 @@
 #   chromium                       the dashboard's real-browser test
 #   systemd-analyze (systemd)      verifies deploy/systemd's units
 #   initdb, postgres (postgresql)  the control plane's PostgreSQL tests start a real server
-#   libfaketime                    the lease test runs PostgreSQL with its clock hours off the replicas'
+#   cc (package gcc)               builds tests/harness/skewed_clock.c: PostgreSQL with its clock hours off the replicas'
 #   ssh (openssh-client)           the hook the adversarial tests run (a crafted node name once made ssh run a command)
 set -euo pipefail
 missing=()
@@ -23,7 +23,7 @@ command -v chromium >/dev/null 2>&1 || missing+=(chromium)
 command -v systemd-analyze >/dev/null 2>&1 || missing+=(systemd)
 ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || missing+=(postgresql)
 command -v ssh >/dev/null 2>&1 || missing+=(openssh-client)
-ls /usr/lib/*/faketime/libfaketime.so.1 >/dev/null 2>&1 || missing+=(libfaketime)
+command -v cc >/dev/null 2>&1 || missing+=(gcc libc6-dev)
 [ ${#missing[@]} -eq 0 ] && exit 0
 if [ "$(id -u)" -ne 0 ] && ! command -v sudo >/dev/null 2>&1; then
   echo "install-test-deps: need ${missing[*]} (Debian packages); run as root or install them" >&2

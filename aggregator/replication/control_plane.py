@@ -73,7 +73,7 @@ class ControlPlane(Leadership):
     def __init__(
         self,
         config: AggregatorConfig,
-        open_state: Callable[[], RepairState],
+        open_state: Callable[[str], RepairState],
         fleet: FleetState,
         ingest: IngestService,
         repair: RepairWiring,
@@ -91,12 +91,12 @@ class ControlPlane(Leadership):
         # aggregator/repair_term.py), one for each loop's thread and one for the Fleet API's
         # reads (on threads), so a slow statement in one never holds the others, and none is
         # ever waited on by the event loop (docs/architecture.md "When the control plane hangs").
-        self.state = open_state()
-        self._lease_state = open_state()
+        self.state = open_state("term")
+        self._lease_state = open_state("lease")
         self._lease = ReplicaRecords(self._lease_state)
-        self._sync_state = open_state()
+        self._sync_state = open_state("sync")
         # The Fleet API's reads (incidents, audit) on threads: never the event loop's connection.
-        self.reads = open_state()
+        self.reads = open_state("reads")
         # The lease and sync loops' calls run here: two threads, so a stalled sync never
         # delays a renewal, and asyncio's default executor (shared) never delays either.
         self._threads = ThreadPoolExecutor(max_workers=2, thread_name_prefix="control-plane")

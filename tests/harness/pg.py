@@ -37,14 +37,15 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-FAKETIME_LIBS = "/usr/lib/*/faketime/libfaketime.so.1"  # Debian's libfaketime
+SKEWED_CLOCK_SOURCE = Path(__file__).with_name("skewed_clock.c")  # a wall clock moved by an offset
 
 
 class PostgresServer:
     def __init__(self, clock_offset_s: int = 0) -> None:
-        """clock_offset_s: the server's wall clock is this far from the machine's (libfaketime,
-        preloaded into every server process; its monotonic clock is left alone), so that what
-        PostgreSQL's clock_timestamp() says differs from what the replicas' clocks say."""
+        """clock_offset_s: the server's wall clock is this far from the machine's
+        (harness/skewed_clock.c, preloaded into every server process; its monotonic clock is
+        left alone), so that what PostgreSQL's clock_timestamp() says differs from what the
+        replicas' clocks say."""
         self.clock_offset_s = clock_offset_s
         self.home = Path(tempfile.mkdtemp(prefix="gpufleet-pg-"))
         self.data = self.home / "data"
@@ -118,18 +119,26 @@ class PostgresServer:
     def _env(self) -> dict[str, str] | None:
         if not self.clock_offset_s:
             return None
-        found = sorted(glob.glob(FAKETIME_LIBS))
-        if not found:
-            raise RuntimeError(
-                f"{FAKETIME_LIBS} is missing: scripts/install-test-deps.sh installs Debian's libfaketime"
-            )
         return {
             **os.environ,
-            "LD_PRELOAD": found[-1],
-            "FAKETIME": f"{self.clock_offset_s:+d}",
-            "FAKETIME_DONT_FAKE_MONOTONIC": "1",
-            "FAKETIME_NO_CACHE": "1",
+            "LD_PRELOAD": str(self._skewed_clock()),
+            "GPUFLEET_CLOCK_OFFSET_S": str(self.clock_offset_s),
         }
+
+    def _skewed_clock(self) -> Path:
+        """harness/skewed_clock.c, built for this server (why not libfaketime: its header)."""
+        compiler = shutil.which("cc") or shutil.which("gcc")
+        if not compiler:
+            raise RuntimeError("no C compiler (cc): scripts/install-test-deps.sh installs Debian's gcc")
+        built = self.home / "skewed_clock.so"
+        done = subprocess.run(
+            [compiler, "-shared", "-fPIC", "-O2", "-o", str(built), str(SKEWED_CLOCK_SOURCE), "-ldl"],
+            capture_output=True,
+            text=True,
+        )
+        if done.returncode:
+            raise RuntimeError(f"building {SKEWED_CLOCK_SOURCE} failed: {done.stdout}{done.stderr}")
+        return built
 
     def now_offset_s(self) -> float:
         """How far the server's clock is from this machine's now, as the server says."""
@@ -197,6 +206,36 @@ class PostgresServer:
         # Immediate shutdown: the data is thrown away, so no checkpoint need be written first.
         self.stop(signal.SIGQUIT)
         shutil.rmtree(self.home, ignore_errors=True)
+
+
+def sessions_report(url: str) -> str:
+    """What every session of the server is doing, which sessions block which, and what the
+    kernel says each blocking backend waits in: said when a test waits in vain for a lock (a
+    takeover that never comes), so the failure names the session that holds it."""
+    try:
+        with psycopg.connect(url, connect_timeout=5, autocommit=True) as conn:
+            rows = conn.execute(
+                "SELECT pid, application_name, state, wait_event_type, wait_event, "
+                "pg_blocking_pids(pid), now() - xact_start, now() - state_change, left(query, 120) "
+                "FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid() "
+                "ORDER BY pid"
+            ).fetchall()
+    except psycopg.Error as exc:
+        return f"no report from the server: {exc}"
+    blockers = {b for row in rows for b in row[5]}
+    lines = []
+    for pid, app, state, wait_type, wait, blocked_by, in_xact, in_state, query in rows:
+        kernel = ""
+        if pid in blockers:
+            try:
+                kernel = f" kernel: {Path(f'/proc/{pid}/wchan').read_text() or 'running'}"
+            except OSError:
+                kernel = " kernel: gone"
+        lines.append(
+            f"pid {pid} {app!r} {state} wait {wait_type}/{wait} blocked by {blocked_by} "
+            f"transaction {in_xact} state {in_state}{kernel}: {query}"
+        )
+    return "\n".join(lines) or "no other sessions"
 
 
 def _has_user(name: str) -> bool:

@@ -15,6 +15,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+import psycopg
 import pytest
 
 from gpufleet.aggregator.replication.leadership import LEASE_TRUST
@@ -22,6 +23,7 @@ from gpufleet.protos import fleet_pb2
 from gpufleet.repair.state import StateError
 from gpufleet.repair.state_postgres import PostgresState
 from harness.influx import influx_flags
+from harness.pg import sessions_report
 from harness.processes import AggregatorHandle, Cluster
 from harness.repair import audit
 from harness.replicas import ECC_FAULT, LEASE_S, Fleet, replica
@@ -289,9 +291,12 @@ def _takeovers(cluster: Cluster, pg_url: str, influxd: str, times: int) -> list[
         leader.proc.popen.send_signal(signal.SIGSTOP)
         paused = time.monotonic()
         try:
-            wait_until(
-                lambda f=follower: fleet.status(f).repair_leader, LEASE_S + 10, "the takeover", poll_s=0.02
-            )
+            try:
+                wait_until(
+                    lambda f=follower: fleet.status(f).repair_leader, LEASE_S + 10, "the takeover", 0.02
+                )
+            except AssertionError as exc:
+                raise AssertionError(f"{exc}\nthe database's sessions:\n{sessions_report(pg_url)}") from None
             takeovers_s.append(time.monotonic() - paused)
         finally:
             leader.proc.popen.send_signal(signal.SIGCONT)
@@ -328,7 +333,28 @@ def skewed_pg_url(request: pytest.FixtureRequest) -> Iterator[str]:
         server.start()
         offset_s = server.now_offset_s()
         assert abs(offset_s - request.param) < 60, f"the server's clock is {offset_s:+.0f} s off, not skewed"
-        yield server.new_database()
+        url = server.new_database()
+        # The stand-in keeps what the takeover bound rests on: the server still ends a session
+        # left idle in its transaction (a paused leader's) on time with its clock moved.
+        idle = psycopg.connect(url, autocommit=True, options="-c idle_in_transaction_session_timeout=200")
+        try:
+            idle.execute("BEGIN")
+            idle.execute("SELECT 1")
+            began = time.monotonic()
+            with psycopg.connect(url, autocommit=True) as watch:
+                wait_until(
+                    lambda: (
+                        not watch.execute(
+                            "SELECT 1 FROM pg_stat_activity WHERE pid = %s", (idle.info.backend_pid,)
+                        ).fetchall()
+                    ),
+                    5,
+                    "the skewed server ending a session idle in its transaction",
+                )
+            assert time.monotonic() - began < 2, "idle_in_transaction_session_timeout fired late"
+        finally:
+            idle.close()  # ended by the server: closing it only frees the client's side
+        yield url
     finally:
         server.cleanup()
 
@@ -350,3 +376,59 @@ def test_takeover_bound_holds_with_the_database_clock_an_hour_off(
     # pause, so the lease runs out no sooner than lease x (1 - trust) after it.
     earliest_s = LEASE_S * (1 - LEASE_TRUST) - 0.05
     assert all(earliest_s <= t <= LEASE_S + SYNC_S for t in takeovers_s), sorted(takeovers_s)
+
+
+@pytest.mark.slow
+def test_a_leader_paused_inside_its_transaction_does_not_hold_the_takeover(skewed_pg_url: str) -> None:
+    """The case a SIGSTOP only sometimes hits: the leader stops inside a fenced write, its
+    transaction open and the lease row locked for share. The server ends that session after
+    idle_in_transaction_session_timeout (half the lease), so the other replica still takes the
+    lease once it runs out, not when the paused process wakes; the woken writer's commit fails.
+    With the database's clock an hour ahead and behind (the timeout is the server's own timer)."""
+    import threading
+
+    from gpufleet.aggregator.replication.records import ReplicaRecords
+
+    lease_s = 3.0
+
+    def open_replica() -> PostgresState:
+        return PostgresState(skewed_pg_url, connect_timeout_s=lease_s / 2, call_timeout_s=lease_s / 4)
+
+    leader, follower = open_replica(), open_replica()
+    leader.migrate()
+    epoch = ReplicaRecords(leader).acquire_lease("agg-a", lease_s)
+    assert epoch is not None
+    fenced = leader.fenced("agg-a", epoch)
+    inside, wake = threading.Event(), threading.Event()
+    woke_with: list[BaseException] = []
+
+    def paused_writer() -> None:
+        try:
+            with fenced.fenced_write("a write the leader paused in"):
+                inside.set()
+                wake.wait(30)  # paused: the session sits idle in its transaction, the row locked
+        except BaseException as exc:  # what the leader sees when it wakes
+            woke_with.append(exc)
+
+    writer = threading.Thread(target=paused_writer, daemon=True)
+    writer.start()
+    assert inside.wait(10), "the leader's write never began"
+    paused = time.monotonic()
+    records = ReplicaRecords(follower)
+
+    def took_over() -> int | None:
+        try:
+            return records.acquire_lease("agg-b", lease_s)
+        except StateError:
+            return None  # the row still locked: lock_timeout, or no answer in time
+
+    new_epoch = wait_until(took_over, 20, "agg-b taking the lease")
+    took_s = time.monotonic() - paused
+    wake.set()
+    writer.join(10)
+    assert new_epoch == epoch + 1
+    assert took_s <= lease_s + SYNC_S, f"the takeover waited {took_s:.2f} s on the paused leader"
+    assert woke_with and isinstance(woke_with[0], StateError), f"the woken leader's write: {woke_with}"
+    print(f"\ntaken over {took_s:.2f} s after the leader paused inside its transaction")
+    leader.close()
+    follower.close()

@@ -316,3 +316,28 @@ def test_a_gpu_reset_reaches_a_node_whose_stream_another_replica_holds(
     assert "this replica follows" in shown.stdout
     assert f"replica agg-a (leader): fleet API {leader.fleet}" in shown.stdout
     assert f"replica agg-b: fleet API {follower.fleet}, ingest {follower.ingest}, 1 streams" in shown.stdout
+
+
+@pytest.mark.slow
+def test_a_dba_sees_which_replica_and_connection_each_session_is(
+    cluster: Cluster, pg_url: str, influxd: str
+) -> None:
+    """A DBA looking at PostgreSQL (a held lock, a long transaction) sees in pg_stat_activity
+    which replica a session belongs to and what it is for, not a row of anonymous clients."""
+    import psycopg
+
+    a = replica(cluster, "agg-a", pg_url, influx_flags(influxd))
+    fleet = Fleet(cluster)
+    wait_until(lambda: fleet.status(a).repair_leader, 20, "agg-a leading")
+
+    def names() -> set[str]:
+        with psycopg.connect(pg_url, autocommit=True) as conn:
+            rows = conn.execute(
+                "SELECT application_name FROM pg_stat_activity "
+                "WHERE datname = current_database() AND pid <> pg_backend_pid()"
+            ).fetchall()
+        return {str(name) for (name,) in rows}
+
+    wanted = {f"gpufleet agg-a {purpose}" for purpose in ("term", "lease", "sync", "reads", "revocations")}
+    seen = wait_until(lambda: (n := names()) >= wanted and n, 20, f"sessions named {sorted(wanted)}")
+    assert seen == wanted, f"sessions not named after their replica and purpose: {sorted(seen - wanted)}"
