@@ -7,9 +7,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
+import signal
 import sys
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -462,26 +465,49 @@ def watch(once: Callable[[], None], every_s: float | None, as_json: bool) -> Non
     if not 0.5 <= every_s <= 3600:
         raise ValueError(f"--watch {every_s:g}: give 0.5 to 3600 seconds")
     clear = sys.stdout.isatty() and not as_json
-    try:
-        while True:
-            if clear:
-                print("\033[H\033[2J", end="")
-            stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-            print(f"every {every_s:g} s until Ctrl-C; {stamp}", file=sys.stderr if as_json else sys.stdout)
-            try:
-                once()
-            except ClientError as exc:
-                print(f"gpufleet: {exc} (still watching)", file=sys.stderr)
-            sys.stdout.flush()
-            time.sleep(every_s)  # the refresh period the user asked for
-    except KeyboardInterrupt:
-        # Ctrl-C ends the watch, at once and with status 0. Not through the channel's close:
-        # a KeyboardInterrupt raised while a call was in flight leaves gRPC's channel.close()
-        # deadlocked (grpc/grpc#19973; seen here once in ~30 runs), and there is nothing to
-        # keep, so the process ends without waiting on it.
+    _end_watch_on_ctrl_c()
+    while True:
+        if clear:
+            print("\033[H\033[2J", end="")
+        stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        print(f"every {every_s:g} s until Ctrl-C; {stamp}", file=sys.stderr if as_json else sys.stdout)
+        try:
+            once()
+        except ClientError as exc:
+            print(f"gpufleet: {exc} (still watching)", file=sys.stderr)
         sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(0)
+        time.sleep(every_s)  # the refresh period the user asked for
+
+
+def _end_watch_on_ctrl_c() -> None:
+    """Ctrl-C ends a watch at once, with status 0, wherever the main thread is. Nothing is
+    unwound: a KeyboardInterrupt raised inside a gRPC call can leave gRPC deadlocked on its way
+    out (grpc/grpc#19973: in channel.close(), seen here once in ~30 runs; and once, in a
+    whole-suite run, a watch was still running 30 s after Ctrl-C, where it hung unknown), and a
+    watch has nothing to keep. Two ways in, so that one works wherever the main thread waits:
+    the Python handler (runs in the main thread between bytecodes), and a thread woken by the
+    signal's byte on the wakeup pipe, which the C-level handler writes at once (runs while the
+    main thread waits in C with the GIL released, as inside a gRPC call)."""
+    read_fd, write_fd = os.pipe()
+    os.set_blocking(write_fd, False)
+    signal.set_wakeup_fd(write_fd, warn_on_full_buffer=False)
+    signal.signal(signal.SIGINT, lambda signum, frame: _end_watch())
+    threading.Thread(target=_end_watch_on_wakeup, args=(read_fd,), name="ctrl-c", daemon=True).start()
+
+
+def _end_watch_on_wakeup(read_fd: int) -> None:
+    while True:
+        if signal.SIGINT in os.read(read_fd, 64):  # one byte per signal: its number
+            _end_watch()
+
+
+def _end_watch() -> None:
+    """What is printed so far is flushed (a flush the signal interrupted mid-write is skipped),
+    then the process ends with status 0."""
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    os._exit(0)
 
 
 def main(argv: list[str] | None = None) -> int:
