@@ -141,7 +141,7 @@ class _Link:
         connection (it is mid-statement, its state unknown)."""
         if isinstance(exc, pg_errors._WaitTimeout):  # psycopg's own timeout error
             self.timeouts_total += 1
-            self._drop()
+            self.close()
             return StateError(
                 redact(
                     f"control-plane PostgreSQL {self.url}: no answer within {self.call_timeout_s:g} s "
@@ -152,16 +152,13 @@ class _Link:
             # Not the server's answer to a statement but the client's own failure (a pipeline
             # left busy, a lost connection): the connection may never take another statement,
             # so it is closed and a new one made, as after a timeout.
-            self._drop()
+            self.close()
         return StateError(redact(f"control-plane PostgreSQL {self.url}: {exc}".strip()))
 
-    def _drop(self) -> None:
+    def close(self) -> None:
         conn, self.conn = self.conn, None
         if conn is not None:
             conn.close()
-
-    def close(self) -> None:
-        self._drop()
 
 
 class PostgresState(RepairState):
