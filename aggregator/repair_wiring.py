@@ -14,6 +14,7 @@ from prometheus_client.core import GaugeMetricFamily
 
 from gpufleet.aggregator.config import AggregatorConfig
 from gpufleet.aggregator.fleet.export import EventExporter, WritePoints
+from gpufleet.aggregator.fleet.pools import serving_readings
 from gpufleet.aggregator.fleet.state import FleetState
 from gpufleet.aggregator.ingest.service import IngestService
 from gpufleet.aggregator.loop_thread import LoopClosed, call_on
@@ -254,6 +255,7 @@ class RepairWiring:
             ).inc(),
             observe_interval_s=config.repair_observe_interval_s,
             liveness=lambda: call_on(main, fleet.liveness_by_node),
+            serving=lambda: call_on(main, serving_readings, fleet),
         )
         dispatcher.start(spawn)
         exporter = None

@@ -15,6 +15,7 @@ import grpc
 from gpufleet.aggregator.api.service import FleetService
 from gpufleet.aggregator.auth.tokens import Authenticator, CollectorAuth, Revocations
 from gpufleet.aggregator.config import AggregatorConfig
+from gpufleet.aggregator.fleet.pools import register_pool_metrics
 from gpufleet.aggregator.fleet.state import FleetState
 from gpufleet.aggregator.http_endpoints import serve as serve_http
 from gpufleet.aggregator.ingest.fanout import Fanout
@@ -98,6 +99,12 @@ class Aggregator(StatusReports, BackgroundLoops):
             register_metrics(self.control_plane, self.metrics.registry)
         self.fleet_service = FleetService(
             self.auth, self.fleet, self.store, self.metrics, self.status, self.repair, self.control_plane
+        )
+        register_pool_metrics(
+            self.metrics.registry,
+            self.fleet,
+            lambda: self.repair.policy.serving,
+            self.fleet_service.workflows,
         )
         self._servers: list[grpc.aio.Server] = []
         self._http: BoundedHTTPServer | None = None

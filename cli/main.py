@@ -96,6 +96,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--cluster", action="append", help="only this cluster (repeatable)")
     p.add_argument("--json", action="store_true")
     add_watch(p)
+    p = sub.add_parser(
+        "pools", parents=[client], help="serving pools: each model's inference replicas, pressure, headroom"
+    )
+    p.add_argument("--cluster", action="append", help="only this cluster (repeatable)")
+    p.add_argument("--model", default="", help="only this model")
+    p.add_argument("--json", action="store_true", help="every figure, and each pool's replicas")
+    add_watch(p)
     p = sub.add_parser("node", parents=[client], help="one node's GPUs, engines and events")
     p.add_argument("name")
     p.add_argument("--json", action="store_true")
@@ -444,7 +451,7 @@ def _run_fleet_command(args: argparse.Namespace) -> None:
             _run_whoami(client, args)
         elif args.command == "auth":  # revoke: the other auth actions are local
             _run_revoke(client, args)
-        elif args.command in ("cordon", "uncordon", "incidents", "audit", "breaker"):
+        elif args.command in ("cordon", "uncordon", "proceed", "incidents", "audit", "breaker"):
             repair_cmds.run(client, args)
         else:
             sre.run(client, args)

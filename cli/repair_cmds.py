@@ -1,4 +1,4 @@
-"""The SRE's repair commands: cordon, uncordon, incidents, audit, breaker (Fleet API), and
+"""The SRE's repair commands: cordon, uncordon, proceed, incidents, audit, breaker (Fleet API), and
 policy check / explain (local: they read the policy files, not the aggregator)."""
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ def add_arguments(
     for name, help_text in (
         ("cordon", "take a node out of service (a person's cordon always wins)"),
         ("uncordon", "return a node to service; cancels its repair workflow"),
+        ("proceed", "let a drain that waits for serving capacity go on regardless (audited)"),
     ):
         p = sub.add_parser(name, parents=[client], help=help_text)
         p.add_argument("node")
@@ -166,8 +167,8 @@ def _print_status(st: fleet_pb2.RepairStatus) -> None:
 
 
 def run(client: FleetClient, args: argparse.Namespace) -> None:
-    if args.command in ("cordon", "uncordon"):
-        method = "Cordon" if args.command == "cordon" else "Uncordon"
+    if args.command in ("cordon", "uncordon", "proceed"):
+        method = args.command.capitalize()
         resp = client.call(method, fleet_pb2.CordonRequest(node=args.node, reason=args.reason))
         if args.json:
             print(json.dumps({"node": args.node, "state": health_name(resp.state), "detail": resp.detail}))

@@ -16,6 +16,7 @@ from gpufleet.client.fleet import FleetClient
 from gpufleet.client.present import (
     AGGREGATES,
     NA,
+    describe_projection,
     event_row,
     event_what,
     events_csv,
@@ -27,6 +28,9 @@ from gpufleet.client.present import (
     message_fields,
     node_row,
     opt,
+    percent,
+    pool_row,
+    projection_row,
     series_label,
     varying_tags,
 )
@@ -124,6 +128,7 @@ def print_node(detail: fleet_pb2.NodeDetail, stored: fleet_pb2.EventsResponse, a
             interval_s=s.interval_s,
             driver_version=s.driver_version,
             engines=[message_fields(e) for e in detail.engines],
+            if_drained=[projection_row(d) for d in detail.if_drained],
             recent_events=events,
             events=[event_row(e) for e in stored.events],
             collector_stats=message_fields(detail.collector_stats),
@@ -178,6 +183,8 @@ def print_node(detail: fleet_pb2.NodeDetail, stored: fleet_pb2.EventsResponse, a
                 headers=["ENGINE", "MODEL", "PORT", "GPUS", "KV USAGE", "RUNNING", "WAITING", "STATUS"],
             )
         )
+        for d in detail.if_drained:
+            print(f"if drained: {describe_projection(d)}")
     else:
         print("\nno inference engines reported on this node")
     st = detail.collector_stats
@@ -393,6 +400,72 @@ def print_status(st: fleet_pb2.AggregatorStatus, as_json: bool) -> None:
         print(f"task {t.name}: restarted {t.restarts_total} times; last error {t.last_error}")
 
 
+def print_pools(resp: fleet_pb2.ListPoolsResponse, as_json: bool) -> None:
+    """`gpufleet pools`: each model's replicas per cluster, their pressure, and what one
+    replica leaving would do (the aggregator computes every figure: aggregator/fleet/pools.py)."""
+    floor = (
+        f"floor: KV-cache {100 * resp.floor_kv_cache_usage_ratio:.0f} %, at least "
+        f"{resp.floor_min_serving_replicas} replica(s); guard {'on' if resp.guard else 'off'}"
+    )
+    if as_json:
+        print(
+            json.dumps(
+                {
+                    "server_time": iso(resp.server_time_unix_ns),
+                    "floor_kv_cache_usage_ratio": resp.floor_kv_cache_usage_ratio,
+                    "floor_min_serving_replicas": resp.floor_min_serving_replicas,
+                    "guard": resp.guard,
+                    "formula": resp.formula,
+                    "truncated": resp.truncated,
+                    "pools": [pool_row(p) for p in resp.pools],
+                },
+                indent=2,
+            )
+        )
+        return
+    if not resp.pools:
+        print("no inference engines reported in the fleet (vLLM, SGLang, TGI, TensorRT-LLM)")
+        return
+    print(
+        tabulate(
+            [
+                [
+                    p.cluster,
+                    p.model,
+                    f"{p.replicas_serving}/{p.replicas_draining}/{p.replicas_out}",
+                    percent(opt(p, "kv_cache_usage_mean_ratio")),
+                    percent(opt(p, "kv_cache_usage_max_ratio")),
+                    fmt(opt(p, "requests_running")),
+                    fmt(opt(p, "requests_waiting")),
+                    fmt(opt(p, "preemptions_per_s"), ".1f"),
+                    percent(opt(p, "kv_cache_usage_if_one_leaves_ratio")),
+                    f"{p.headroom_replicas:+d}",
+                    ", ".join(p.nodes_waiting) or "-",
+                ]
+                for p in resp.pools
+            ],
+            headers=[
+                "CLUSTER",
+                "MODEL",
+                "SERVING/DRAINING/OUT",
+                "KV MEAN %",
+                "KV MAX %",
+                "RUNNING",
+                "WAITING",
+                "PREEMPT/s",
+                "KV IF ONE LEAVES %",
+                "HEADROOM",
+                "REPAIRS WAITING",
+            ],
+        )
+    )
+    print(
+        f"\n{len(resp.pools)} pools; {floor}"
+        + ("; more pools than one answer holds" if resp.truncated else "")
+    )
+    print(f"HEADROOM: replicas that may leave within the floor (negative: replicas short); {resp.formula}")
+
+
 def _output(args: Any) -> str:
     return "json" if args.json else "csv" if args.csv else "table"
 
@@ -412,5 +485,10 @@ def run(client: FleetClient, args: Any) -> None:
         print_events(client.call("QueryEvents", events_request(args)), _output(args))
     elif args.command == "status":
         print_status(client.call("GetStatus", fleet_pb2.StatusRequest()), args.json)
+    elif args.command == "pools":
+        request = fleet_pb2.ListPoolsRequest(
+            clusters=args.cluster or [], model=args.model, replicas=args.json
+        )
+        print_pools(client.call("ListPools", request), args.json)
     elif args.command == "metrics":
         print_metrics(client.call("ListMetrics", fleet_pb2.ListMetricsRequest()), args.json)

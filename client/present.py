@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import csv
 import io
+import math
 from collections.abc import Iterable
 from typing import Any
 
@@ -176,3 +177,37 @@ def events_csv(events: Iterable[fleet_pb2.HistoryEvent]) -> str:
     for e in events:
         writer.writerow({k: "" if v is None else v for k, v in event_row(e).items()})
     return out.getvalue()
+
+
+def _finite(value: float | None) -> float | None:
+    """JSON has no infinity: a projection with no replica left is null (text: "none left")."""
+    return value if value is None or math.isfinite(value) else None
+
+
+def percent(ratio: float | None) -> str:
+    """A 0..1 ratio as people read it: "85 %" style, N/A when absent, "none left" for ∞."""
+    if ratio is None:
+        return NA
+    return "none left" if math.isinf(ratio) else f"{100 * ratio:.0f}"
+
+
+def pool_row(p: fleet_pb2.ServingPool) -> dict[str, Any]:
+    """One serving pool for --json and the dashboard: every figure the aggregator computed."""
+    row = {k: _finite(v) if isinstance(v, float) else v for k, v in message_fields(p).items()}
+    row["replicas"] = [message_fields(r) for r in p.replicas]
+    return row
+
+
+def projection_row(d: fleet_pb2.DrainProjection) -> dict[str, Any]:
+    return {k: _finite(v) if isinstance(v, float) else v for k, v in message_fields(d).items()}
+
+
+def describe_projection(d: fleet_pb2.DrainProjection) -> str:
+    """e.g. "demo/llama 3 → 2 replicas, KV 85 % → 128 % (below the floor)"."""
+    text = f"{d.cluster}/{d.model} {d.replicas_now} → {d.replicas_after} replicas"
+    if d.HasField("kv_cache_usage_now_ratio") and d.HasField("kv_cache_usage_after_ratio"):
+        after = percent(d.kv_cache_usage_after_ratio)
+        text += (
+            f", KV {percent(d.kv_cache_usage_now_ratio)} % → {after}{'' if after == 'none left' else ' %'}"
+        )
+    return text + (" (below the floor)" if d.below_floor else "")

@@ -17,7 +17,7 @@ from gpufleet.client.present import (
     varying_tags,
 )
 from gpufleet.client.timeparse import iso
-from gpufleet.protos import fleet_pb2, telemetry_pb2, vocabulary_pb2
+from gpufleet.protos import fleet_pb2, vocabulary_pb2
 from gpufleet.protos.names import (
     OUT_OF_SERVICE_STATES,
     action_name,
@@ -225,42 +225,16 @@ def headline(nodes: pd.DataFrame, gpus: pd.DataFrame) -> dict[str, object]:
 
 
 # --- inference ----------------------------------------------------------------------
-KV_BOUND_USAGE = 0.90
-KV_BOUND_USAGE_WITH_QUEUE = 0.75
-COMPUTE_BOUND_UTIL_PCT = 70.0
-CLASS_RULE = (
-    f"**idle**: no request running or waiting. **KV-bound**: KV-cache usage ≥ {KV_BOUND_USAGE:.0%}, "
-    f"or ≥ {KV_BOUND_USAGE_WITH_QUEUE:.0%} with requests waiting or preemptions seen — the cache, "
-    "not the GPU, limits the batch. **compute-bound**: busy with KV-cache room to spare — the GPUs "
-    f"(mean utilization, ≥ {COMPUTE_BOUND_UTIL_PCT:.0f} % for most) are the limit. **unknown**: the "
-    "engine does not report enough to tell."
-)
-
-
-def classify(engine: telemetry_pb2.EngineSample, gpu_util_pct: float | None) -> str:
-    if not engine.readable:
-        return "unreadable"
-    kv = opt(engine, "kv_cache_usage_ratio")
-    running, waiting = opt(engine, "requests_running"), opt(engine, "requests_waiting")
-    preemptions = opt(engine, "preemptions_total")
-    if running is not None and waiting is not None and running == 0 and waiting == 0:
-        return "idle"
-    if kv is None:
-        return "unknown"
-    queued = (waiting or 0) > 0 or (preemptions or 0) > 0
-    if kv >= KV_BOUND_USAGE or (kv >= KV_BOUND_USAGE_WITH_QUEUE and queued):
-        return "KV-bound"
-    if running is None and gpu_util_pct is None:
-        return "unknown"
-    return "compute-bound"
-
-
+# The pools, each replica's load class and the rule for it are the aggregator's
+# (aggregator/fleet/pools.py, repair/serving.py): the page shows them as given.
 REPLICA_COLUMNS = [
     "node",
     "engine",
     "model",
+    "cluster",
     "port",
     "GPUs",
+    "state",
     "GPU util %",
     "KV-cache usage %",
     "running",
@@ -269,32 +243,75 @@ REPLICA_COLUMNS = [
     "class",
     "status",
 ]
+POOL_COLUMNS = [
+    "cluster",
+    "model",
+    "serving",
+    "draining",
+    "out",
+    "KV-cache mean %",
+    "KV-cache max %",
+    "running",
+    "waiting",
+    "preemptions/s",
+    "KV-cache if one leaves %",
+    "headroom replicas",
+    "repairs waiting",
+]
 
 
-def replicas_frame(resp: fleet_pb2.ListNodesResponse) -> pd.DataFrame:
-    """One row per engine replica in the fleet, next to its GPUs' mean utilization."""
+def _finite_percent(ratio: float | None) -> float | None:
+    return None if ratio is None or ratio != ratio or ratio == float("inf") else _percent(ratio)
+
+
+def pools_frame(resp: fleet_pb2.ListPoolsResponse) -> pd.DataFrame:
+    """One row per serving pool (one model in one cluster), every figure the aggregator's."""
+    rows = [
+        {
+            "cluster": p.cluster,
+            "model": p.model,
+            "serving": p.replicas_serving,
+            "draining": p.replicas_draining,
+            "out": p.replicas_out,
+            "KV-cache mean %": _percent(opt(p, "kv_cache_usage_mean_ratio")),
+            "KV-cache max %": _percent(opt(p, "kv_cache_usage_max_ratio")),
+            "running": opt(p, "requests_running"),
+            "waiting": opt(p, "requests_waiting"),
+            "preemptions/s": _rounded(opt(p, "preemptions_per_s"), 2),
+            "KV-cache if one leaves %": _finite_percent(opt(p, "kv_cache_usage_if_one_leaves_ratio")),
+            "headroom replicas": p.headroom_replicas,
+            "repairs waiting": ", ".join(p.nodes_waiting),
+        }
+        for p in resp.pools
+    ]
+    return pd.DataFrame(rows, columns=POOL_COLUMNS)
+
+
+def replicas_frame(resp: fleet_pb2.ListPoolsResponse) -> pd.DataFrame:
+    """One row per engine replica in the fleet, with its GPUs' mean utilization and the load
+    class the aggregator gave it."""
     rows = []
-    for n in resp.nodes:
-        util = {g.index: opt(g, "util_gpu_pct") for g in n.gpus}
-        for e in n.engines:
-            values = [util[i] for i in e.gpu_indices if util.get(i) is not None]
-            gpu_util = sum(values) / len(values) if values else None
+    for p in resp.pools:
+        for r in p.replicas:
             rows.append(
                 {
-                    "node": n.node,
-                    "engine": e.engine,
-                    "model": e.model,
-                    "port": e.port,
-                    "GPUs": ",".join(str(i) for i in e.gpu_indices),
-                    "GPU util %": _rounded(gpu_util, 1),
-                    "KV-cache usage %": _percent(opt(e, "kv_cache_usage_ratio")),
-                    "running": opt(e, "requests_running"),
-                    "waiting": opt(e, "requests_waiting"),
-                    "preemptions": opt(e, "preemptions_total"),
-                    "class": classify(e, gpu_util),
-                    "status": "ok" if e.readable else f"unreadable: {e.unreadable_reason}",
+                    "node": r.node,
+                    "engine": r.engine,
+                    "model": p.model,
+                    "cluster": p.cluster,
+                    "port": r.port,
+                    "GPUs": ",".join(str(i) for i in r.gpu_indices),
+                    "state": r.state,
+                    "GPU util %": _rounded(opt(r, "gpu_util_pct"), 1),
+                    "KV-cache usage %": _percent(opt(r, "kv_cache_usage_ratio")),
+                    "running": opt(r, "requests_running"),
+                    "waiting": opt(r, "requests_waiting"),
+                    "preemptions": opt(r, "preemptions_total"),
+                    "class": r.load_class,
+                    "status": f"unreadable: {r.unreadable_reason}" if r.load_class == "unreadable" else "ok",
                 }
             )
+    rows.sort(key=lambda row: (row["node"], row["engine"], row["port"]))
     return pd.DataFrame(rows, columns=REPLICA_COLUMNS)
 
 

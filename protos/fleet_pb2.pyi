@@ -232,6 +232,116 @@ class ResetBreakerRequest(_message.Message):
     reason: str
     def __init__(self, reason: _Optional[str] = ...) -> None: ...
 
+class ListPoolsRequest(_message.Message):
+    __slots__ = ("clusters", "model", "replicas")
+    CLUSTERS_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    REPLICAS_FIELD_NUMBER: _ClassVar[int]
+    clusters: _containers.RepeatedScalarFieldContainer[str]
+    model: str
+    replicas: bool
+    def __init__(self, clusters: _Optional[_Iterable[str]] = ..., model: _Optional[str] = ..., replicas: _Optional[bool] = ...) -> None: ...
+
+class PoolReplica(_message.Message):
+    __slots__ = ("node", "engine", "port", "gpu_indices", "state", "load_class", "unreadable_reason", "kv_cache_usage_ratio", "requests_running", "requests_waiting", "preemptions_total", "preemptions_per_s", "gpu_util_pct")
+    NODE_FIELD_NUMBER: _ClassVar[int]
+    ENGINE_FIELD_NUMBER: _ClassVar[int]
+    PORT_FIELD_NUMBER: _ClassVar[int]
+    GPU_INDICES_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    LOAD_CLASS_FIELD_NUMBER: _ClassVar[int]
+    UNREADABLE_REASON_FIELD_NUMBER: _ClassVar[int]
+    KV_CACHE_USAGE_RATIO_FIELD_NUMBER: _ClassVar[int]
+    REQUESTS_RUNNING_FIELD_NUMBER: _ClassVar[int]
+    REQUESTS_WAITING_FIELD_NUMBER: _ClassVar[int]
+    PREEMPTIONS_TOTAL_FIELD_NUMBER: _ClassVar[int]
+    PREEMPTIONS_PER_S_FIELD_NUMBER: _ClassVar[int]
+    GPU_UTIL_PCT_FIELD_NUMBER: _ClassVar[int]
+    node: str
+    engine: str
+    port: int
+    gpu_indices: _containers.RepeatedScalarFieldContainer[int]
+    state: str
+    load_class: str
+    unreadable_reason: str
+    kv_cache_usage_ratio: float
+    requests_running: float
+    requests_waiting: float
+    preemptions_total: float
+    preemptions_per_s: float
+    gpu_util_pct: float
+    def __init__(self, node: _Optional[str] = ..., engine: _Optional[str] = ..., port: _Optional[int] = ..., gpu_indices: _Optional[_Iterable[int]] = ..., state: _Optional[str] = ..., load_class: _Optional[str] = ..., unreadable_reason: _Optional[str] = ..., kv_cache_usage_ratio: _Optional[float] = ..., requests_running: _Optional[float] = ..., requests_waiting: _Optional[float] = ..., preemptions_total: _Optional[float] = ..., preemptions_per_s: _Optional[float] = ..., gpu_util_pct: _Optional[float] = ...) -> None: ...
+
+class ServingPool(_message.Message):
+    __slots__ = ("cluster", "model", "replicas_serving", "replicas_draining", "replicas_out", "kv_cache_usage_mean_ratio", "kv_cache_usage_max_ratio", "requests_running", "requests_waiting", "preemptions_per_s", "kv_cache_usage_if_one_leaves_ratio", "headroom_replicas", "nodes_waiting", "replicas")
+    CLUSTER_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    REPLICAS_SERVING_FIELD_NUMBER: _ClassVar[int]
+    REPLICAS_DRAINING_FIELD_NUMBER: _ClassVar[int]
+    REPLICAS_OUT_FIELD_NUMBER: _ClassVar[int]
+    KV_CACHE_USAGE_MEAN_RATIO_FIELD_NUMBER: _ClassVar[int]
+    KV_CACHE_USAGE_MAX_RATIO_FIELD_NUMBER: _ClassVar[int]
+    REQUESTS_RUNNING_FIELD_NUMBER: _ClassVar[int]
+    REQUESTS_WAITING_FIELD_NUMBER: _ClassVar[int]
+    PREEMPTIONS_PER_S_FIELD_NUMBER: _ClassVar[int]
+    KV_CACHE_USAGE_IF_ONE_LEAVES_RATIO_FIELD_NUMBER: _ClassVar[int]
+    HEADROOM_REPLICAS_FIELD_NUMBER: _ClassVar[int]
+    NODES_WAITING_FIELD_NUMBER: _ClassVar[int]
+    REPLICAS_FIELD_NUMBER: _ClassVar[int]
+    cluster: str
+    model: str
+    replicas_serving: int
+    replicas_draining: int
+    replicas_out: int
+    kv_cache_usage_mean_ratio: float
+    kv_cache_usage_max_ratio: float
+    requests_running: float
+    requests_waiting: float
+    preemptions_per_s: float
+    kv_cache_usage_if_one_leaves_ratio: float
+    headroom_replicas: int
+    nodes_waiting: _containers.RepeatedScalarFieldContainer[str]
+    replicas: _containers.RepeatedCompositeFieldContainer[PoolReplica]
+    def __init__(self, cluster: _Optional[str] = ..., model: _Optional[str] = ..., replicas_serving: _Optional[int] = ..., replicas_draining: _Optional[int] = ..., replicas_out: _Optional[int] = ..., kv_cache_usage_mean_ratio: _Optional[float] = ..., kv_cache_usage_max_ratio: _Optional[float] = ..., requests_running: _Optional[float] = ..., requests_waiting: _Optional[float] = ..., preemptions_per_s: _Optional[float] = ..., kv_cache_usage_if_one_leaves_ratio: _Optional[float] = ..., headroom_replicas: _Optional[int] = ..., nodes_waiting: _Optional[_Iterable[str]] = ..., replicas: _Optional[_Iterable[_Union[PoolReplica, _Mapping]]] = ...) -> None: ...
+
+class ListPoolsResponse(_message.Message):
+    __slots__ = ("pools", "floor_kv_cache_usage_ratio", "floor_min_serving_replicas", "guard", "formula", "load_class_rule", "server_time_unix_ns", "truncated")
+    POOLS_FIELD_NUMBER: _ClassVar[int]
+    FLOOR_KV_CACHE_USAGE_RATIO_FIELD_NUMBER: _ClassVar[int]
+    FLOOR_MIN_SERVING_REPLICAS_FIELD_NUMBER: _ClassVar[int]
+    GUARD_FIELD_NUMBER: _ClassVar[int]
+    FORMULA_FIELD_NUMBER: _ClassVar[int]
+    LOAD_CLASS_RULE_FIELD_NUMBER: _ClassVar[int]
+    SERVER_TIME_UNIX_NS_FIELD_NUMBER: _ClassVar[int]
+    TRUNCATED_FIELD_NUMBER: _ClassVar[int]
+    pools: _containers.RepeatedCompositeFieldContainer[ServingPool]
+    floor_kv_cache_usage_ratio: float
+    floor_min_serving_replicas: int
+    guard: bool
+    formula: str
+    load_class_rule: str
+    server_time_unix_ns: int
+    truncated: bool
+    def __init__(self, pools: _Optional[_Iterable[_Union[ServingPool, _Mapping]]] = ..., floor_kv_cache_usage_ratio: _Optional[float] = ..., floor_min_serving_replicas: _Optional[int] = ..., guard: _Optional[bool] = ..., formula: _Optional[str] = ..., load_class_rule: _Optional[str] = ..., server_time_unix_ns: _Optional[int] = ..., truncated: _Optional[bool] = ...) -> None: ...
+
+class DrainProjection(_message.Message):
+    __slots__ = ("cluster", "model", "replicas_now", "replicas_after", "kv_cache_usage_now_ratio", "kv_cache_usage_after_ratio", "below_floor")
+    CLUSTER_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    REPLICAS_NOW_FIELD_NUMBER: _ClassVar[int]
+    REPLICAS_AFTER_FIELD_NUMBER: _ClassVar[int]
+    KV_CACHE_USAGE_NOW_RATIO_FIELD_NUMBER: _ClassVar[int]
+    KV_CACHE_USAGE_AFTER_RATIO_FIELD_NUMBER: _ClassVar[int]
+    BELOW_FLOOR_FIELD_NUMBER: _ClassVar[int]
+    cluster: str
+    model: str
+    replicas_now: int
+    replicas_after: int
+    kv_cache_usage_now_ratio: float
+    kv_cache_usage_after_ratio: float
+    below_floor: bool
+    def __init__(self, cluster: _Optional[str] = ..., model: _Optional[str] = ..., replicas_now: _Optional[int] = ..., replicas_after: _Optional[int] = ..., kv_cache_usage_now_ratio: _Optional[float] = ..., kv_cache_usage_after_ratio: _Optional[float] = ..., below_floor: _Optional[bool] = ...) -> None: ...
+
 class StatusRequest(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
@@ -433,16 +543,18 @@ class GetNodeRequest(_message.Message):
     def __init__(self, node: _Optional[str] = ...) -> None: ...
 
 class NodeDetail(_message.Message):
-    __slots__ = ("summary", "engines", "recent_events", "collector_stats")
+    __slots__ = ("summary", "engines", "recent_events", "collector_stats", "if_drained")
     SUMMARY_FIELD_NUMBER: _ClassVar[int]
     ENGINES_FIELD_NUMBER: _ClassVar[int]
     RECENT_EVENTS_FIELD_NUMBER: _ClassVar[int]
     COLLECTOR_STATS_FIELD_NUMBER: _ClassVar[int]
+    IF_DRAINED_FIELD_NUMBER: _ClassVar[int]
     summary: NodeSummary
     engines: _containers.RepeatedCompositeFieldContainer[_telemetry_pb2.EngineSample]
     recent_events: _containers.RepeatedCompositeFieldContainer[_telemetry_pb2.Event]
     collector_stats: _telemetry_pb2.CollectorStats
-    def __init__(self, summary: _Optional[_Union[NodeSummary, _Mapping]] = ..., engines: _Optional[_Iterable[_Union[_telemetry_pb2.EngineSample, _Mapping]]] = ..., recent_events: _Optional[_Iterable[_Union[_telemetry_pb2.Event, _Mapping]]] = ..., collector_stats: _Optional[_Union[_telemetry_pb2.CollectorStats, _Mapping]] = ...) -> None: ...
+    if_drained: _containers.RepeatedCompositeFieldContainer[DrainProjection]
+    def __init__(self, summary: _Optional[_Union[NodeSummary, _Mapping]] = ..., engines: _Optional[_Iterable[_Union[_telemetry_pb2.EngineSample, _Mapping]]] = ..., recent_events: _Optional[_Iterable[_Union[_telemetry_pb2.Event, _Mapping]]] = ..., collector_stats: _Optional[_Union[_telemetry_pb2.CollectorStats, _Mapping]] = ..., if_drained: _Optional[_Iterable[_Union[DrainProjection, _Mapping]]] = ...) -> None: ...
 
 class ListMetricsRequest(_message.Message):
     __slots__ = ()

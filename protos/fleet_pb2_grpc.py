@@ -99,6 +99,16 @@ class FleetStub:
                 request_serializer=gpufleet_dot_v1_dot_fleet__pb2.ResetBreakerRequest.SerializeToString,
                 response_deserializer=gpufleet_dot_v1_dot_fleet__pb2.RepairStatus.FromString,
                 _registered_method=True)
+        self.Proceed = channel.unary_unary(
+                '/gpufleet.v1.Fleet/Proceed',
+                request_serializer=gpufleet_dot_v1_dot_fleet__pb2.CordonRequest.SerializeToString,
+                response_deserializer=gpufleet_dot_v1_dot_fleet__pb2.CordonResponse.FromString,
+                _registered_method=True)
+        self.ListPools = channel.unary_unary(
+                '/gpufleet.v1.Fleet/ListPools',
+                request_serializer=gpufleet_dot_v1_dot_fleet__pb2.ListPoolsRequest.SerializeToString,
+                response_deserializer=gpufleet_dot_v1_dot_fleet__pb2.ListPoolsResponse.FromString,
+                _registered_method=True)
         self.ReplayPolicy = channel.unary_unary(
                 '/gpufleet.v1.Fleet/ReplayPolicy',
                 request_serializer=gpufleet_dot_v1_dot_fleet__pb2.ReplayRequest.SerializeToString,
@@ -195,6 +205,21 @@ class FleetServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Proceed(self, request, context):
+        """A drain waiting for serving capacity goes on regardless (operator; audited).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListPools(self, request, context):
+        """Serving pools: the inference replicas of one model in one cluster, their pressure and
+        what one replica leaving would do (docs/repair.md "Serving-aware repair").
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def ReplayPolicy(self, request, context):
         """Policy replay over the store's history (viewer: it changes nothing). One at a time.
         """
@@ -276,6 +301,16 @@ def add_FleetServicer_to_server(servicer, server):
                     servicer.ResetBreaker,
                     request_deserializer=gpufleet_dot_v1_dot_fleet__pb2.ResetBreakerRequest.FromString,
                     response_serializer=gpufleet_dot_v1_dot_fleet__pb2.RepairStatus.SerializeToString,
+            ),
+            'Proceed': grpc.unary_unary_rpc_method_handler(
+                    servicer.Proceed,
+                    request_deserializer=gpufleet_dot_v1_dot_fleet__pb2.CordonRequest.FromString,
+                    response_serializer=gpufleet_dot_v1_dot_fleet__pb2.CordonResponse.SerializeToString,
+            ),
+            'ListPools': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListPools,
+                    request_deserializer=gpufleet_dot_v1_dot_fleet__pb2.ListPoolsRequest.FromString,
+                    response_serializer=gpufleet_dot_v1_dot_fleet__pb2.ListPoolsResponse.SerializeToString,
             ),
             'ReplayPolicy': grpc.unary_unary_rpc_method_handler(
                     servicer.ReplayPolicy,
@@ -639,6 +674,60 @@ class Fleet:
             '/gpufleet.v1.Fleet/ResetBreaker',
             gpufleet_dot_v1_dot_fleet__pb2.ResetBreakerRequest.SerializeToString,
             gpufleet_dot_v1_dot_fleet__pb2.RepairStatus.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Proceed(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/gpufleet.v1.Fleet/Proceed',
+            gpufleet_dot_v1_dot_fleet__pb2.CordonRequest.SerializeToString,
+            gpufleet_dot_v1_dot_fleet__pb2.CordonResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListPools(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/gpufleet.v1.Fleet/ListPools',
+            gpufleet_dot_v1_dot_fleet__pb2.ListPoolsRequest.SerializeToString,
+            gpufleet_dot_v1_dot_fleet__pb2.ListPoolsResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -26,6 +26,7 @@ from collections.abc import Callable
 from gpufleet.protos import ingest_pb2
 from gpufleet.repair.alerts.dispatcher import AlertDispatcher
 from gpufleet.repair.backends.base import Backend, Observed
+from gpufleet.repair.capacity import CapacityGuard
 from gpufleet.repair.evaluator import Evaluator, finding_id
 from gpufleet.repair.health import OUT_OF_SERVICE, WATCHED, Health, Step
 from gpufleet.repair.hooks import HookRunner, run_hook
@@ -38,6 +39,7 @@ from gpufleet.repair.people import PersonActions, RepairRefused
 from gpufleet.repair.policy import Policy
 from gpufleet.repair.progress import WorkflowSteps
 from gpufleet.repair.rails import Breaker, Gate, Rails, SchedulerView
+from gpufleet.repair.serving import ReplicaReading
 from gpufleet.repair.state import Fenced, HeldStep, RepairState, StateError, Workflow
 
 log = logging.getLogger("gpufleet.repair")
@@ -62,10 +64,12 @@ class RepairController(PersonActions, WorkflowSteps):
         liveness: Callable[[], dict[str, int]] | None = None,
         clock: Callable[[], int] = time.time_ns,
         hook_runner: HookRunner = run_hook,
+        serving: Callable[[], list[ReplicaReading]] = list,
     ) -> None:
         """clock: the time every decision is made at (ns); `gpufleet replay` runs the same
         controller on a virtual one (repair/replay/). hook_runner: how reboot and ticket
-        commands are carried out (replay: simulated)."""
+        commands are carried out (replay: simulated). serving: every inference-engine replica
+        in the fleet now, for the capacity guard (repair/capacity.py; none: no pools)."""
         self.policy = policy
         self.clock = clock
         self.state = state
@@ -81,7 +85,8 @@ class RepairController(PersonActions, WorkflowSteps):
         self.desk = IncidentDesk(state, dispatcher, on_action, clock)
         self.breaker = Breaker(state, rails)
         self.scheduler = SchedulerWatch(backend, observe_interval_s)
-        self.gate = Gate(rails, self.breaker, self.scheduler.cordoned)
+        self.capacity = CapacityGuard(policy.serving, serving, self.desk, clock)
+        self.gate = Gate(rails, self.breaker, self.scheduler.cordoned, self.capacity)
         self.evaluator = Evaluator(policy, state)
         self.steps = StepRunner(policy, state, hooks, self.desk, send_command, self.poke, clock, hook_runner)
         dispatcher.restore_breaker(self.breaker.tripped)
@@ -233,6 +238,7 @@ class RepairController(PersonActions, WorkflowSteps):
                 self.state.check_fence("a repair pass")
             now = self.clock()
             started = time.monotonic()
+            self.capacity.new_pass()
             snaps = {s.node: s for s in self._snapshots(only)}
             nodes = sorted(set(snaps) | (set(self.workflows) if only is None else only & set(self.workflows)))
             if only is None:

@@ -34,6 +34,7 @@ class HoldKind(StrEnum):
     SCHEDULER = "scheduler_unreadable"
     CAP = "cap"
     DRAIN_SLOT = "drain_slot"
+    CAPACITY = "capacity"  # the drain would take a serving pool below its floor (repair/capacity.py)
 
 
 class Step(StrEnum):

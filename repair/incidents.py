@@ -80,6 +80,9 @@ class IncidentDesk:
     def close(self, wf: Workflow, outcome: str, now: int, handed_to_person: bool = False) -> None:
         if not wf.incident_id:
             return
+        if wf.capacity_alert:
+            self.capacity(wf, "resolved", f"incident closed: {outcome}", now)
+        wf.may_wait, wf.capacity_wait_since_ns, wf.capacity_override = False, 0, ""
         wf.cleared_before_ns = now  # the XIDs behind this incident are dealt with
         incident = self._state.incident(wf.incident_id)
         wf.incident_id = ""
@@ -133,6 +136,26 @@ class IncidentDesk:
                     "outcome": incident.outcome,
                     "opened_unix_ns": incident.opened_ns,
                 },
+            )
+        )
+
+    def capacity(self, wf: Workflow, status: str, summary: str, now: int, severity: str = "warning") -> None:
+        """The incident's serving-capacity alert (repair/capacity.py): a repair waiting too long
+        for capacity, or an urgent one that takes a pool below its floor; one identity per
+        incident, resolved when the wait ends or the incident closes."""
+        if status == "resolved" and not wf.capacity_alert:
+            return
+        wf.capacity_alert = status == "firing"
+        self.alerts.notify(
+            Alert(
+                key=f"{wf.incident_id}/capacity",
+                status=status,
+                node=wf.node,
+                state=wf.state,
+                severity=severity,
+                summary=summary,
+                time_ns=now,
+                details={"detail": wf.detail, "incident": wf.incident_id, "kind": "serving_capacity"},
             )
         )
 

@@ -47,6 +47,9 @@ class Finding:
     window_s: float = 0.0
     ladder: tuple[str, ...] = ()
     seen_ns: int = 0  # when the signal was observed (event time; sample time)
+    # The drain for it may wait for serving capacity (docs/repair.md "Serving-aware repair");
+    # false (urgent): it drains at once whatever the node serves.
+    may_wait: bool = False
 
     @property
     def key(self) -> tuple[str, int | None, str]:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import logging
 
 from gpufleet.repair.backends.base import BackendError, Observed
-from gpufleet.repair.health import BY_AUTOMATION, Health
+from gpufleet.repair.health import BY_AUTOMATION, Health, HoldKind
 from gpufleet.repair.model import Finding
 from gpufleet.repair.outcome import OK, failed
 from gpufleet.repair.state import Workflow
@@ -54,6 +54,7 @@ class PersonActions:
         cordon = [f for f in findings if f.cordon]
         if cordon:  # still failing: carry on with the repair it was cordoned for
             self.desk.note(wf, cordon)
+            wf.may_wait = all(f.may_wait for f in cordon)
             worst = max(cordon, key=lambda f: f.severity_rank)
             wf.ladder, wf.step, wf.step_key = list(worst.ladder), 0, ""
             wf.gpus = sorted({f.gpu for f in cordon if f.gpu is not None})
@@ -106,6 +107,24 @@ class PersonActions:
             self._cancel(wf, self.findings.get(node, []), f"cancelled by {actor}: {reason}", now)
             self._save(wf)
             return wf
+
+    async def proceed(self, node: str, reason: str, actor: str) -> Workflow:
+        """A person says a drain waiting for serving capacity goes on regardless (audited; the
+        pools it takes below their floor are alerted as at risk)."""
+        async with self._lock:
+            wf = self._known(node)
+            if wf.held is None or wf.held.kind is not HoldKind.CAPACITY:
+                raise RepairRefused(
+                    "invalid",
+                    f"{node} is not waiting for capacity (state {wf.state}"
+                    + (f": {wf.detail}" if wf.detail else "")
+                    + "); `gpufleet repair status` lists what each node waits for",
+                )
+            wf.capacity_override = actor
+            self.desk.audit(wf, "proceed", reason, OK, self.clock(), actor=actor)
+            self._save(wf)
+        self.poke(node)
+        return wf
 
     async def reset_breaker(self, reason: str, actor: str) -> None:
         async with self._lock:

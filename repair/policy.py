@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import importlib.resources
 import tomllib
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
 from gpufleet.protos.names import ACTIONS
 from gpufleet.repair import xid_catalog
 from gpufleet.repair.model import LADDER_STEPS, SEVERITIES, Finding
+from gpufleet.repair.serving import ServingFloor
 
 
 def rule_names() -> tuple[str, ...]:
@@ -27,7 +28,17 @@ def rule_names() -> tuple[str, ...]:
     return tuple(name for name in RULES if name != "xid")
 
 
-_ENTRY_KEYS = {"severity", "cordon", "ladder", "reason", "window_s", "action", "threshold", "enabled"}
+_ENTRY_KEYS = {
+    "severity",
+    "cordon",
+    "ladder",
+    "reason",
+    "window_s",
+    "action",
+    "threshold",
+    "enabled",
+    "may_wait",
+}
 _WORKFLOW_DEFAULTS = {
     "validate_s": 60.0,
     "reset_timeout_s": 120.0,
@@ -58,6 +69,7 @@ class Entry:
     window_s: float = 0.0
     threshold: float = 0.0
     enabled: bool = True
+    may_wait: bool = False  # its drain may wait for serving capacity (repair/capacity.py)
 
     def finding(self, node: str, gpu: int | None, code: str, evidence: str, seen_ns: int) -> Finding:
         return Finding(
@@ -72,6 +84,7 @@ class Entry:
             self.window_s,
             self.ladder,
             seen_ns,
+            self.may_wait,
         )
 
 
@@ -90,6 +103,7 @@ class Policy:
     workflows: list[XidWorkflow]
     rules: dict[str, Entry]
     workflow: dict[str, float] = field(default_factory=lambda: dict(_WORKFLOW_DEFAULTS))
+    serving: ServingFloor = field(default_factory=ServingFloor)
     sources: tuple[str, ...] = ()
 
     def xid_entry(self, xid: int, with_xids: set[int] | frozenset[int] = frozenset()) -> tuple[Entry, str]:
@@ -128,6 +142,7 @@ class Policy:
             "ladder": list(entry.ladder),
             "window_s": entry.window_s,
             "reason": entry.reason,
+            "may_wait": entry.may_wait,
             "decided_by": why,
             "catalog": xid_catalog.CATALOG_VERSION,
         }
@@ -168,6 +183,7 @@ def _entry(where: str, raw: Any, base: Entry | None, fixed_action: str | None) -
             "window_s": 0.0,
             "threshold": 0.0,
             "enabled": True,
+            "may_wait": False,
         }
     )
     merged.update(raw)
@@ -183,6 +199,7 @@ def _entry(where: str, raw: Any, base: Entry | None, fixed_action: str | None) -
         float(merged["window_s"]),
         float(merged["threshold"]),
         merged["enabled"],
+        merged["may_wait"],
     )
 
 
@@ -193,7 +210,7 @@ def _check_entry(where: str, merged: dict[str, Any]) -> None:
         raise PolicyError(f"{where}: severity = {merged['severity']!r}; use one of {', '.join(SEVERITIES)}")
     if merged["action"] not in ACTIONS:
         raise PolicyError(f"{where}: action = {merged['action']!r}; use one of {', '.join(ACTIONS)}")
-    for key in ("cordon", "enabled"):
+    for key in ("cordon", "enabled", "may_wait"):
         if not isinstance(merged[key], bool):
             raise PolicyError(f"{where}: {key} = {merged[key]!r} must be true or false")
     ladder = merged["ladder"]
@@ -210,13 +227,14 @@ def _check_entry(where: str, merged: dict[str, Any]) -> None:
 
 
 def _apply(policy: Policy, data: dict[str, Any], source: str) -> None:
-    known = {"workflow", "buckets", "xid", "xid_workflow", "rules"}
+    known = {"workflow", "serving", "buckets", "xid", "xid_workflow", "rules"}
     unknown = set(data) - known
     if unknown:
         raise PolicyError(
             f"{source}: unknown table(s) {', '.join(sorted(unknown))}; known: {', '.join(sorted(known))}"
         )
     _apply_workflow(policy, data.get("workflow", {}), source)
+    _apply_serving(policy, data.get("serving", {}), source)
     _apply_buckets(policy, data.get("buckets", {}), source)
     _apply_xids(policy, data.get("xid", {}), source)
     _apply_xid_workflows(policy, data.get("xid_workflow", []), source)
@@ -235,6 +253,32 @@ def _apply_workflow(policy: Policy, table: dict[str, Any], source: str) -> None:
         elif isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
             raise PolicyError(f"{source}: [workflow] {key} = {value!r} must be a number ≥ 0")
         policy.workflow[key] = float(value)
+
+
+def _apply_serving(policy: Policy, table: dict[str, Any], source: str) -> None:
+    """[serving]: the floor a repair that may wait keeps each serving pool above."""
+    if not isinstance(table, dict):
+        raise PolicyError(f"{source}: [serving] must be a table")
+    known = {f.name: f for f in fields(ServingFloor)}
+    values = {f.name: getattr(policy.serving, f.name) for f in fields(ServingFloor)}
+    for key, value in table.items():
+        if key not in known:
+            raise PolicyError(f"{source}: [serving] unknown key {key!r}; known: {', '.join(known)}")
+        where = f"{source}: [serving] {key} = {value!r}"
+        if key == "guard":
+            if not isinstance(value, bool):
+                raise PolicyError(f"{where} must be true or false")
+        elif key == "min_serving_replicas":
+            if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= 10_000:
+                raise PolicyError(f"{where} must be a whole number from 0 to 10000")
+        elif isinstance(value, bool) or not isinstance(value, int | float) or value != value:
+            raise PolicyError(f"{where} must be a number")
+        elif key == "max_kv_cache_usage_ratio" and not 0 < value <= 10:
+            raise PolicyError(f"{where} must be above 0 and at most 10 (1 is a full cache)")
+        elif key == "max_capacity_wait_s" and not 0 <= value <= 30 * 86400:
+            raise PolicyError(f"{where} must be from 0 to 2592000 (30 days)")
+        values[key] = value if key in ("guard", "min_serving_replicas") else float(value)
+    policy.serving = ServingFloor(**values)
 
 
 def _apply_buckets(policy: Policy, table: dict[str, Any], source: str) -> None:

@@ -46,6 +46,8 @@ class WorkflowSteps:
             self.scheduler.forget(wf.node)  # changed (or maybe changed): read it again
         self.desk.audit(wf, Step.CORDON, reason, OK, now)
         wf.cordoned_by_us = True
+        # Its drain may wait for serving capacity only if every finding behind it may.
+        wf.may_wait = all(f.may_wait for f in ready)
         wf.ladder = list(worst.ladder)
         wf.step = 0
         wf.step_key = ""
@@ -199,6 +201,8 @@ class WorkflowSteps:
         self, wf: Workflow, snap: NodeSnapshot | None, cordon: list[Finding], view: SchedulerView, now: int
     ) -> None:
         """The next step of a node the automation took out: drain, repair, validate."""
+        if wf.may_wait and any(not f.may_wait for f in cordon):
+            wf.may_wait = False  # an urgent finding came while it waited: it waits no longer
         if wf.state == Health.CORDONED:
             if self._held(wf, Step.DRAIN, view, now, "start moving workloads off"):
                 return

@@ -8,7 +8,9 @@
 3. a step that changes the scheduler (cordon, drain, uncordon) needs this pass's view of the
    scheduler: when it could not be read, the step waits and says why;
 4. a cordon within the cap on nodes out of service (absolute and a fraction of the fleet);
-5. one drain at a time.
+5. one drain at a time;
+6. a drain that would take a serving pool below its floor waits, when every finding behind it
+   may wait (repair/capacity.py); an urgent one goes on with a "capacity at risk" alert.
 
 Ownership (a person's cordon always wins) is checked twice: by the reconciler from the
 scheduler's view, and by the backend right before it acts (repair/backends/base.py)."""
@@ -20,6 +22,7 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from gpufleet.repair.capacity import CapacityGuard
 from gpufleet.repair.health import OUT_OF_SERVICE, SCHEDULER_STEPS, Health, HoldKind, Step
 from gpufleet.repair.outcome import Outcome, Status
 from gpufleet.repair.state import RepairState, Workflow
@@ -113,13 +116,19 @@ class SchedulerView:
 
 class Gate:
     def __init__(
-        self, rails: Rails, breaker: Breaker, cordoned_in_scheduler: Callable[[], frozenset[str]]
+        self,
+        rails: Rails,
+        breaker: Breaker,
+        cordoned_in_scheduler: Callable[[], frozenset[str]],
+        capacity: CapacityGuard,
     ) -> None:
         """cordoned_in_scheduler: nodes the scheduler last showed cordoned (by anyone), counted
         out of service whatever our records say (a process killed between its cordon and its
-        record of it); asked only when a cordon is checked against the cap."""
+        record of it); asked only when a cordon is checked against the cap. capacity: the
+        serving pools' floor, asked before a drain starts."""
         self.rails = rails
         self.breaker = breaker
+        self.capacity = capacity
         self._cordoned_in_scheduler = cordoned_in_scheduler
         self.fleet_size = 0
 
@@ -149,4 +158,8 @@ class Gate:
             and any(w.state == Health.DRAINING for w in workflows.values() if w.node != wf.node)
         ):
             return Hold(HoldKind.DRAIN_SLOT, "waiting for the drain slot (one drain at a time)")
+        if step is Step.DRAIN and wf.state == Health.CORDONED:
+            held = self.capacity.check(wf, workflows)
+            if held is not None:
+                return Hold(*held)
         return None

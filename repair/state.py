@@ -78,6 +78,13 @@ class Workflow:
     suppressed: list[str] = field(default_factory=list)  # finding ids a person overrode
     cleared_before_ns: int = 0  # XIDs before this were dealt with (incident closed)
     held: HeldStep | None = None  # the step the rails hold back (audited once), None when none
+    # Serving-aware repair (repair/capacity.py): the drain may wait for serving capacity (every
+    # finding behind the incident may wait); since when it has waited; whether its capacity
+    # alert is firing; who told it to go on regardless ("" nobody).
+    may_wait: bool = False
+    capacity_wait_since_ns: int = 0
+    capacity_alert: bool = False
+    capacity_override: str = ""
 
     @classmethod
     def from_json(cls, text: str) -> Workflow:

@@ -7,19 +7,17 @@ import asyncio
 import hashlib
 import logging
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import grpc
 
 from gpufleet.aggregator.api.base import Refused, rpc
 from gpufleet.aggregator.auth.tokens import Principal
+from gpufleet.aggregator.fleet.pools import if_drained, list_pools, serving_readings
 from gpufleet.aggregator.ingest.schema import METRICS
 from gpufleet.protos import fleet_pb2
 from gpufleet.protos.credentials import TOKEN_ID_RE
 from gpufleet.repair.state import StateError
-
-if TYPE_CHECKING:
-    pass
 
 log = logging.getLogger("gpufleet.aggregator.fleet")
 
@@ -92,7 +90,16 @@ class NodesApi:
         detail = self._fleet.detail(live)
         await self._count_recent_incidents()
         self._with_health(self._viewer_summary(detail.summary, processes=True))
+        if live.engines:
+            detail.if_drained.extend(
+                if_drained(live.node, serving_readings(self._fleet), self._workflows(), self._serving_floor())
+            )
         return detail
+
+    @rpc("viewer")
+    async def ListPools(self, request: fleet_pb2.ListPoolsRequest, principal: Principal) -> Any:
+        """The serving pools (aggregator/fleet/pools.py), each from its own replicas' readings."""
+        return list_pools(serving_readings(self._fleet), self._workflows(), self._serving_floor(), request)
 
     @rpc("viewer")
     async def GetStatus(self, request: fleet_pb2.StatusRequest, principal: Principal) -> Any:

@@ -25,6 +25,7 @@ from gpufleet.repair.health import Health
 from gpufleet.repair.policy import Policy, PolicyError, load_policy_text
 from gpufleet.repair.replay.engine import replay
 from gpufleet.repair.replay.report import compare, summarize
+from gpufleet.repair.serving import ServingFloor
 from gpufleet.repair.state import AuditRecord, Incident, RepairState, StateError, Workflow
 
 if TYPE_CHECKING:
@@ -46,10 +47,19 @@ class RepairApi:
         now, and what changes it is sent to that thread (`_manual`)."""
         return self._wiring.controller if self._wiring else None
 
+    def workflows(self) -> dict[str, Workflow]:
+        """Every node's repair workflow as this replica knows it now (the leader's own; a
+        follower's as last synced from the control plane)."""
+        return self._workflows()
+
     def _workflows(self) -> dict[str, Workflow]:
         if self._repair is not None:
             return self._repair.workflows
         return self._shared.workflows if self._shared else {}
+
+    def _serving_floor(self) -> ServingFloor:
+        """The policy's serving floor (the shipped one where repair is not wired)."""
+        return self._wiring.policy.serving if self._wiring is not None else ServingFloor()
 
     def _with_health(self, summary: fleet_pb2.NodeSummary) -> fleet_pb2.NodeSummary:
         wf = self._workflows().get(summary.node)
@@ -308,6 +318,10 @@ class RepairApi:
     @rpc("operator", forward=True)
     async def Uncordon(self, request: fleet_pb2.CordonRequest, principal: Principal) -> Any:
         return await self._manual("uncordon", request, principal)
+
+    @rpc("operator", forward=True)
+    async def Proceed(self, request: fleet_pb2.CordonRequest, principal: Principal) -> Any:
+        return await self._manual("proceed", request, principal)
 
     @rpc("operator", forward=True)
     async def ResetBreaker(self, request: fleet_pb2.ResetBreakerRequest, principal: Principal) -> Any:

@@ -70,6 +70,10 @@ class NodeLive:
     _gpu_samples: dict[int, telemetry_pb2.GpuSample] = field(default_factory=dict)
     _gpu_columns: telemetry_pb2.GpuColumns | None = None
     engines: dict[tuple[str, int], telemetry_pb2.EngineSample] = field(default_factory=dict)
+    # Each engine's preemptions per second between the node's last two sampling reports that
+    # carried it (absent: not seen twice yet, or its counter went back: a restart).
+    preemptions_per_s: dict[tuple[str, int], float] = field(default_factory=dict)
+    engines_time_ns: int = 0  # the report time of `engines`
     events: RecentEvents = field(default_factory=RecentEvents)
     stats: telemetry_pb2.CollectorStats = field(default_factory=telemetry_pb2.CollectorStats)
     replica: str = ""  # another aggregator replica holding the node's stream; "": this one
@@ -96,6 +100,25 @@ class NodeLive:
         if pending is not None and pending.index != cols.index:
             _ = self.gpus  # another set of GPUs: the pending ones are read out first
         self._gpu_columns = cols
+
+
+def preemption_rates(
+    before: dict[tuple[str, int], telemetry_pb2.EngineSample],
+    after: dict[tuple[str, int], telemetry_pb2.EngineSample],
+    elapsed_s: float,
+) -> dict[tuple[str, int], float]:
+    """Preemptions per second of each engine seen in both samples, elapsed_s apart."""
+    if not before or elapsed_s <= 0:
+        return {}
+    rates = {}
+    for key, new in after.items():
+        old = before.get(key)
+        if old is None or not (old.HasField("preemptions_total") and new.HasField("preemptions_total")):
+            continue
+        delta = new.preemptions_total - old.preemptions_total
+        if delta >= 0:
+            rates[key] = delta / elapsed_s
+    return rates
 
 
 class FleetState:
@@ -184,7 +207,11 @@ class FleetState:
         if sampled or report.engines:
             # A sampling report: it carries every engine found at this tick (a report that only
             # pushes events carries neither), so the engines it does not carry are gone.
-            live.engines = {(eng.engine, eng.port): eng for eng in report.engines}
+            engines = {(eng.engine, eng.port): eng for eng in report.engines}
+            live.preemptions_per_s = preemption_rates(
+                live.engines, engines, (report.time_unix_ns - live.engines_time_ns) / 1e9
+            )
+            live.engines, live.engines_time_ns = engines, report.time_unix_ns
         if report.HasField("gpu_columns"):
             live.take_columns(report.gpu_columns)
         for gpu in report.gpus:
@@ -247,6 +274,7 @@ class FleetState:
         live.gpus_on_pci_bus = s.gpus_on_pci_bus if s.HasField("gpus_on_pci_bus") else None
         live.gpus = {g.index: g for g in s.gpus}
         live.engines = {(e.engine, e.port): e for e in detail.engines}
+        live.preemptions_per_s = {}
         live.events = RecentEvents(detail.recent_events)
         live.stats = detail.collector_stats
         return any(e.time_unix_ns > newest for e in detail.recent_events)

@@ -1,13 +1,16 @@
-"""Inference: every engine replica's KV-cache usage next to its GPUs' utilization, waiting
-requests and preemptions, classed KV-bound, compute-bound or idle by the rule shown."""
+"""Inference: the serving pools (one model in one cluster: replicas, KV-cache pressure, what
+one replica leaving would do, repairs waiting for capacity), then every engine replica's
+KV-cache usage next to its GPUs' utilization, classed KV-bound, compute-bound or idle by the
+aggregator's rule, shown on the page (docs/repair.md "Serving-aware repair")."""
 
 from __future__ import annotations
 
 import altair as alt
 import streamlit as st
 
-from gpufleet.dashboard.data import CLASS_RULE, REPLICA_COLUMNS, replicas_frame
-from gpufleet.dashboard.fleet import list_nodes
+from gpufleet.dashboard.data import REPLICA_COLUMNS, pools_frame, replicas_frame
+from gpufleet.dashboard.fleet import call
+from gpufleet.protos import fleet_pb2
 
 CLASSES = ["KV-bound", "compute-bound", "idle", "unknown", "unreadable"]
 CLASS_COLOURS = ["#b2182b", "#3778bf", "#7f7f7f", "#c7c7c7", "#000000"]
@@ -15,8 +18,9 @@ CLASS_COLOURS = ["#b2182b", "#3778bf", "#7f7f7f", "#c7c7c7", "#000000"]
 
 def render() -> None:
     st.header("Inference")
-    replicas = replicas_frame(list_nodes())
-    st.markdown(CLASS_RULE)
+    answer = call("ListPools", fleet_pb2.ListPoolsRequest(replicas=True))
+    replicas = replicas_frame(answer)
+    st.markdown(answer.load_class_rule)
     if replicas.empty:
         st.info("No inference engines found in the fleet (vLLM, SGLang, TGI, TensorRT-LLM).")
         return
@@ -25,6 +29,15 @@ def render() -> None:
     cols[0].metric("replicas", len(replicas))
     for col, name in zip(cols[1:], ["KV-bound", "compute-bound", "idle"], strict=True):
         col.metric(name, int(counts.get(name, 0)))
+    st.subheader("Serving pools")
+    st.caption(
+        f"Floor: KV-cache {answer.floor_kv_cache_usage_ratio:.0%}, at least "
+        f"{answer.floor_min_serving_replicas} replica(s); the capacity guard is "
+        f"{'on' if answer.guard else 'off'}. {answer.formula}. Headroom: replicas that may leave "
+        "within the floor (negative: replicas short of it)."
+    )
+    st.dataframe(pools_frame(answer), hide_index=True, width="stretch")
+    st.subheader("Replicas")
     chart = (
         alt.Chart(replicas.dropna(subset=["KV-cache usage %", "GPU util %"]))
         .mark_circle(size=120)

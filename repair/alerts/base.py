@@ -51,7 +51,8 @@ def links(alert: Alert, dashboard_url: str) -> dict[str, str]:
     base = dashboard_url.rstrip("/") + "/?"
     out = {"repairs": base + urllib.parse.urlencode({"page": "repairs"})}
     if alert.key != "breaker":
-        out["incident"] = base + urllib.parse.urlencode({"page": "repairs", "incident": alert.key})
+        incident = alert.key.split("/", 1)[0]  # an incident's capacity alert is "ID/capacity"
+        out["incident"] = base + urllib.parse.urlencode({"page": "repairs", "incident": incident})
     if alert.node:
         out["node"] = base + urllib.parse.urlencode({"page": "node", "node": alert.node})
     return out

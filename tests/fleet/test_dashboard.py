@@ -11,8 +11,7 @@ from typing import Any
 import pandas as pd
 import pytest
 
-from gpufleet.dashboard.data import classify
-from gpufleet.protos import fleet_pb2, telemetry_pb2
+from gpufleet.protos import fleet_pb2
 from gpufleet.protos.names import health_name
 from harness.processes import Cluster, free_port
 from harness.repair import gpufleet_cli
@@ -44,7 +43,9 @@ def test_every_page_against_a_simulated_fleet(cluster: Cluster, monkeypatch: pyt
     assert any("KV-bound" in m.value and "compute-bound" in m.value for m in at.markdown), (
         "the rule is stated"
     )
-    replicas = at.dataframe[0].value
+    pools = at.dataframe[0].value  # the aggregator's pools: one model, one replica
+    assert list(pools["serving"]) == [1] and list(pools["headroom replicas"]) == [0]
+    replicas = at.dataframe[1].value
     assert list(replicas["node"]) == ["dash-1"] and list(replicas["engine"]) == ["vllm"]
     assert replicas["class"][0] in ("KV-bound", "compute-bound", "idle")
     assert 0 <= replicas["KV-cache usage %"][0] <= 100 and replicas["GPUs"][0] == "0,1,2,3"
@@ -201,19 +202,6 @@ def test_operator_uncordons_from_the_node_page(cluster: Cluster, monkeypatch: py
         "uncordon",
         "GPU 1 reseated",
     )
-
-
-def test_kv_bound_compute_bound_idle_rule() -> None:
-    def cls(util: float | None, **values: float) -> str:
-        return classify(telemetry_pb2.EngineSample(engine="vllm", readable=True, **values), util)
-
-    assert cls(0.0, requests_running=0, requests_waiting=0, kv_cache_usage_ratio=0.0) == "idle"
-    assert cls(40.0, requests_running=8, requests_waiting=0, kv_cache_usage_ratio=0.95) == "KV-bound"
-    assert cls(60.0, requests_running=8, requests_waiting=3, kv_cache_usage_ratio=0.8) == "KV-bound"
-    assert cls(95.0, requests_running=8, requests_waiting=0, kv_cache_usage_ratio=0.4) == "compute-bound"
-    assert cls(97.0, requests_running=8, requests_waiting=3, kv_cache_usage_ratio=0.5) == "compute-bound"
-    assert cls(90.0, requests_running=8) == "unknown", "no KV-cache figure: no guess"
-    assert classify(telemetry_pb2.EngineSample(readable=False), None) == "unreadable"
 
 
 def test_unreachable_aggregator_is_a_plain_error(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -48,6 +48,7 @@ def test_every_fleet_rpc_is_served_by_our_code_not_the_generated_placeholder() -
     from gpufleet.protos import fleet_pb2, fleet_pb2_grpc
 
     methods = [m.name for m in fleet_pb2.DESCRIPTOR.services_by_name["Fleet"].methods]
-    assert len(methods) == 15  # the first waves' twelve, ReplayPolicy, QueryEvents, RevokeCollectorToken
+    # the first waves' twelve, ReplayPolicy, QueryEvents, RevokeCollectorToken, Proceed, ListPools
+    assert len(methods) == 17
     missing = [m for m in methods if getattr(FleetService, m) is getattr(fleet_pb2_grpc.FleetServicer, m)]
     assert missing == []

@@ -1,0 +1,227 @@
+"""The fleet's serving pools, built from the live view (repair/serving.py holds the pool math):
+what the Fleet API's ListPools and GetNode answer, the capacity guard reads and /metrics
+exports. Computed on demand from each node's latest engine samples, so a pool is never older
+than its replicas' last reports."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable, Mapping
+
+from prometheus_client import CollectorRegistry
+from prometheus_client.core import GaugeMetricFamily
+
+from gpufleet.aggregator.fleet.state import FleetState
+from gpufleet.protos import fleet_pb2, vocabulary_pb2
+from gpufleet.repair.capacity import node_states, waiting_nodes
+from gpufleet.repair.serving import (
+    LOAD_CLASS_RULE,
+    PROJECTION_RULE,
+    Pool,
+    Pools,
+    Projection,
+    ReplicaReading,
+    ReplicaState,
+    ServingFloor,
+    readings_of,
+)
+from gpufleet.repair.state import Workflow
+
+POOLS_ANSWER_BYTES = 3 << 20  # ListPools stops adding pools here (a client takes 4 MiB)
+MAX_EXPORTED_POOLS = 500  # /metrics: pools exported, the largest first (model names are a node's words)
+
+
+def serving_readings(
+    fleet: FleetState, gpu_util: bool = True, now_ns: int | None = None
+) -> list[ReplicaReading]:
+    """Every engine replica in the live view. gpu_util: read each replica's GPUs' utilization
+    too (this reads the GPU samples out of their columns: on the event loop only)."""
+    now = now_ns or time.time_ns()
+    out: list[ReplicaReading] = []
+    for live in list(fleet.nodes.values()):
+        engines = list(live.engines.values())
+        if not engines:
+            continue
+        reporting = fleet.liveness(live, now) == vocabulary_pb2.LIVENESS_REPORTING
+        gpus = live.gpus if gpu_util else {}
+        out += readings_of(live.node, live.cluster, reporting, engines, gpus, live.preemptions_per_s)
+    return out
+
+
+def _set(
+    msg: fleet_pb2.ServingPool | fleet_pb2.PoolReplica | fleet_pb2.DrainProjection, **values: float | None
+) -> None:
+    for name, value in values.items():
+        if value is not None:
+            setattr(msg, name, value)
+
+
+def pool_pb(pool: Pool, floor: ServingFloor, waiting: set[str], replicas: bool) -> fleet_pb2.ServingPool:
+    msg = fleet_pb2.ServingPool(
+        cluster=pool.cluster,
+        model=pool.model,
+        replicas_serving=pool.count(ReplicaState.SERVING),
+        replicas_draining=pool.count(ReplicaState.DRAINING),
+        replicas_out=pool.count(ReplicaState.OUT),
+        headroom_replicas=pool.headroom_replicas(floor),
+        nodes_waiting=sorted({r.node for r in pool.replicas} & waiting),
+    )
+    if_one_leaves = pool.projection_if_one_leaves()
+    _set(
+        msg,
+        kv_cache_usage_mean_ratio=pool.kv_cache_usage_mean_ratio,
+        kv_cache_usage_max_ratio=pool.kv_cache_usage_max_ratio,
+        requests_running=pool.requests_running,
+        requests_waiting=pool.requests_waiting,
+        preemptions_per_s=pool.preemptions_per_s,
+        kv_cache_usage_if_one_leaves_ratio=if_one_leaves,
+    )
+    if replicas:
+        for r, state in zip(pool.replicas, pool.states, strict=True):
+            rep = msg.replicas.add(
+                node=r.node,
+                engine=r.engine,
+                port=r.port,
+                gpu_indices=r.gpu_indices,
+                state=state.value,
+                load_class=r.load_class,
+                unreadable_reason=r.unreadable_reason,
+            )
+            _set(
+                rep,
+                kv_cache_usage_ratio=r.kv_cache_usage_ratio,
+                requests_running=r.requests_running,
+                requests_waiting=r.requests_waiting,
+                preemptions_total=r.preemptions_total,
+                preemptions_per_s=r.preemptions_per_s,
+                gpu_util_pct=r.gpu_util_pct,
+            )
+    return msg
+
+
+def list_pools(
+    readings: Iterable[ReplicaReading],
+    workflows: Mapping[str, Workflow],
+    floor: ServingFloor,
+    request: fleet_pb2.ListPoolsRequest,
+) -> fleet_pb2.ListPoolsResponse:
+    """ListPools' answer: pools by cluster and model, at most POOLS_ANSWER_BYTES of them."""
+    clusters = set(request.clusters)
+    chosen = [
+        r
+        for r in readings
+        if (not clusters or r.cluster in clusters) and (not request.model or r.model == request.model)
+    ]
+    pools = Pools(chosen, node_states(workflows))
+    waiting = waiting_nodes(workflows)
+    resp = fleet_pb2.ListPoolsResponse(
+        floor_kv_cache_usage_ratio=floor.max_kv_cache_usage_ratio,
+        floor_min_serving_replicas=floor.min_serving_replicas,
+        guard=floor.guard,
+        formula=PROJECTION_RULE,
+        load_class_rule=LOAD_CLASS_RULE,
+        server_time_unix_ns=time.time_ns(),
+    )
+    size = 0
+    for pool in pools.sorted():
+        msg = pool_pb(pool, floor, waiting, request.replicas)
+        size += msg.ByteSize()
+        if size > POOLS_ANSWER_BYTES:
+            resp.truncated = True
+            break
+        resp.pools.append(msg)
+    return resp
+
+
+def projection_pb(p: Projection) -> fleet_pb2.DrainProjection:
+    msg = fleet_pb2.DrainProjection(
+        cluster=p.cluster,
+        model=p.model,
+        replicas_now=p.replicas_now,
+        replicas_after=p.replicas_after,
+        below_floor=p.below_floor,
+    )
+    _set(msg, kv_cache_usage_now_ratio=p.kv_now, kv_cache_usage_after_ratio=p.kv_after)
+    return msg
+
+
+def if_drained(
+    node: str, readings: Iterable[ReplicaReading], workflows: Mapping[str, Workflow], floor: ServingFloor
+) -> list[fleet_pb2.DrainProjection]:
+    """What draining `node` would do to each pool it serves (GetNode)."""
+    states = node_states(workflows)
+    return [projection_pb(p) for p in Pools(readings, states).projections(node, states, floor)]
+
+
+class PoolGauges:
+    """Per-pool gauges on the aggregator's /metrics, the scaling signal for an autoscaler
+    (deploy/kubernetes/keda-scaledobject.yaml): gpufleet_pool_kv_cache_usage_ratio{stat=mean|max},
+    gpufleet_pool_requests_waiting, gpufleet_pool_replicas{state}, gpufleet_pool_headroom_replicas
+    and gpufleet_pool_repairs_waiting_for_capacity, labelled cluster and model. Model names are
+    what nodes report: at most MAX_EXPORTED_POOLS pools (the most replicas first), the rest
+    counted in gpufleet_pools_not_exported."""
+
+    def __init__(
+        self,
+        fleet: FleetState,
+        floor: Callable[[], ServingFloor],
+        workflows: Callable[[], Mapping[str, Workflow]],
+    ) -> None:
+        self._fleet, self._floor, self._workflows = fleet, floor, workflows
+
+    def collect(self) -> Iterable[GaugeMetricFamily]:
+        labels = ["cluster", "model"]
+        kv = GaugeMetricFamily(
+            "gpufleet_pool_kv_cache_usage_ratio",
+            "KV-cache usage of a serving pool's serving replicas (stat: mean or max; 1 is a full cache)",
+            labels=[*labels, "stat"],
+        )
+        waiting_requests = GaugeMetricFamily(
+            "gpufleet_pool_requests_waiting", "requests waiting in a serving pool's replicas", labels=labels
+        )
+        replicas = GaugeMetricFamily(
+            "gpufleet_pool_replicas", "a serving pool's replicas by state", labels=[*labels, "state"]
+        )
+        headroom = GaugeMetricFamily(
+            "gpufleet_pool_headroom_replicas",
+            "replicas that may leave a serving pool within its floor; negative: replicas short of it",
+            labels=labels,
+        )
+        repairs = GaugeMetricFamily(
+            "gpufleet_pool_repairs_waiting_for_capacity",
+            "repairs whose drain waits for this pool's capacity (an autoscaler should add a replica)",
+            labels=labels,
+        )
+        left_out = GaugeMetricFamily(
+            "gpufleet_pools_not_exported", f"serving pools past the first {MAX_EXPORTED_POOLS} not exported"
+        )
+        workflows = self._workflows()
+        floor = self._floor()
+        pools = Pools(serving_readings(self._fleet, gpu_util=False), node_states(workflows)).sorted()
+        waiting = waiting_nodes(workflows)
+        pools.sort(key=lambda p: -len(p.replicas))
+        for pool in pools[:MAX_EXPORTED_POOLS]:
+            key = [pool.cluster, pool.model]
+            for stat, value in (
+                ("mean", pool.kv_cache_usage_mean_ratio),
+                ("max", pool.kv_cache_usage_max_ratio),
+            ):
+                if value is not None:
+                    kv.add_metric([*key, stat], value)
+            if pool.requests_waiting is not None:
+                waiting_requests.add_metric(key, pool.requests_waiting)
+            for state in ReplicaState:
+                replicas.add_metric([*key, state.value], float(pool.count(state)))
+            headroom.add_metric(key, float(pool.headroom_replicas(floor)))
+            repairs.add_metric(key, float(len({r.node for r in pool.replicas} & waiting)))
+        left_out.add_metric([], float(max(0, len(pools) - MAX_EXPORTED_POOLS)))
+        yield from (kv, waiting_requests, replicas, headroom, repairs, left_out)
+
+
+def register_pool_metrics(
+    registry: CollectorRegistry,
+    fleet: FleetState,
+    floor: Callable[[], ServingFloor],
+    workflows: Callable[[], Mapping[str, Workflow]],
+) -> None:
+    registry.register(PoolGauges(fleet, floor, workflows))

@@ -1,0 +1,262 @@
+"""The capacity guard in the repair controller, in-process, on node snapshots and engine
+readings built here (its input), with the real policy, the SQLite state and the `none`
+backend: a drain that may wait is held while it would take a serving pool below its floor and
+goes on within one pass of capacity returning; an urgent one drains at once with a "capacity at
+risk" alert; a node cannot hold its own urgent repair back; the wait survives a restart with no
+second drain; a person's `proceed` lets it go."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from pathlib import Path
+
+from gpufleet.protos import telemetry_pb2, vocabulary_pb2
+from gpufleet.repair.alerts.dispatcher import AlertDispatcher
+from gpufleet.repair.backends.none import NoBackend
+from gpufleet.repair.controller import Hooks, Rails, RepairController
+from gpufleet.repair.health import HoldKind
+from gpufleet.repair.model import NodeSnapshot
+from gpufleet.repair.outcome import Status
+from gpufleet.repair.policy import Policy, load_policy_text
+from gpufleet.repair.serving import ReplicaReading
+from gpufleet.repair.state import RepairState, open_state
+
+MODEL = "meta-llama/Llama-3.1-70B-Instruct"
+# XID 79 (the GPU fell off the bus) is urgent as shipped; the deferrable case says it may wait.
+DEFERRABLE = "[xid.79]\nmay_wait = true\n"
+
+
+class Fleet:
+    """Node snapshots and engine readings as the aggregator would hand them over."""
+
+    def __init__(self, serving: dict[str, float], idle: list[str] = ()) -> None:
+        self.kv = dict(serving)  # node -> its one replica's KV-cache usage
+        self.snaps = {n: self._snap(n) for n in [*serving, *idle]}
+
+    @staticmethod
+    def _snap(node: str) -> NodeSnapshot:
+        return NodeSnapshot(
+            node,
+            "c",
+            vocabulary_pb2.LIVENESS_REPORTING,
+            0.5,
+            "boot-1",
+            True,
+            8,
+            gpus={i: telemetry_pb2.GpuSample(index=i, uuid=f"GPU-{node}-{i}") for i in range(8)},
+            sample_time_ns=time.time_ns(),
+        )
+
+    def add_replica(self, node: str, kv: float) -> None:
+        self.kv[node] = kv
+        self.snaps[node] = self._snap(node)
+
+    def snapshots(self, only: set[str] | None) -> list[NodeSnapshot]:
+        for snap in self.snaps.values():
+            snap.sample_time_ns = time.time_ns()
+        return [s for n, s in self.snaps.items() if only is None or n in only]
+
+    def readings(self) -> list[ReplicaReading]:
+        return [
+            ReplicaReading(
+                node, "c", "vllm", MODEL, 8000, (0, 1), kv_cache_usage_ratio=kv, requests_running=20
+            )
+            for node, kv in self.kv.items()
+        ]
+
+    def xid(self, node: str, gpu: int = 0, xid: int = 79) -> None:
+        self.snaps[node].events.append(
+            telemetry_pb2.Event(
+                kind=vocabulary_pb2.EVENT_KIND_XID,
+                source=vocabulary_pb2.EVENT_SOURCE_NVML,
+                time_unix_ns=time.time_ns(),
+                gpu_index=gpu,
+                xid=xid,
+            )
+        )
+
+
+def controller(state: RepairState, fleet: Fleet, policy: Policy) -> RepairController:
+    return RepairController(
+        policy,
+        state,
+        NoBackend(),
+        Rails(max_out_of_service_fraction=1),
+        Hooks(),
+        AlertDispatcher([], store=state),
+        fleet.snapshots,
+        lambda node, command: False,
+        serving=fleet.readings,
+    )
+
+
+def drains_started(state: RepairState, node: str) -> int:
+    return sum(1 for a in state.audit_log(node) if a.action == "drain" and a.outcome.status is Status.STARTED)
+
+
+def capacity_alerts(state: RepairState) -> dict[str, str]:
+    """Each capacity alert identity the dispatcher keeps, and what it says now (firing or
+    resolved; still in its group wait here: no sink, no flush)."""
+    return {
+        key: json.loads(body)["status"]
+        for key, _, body in state.alert_identities()
+        if key.endswith("/capacity")
+    }
+
+
+async def passes(repair: RepairController, n: int = 3) -> None:
+    for _ in range(n):
+        await repair.pass_once()
+
+
+def test_a_drain_that_may_wait_waits_for_capacity_then_goes_within_one_pass_of_a_fourth_replica(
+    tmp_path: Path,
+) -> None:
+    async def scenario() -> None:
+        fleet = Fleet({"n1": 0.85, "n2": 0.85, "n3": 0.85}, idle=["n4"])
+        state = open_state("sqlite", str(tmp_path / "repair.sqlite3"))
+        repair = controller(state, fleet, load_policy_text(DEFERRABLE, "test"))
+        fleet.xid("n1")
+        await passes(repair)
+        wf = repair.workflows["n1"]
+        assert wf.state == "cordoned", (wf.state, wf.detail)
+        assert wf.held is not None and wf.held.kind is HoldKind.CAPACITY
+        assert wf.detail == f"waiting for capacity: {MODEL} 3 → 2 replicas, projected KV 0.85 → 1.27"
+        assert drains_started(state, "n1") == 0
+        (held,) = [a for a in state.audit_log("n1") if a.action == "drain"]
+        assert held.outcome.status is Status.HELD and "waiting for capacity" in str(held.outcome)
+        await passes(repair, 5)  # checked again every pass, audited once
+        assert [a.action for a in state.audit_log("n1")].count("drain") == 1
+        # A fourth replica comes up with an empty cache: 2.55 / 3 = 0.85 once n1 leaves.
+        fleet.add_replica("n4", 0.0)
+        await repair.pass_once()
+        assert drains_started(state, "n1") == 1
+        assert repair.workflows["n1"].state not in ("cordoned", "healthy")
+        assert capacity_alerts(state) == {}, "no alert: it waited less than max_capacity_wait_s"
+
+    asyncio.run(scenario())
+
+
+def test_an_urgent_finding_drains_at_once_with_a_capacity_at_risk_alert(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        fleet = Fleet({"n1": 0.85, "n2": 0.85, "n3": 0.85})
+        state = open_state("sqlite", str(tmp_path / "repair.sqlite3"))
+        repair = controller(state, fleet, load_policy_text("", "shipped"))
+        fleet.xid("n1")
+        await passes(repair)
+        assert drains_started(state, "n1") == 1
+        wf = repair.workflows["n1"]
+        assert wf.capacity_alert and not wf.may_wait
+        assert capacity_alerts(state) == {f"{wf.incident_id}/capacity": "firing"}
+
+    asyncio.run(scenario())
+
+
+def test_a_node_cannot_hold_its_own_urgent_repair_back_by_reporting_pressure(tmp_path: Path) -> None:
+    """The only replica of its model, reporting a full cache and a queue: an urgent finding
+    drains it anyway (urgency is the policy's, never the node's)."""
+
+    async def scenario() -> None:
+        fleet = Fleet({"n1": 1.0})
+        state = open_state("sqlite", str(tmp_path / "repair.sqlite3"))
+        repair = controller(state, fleet, load_policy_text("", "shipped"))
+        fleet.xid("n1")
+        await passes(repair)
+        assert drains_started(state, "n1") == 1
+
+    asyncio.run(scenario())
+
+
+def test_an_urgent_finding_while_waiting_ends_the_wait(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        fleet = Fleet({"n1": 0.85, "n2": 0.85})
+        state = open_state("sqlite", str(tmp_path / "repair.sqlite3"))
+        repair = controller(state, fleet, load_policy_text(DEFERRABLE, "test"))
+        fleet.xid("n1")
+        await passes(repair)
+        assert repair.workflows["n1"].held is not None
+        fleet.snaps["n1"].gpus[2].ecc_dbe_volatile = 1  # uncorrected ECC: urgent
+        await passes(repair)
+        assert drains_started(state, "n1") == 1
+
+    asyncio.run(scenario())
+
+
+def test_the_wait_survives_a_restart_and_the_drain_happens_once(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        fleet = Fleet({"n1": 0.85, "n2": 0.85, "n3": 0.85})
+        path = str(tmp_path / "repair.sqlite3")
+        policy = load_policy_text(DEFERRABLE, "test")
+        first = controller(open_state("sqlite", path), fleet, policy)
+        fleet.xid("n1")
+        await passes(first)
+        since = first.workflows["n1"].capacity_wait_since_ns
+        assert since and first.workflows["n1"].held is not None
+        # A new process on the same state: still waiting, since the same time, audited once.
+        state = open_state("sqlite", path)
+        second = controller(state, fleet, policy)
+        await passes(second)
+        wf = second.workflows["n1"]
+        assert wf.state == "cordoned" and wf.detail.startswith("waiting for capacity: ")
+        assert wf.capacity_wait_since_ns == since
+        assert [a.action for a in state.audit_log("n1")].count("drain") == 1
+        fleet.add_replica("n4", 0.1)
+        await passes(second)
+        third = controller(open_state("sqlite", path), fleet, policy)
+        await passes(third)
+        assert drains_started(state, "n1") == 1
+
+    asyncio.run(scenario())
+
+
+def test_a_person_says_proceed_and_the_drain_goes_on_audited_and_alerted(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        fleet = Fleet({"n1": 0.85, "n2": 0.85})
+        state = open_state("sqlite", str(tmp_path / "repair.sqlite3"))
+        repair = controller(state, fleet, load_policy_text(DEFERRABLE, "test"))
+        fleet.xid("n1")
+        await passes(repair)
+        assert drains_started(state, "n1") == 0
+        await repair.proceed("n1", "maintenance window, traffic shifted", "alice")
+        await repair.pass_once()
+        assert drains_started(state, "n1") == 1
+        (said,) = [a for a in state.audit_log("n1") if a.action == "proceed"]
+        assert (said.actor, said.reason) == ("alice", "maintenance window, traffic shifted")
+        assert list(capacity_alerts(state).values()) == ["firing"], "capacity at risk, said"
+
+    asyncio.run(scenario())
+
+
+def test_a_repair_waiting_past_max_capacity_wait_raises_an_alert_resolved_when_it_goes(
+    tmp_path: Path,
+) -> None:
+    async def scenario() -> None:
+        fleet = Fleet({"n1": 0.85, "n2": 0.85})
+        state = open_state("sqlite", str(tmp_path / "repair.sqlite3"))
+        policy = load_policy_text(DEFERRABLE + "[serving]\nmax_capacity_wait_s = 0\n", "test")
+        repair = controller(state, fleet, policy)
+        fleet.xid("n1")
+        await passes(repair)
+        assert repair.workflows["n1"].capacity_alert
+        assert list(capacity_alerts(state).values()) == ["firing"]
+        fleet.kv.update(n1=0.2, n2=0.2)  # pressure falls: 0.4 on the one left
+        await repair.pass_once()
+        assert drains_started(state, "n1") == 1
+        assert not repair.workflows["n1"].capacity_alert
+        assert list(capacity_alerts(state).values()) == ["resolved"]
+
+    asyncio.run(scenario())
+
+
+def test_the_guard_off_never_holds(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        fleet = Fleet({"n1": 0.99})
+        state = open_state("sqlite", str(tmp_path / "repair.sqlite3"))
+        repair = controller(state, fleet, load_policy_text(DEFERRABLE + "[serving]\nguard = false\n", "t"))
+        fleet.xid("n1")
+        await passes(repair)
+        assert drains_started(state, "n1") == 1
+
+    asyncio.run(scenario())

@@ -1,0 +1,106 @@
+"""Serving-aware repair end to end: real collectors scraping real HTTP engine endpoints
+(vLLM's format, KV-cache usage set by the test), a real aggregator with repair on (the `none`
+backend: its own records), the CLI and /metrics as a person and Prometheus read them.
+
+A fault that may wait on one replica of a 3-replica pool at 0.85 KV-cache usage waits for
+capacity (the node page, `gpufleet pools`, the repair status and the per-pool gauges all say so),
+then drains once a 4th replica comes up."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+
+import pytest
+
+from harness.engine_endpoint import MODEL, EngineEndpoint
+from harness.processes import AggregatorHandle, Cluster
+from harness.repair import FAST_POLICY, audit, gpufleet_cli, repair_aggregator, repair_status, xid_scenario
+from harness.waiting import wait_until
+
+POLICY = FAST_POLICY + "\n[xid.79]\nmay_wait = true\n"
+
+
+@pytest.fixture
+def engines() -> Iterator[dict[str, EngineEndpoint]]:
+    made = {n: EngineEndpoint(0.85) for n in ("s1", "s2", "s3")} | {"s4": EngineEndpoint(0.0)}
+    yield made
+    for endpoint in made.values():
+        endpoint.close()
+
+
+def collector(
+    cluster: Cluster, agg: AggregatorHandle, node: str, engine: EngineEndpoint, *extra: str
+) -> object:
+    return cluster.collector(
+        node, agg.ingest, "--interval-s", "1", "--engines", f"{engine.url} gpus=0,1", *extra
+    )
+
+
+def pools(agg: AggregatorHandle, cluster: Cluster) -> dict:
+    out = gpufleet_cli(agg, cluster, "viewer", "pools", "--json")
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout)
+
+
+def pool(agg: AggregatorHandle, cluster: Cluster) -> dict:
+    return next((p for p in pools(agg, cluster)["pools"] if p["model"] == MODEL), {})
+
+
+def node_state(agg: AggregatorHandle, cluster: Cluster, node: str) -> dict:
+    return next((n for n in repair_status(agg, cluster)["nodes"] if n["node"] == node), {})
+
+
+def test_a_deferrable_fault_waits_for_capacity_then_drains_when_a_fourth_replica_comes_up(
+    cluster: Cluster, engines: dict[str, EngineEndpoint]
+) -> None:
+    agg = repair_aggregator(cluster, "--repair-max-out-of-service-fraction", "1", policy=POLICY)
+    s1 = collector(cluster, agg, "s1", engines["s1"])
+    for node in ("s2", "s3"):
+        collector(cluster, agg, node, engines[node])
+    wait_until(lambda: pool(agg, cluster).get("replicas_serving") == 3, 30, "3 replicas serving")
+    # The pool as a person reads it: 3 serving at 85 %, 127.5 % if one leaves, no headroom.
+    p = pool(agg, cluster)
+    assert p["cluster"] == "test" and p["headroom_replicas"] == 0
+    assert p["kv_cache_usage_mean_ratio"] == pytest.approx(0.85)
+    assert p["kv_cache_usage_if_one_leaves_ratio"] == pytest.approx(1.275)
+    text = gpufleet_cli(agg, cluster, "viewer", "pools")
+    assert text.returncode == 0, text.stderr
+    assert "85" in text.stdout and "127" in text.stdout and "+0" in text.stdout, text.stdout
+    node = gpufleet_cli(agg, cluster, "viewer", "node", "s2")
+    assert f"if drained: test/{MODEL} 3 → 2 replicas, KV 85 % → 127 % (below the floor)" in node.stdout, (
+        node.stdout
+    )
+
+    # s1 restarts with an XID the policy says may wait (its engine stays in the pool).
+    s1.stop()
+    collector(
+        cluster, agg, "s1", engines["s1"], "--sim-scenario", str(xid_scenario(cluster.tmp / "x.toml", 79))
+    )
+    waiting = wait_until(
+        lambda: (
+            (st := node_state(agg, cluster, "s1")).get("detail", "").startswith("waiting for capacity") and st
+        ),
+        30,
+        "s1 waiting for capacity",
+    )
+    assert waiting["state"] == "cordoned"
+    assert waiting["detail"] == f"waiting for capacity: {MODEL} 3 → 2 replicas, projected KV 0.85 → 1.27"
+    assert pool(agg, cluster)["nodes_waiting"] == ["s1"]
+    assert agg.metric_value("gpufleet_pool_repairs_waiting_for_capacity", cluster="test", model=MODEL) == 1
+    assert agg.metric_value("gpufleet_pool_headroom_replicas", cluster="test", model=MODEL) == 0
+    assert not [a for a in audit(agg, cluster, "s1") if a["action"] == "drain" and a["outcome"] == "started"]
+
+    # A fourth replica comes up with room in its cache: the drain goes on.
+    collector(cluster, agg, "s4", engines["s4"])
+    wait_until(
+        lambda: [
+            a for a in audit(agg, cluster, "s1") if a["action"] == "drain" and a["outcome"] == "started"
+        ],
+        30,
+        "s1's drain starting once s4 serves",
+    )
+    assert wait_until(lambda: pool(agg, cluster)["nodes_waiting"] == [], 10, "no repair waiting")
+    assert agg.metric_value("gpufleet_pool_repairs_waiting_for_capacity", cluster="test", model=MODEL) == 0
+    drains = [a for a in audit(agg, cluster, "s1") if a["action"] == "drain"]
+    assert [d["outcome"].split(":")[0] for d in drains][:2] == ["held", "started"], drains
