@@ -61,6 +61,10 @@ class CapacityGuard:
         """What draining the node now would do to each pool it serves."""
         return self.pools(workflows).projections(node, node_states(workflows), self.floor)
 
+    def replicas_on(self, node: str, workflows: dict[str, Workflow]) -> list[ReplicaReading]:
+        """The node's engine replicas, as this pass read them."""
+        return [r for p in self.pools(workflows).of_node(node) for r in p.replicas if r.node == node]
+
     def check(self, wf: Workflow, workflows: dict[str, Workflow]) -> tuple[HoldKind, str] | None:
         """Before a drain starts: None to go ahead, else the hold and its reason."""
         if not self.floor.guard:

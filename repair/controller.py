@@ -27,6 +27,7 @@ from gpufleet.protos import ingest_pb2
 from gpufleet.repair.alerts.dispatcher import AlertDispatcher
 from gpufleet.repair.backends.base import Backend, Observed
 from gpufleet.repair.capacity import CapacityGuard
+from gpufleet.repair.engine_drain import EngineDrain
 from gpufleet.repair.evaluator import Evaluator, finding_id
 from gpufleet.repair.health import OUT_OF_SERVICE, WATCHED, Health, Step
 from gpufleet.repair.hooks import HookRunner, run_hook
@@ -87,6 +88,7 @@ class RepairController(PersonActions, WorkflowSteps):
         self.scheduler = SchedulerWatch(backend, observe_interval_s)
         self.capacity = CapacityGuard(policy.serving, serving, self.desk, clock)
         self.gate = Gate(rails, self.breaker, self.scheduler.cordoned, self.capacity)
+        self.engines = EngineDrain(policy.serving, backend, self.desk, self.capacity, clock)
         self.evaluator = Evaluator(policy, state)
         self.steps = StepRunner(policy, state, hooks, self.desk, send_command, self.poke, clock, hook_runner)
         dispatcher.restore_breaker(self.breaker.tripped)

@@ -41,6 +41,9 @@ class Step(StrEnum):
     """Every automatic action; each passes the rails (repair/rails.py) before it is done."""
 
     CORDON = "cordon"
+    DRAIN_ENGINES = (
+        "drain_engines"  # the node's inference engines leave rotation and finish (part of the drain)
+    )
     DRAIN = "drain"
     RESET_GPU = "reset_gpu"
     REBOOT = "reboot"

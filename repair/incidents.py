@@ -83,6 +83,7 @@ class IncidentDesk:
         if wf.capacity_alert:
             self.capacity(wf, "resolved", f"incident closed: {outcome}", now)
         wf.may_wait, wf.capacity_wait_since_ns, wf.capacity_override = False, 0, ""
+        wf.engines_leaving_ns, wf.engines_drained = 0, False
         wf.cleared_before_ns = now  # the XIDs behind this incident are dealt with
         incident = self._state.incident(wf.incident_id)
         wf.incident_id = ""

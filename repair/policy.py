@@ -265,7 +265,7 @@ def _apply_serving(policy: Policy, table: dict[str, Any], source: str) -> None:
         if key not in known:
             raise PolicyError(f"{source}: [serving] unknown key {key!r}; known: {', '.join(known)}")
         where = f"{source}: [serving] {key} = {value!r}"
-        if key == "guard":
+        if key in ("guard", "graceful_drain"):
             if not isinstance(value, bool):
                 raise PolicyError(f"{where} must be true or false")
         elif key == "min_serving_replicas":
@@ -277,7 +277,9 @@ def _apply_serving(policy: Policy, table: dict[str, Any], source: str) -> None:
             raise PolicyError(f"{where} must be above 0 and at most 10 (1 is a full cache)")
         elif key == "max_capacity_wait_s" and not 0 <= value <= 30 * 86400:
             raise PolicyError(f"{where} must be from 0 to 2592000 (30 days)")
-        values[key] = value if key in ("guard", "min_serving_replicas") else float(value)
+        elif key == "engine_drain_timeout_s" and not 0 <= value <= 86400:
+            raise PolicyError(f"{where} must be from 0 to 86400 seconds")
+        values[key] = value if key in ("guard", "graceful_drain", "min_serving_replicas") else float(value)
     policy.serving = ServingFloor(**values)
 
 

@@ -68,7 +68,10 @@ class WorkflowSteps:
         self._move(wf, Health.CORDONED, reason)
 
     async def _drain(self, wf: Workflow, view: SchedulerView, now: int) -> None:
-        """One drain check; the rails were asked by the caller."""
+        """One drain check; the rails were asked by the caller. Its engines first leave rotation
+        and finish their requests (repair/engine_drain.py): nothing is evicted before."""
+        if not await self.engines.done(wf, self.workflows):
+            return
         try:
             progress = await self.backend.drain(wf.node)
         except BackendError as exc:

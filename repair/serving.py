@@ -68,6 +68,11 @@ class ServingFloor:
     max_kv_cache_usage_ratio: float = 0.9
     min_serving_replicas: int = 1
     max_capacity_wait_s: float = 3600.0  # a repair waiting longer than this raises an alert
+    # Graceful drain (repair/engine_drain.py): a node's engines leave rotation before its drain
+    # evicts anything, and the eviction waits until they report no request running or waiting,
+    # at most engine_drain_timeout_s.
+    graceful_drain: bool = True
+    engine_drain_timeout_s: float = 120.0
 
 
 @dataclass(frozen=True)
@@ -89,6 +94,13 @@ class ReplicaReading:
     preemptions_total: float | None = None
     preemptions_per_s: float | None = None  # between the node's last two sampling reports
     gpu_util_pct: float | None = None  # the mean over its GPUs that report it
+    heard_ns: int = 0  # when the aggregator received the report these readings came in (its clock)
+
+    @property
+    def busy(self) -> bool:
+        """Requests in flight by its latest reading (an engine that cannot be read has none we
+        could wait for)."""
+        return self.readable and ((self.requests_running or 0) > 0 or (self.requests_waiting or 0) > 0)
 
     @property
     def pool_key(self) -> tuple[str, str]:
@@ -117,6 +129,7 @@ def readings_of(
     engines: Iterable[telemetry_pb2.EngineSample],
     gpus: Mapping[int, telemetry_pb2.GpuSample],
     preemptions_per_s: Mapping[tuple[str, int], float] | None = None,
+    heard_ns: int = 0,
 ) -> list[ReplicaReading]:
     """A node's replicas from its latest engine and GPU samples."""
     rates = preemptions_per_s or {}
@@ -140,6 +153,7 @@ def readings_of(
                 preemptions_total=_opt(e, "preemptions_total"),
                 preemptions_per_s=rates.get((e.engine, e.port)),
                 gpu_util_pct=sum(utils) / len(utils) if utils else None,
+                heard_ns=heard_ns,
             )
         )
     return out

@@ -85,6 +85,10 @@ class Workflow:
     capacity_wait_since_ns: int = 0
     capacity_alert: bool = False
     capacity_override: str = ""
+    # Graceful drain (repair/engine_drain.py): when its engines were taken out of rotation (0:
+    # not yet), and whether they are done (idle, timed out, or nothing to wait for).
+    engines_leaving_ns: int = 0
+    engines_drained: bool = False
 
     @classmethod
     def from_json(cls, text: str) -> Workflow:

@@ -44,7 +44,9 @@ def serving_readings(
             continue
         reporting = fleet.liveness(live, now) == vocabulary_pb2.LIVENESS_REPORTING
         gpus = live.gpus if gpu_util else {}
-        out += readings_of(live.node, live.cluster, reporting, engines, gpus, live.preemptions_per_s)
+        out += readings_of(
+            live.node, live.cluster, reporting, engines, gpus, live.preemptions_per_s, live.engines_heard_ns
+        )
     return out
 
 

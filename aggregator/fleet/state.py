@@ -74,6 +74,7 @@ class NodeLive:
     # carried it (absent: not seen twice yet, or its counter went back: a restart).
     preemptions_per_s: dict[tuple[str, int], float] = field(default_factory=dict)
     engines_time_ns: int = 0  # the report time of `engines`
+    engines_heard_ns: int = 0  # when `engines` came (the aggregator's clock)
     events: RecentEvents = field(default_factory=RecentEvents)
     stats: telemetry_pb2.CollectorStats = field(default_factory=telemetry_pb2.CollectorStats)
     replica: str = ""  # another aggregator replica holding the node's stream; "": this one
@@ -211,7 +212,7 @@ class FleetState:
             live.preemptions_per_s = preemption_rates(
                 live.engines, engines, (report.time_unix_ns - live.engines_time_ns) / 1e9
             )
-            live.engines, live.engines_time_ns = engines, report.time_unix_ns
+            live.engines, live.engines_time_ns, live.engines_heard_ns = engines, report.time_unix_ns, heard_ns
         if report.HasField("gpu_columns"):
             live.take_columns(report.gpu_columns)
         for gpu in report.gpus:
@@ -274,7 +275,7 @@ class FleetState:
         live.gpus_on_pci_bus = s.gpus_on_pci_bus if s.HasField("gpus_on_pci_bus") else None
         live.gpus = {g.index: g for g in s.gpus}
         live.engines = {(e.engine, e.port): e for e in detail.engines}
-        live.preemptions_per_s = {}
+        live.preemptions_per_s, live.engines_heard_ns = {}, heard_ns
         live.events = RecentEvents(detail.recent_events)
         live.stats = detail.collector_stats
         return any(e.time_unix_ns > newest for e in detail.recent_events)

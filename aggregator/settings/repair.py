@@ -47,6 +47,12 @@ class RepairSettings:
     repair_kubeconfig: str = setting(
         "", "kubeconfig for the kubernetes backend (empty: the in-cluster service account)"
     )
+    repair_drain_engine_command: str = setting(
+        "",
+        "slurm and hook backends: command that takes one inference engine out of rotation before a "
+        "drain ({node}, {port}; once per replica); empty: drains do not wait for engines to finish "
+        "(Kubernetes uses the pods' gpufleet.io/in-rotation label instead)",
+    )
     repair_hook_cordon: str = setting("", "hook backend: command to cordon ({node}, {reason})")
     repair_hook_uncordon: str = setting("", "hook backend: command to uncordon ({node})")
     repair_hook_drain: str = setting("", "hook backend: command that exits 0 once {node} is drained")

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gpufleet.protos.credentials import node_name_problem
+from gpufleet.repair.hooks import run_hook
 
 # Reasons the automation writes start with this; it only ever undoes cordons that carry it.
 AUTOMATION_PREFIX = "gpufleet:"
@@ -64,6 +65,26 @@ class DrainProgress:
     detail: str
 
 
+class EngineCommand:
+    """Slurm and hook backends: the operator's command that takes one engine replica out of
+    rotation (a load balancer's API, an InferencePool's endpoint picker...), run once per
+    replica with {node} and {port} substituted (never through a shell; no value a node chose
+    beyond its checked name and a port number)."""
+
+    def __init__(self, command: str, timeout_s: float) -> None:
+        self.command, self._timeout_s = command, timeout_s
+
+    async def leave(self, node: str, ports: list[int], backend: str) -> str | None:
+        if not self.command:
+            return None
+        scheduler_node(node, backend)
+        for port in ports:
+            result = await run_hook(self.command, self._timeout_s, node=node, port=str(port), reason="")
+            if not result.ok:
+                raise BackendError(f"drain engine command for {node} port {port}: {result.detail}")
+        return f"{len(ports)} engine(s) out of rotation by repair_drain_engine_command"
+
+
 class Backend(abc.ABC):
     name = ""
     help = ""  # one line for people: the settings reference and errors say it
@@ -91,6 +112,13 @@ class Backend(abc.ABC):
     @abc.abstractmethod
     async def drain(self, node: str) -> DrainProgress:
         """Start or continue moving workloads off; called each pass until done."""
+
+    async def leave_rotation(self, node: str, ports: list[int]) -> str | None:
+        """Take the node's inference engines (on these ports) out of rotation before its drain
+        evicts anything: new requests go to other replicas, those in flight finish. The detail
+        of what was done, or None when this backend has no way to (the drain then does not wait
+        for them: docs/repair.md "Graceful drain")."""
+        return None
 
     @abc.abstractmethod
     async def uncordon(self, node: str, automation: bool = True) -> None:

@@ -12,7 +12,14 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from gpufleet.repair.backends.base import Backend, BackendError, DrainProgress, Observed, scheduler_node
+from gpufleet.repair.backends.base import (
+    Backend,
+    BackendError,
+    DrainProgress,
+    EngineCommand,
+    Observed,
+    scheduler_node,
+)
 from gpufleet.repair.hooks import run_hook
 
 
@@ -28,15 +35,22 @@ class HookBackend(Backend):
             settings["hook_uncordon"],
             settings["hook_drain"],
             settings["hook_timeout_s"],
+            settings.get("drain_engine_command", ""),
         )
 
     def __init__(
-        self, cordon_command: str, uncordon_command: str, drain_command: str, timeout_s: float
+        self,
+        cordon_command: str,
+        uncordon_command: str,
+        drain_command: str,
+        timeout_s: float,
+        drain_engine_command: str = "",
     ) -> None:
         if not cordon_command or not uncordon_command:
             raise ValueError("the hook backend needs repair_hook_cordon and repair_hook_uncordon commands")
         self._cordon, self._uncordon, self._drain = cordon_command, uncordon_command, drain_command
         self._timeout_s = timeout_s
+        self._engines = EngineCommand(drain_engine_command, timeout_s)
 
     async def observe(self, nodes: list[str], whole_fleet: bool = True) -> dict[str, Observed]:
         return {}
@@ -53,6 +67,9 @@ class HookBackend(Backend):
             return DrainProgress(True, "no drain hook configured")
         result = await run_hook(self._drain, self._timeout_s, node=node, reason="")
         return DrainProgress(result.ok, result.detail or ("drained" if result.ok else "draining"))
+
+    async def leave_rotation(self, node: str, ports: list[int]) -> str | None:
+        return await self._engines.leave(node, ports, "hook")
 
     async def uncordon(self, node: str, automation: bool = True) -> None:
         scheduler_node(node, "hook")

@@ -14,9 +14,18 @@ removed from, the node's current list; taints others put there stay.
 Load: one LIST of nodes at most every repair_observe_interval_s; in between, one GET per node
 with a workflow under way, and one GET before each write.
 
+Graceful drain (docs/repair.md "Graceful drain"): serving pods carry the label
+gpufleet.io/in-rotation=true, and the Service or InferencePool that sends them requests
+selects on it. Before the drain evicts anything, the pods on the node that carry it are
+patched to "false" (their endpoints leave the Service; in-flight requests finish), and the
+eviction comes once the engines report nothing running or waiting. An uncordon (a cancelled
+drain) puts back the pods the automation took out (annotation gpufleet.io/out-of-rotation-by).
+The eviction uses each pod's own terminationGracePeriodSeconds: set it above the engine's own
+drain (vLLM's --shutdown-timeout). A replacement pod comes from its template, label as it was.
+
 API calls made (the RBAC in deploy/ must allow exactly these):
   nodes: get, list, patch  nodes/status: patch
-  pods: list               pods/eviction: create
+  pods: list, patch        pods/eviction: create
 """
 
 from __future__ import annotations
@@ -41,6 +50,8 @@ TAINT_KEY = "gpufleet.io/unhealthy"
 ANNOTATION = "gpufleet.io/cordoned-by"
 CONDITION = "GpufleetHealthy"
 REASON_ANNOTATION = "gpufleet.io/reason"
+ROTATION_LABEL = "gpufleet.io/in-rotation"  # on serving pods; their Service selects on it = "true"
+ROTATION_ANNOTATION = "gpufleet.io/out-of-rotation-by"  # set where the automation took a pod out
 CONFLICT_RETRIES = 5
 API_CALLS = {
     ("", "nodes", "get"),
@@ -48,6 +59,7 @@ API_CALLS = {
     ("", "nodes", "patch"),
     ("", "nodes/status", "patch"),
     ("", "pods", "list"),
+    ("", "pods", "patch"),
     ("", "pods/eviction", "create"),
 }
 
@@ -172,6 +184,34 @@ class KubernetesBackend(Backend):
             {"status": {"conditions": [condition]}},
         )
 
+    async def leave_rotation(self, node: str, ports: list[int]) -> str | None:
+        scheduler_node(node, "kubernetes")
+        pods = await self._call(
+            f"list pods on {node}",
+            self._core.list_pod_for_all_namespaces,
+            field_selector=f"spec.nodeName={node}",
+        )
+        serving = [p for p in pods.items if ROTATION_LABEL in (p.metadata.labels or {})]
+        if not serving:
+            return None
+        for pod in serving:
+            if pod.metadata.labels[ROTATION_LABEL] == "false":
+                continue
+            await self._call(
+                f"take {pod.metadata.namespace}/{pod.metadata.name} out of rotation",
+                self._core.patch_namespaced_pod,
+                pod.metadata.name,
+                pod.metadata.namespace,
+                {
+                    "metadata": {
+                        "labels": {ROTATION_LABEL: "false"},
+                        "annotations": {ROTATION_ANNOTATION: "automation"},
+                    }
+                },
+            )
+        names = ", ".join(f"{p.metadata.namespace}/{p.metadata.name}" for p in serving)
+        return f"{len(serving)} pod(s) out of rotation ({ROTATION_LABEL}=false): {names}"[:500]
+
     async def drain(self, node: str) -> DrainProgress:
         scheduler_node(node, "kubernetes")
         pods = await self._call(
@@ -239,3 +279,28 @@ class KubernetesBackend(Backend):
 
         await self._write(node, change)
         await self._set_condition(node, healthy=True, reason=f"{AUTOMATION_PREFIX} returned to service")
+        await self._back_in_rotation(node)
+
+    async def _back_in_rotation(self, node: str) -> None:
+        """Pods the automation took out of rotation and that are still there (a drain cancelled
+        before its eviction) take requests again; a pod a person took out stays out."""
+        pods = await self._call(
+            f"list pods on {node}",
+            self._core.list_pod_for_all_namespaces,
+            field_selector=f"spec.nodeName={node}",
+        )
+        for pod in pods.items:
+            if (pod.metadata.annotations or {}).get(ROTATION_ANNOTATION) != "automation":
+                continue
+            await self._call(
+                f"return {pod.metadata.namespace}/{pod.metadata.name} to rotation",
+                self._core.patch_namespaced_pod,
+                pod.metadata.name,
+                pod.metadata.namespace,
+                {
+                    "metadata": {
+                        "labels": {ROTATION_LABEL: "true"},
+                        "annotations": {ROTATION_ANNOTATION: None},
+                    }
+                },
+            )

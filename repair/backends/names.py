@@ -127,6 +127,9 @@ class MappedBackend(Backend):
     async def drain(self, node: str) -> DrainProgress:
         return await self.inner.drain(self.names.to_scheduler(node))
 
+    async def leave_rotation(self, node: str, ports: list[int]) -> str | None:
+        return await self.inner.leave_rotation(self.names.to_scheduler(node), ports)
+
     async def uncordon(self, node: str, automation: bool = True) -> None:
         try:
             await self.inner.uncordon(self.names.to_scheduler(node), automation)

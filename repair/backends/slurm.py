@@ -28,6 +28,7 @@ from gpufleet.repair.backends.base import (
     Backend,
     BackendError,
     DrainProgress,
+    EngineCommand,
     NotOurs,
     Observed,
     scheduler_node,
@@ -58,9 +59,21 @@ class SlurmBackend(Backend):
 
     @classmethod
     def from_settings(cls, settings: Mapping[str, Any]) -> Backend:
-        return cls(settings["slurm_scontrol"], settings["slurm_conf"], settings["hook_timeout_s"])
+        return cls(
+            settings["slurm_scontrol"],
+            settings["slurm_conf"],
+            settings["hook_timeout_s"],
+            settings.get("drain_engine_command", ""),
+        )
 
-    def __init__(self, scontrol: str = "scontrol", slurm_conf: str = "", timeout_s: float = 30.0) -> None:
+    def __init__(
+        self,
+        scontrol: str = "scontrol",
+        slurm_conf: str = "",
+        timeout_s: float = 30.0,
+        drain_engine_command: str = "",
+    ) -> None:
+        self._engines = EngineCommand(drain_engine_command, timeout_s)
         self._scontrol = scontrol
         self._env = {**os.environ, **({"SLURM_CONF": slurm_conf} if slurm_conf else {})}
         self._timeout_s = timeout_s
@@ -126,6 +139,9 @@ class SlurmBackend(Backend):
             if seen.cordoned and not seen.ours:
                 raise NotOurs(node, seen.reason)
         await self._run("update", f"NodeName={node}", "State=DRAIN", f"Reason={reason}")
+
+    async def leave_rotation(self, node: str, ports: list[int]) -> str | None:
+        return await self._engines.leave(node, ports, "slurm")
 
     async def drain(self, node: str) -> DrainProgress:
         scheduler_node(node, "slurm")

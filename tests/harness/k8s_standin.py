@@ -77,6 +77,9 @@ def _strategic_merge(target: dict[str, Any], patch: dict[str, Any], merge_keys: 
 
 class KubeStandin:
     def __init__(self) -> None:
+        # Called with a pod after each change the API makes to it (a patch; an eviction, with
+        # deletionTimestamp set), as a watch would deliver it.
+        self.pod_listeners: list[Callable[[dict[str, Any]], None]] = []
         self.nodes: dict[str, dict[str, Any]] = {}
         self.pods: dict[tuple[str, str], dict[str, Any]] = {}
         self.pdbs: list[dict[str, Any]] = []  # {"namespace", "selector": {labels}, "min_available"}
@@ -402,10 +405,23 @@ class KubeStandin:
             return 200, {"apiVersion": "v1", "kind": "PodList", "metadata": {}, "items": items}
         if (m := re.fullmatch(r"/api/v1/namespaces/([^/]+)/pods/([^/]+)/eviction", path)) and verb == "POST":
             return self._evict(m.group(1), m.group(2), r["body"] or {})
-        if (m := re.fullmatch(r"/api/v1/namespaces/([^/]+)/pods/([^/]+)", path)) and verb == "GET":
+        if (m := re.fullmatch(r"/api/v1/namespaces/([^/]+)/pods/([^/]+)", path)) and verb in ("GET", "PATCH"):
             pod = self.pods.get((m.group(1), m.group(2)))
             if pod is None:
                 return 404, _status(404, "NotFound", f'pods "{m.group(2)}" not found')
+            if verb == "PATCH":  # labels and annotations: what the backend changes on a pod
+                problem = _check_patch(r)
+                if problem:
+                    return 415 if "Content-Type" in problem else 400, _status(400, "BadRequest", problem)
+                patch = copy.deepcopy(r["body"])
+                if set(patch) - {"metadata"} or set(patch.get("metadata", {})) - {"labels", "annotations"}:
+                    return 422, _status(
+                        422, "Invalid", "the stand-in patches only a pod's labels and annotations"
+                    )
+                _strategic_merge(pod, patch, {})
+                self.bump(pod)
+                for listener in self.pod_listeners:
+                    listener(pod)
             return 200, pod
         if path == "/apis/authentication.k8s.io/v1/tokenreviews" and verb == "POST":
             return self._token_review(r["body"])
@@ -451,12 +467,14 @@ class KubeStandin:
                     "Cannot evict pod as it would violate the pod's disruption budget.",
                 )
         grace = float(pod["spec"].get("terminationGracePeriodSeconds") or 0)
+        pod["metadata"]["deletionTimestamp"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
         if grace <= 0:
             del self.pods[(namespace, name)]
         else:  # Terminating for its grace period, then gone
-            pod["metadata"]["deletionTimestamp"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
             pod["metadata"]["_gone_at"] = time.time() + grace
             self.bump(pod)
+        for listener in self.pod_listeners:  # the kubelet sends the pod's containers SIGTERM now
+            listener(pod)
         return 201, _status(201, "Success", "evicted")
 
     def calls(self) -> set[tuple[str, str, str]]:
