@@ -9,6 +9,7 @@ import pandas as pd
 from gpufleet.client.present import (
     EVENT_COLUMNS,
     GIB,
+    describe_projection,
     event_row,
     gpu_health,
     node_row,
@@ -262,6 +263,11 @@ POOL_COLUMNS = [
 
 def _finite_percent(ratio: float | None) -> float | None:
     return None if ratio is None or ratio != ratio or ratio == float("inf") else _percent(ratio)
+
+
+def if_drained_lines(detail: fleet_pb2.NodeDetail) -> list[str]:
+    """What draining this node would do to each serving pool it is in, one line each."""
+    return [f"If drained: {describe_projection(d)}" for d in detail.if_drained]
 
 
 def pools_frame(resp: fleet_pb2.ListPoolsResponse) -> pd.DataFrame:

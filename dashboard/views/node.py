@@ -14,6 +14,7 @@ from gpufleet.dashboard.data import (
     engines_frame,
     events_frame,
     history_frame,
+    if_drained_lines,
     incidents_frame,
     node_gpus_table,
     time_x,
@@ -133,6 +134,8 @@ def render() -> None:
     else:
         st.subheader("Inference engines")
         st.dataframe(engines_frame(detail.engines), hide_index=True, width="stretch")
+        for line in if_drained_lines(detail):
+            (st.warning if "below the floor" in line else st.caption)(line)
         elabel = st.selectbox("engine series", list(ENGINE_SERIES))
         ehist = history_frame(
             call(

@@ -6,6 +6,7 @@ say (same arguments, same environment), on loopback, with reports flowing."""
 from __future__ import annotations
 
 import configparser
+import json
 import os
 import shlex
 import shutil
@@ -36,8 +37,13 @@ def docs(path: Path) -> list[dict[str, Any]]:
     return [d for d in yaml.safe_load_all(path.read_text()) if d]
 
 
+AUTOSCALING = K8S / "autoscaling"  # examples to adapt, not part of the kustomization
+
+
 def manifests() -> list[Path]:
-    return sorted(p for p in K8S.rglob("*.yaml") if p.name != "kustomization.yaml")
+    return sorted(
+        p for p in K8S.rglob("*.yaml") if p.name != "kustomization.yaml" and AUTOSCALING not in p.parents
+    )
 
 
 def by_kind(kind: str, name: str) -> dict[str, Any]:
@@ -58,6 +64,41 @@ def test_every_manifest_validates_against_the_kubernetes_schema() -> None:
     assert listed == {p.name for p in K8S.glob("*.yaml") if p.name != "kustomization.yaml"}
     component = yaml.safe_load((K8S / "components" / "influxdb" / "kustomization.yaml").read_text())
     assert component["kind"] == "Component" and component["resources"] == ["influxdb.yaml"]
+
+
+def test_the_autoscaling_examples_validate_and_scale_on_the_pool_signal() -> None:
+    """deploy/kubernetes/autoscaling/: the KEDA ScaledObject against its schema (a CRD: written
+    from KEDA's, tests/project/schemas/), the HPA and the adapter's ConfigMap against
+    Kubernetes', and both scale on the recording rule gpufleet-serving.yml defines."""
+    import jsonschema
+    import kubernetes_validate
+
+    schema = json.loads(
+        (REPO / "tests" / "project" / "schemas" / "keda-scaledobject.schema.json").read_text()
+    )
+    (scaled,) = docs(AUTOSCALING / "keda-scaledobject.yaml")
+    jsonschema.validate(scaled, schema)
+    (trigger,) = scaled["spec"]["triggers"]
+    assert trigger["type"] == "prometheus" and trigger["metadata"]["threshold"] == "1"
+    assert "gpufleet:pool_replicas_wanted{" in trigger["metadata"]["query"]
+    broken = {**scaled, "spec": {**scaled["spec"], "triggers": [{"type": "prometheus"}]}}
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate(broken, schema)  # the schema has teeth: a trigger without metadata
+    config_map, hpa = docs(AUTOSCALING / "hpa-prometheus-adapter.yaml")
+    for d in (config_map, hpa):
+        kubernetes_validate.validate(d, "1.33.0", strict=True)
+    (rule,) = yaml.safe_load(config_map["data"]["config.yaml"])["externalRules"]
+    (metric,) = hpa["spec"]["metrics"]
+    assert metric["external"]["metric"]["name"] == rule["name"]["as"]
+    assert metric["external"]["target"] == {"type": "AverageValue", "averageValue": "1"}
+    recorded = {
+        r["record"]
+        for g in yaml.safe_load((DEPLOY / "prometheus" / "gpufleet-serving.yml").read_text())["groups"]
+        for r in g["rules"]
+    }
+    assert "gpufleet:pool_replicas_wanted" in recorded and rule["seriesQuery"].startswith(
+        "gpufleet:pool_replicas_wanted{"
+    )
 
 
 def _grants(doc: dict[str, Any]) -> set[tuple[str, str, str]]:

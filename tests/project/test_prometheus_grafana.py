@@ -209,6 +209,22 @@ def test_alert_rules_check_and_pass_their_promtool_tests() -> None:
     assert fires == alerts and quiet == alerts
 
 
+def test_serving_recording_rules_check_and_pass_their_promtool_tests() -> None:
+    """The per-pool recording rules (the autoscaling signal) and their promtool cases, which
+    read the gauges the aggregator exports (aggregator/fleet/pools.py)."""
+    rules = REPO / "deploy" / "prometheus" / "gpufleet-serving.yml"
+    check = subprocess.run([promtool(), "check", "rules", str(rules)], capture_output=True, text=True)
+    assert check.returncode == 0, check.stdout + check.stderr
+    tested = subprocess.run(
+        [promtool(), "test", "rules", str(rules.with_name("gpufleet-serving.test.yml"))],
+        capture_output=True,
+        text=True,
+    )
+    assert tested.returncode == 0, tested.stdout + tested.stderr
+    listed = yaml.safe_load((REPO / "deploy" / "prometheus" / "prometheus.yml").read_text())["rule_files"]
+    assert "gpufleet-serving.yml" in listed
+
+
 def test_a_broken_rule_fails_its_promtool_test(tmp_path: Path) -> None:
     """The promtool cases can fail: a rule that no longer fires is caught."""
     broken = RULES.read_text().replace("expr: gpufleet_gpu_lost == 1", "expr: gpufleet_gpu_lost == 2")
