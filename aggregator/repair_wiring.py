@@ -255,7 +255,7 @@ class RepairWiring:
             ).inc(),
             observe_interval_s=config.repair_observe_interval_s,
             liveness=lambda: call_on(main, fleet.liveness_by_node),
-            serving=lambda: call_on(main, serving_readings, fleet),
+            serving=lambda: call_on(main, serving_readings, fleet, False),  # the guard needs no GPU figures
         )
         dispatcher.start(spawn)
         exporter = None

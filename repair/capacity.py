@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 
 from gpufleet.repair.health import Health, HoldKind
 from gpufleet.repair.incidents import IncidentDesk
@@ -54,12 +54,12 @@ class CapacityGuard:
 
     def pools(self, workflows: dict[str, Workflow]) -> Pools:
         if self._pools is None:
-            self._pools = Pools(self._readings(), node_states(workflows))
+            self._pools = Pools(self._readings(), LiveStates(workflows))
         return self._pools
 
     def projections(self, node: str, workflows: dict[str, Workflow]) -> list[Projection]:
         """What draining the node now would do to each pool it serves."""
-        return self.pools(workflows).projections(node, node_states(workflows), self.floor)
+        return self.pools(workflows).projections(node, LiveStates(workflows), self.floor)
 
     def replicas_on(self, node: str, workflows: dict[str, Workflow]) -> list[ReplicaReading]:
         """The node's engine replicas, as this pass read them."""
@@ -110,6 +110,23 @@ def waiting_nodes(workflows: Mapping[str, Workflow]) -> set[str]:
         for n, wf in list(workflows.items())
         if wf.held is not None and wf.held.kind is HoldKind.CAPACITY and wf.state == Health.CORDONED
     }
+
+
+class LiveStates(Mapping[str, Health]):
+    """Each node's workflow state as it is when read: the guard runs on the thread that moves
+    the workflows, so a lookup per replica (not a copy of the fleet's states per check)."""
+
+    def __init__(self, workflows: Mapping[str, Workflow]) -> None:
+        self._workflows = workflows
+
+    def __getitem__(self, node: str) -> Health:
+        return self._workflows[node].state
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._workflows)
+
+    def __len__(self) -> int:
+        return len(self._workflows)
 
 
 def node_states(workflows: Mapping[str, Workflow]) -> dict[str, Health]:

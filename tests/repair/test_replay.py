@@ -3,6 +3,7 @@ history, every rail on over a generated Llama 3 mix, and clear errors for a bad 
 
 from __future__ import annotations
 
+import calendar
 import json
 import subprocess
 import time
@@ -13,6 +14,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from gpufleet.protos import fleet_pb2
 from gpufleet.repair.incidents import AUTOMATION
 from gpufleet.repair.outcome import Status
 from gpufleet.repair.policy import load_policy, load_policy_text
@@ -61,6 +63,31 @@ node = "hot-node"
 """
 
 
+# How far the replay's steps may trail the live ones: a reset's answer (at most 1 s later than
+# live) plus one sampling interval (0.5 s) and a pass (0.2 s), rounded up; the audit's times
+# are whole seconds, so one more.
+REPLAY_LAG_S = 3.0
+
+
+def iso_s(text: str) -> float:
+    return calendar.timegm(time.strptime(text, "%Y-%m-%dT%H:%M:%SZ"))
+
+
+def newest_sample_s(agg: Any, cluster: Cluster, node: str) -> float:
+    """The time of the node's newest stored GPU sample (seconds), as history answers."""
+    resp = agg.fleet_stub().QueryHistory(
+        fleet_pb2.HistoryRequest(
+            metric="util_gpu_pct",
+            nodes=[node],
+            start_unix_ns=time.time_ns() - 60 * 10**9,
+            step_ns=10**8,
+            aggregate=fleet_pb2.AGGREGATE_LAST,
+        ),
+        metadata=cluster.secrets.metadata(),
+    )
+    return max((t / 1e9 for series in resp.series for t in series.times_unix_ns), default=0.0)
+
+
 def steps(rows: list[dict[str, Any]]) -> dict[str, list[tuple[str, str]]]:
     """Each node's automatic steps in order: (action, outcome before any detail)."""
     out: dict[str, list[tuple[str, str]]] = {}
@@ -96,6 +123,18 @@ def test_replaying_the_store_takes_out_the_nodes_the_live_controller_did_in_orde
         dict.fromkeys(r["node"] for r in live if r["action"] == "cordon" and r["outcome"] == "ok")
     )
     assert live_order == ["ecc-node", "bus-node", "gsp-node"]
+    # The replay's window ends when it is asked. A GPU reset answered at once live is answered
+    # after up to a second in the replay (repair/replay/world.py `_recorded_answer`), so the
+    # replay's steps trail the live ones by that much: asked the instant the live controller
+    # returned gsp-node, the window would end before the replay's own return (the 1-in-N
+    # failure under load, and every time on a quiet machine). Wait until the store holds
+    # gsp-node's samples past the live return by more than that lag, then replay.
+    returned_s = max(iso_s(r["time"]) for r in live if r["node"] == "gsp-node" and r["action"] == "uncordon")
+    wait_until(
+        lambda: newest_sample_s(agg, cluster, "gsp-node") >= returned_s + REPLAY_LAG_S,
+        30,
+        f"gsp-node's samples stored past its live return + {REPLAY_LAG_S:g} s",
+    )
 
     out = subprocess.run(
         gpufleet_argv(

@@ -30,7 +30,9 @@ class Fleet:
         self.kv = {"n1": 0.85, "n2": 0.85, "n3": 0.85}
         now = time.time_ns()
         self.snaps = {
-            n: NodeSnapshot(n, "c", vocabulary_pb2.LIVENESS_REPORTING, 0.5, "boot-1", True, 8, sample_time_ns=now)
+            n: NodeSnapshot(
+                n, "c", vocabulary_pb2.LIVENESS_REPORTING, 0.5, "boot-1", True, 8, sample_time_ns=now
+            )
             for n in (*self.kv, "n4")
         }
         self.snaps["n1"].events.append(
@@ -47,7 +49,10 @@ class Fleet:
         return [s for n, s in self.snaps.items() if only is None or n in only]
 
     def readings(self) -> list[ReplicaReading]:
-        return [ReplicaReading(n, "c", "vllm", "llama", 8000, kv_cache_usage_ratio=kv) for n, kv in self.kv.items()]
+        return [
+            ReplicaReading(n, "c", "vllm", "llama", 8000, kv_cache_usage_ratio=kv)
+            for n, kv in self.kv.items()
+        ]
 
 
 def leader(state: RepairState, fleet: Fleet) -> RepairController:
@@ -84,7 +89,9 @@ def test_a_wait_for_capacity_survives_a_leader_failover_and_drains_once(pg_url: 
 
             # replica-a stops renewing (paused, partitioned): replica-b takes the lease.
             epoch_b = wait_until(
-                lambda: ReplicaRecords(b_store).acquire_lease("replica-b", 30), 10, "replica-b taking the lease"
+                lambda: ReplicaRecords(b_store).acquire_lease("replica-b", 30),
+                10,
+                "replica-b taking the lease",
             )
             b = leader(b_store.fenced("replica-b", epoch_b), fleet)
             for _ in range(3):
