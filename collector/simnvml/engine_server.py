@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import random
 import threading
+from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from gpufleet.collector.simnvml.machine import SimulatedNode
@@ -88,28 +89,38 @@ class SimulatedEngine:
 
     def serve(self) -> str:
         """Start serving on a free loopback port; return the /metrics URL."""
-        engine = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_GET(self) -> None:
-                if self.path != "/metrics":
-                    self.send_error(404)
-                    return
-                body = engine.render().encode()
-                self.send_response(200)
-                self.send_header("Content-Type", "text/plain; version=0.0.4")
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-            def log_message(self, *args: object) -> None:
-                pass
-
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self._server.daemon_threads = True
-        threading.Thread(target=self._server.serve_forever, name="sim-engine", daemon=True).start()
+        self._server = serve_metrics(self.render, "sim-engine")
         return f"http://127.0.0.1:{self._server.server_port}/metrics"
 
     def stop(self) -> None:
         if self._server is not None:
             self._server.shutdown()
+
+
+def serve_metrics(render: Callable[[], str | None], name: str) -> ThreadingHTTPServer:
+    """A loopback HTTP server whose /metrics answers render()'s text (None: 503, an engine
+    that has stopped), on a thread of its own; shut it down with .shutdown()."""
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            if self.path != "/metrics":
+                self.send_error(404)
+                return
+            text = render()
+            if text is None:
+                self.send_error(503)
+                return
+            body = text.encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "text/plain; version=0.0.4")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, name=name, daemon=True).start()
+    return server

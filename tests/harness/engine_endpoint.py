@@ -5,8 +5,7 @@ URL`), standing in for vLLM where no GPU runs one (names as vLLM exposes them:
 
 from __future__ import annotations
 
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from gpufleet.collector.simnvml.engine_server import serve_metrics
 
 MODEL = "meta-llama/Llama-3.1-70B-Instruct"
 
@@ -19,24 +18,8 @@ class EngineEndpoint:
         self.running = running
         self.waiting = waiting
         self.model = model
-        endpoint = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_GET(self) -> None:
-                body = endpoint.render().encode()
-                self.send_response(200)
-                self.send_header("Content-Type", "text/plain; version=0.0.4")
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-            def log_message(self, *args: object) -> None:
-                pass
-
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self._server.daemon_threads = True
+        self._server = serve_metrics(self.render, "engine-endpoint")
         self.url = f"http://127.0.0.1:{self._server.server_port}/metrics"
-        threading.Thread(target=self._server.serve_forever, name="engine-endpoint", daemon=True).start()
 
     def render(self) -> str:
         labels = f'engine="0",model_name="{self.model}"'

@@ -17,6 +17,8 @@ import time
 from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
+from gpufleet.collector.simnvml.engine_server import serve_metrics
+
 MODEL = "meta-llama/Llama-3.1-70B-Instruct"
 
 
@@ -29,27 +31,9 @@ class ServingEngine:
         self.left_rotation = False
         self.terminated = False
         self.running_at_termination: int | None = None
-        engine = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_GET(self) -> None:
-                if engine.terminated:
-                    self.send_error(503)
-                    return
-                body = engine.render().encode()
-                self.send_response(200)
-                self.send_header("Content-Type", "text/plain; version=0.0.4")
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-            def log_message(self, *args: object) -> None:
-                pass
-
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self._server.daemon_threads = True
+        # A stopped engine answers no scrape (503), as a terminated pod's port would not.
+        self._server = serve_metrics(lambda: None if self.terminated else self.render(), f"engine-{node}")
         self.url = f"http://127.0.0.1:{self._server.server_port}/metrics"
-        threading.Thread(target=self._server.serve_forever, name=f"engine-{node}", daemon=True).start()
 
     def _settle(self) -> None:
         now = time.monotonic()

@@ -9,91 +9,14 @@ from __future__ import annotations
 
 import asyncio
 import json
-import time
 from pathlib import Path
 
-from gpufleet.protos import telemetry_pb2, vocabulary_pb2
-from gpufleet.repair.alerts.dispatcher import AlertDispatcher
-from gpufleet.repair.backends.none import NoBackend
-from gpufleet.repair.controller import Hooks, Rails, RepairController
+from gpufleet.repair.controller import RepairController
 from gpufleet.repair.health import HoldKind
-from gpufleet.repair.model import NodeSnapshot
 from gpufleet.repair.outcome import Status
-from gpufleet.repair.policy import Policy, load_policy_text
-from gpufleet.repair.serving import ReplicaReading
+from gpufleet.repair.policy import load_policy_text
 from gpufleet.repair.state import RepairState, open_state
-
-MODEL = "meta-llama/Llama-3.1-70B-Instruct"
-# XID 79 (the GPU fell off the bus) is urgent as shipped; the deferrable case says it may wait.
-DEFERRABLE = "[xid.79]\nmay_wait = true\n"
-
-
-class Fleet:
-    """Node snapshots and engine readings as the aggregator would hand them over."""
-
-    def __init__(self, serving: dict[str, float], idle: list[str] = ()) -> None:
-        self.kv = dict(serving)  # node -> its one replica's KV-cache usage
-        self.snaps = {n: self._snap(n) for n in [*serving, *idle]}
-
-    @staticmethod
-    def _snap(node: str) -> NodeSnapshot:
-        return NodeSnapshot(
-            node,
-            "c",
-            vocabulary_pb2.LIVENESS_REPORTING,
-            0.5,
-            "boot-1",
-            True,
-            8,
-            gpus={i: telemetry_pb2.GpuSample(index=i, uuid=f"GPU-{node}-{i}") for i in range(8)},
-            sample_time_ns=time.time_ns(),
-        )
-
-    def add_replica(self, node: str, kv: float) -> None:
-        self.kv[node] = kv
-        self.snaps[node] = self._snap(node)
-
-    def snapshots(self, only: set[str] | None) -> list[NodeSnapshot]:
-        for snap in self.snaps.values():
-            snap.sample_time_ns = time.time_ns()
-        return [s for n, s in self.snaps.items() if only is None or n in only]
-
-    def readings(self) -> list[ReplicaReading]:
-        return [
-            ReplicaReading(
-                node, "c", "vllm", MODEL, 8000, (0, 1), kv_cache_usage_ratio=kv, requests_running=20
-            )
-            for node, kv in self.kv.items()
-        ]
-
-    def xid(self, node: str, gpu: int = 0, xid: int = 79) -> None:
-        self.snaps[node].events.append(
-            telemetry_pb2.Event(
-                kind=vocabulary_pb2.EVENT_KIND_XID,
-                source=vocabulary_pb2.EVENT_SOURCE_NVML,
-                time_unix_ns=time.time_ns(),
-                gpu_index=gpu,
-                xid=xid,
-            )
-        )
-
-
-def controller(state: RepairState, fleet: Fleet, policy: Policy) -> RepairController:
-    return RepairController(
-        policy,
-        state,
-        NoBackend(),
-        Rails(max_out_of_service_fraction=1),
-        Hooks(),
-        AlertDispatcher([], store=state),
-        fleet.snapshots,
-        lambda node, command: False,
-        serving=fleet.readings,
-    )
-
-
-def drains_started(state: RepairState, node: str) -> int:
-    return sum(1 for a in state.audit_log(node) if a.action == "drain" and a.outcome.status is Status.STARTED)
+from harness.capacity_fleet import DEFERRABLE, MODEL, Fleet, controller, drains_started
 
 
 def capacity_alerts(state: RepairState) -> dict[str, str]:
@@ -169,14 +92,20 @@ def test_a_node_cannot_hold_its_own_urgent_repair_back_by_reporting_pressure(tmp
     asyncio.run(scenario())
 
 
+async def waiting(tmp: Path, policy: str = DEFERRABLE) -> tuple[Fleet, RepairState, RepairController]:
+    """Two replicas at 0.85 and a fault that may wait on n1: its drain waits for capacity."""
+    fleet = Fleet({"n1": 0.85, "n2": 0.85})
+    state = open_state("sqlite", str(tmp / "repair.sqlite3"))
+    repair = controller(state, fleet, load_policy_text(policy, "test"))
+    fleet.xid("n1")
+    await passes(repair)
+    assert repair.workflows["n1"].held is not None and drains_started(state, "n1") == 0
+    return fleet, state, repair
+
+
 def test_an_urgent_finding_while_waiting_ends_the_wait(tmp_path: Path) -> None:
     async def scenario() -> None:
-        fleet = Fleet({"n1": 0.85, "n2": 0.85})
-        state = open_state("sqlite", str(tmp_path / "repair.sqlite3"))
-        repair = controller(state, fleet, load_policy_text(DEFERRABLE, "test"))
-        fleet.xid("n1")
-        await passes(repair)
-        assert repair.workflows["n1"].held is not None
+        fleet, state, repair = await waiting(tmp_path)
         fleet.snaps["n1"].gpus[2].ecc_dbe_volatile = 1  # uncorrected ECC: urgent
         await passes(repair)
         assert drains_started(state, "n1") == 1
@@ -213,12 +142,7 @@ def test_the_wait_survives_a_restart_and_the_drain_happens_once(tmp_path: Path) 
 
 def test_a_person_says_proceed_and_the_drain_goes_on_audited_and_alerted(tmp_path: Path) -> None:
     async def scenario() -> None:
-        fleet = Fleet({"n1": 0.85, "n2": 0.85})
-        state = open_state("sqlite", str(tmp_path / "repair.sqlite3"))
-        repair = controller(state, fleet, load_policy_text(DEFERRABLE, "test"))
-        fleet.xid("n1")
-        await passes(repair)
-        assert drains_started(state, "n1") == 0
+        _, state, repair = await waiting(tmp_path)
         await repair.proceed("n1", "maintenance window, traffic shifted", "alice")
         await repair.pass_once()
         assert drains_started(state, "n1") == 1
@@ -233,12 +157,7 @@ def test_a_repair_waiting_past_max_capacity_wait_raises_an_alert_resolved_when_i
     tmp_path: Path,
 ) -> None:
     async def scenario() -> None:
-        fleet = Fleet({"n1": 0.85, "n2": 0.85})
-        state = open_state("sqlite", str(tmp_path / "repair.sqlite3"))
-        policy = load_policy_text(DEFERRABLE + "[serving]\nmax_capacity_wait_s = 0\n", "test")
-        repair = controller(state, fleet, policy)
-        fleet.xid("n1")
-        await passes(repair)
+        fleet, state, repair = await waiting(tmp_path, DEFERRABLE + "[serving]\nmax_capacity_wait_s = 0\n")
         assert repair.workflows["n1"].capacity_alert
         assert list(capacity_alerts(state).values()) == ["firing"]
         fleet.kv.update(n1=0.2, n2=0.2)  # pressure falls: 0.4 on the one left
