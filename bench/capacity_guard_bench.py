@@ -25,6 +25,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from loadgen import machine
+
 from gpufleet.aggregator.fleet.pools import serving_readings
 from gpufleet.aggregator.fleet.state import FleetState
 from gpufleet.aggregator.repair_wiring import snapshots
@@ -117,6 +119,7 @@ async def main() -> None:
     parser.add_argument("--passes", type=int, default=40)
     args = parser.parse_args()
     logging.basicConfig(level=logging.ERROR)  # each held drain and step is logged: not the bench's output
+    print(f"machine: {machine()}")
     fleet = fleet_of(args.nodes)
     serving = sum(1 for live in fleet.nodes.values() if live.engines)
     results = {}
