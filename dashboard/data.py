@@ -20,6 +20,7 @@ from gpufleet.client.present import (
 from gpufleet.client.timeparse import iso
 from gpufleet.protos import fleet_pb2, vocabulary_pb2
 from gpufleet.protos.names import (
+    CAPACITY_WAIT_PREFIX,
     OUT_OF_SERVICE_STATES,
     action_name,
     health_name,
@@ -268,6 +269,20 @@ def _finite_percent(ratio: float | None) -> float | None:
 def if_drained_lines(detail: fleet_pb2.NodeDetail) -> list[str]:
     """What draining this node would do to each serving pool it is in, one line each."""
     return [f"If drained: {describe_projection(d)}" for d in detail.if_drained]
+
+
+def waiting_frame(status: fleet_pb2.RepairStatus) -> pd.DataFrame:
+    """The nodes whose drain waits for serving capacity, and what for (the rail's own words)."""
+    rows = [
+        {
+            "node": n.node,
+            "incident": n.incident_id,
+            "waiting for": n.detail.removeprefix(CAPACITY_WAIT_PREFIX),
+        }
+        for n in status.nodes
+        if n.detail.startswith(CAPACITY_WAIT_PREFIX)
+    ]
+    return pd.DataFrame(rows, columns=["node", "incident", "waiting for"])
 
 
 def pools_frame(resp: fleet_pb2.ListPoolsResponse) -> pd.DataFrame:

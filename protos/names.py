@@ -80,3 +80,7 @@ AGGREGATES = {aggregate_name(v): v for v in fleet_pb2.Aggregate.values() if v}
 
 # Every liveness but "unspecified", by value: what `gpufleet_fleet_nodes{liveness}` counts.
 LIVENESS_NAMES = {v: liveness_name(v) for v in vocabulary_pb2.Liveness.values() if v}
+
+# How a drain held by the capacity guard says what it waits for (repair/capacity.py): the node's
+# detail starts with this in RepairStatus, and the dashboard lists those nodes by it.
+CAPACITY_WAIT_PREFIX = "waiting for capacity: "

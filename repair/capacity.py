@@ -23,6 +23,7 @@ import logging
 import time
 from collections.abc import Callable, Iterator, Mapping
 
+from gpufleet.protos.names import CAPACITY_WAIT_PREFIX
 from gpufleet.repair.health import Health, HoldKind
 from gpufleet.repair.incidents import IncidentDesk
 from gpufleet.repair.serving import Pools, Projection, ReplicaReading, ServingFloor
@@ -30,7 +31,7 @@ from gpufleet.repair.state import Workflow
 
 log = logging.getLogger("gpufleet.repair")
 
-WAITING_PREFIX = "waiting for capacity: "
+WAITING_PREFIX = CAPACITY_WAIT_PREFIX
 
 
 class CapacityGuard:

@@ -6,9 +6,18 @@ aggregator's rule, shown on the page (docs/repair.md "Serving-aware repair")."""
 from __future__ import annotations
 
 import altair as alt
+import pandas as pd
 import streamlit as st
 
-from gpufleet.dashboard.data import REPLICA_COLUMNS, pools_frame, replicas_frame
+from gpufleet.client.timeparse import parse_time_ns
+from gpufleet.dashboard.data import (
+    REPLICA_COLUMNS,
+    history_frame,
+    pools_frame,
+    replicas_frame,
+    time_x,
+    waiting_frame,
+)
 from gpufleet.dashboard.fleet import call
 from gpufleet.protos import fleet_pb2
 
@@ -37,6 +46,49 @@ def render() -> None:
         "within the floor (negative: replicas short of it)."
     )
     st.dataframe(pools_frame(answer), hide_index=True, width="stretch")
+    waiting = waiting_frame(call("GetRepairStatus", fleet_pb2.RepairStatusRequest()))
+    if waiting.empty:
+        st.caption("No repair waits for serving capacity.")
+    else:
+        st.subheader("Repairs waiting for capacity")
+        st.caption(
+            "Each drain below waits until its pools stay within the floor (a replica added, pressure "
+            "falling) or an operator runs `gpufleet proceed NODE --reason ...`."
+        )
+        st.dataframe(waiting, hide_index=True, width="stretch")
+    st.subheader("KV-cache pressure over time")
+    since = st.selectbox("range", ["15m", "1h", "6h", "24h"], index=1, key="pools-range")
+    pressure = history_frame(
+        call(
+            "QueryHistory",
+            fleet_pb2.HistoryRequest(
+                metric="kv_cache_usage_ratio",
+                start_unix_ns=parse_time_ns(since),
+                aggregate=fleet_pb2.AGGREGATE_MEAN,
+                group_by=["cluster", "model"],
+            ),
+        )
+    )
+    if pressure.empty:
+        st.caption("No KV-cache history in this range.")
+    else:
+        pressure["KV-cache usage %"] = (100 * pressure["kv_cache_usage_ratio"]).round(1)
+        line = (
+            alt.Chart(pressure)
+            .mark_line()
+            .encode(
+                x=time_x(pressure),
+                y=alt.Y("KV-cache usage %:Q", scale=alt.Scale(domain=[0, 100])),
+                color=alt.Color("series:N", title="cluster/model"),
+                tooltip=["time:T", "series:N", "KV-cache usage %:Q"],
+            )
+        )
+        floor = (
+            alt.Chart(pd.DataFrame({"floor": [100 * answer.floor_kv_cache_usage_ratio]}))
+            .mark_rule(strokeDash=[4, 4])
+            .encode(y="floor:Q")
+        )
+        st.altair_chart(line + floor, width="stretch")
     st.subheader("Replicas")
     chart = (
         alt.Chart(replicas.dropna(subset=["KV-cache usage %", "GPU util %"]))

@@ -3,7 +3,8 @@
 backend: its own records), the CLI and /metrics as a person and Prometheus read them.
 
 A fault that may wait on one replica of a 3-replica pool at 0.85 KV-cache usage waits for
-capacity (the node page, `gpufleet pools`, the repair status and the per-pool gauges all say so),
+capacity (the node page, `gpufleet pools`, the repair status, the dashboard's Inference page and
+the per-pool gauges all say so),
 then drains once a 4th replica comes up."""
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from collections.abc import Iterator
 
 import pytest
 
+from harness.dashboard import app
 from harness.engine_endpoint import MODEL, EngineEndpoint
 from harness.processes import AggregatorHandle, Cluster
 from harness.repair import FAST_POLICY, audit, gpufleet_cli, repair_aggregator, repair_status, xid_scenario
@@ -52,7 +54,7 @@ def node_state(agg: AggregatorHandle, cluster: Cluster, node: str) -> dict:
 
 
 def test_a_deferrable_fault_waits_for_capacity_then_drains_when_a_fourth_replica_comes_up(
-    cluster: Cluster, engines: dict[str, EngineEndpoint]
+    cluster: Cluster, engines: dict[str, EngineEndpoint], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     agg = repair_aggregator(cluster, "--repair-max-out-of-service-fraction", "1", policy=POLICY)
     s1 = collector(cluster, agg, "s1", engines["s1"])
@@ -90,6 +92,17 @@ def test_a_deferrable_fault_waits_for_capacity_then_drains_when_a_fourth_replica
     assert agg.metric_value("gpufleet_pool_repairs_waiting_for_capacity", cluster="test", model=MODEL) == 1
     assert agg.metric_value("gpufleet_pool_headroom_replicas", cluster="test", model=MODEL) == 0
     assert not [a for a in audit(agg, cluster, "s1") if a["action"] == "drain" and a["outcome"] == "started"]
+    # The dashboard's Inference page, as a person reads it: the pool, and s1 waiting, with why.
+    at = app(monkeypatch, agg.fleet, cluster.secrets.tokens["viewer"]).run()
+    at.sidebar.radio[0].set_value("Inference").run()
+    assert not at.exception, at.exception
+    frames = [d.value for d in at.dataframe]
+    pools_table = next(f for f in frames if "headroom replicas" in f.columns)
+    assert list(pools_table["serving"]) == [3] and list(pools_table["repairs waiting"]) == ["s1"]
+    waiting_table = next(f for f in frames if "waiting for" in f.columns)
+    assert list(waiting_table["node"]) == ["s1"]
+    assert list(waiting_table["waiting for"]) == [f"{MODEL} 3 → 2 replicas, projected KV 0.85 → 1.27"]
+    assert any("Repairs waiting for capacity" in h.value for h in at.subheader)
 
     # A fourth replica comes up with room in its cache: the drain goes on.
     collector(cluster, agg, "s4", engines["s4"])
