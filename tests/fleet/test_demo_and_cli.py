@@ -244,9 +244,12 @@ def test_history_groups_across_series(demo: tuple[dict[str, str], Path]) -> None
         span[:] = ["--since", since, "--until", until, "--step", "10s"]
         # A report still in flight could land between two reads: read until two agree.
         before, grouped, after = read()["series"], read("--group-by", "node")["series"], read()["series"]
-        return (before, grouped) if before and before == after else None
+        # ... and one in which every node has reported (the demo's collectors start one after
+        # another: on a busy machine the first seconds after it is ready hold only some nodes).
+        every = {s["tags"]["node"] for s in before} == {f"demo-node-{i:02d}" for i in range(1, 5)}
+        return (before, grouped) if every and before == after else None
 
-    per_gpu, per_node = wait_until(settled, 30, "a settled range")
+    per_gpu, per_node = wait_until(settled, 60, "a settled range in which every demo node reported")
     assert sorted(s["tags"]["node"] for s in per_node) == [f"demo-node-{i:02d}" for i in range(1, 5)]
     assert all(set(s["tags"]) == {"node"} for s in per_node)
     for group in per_node:
