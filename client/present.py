@@ -179,7 +179,7 @@ def events_csv(events: Iterable[fleet_pb2.HistoryEvent]) -> str:
     return out.getvalue()
 
 
-def _finite(value: float | None) -> float | None:
+def finite(value: float | None) -> float | None:
     """JSON has no infinity: a projection with no replica left is null (text: "none left")."""
     return value if value is None or math.isfinite(value) else None
 
@@ -193,13 +193,13 @@ def percent(ratio: float | None) -> str:
 
 def pool_row(p: fleet_pb2.ServingPool) -> dict[str, Any]:
     """One serving pool for --json and the dashboard: every figure the aggregator computed."""
-    row = {k: _finite(v) if isinstance(v, float) else v for k, v in message_fields(p).items()}
+    row = {k: finite(v) if isinstance(v, float) else v for k, v in message_fields(p).items()}
     row["replicas"] = [message_fields(r) for r in p.replicas]
     return row
 
 
 def projection_row(d: fleet_pb2.DrainProjection) -> dict[str, Any]:
-    return {k: _finite(v) if isinstance(v, float) else v for k, v in message_fields(d).items()}
+    return {k: finite(v) if isinstance(v, float) else v for k, v in message_fields(d).items()}
 
 
 def describe_projection(d: fleet_pb2.DrainProjection) -> str:

@@ -11,6 +11,7 @@ from gpufleet.client.present import (
     GIB,
     describe_projection,
     event_row,
+    finite,
     gpu_health,
     node_row,
     opt,
@@ -262,10 +263,6 @@ POOL_COLUMNS = [
 ]
 
 
-def _finite_percent(ratio: float | None) -> float | None:
-    return None if ratio is None or ratio != ratio or ratio == float("inf") else _percent(ratio)
-
-
 def if_drained_lines(detail: fleet_pb2.NodeDetail) -> list[str]:
     """What draining this node would do to each serving pool it is in, one line each."""
     return [f"If drained: {describe_projection(d)}" for d in detail.if_drained]
@@ -299,7 +296,7 @@ def pools_frame(resp: fleet_pb2.ListPoolsResponse) -> pd.DataFrame:
             "running": opt(p, "requests_running"),
             "waiting": opt(p, "requests_waiting"),
             "preemptions/s": _rounded(opt(p, "preemptions_per_s"), 2),
-            "KV-cache if one leaves %": _finite_percent(opt(p, "kv_cache_usage_if_one_leaves_ratio")),
+            "KV-cache if one leaves %": _percent(finite(opt(p, "kv_cache_usage_if_one_leaves_ratio"))),
             "headroom replicas": p.headroom_replicas,
             "repairs waiting": ", ".join(p.nodes_waiting),
         }

@@ -31,8 +31,6 @@ from gpufleet.repair.state import Workflow
 
 log = logging.getLogger("gpufleet.repair")
 
-WAITING_PREFIX = CAPACITY_WAIT_PREFIX
-
 
 class CapacityGuard:
     def __init__(
@@ -101,7 +99,7 @@ class CapacityGuard:
         waited_s = (now - wf.capacity_wait_since_ns) / 1e9
         if waited_s >= self.floor.max_capacity_wait_s and not wf.capacity_alert:
             self._desk.capacity(wf, "firing", f"waiting {waited_s:.0f} s for capacity: {what}", now)
-        return HoldKind.CAPACITY, WAITING_PREFIX + what
+        return HoldKind.CAPACITY, CAPACITY_WAIT_PREFIX + what
 
 
 def waiting_nodes(workflows: Mapping[str, Workflow]) -> set[str]:

@@ -118,7 +118,7 @@ class PersonActions:
                     "invalid",
                     f"{node} is not waiting for capacity (state {wf.state}"
                     + (f": {wf.detail}" if wf.detail else "")
-                    + "); `gpufleet repair status` lists what each node waits for",
+                    + "); `gpufleet breaker status` lists what each node waits for",
                 )
             wf.capacity_override = actor
             self.desk.audit(wf, "proceed", reason, OK, self.clock(), actor=actor)

@@ -34,7 +34,6 @@ from gpufleet.repair.health import Health
 KV_BOUND_USAGE = 0.90
 KV_BOUND_USAGE_WITH_QUEUE = 0.75
 COMPUTE_BOUND_UTIL_PCT = 70.0
-LOAD_CLASSES = ("KV-bound", "compute-bound", "idle", "unknown", "unreadable")
 LOAD_CLASS_RULE = (
     f"idle: no request running or waiting. KV-bound: KV-cache usage ≥ {KV_BOUND_USAGE:.0%}, "
     f"or ≥ {KV_BOUND_USAGE_WITH_QUEUE:.0%} with requests waiting or preemptions seen — the cache, "

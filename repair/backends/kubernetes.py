@@ -186,39 +186,20 @@ class KubernetesBackend(Backend):
 
     async def leave_rotation(self, node: str, ports: list[int]) -> str | None:
         scheduler_node(node, "kubernetes")
-        pods = await self._call(
-            f"list pods on {node}",
-            self._core.list_pod_for_all_namespaces,
-            field_selector=f"spec.nodeName={node}",
-        )
+        pods = await self._pods_on(node)
         serving = [p for p in pods.items if ROTATION_LABEL in (p.metadata.labels or {})]
         if not serving:
             return None
         for pod in serving:
             if pod.metadata.labels[ROTATION_LABEL] == "false":
                 continue
-            await self._call(
-                f"take {pod.metadata.namespace}/{pod.metadata.name} out of rotation",
-                self._core.patch_namespaced_pod,
-                pod.metadata.name,
-                pod.metadata.namespace,
-                {
-                    "metadata": {
-                        "labels": {ROTATION_LABEL: "false"},
-                        "annotations": {ROTATION_ANNOTATION: "automation"},
-                    }
-                },
-            )
+            await self._set_rotation(pod, in_rotation=False)
         names = ", ".join(f"{p.metadata.namespace}/{p.metadata.name}" for p in serving)
         return f"{len(serving)} pod(s) out of rotation ({ROTATION_LABEL}=false): {names}"[:500]
 
     async def drain(self, node: str) -> DrainProgress:
         scheduler_node(node, "kubernetes")
-        pods = await self._call(
-            f"list pods on {node}",
-            self._core.list_pod_for_all_namespaces,
-            field_selector=f"spec.nodeName={node}",
-        )
+        pods = await self._pods_on(node)
         blocked, evicted, terminating = [], 0, 0
         for pod in pods.items:
             owners = pod.metadata.owner_references or []
@@ -284,23 +265,31 @@ class KubernetesBackend(Backend):
     async def _back_in_rotation(self, node: str) -> None:
         """Pods the automation took out of rotation and that are still there (a drain cancelled
         before its eviction) take requests again; a pod a person took out stays out."""
-        pods = await self._call(
+        pods = await self._pods_on(node)
+        for pod in pods.items:
+            if (pod.metadata.annotations or {}).get(ROTATION_ANNOTATION) != "automation":
+                continue
+            await self._set_rotation(pod, in_rotation=True)
+
+    async def _pods_on(self, node: str) -> Any:
+        return await self._call(
             f"list pods on {node}",
             self._core.list_pod_for_all_namespaces,
             field_selector=f"spec.nodeName={node}",
         )
-        for pod in pods.items:
-            if (pod.metadata.annotations or {}).get(ROTATION_ANNOTATION) != "automation":
-                continue
-            await self._call(
-                f"return {pod.metadata.namespace}/{pod.metadata.name} to rotation",
-                self._core.patch_namespaced_pod,
-                pod.metadata.name,
-                pod.metadata.namespace,
-                {
-                    "metadata": {
-                        "labels": {ROTATION_LABEL: "true"},
-                        "annotations": {ROTATION_ANNOTATION: None},
-                    }
-                },
-            )
+
+    async def _set_rotation(self, pod: Any, in_rotation: bool) -> None:
+        """The pod's rotation label; out of rotation, marked as the automation's doing."""
+        where = f"{pod.metadata.namespace}/{pod.metadata.name}"
+        await self._call(
+            f"return {where} to rotation" if in_rotation else f"take {where} out of rotation",
+            self._core.patch_namespaced_pod,
+            pod.metadata.name,
+            pod.metadata.namespace,
+            {
+                "metadata": {
+                    "labels": {ROTATION_LABEL: "true" if in_rotation else "false"},
+                    "annotations": {ROTATION_ANNOTATION: None if in_rotation else "automation"},
+                }
+            },
+        )
