@@ -127,7 +127,7 @@ def list_pools(
     size = 0
     for pool in pools.sorted():
         msg = pool_pb(pool, floor, waiting, request.replicas)
-        size += msg.ByteSize()
+        size += msg.ByteSize() + 6  # and its framing in the answer: a tag byte, a length of up to 5
         if size > POOLS_ANSWER_BYTES:
             resp.truncated = True
             break
