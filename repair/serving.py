@@ -237,17 +237,18 @@ class Pool:
     def count(self, state: ReplicaState) -> int:
         return sum(1 for s in self.states if s is state)
 
-    def _kv(self) -> list[float]:
+    def kv_readings(self) -> list[float]:
+        """The KV-cache usage its serving replicas report."""
         return [r.kv_cache_usage_ratio for r in self._serving() if r.kv_cache_usage_ratio is not None]
 
     @property
     def kv_cache_usage_mean_ratio(self) -> float | None:
-        kv = self._kv()
+        kv = self.kv_readings()
         return sum(kv) / len(kv) if kv else None
 
     @property
     def kv_cache_usage_max_ratio(self) -> float | None:
-        return max(self._kv(), default=None)
+        return max(self.kv_readings(), default=None)
 
     def _total(self, name: str) -> float | None:
         values = [v for r in self._serving() if (v := getattr(r, name)) is not None]
@@ -268,7 +269,7 @@ class Pool:
     def projection(self, nodes: set[str], floor: ServingFloor) -> Projection:
         """What taking `nodes` out would do to this pool."""
         serving = self._serving()
-        kv = self._kv()
+        kv = self.kv_readings()
         leaving = sum(1 for r in serving if r.node in nodes)
         after = projected_usage(kv, len(serving), leaving)
         return Projection(
@@ -283,12 +284,12 @@ class Pool:
 
     def projection_if_one_leaves(self) -> float | None:
         serving = len(self._serving())
-        return projected_usage(self._kv(), serving, 1) if serving else None
+        return projected_usage(self.kv_readings(), serving, 1) if serving else None
 
     def headroom_replicas(self, floor: ServingFloor) -> int:
         """Replicas that may leave within the floor; negative: replicas short of it."""
         serving = len(self._serving())
-        return serving - needed_replicas(self._kv(), serving, floor)
+        return serving - needed_replicas(self.kv_readings(), serving, floor)
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,15 @@ missed per cause; `recurrence` (optional, true or false): the same fault back ag
 part failing again), counted apart from new interruptions. Node signals (no GPU):
 `collector_reporting` (0 or 1) says whether the node's collector is reporting;
 `gpus_on_pci_bus` the NVIDIA GPUs its PCI bus shows and `gpu_count` the GPUs NVML lists (fewer
-than on the bus: a GPU missing from the driver)."""
+than on the bus: a GPU missing from the driver).
+
+Engine signals (the serving pools' readings, docs/repair.md "Serving-aware repair"): `"model":
+"<served model>"` with `"signal": "kv_cache_usage_ratio" | "requests_running" |
+"requests_waiting"` (no GPU): the node serves one replica of that model, and the value is what
+that replica carries **with its whole pool serving** (its share of the pool's demand). The
+replay spreads each pool's demand over the replicas it leaves serving (docs/repair.md "Policy
+replay"), so the capacity guard sees the pressure rise when a replica leaves, as a router would
+make it."""
 
 from __future__ import annotations
 
@@ -39,13 +47,16 @@ REPORTING = "collector_reporting"
 ON_PCI_BUS = "gpus_on_pci_bus"
 NVML_GPU_COUNT = "gpu_count"
 NODE_SIGNALS = (REPORTING, ON_PCI_BUS, NVML_GPU_COUNT)
+KV_CACHE = "kv_cache_usage_ratio"
+ENGINE_SIGNALS = (KV_CACHE, "requests_running", "requests_waiting")
+MAX_MODEL_CHARS = 253  # as long as the wire lets an engine name its model (aggregator/ingest/wire_rules.py)
 # A signal is a number: text fields (identity, the name of a stuck NVML call) are not signals.
 _GPU_FIELDS = {
     f.name: f
     for f in telemetry_pb2.GpuSample.DESCRIPTOR.fields
     if f.type not in (f.TYPE_MESSAGE, f.TYPE_STRING, f.TYPE_BYTES) and f.name != "index"
 }
-SIGNALS = (*sorted(_GPU_FIELDS), *NODE_SIGNALS)
+SIGNALS = (*sorted(_GPU_FIELDS), *NODE_SIGNALS, *ENGINE_SIGNALS)
 MAX_CAUSE_CHARS = 64
 MAX_GPUS = 64
 MAX_INPUTS = 5_000_000
@@ -72,6 +83,7 @@ class FaultInput:
     # The same fault back again (a faulty part failing again), not a new interruption: the report
     # counts interruptions and recurrences apart.
     recurrence: bool = False
+    model: str = ""  # an engine signal's served model (the replica's pool)
 
     @property
     def visible(self) -> bool:
@@ -179,6 +191,7 @@ TRACE_KEYS = {  # every key a trace line may have (docs/repair.md's trace format
     "count",
     "cause",
     "recurrence",
+    "model",
 }
 
 
@@ -213,11 +226,29 @@ def parse_input(obj: object, where: str) -> FaultInput:
         if isinstance(xid, bool) or not isinstance(xid, int) or not 1 <= xid <= 1_000_000:
             raise TraceError(f'{where}: "xid" = {xid!r}; give the XID number')
         return FaultInput(**base, xid=xid, message=message[:512], count=count)
+    model = _model(obj, signal, where)
     if signal is not None:
-        return FaultInput(**base, signal=signal, value=_signal_value(obj, signal, gpu, where))
+        return FaultInput(**base, signal=signal, value=_signal_value(obj, signal, gpu, where), model=model)
     if not label:
         raise TraceError(f'{where}: give "xid" or "signal" (or a "label" for a fault gpufleet cannot see)')
     return FaultInput(**base, message=message[:512])
+
+
+def _model(obj: dict[str, Any], signal: object, where: str) -> str:
+    """An engine signal's model ("" for any other input)."""
+    model = obj.get("model")
+    if (model is not None) != (signal in ENGINE_SIGNALS):
+        raise TraceError(
+            f'{where}: "model" goes with an engine signal ({", ".join(ENGINE_SIGNALS)}) and only with one'
+        )
+    if model is None:
+        return ""
+    if not isinstance(model, str) or not 0 < len(model) <= MAX_MODEL_CHARS or not model.isprintable():
+        raise TraceError(
+            f'{where}: "model" = {model!r}; give the served model name, printable, '
+            f"1 to {MAX_MODEL_CHARS} characters"
+        )
+    return model
 
 
 def _common(obj: dict[str, Any], where: str) -> tuple[str, int | None, str, str, int]:
@@ -254,6 +285,8 @@ def _signal_value(obj: dict[str, Any], signal: object, gpu: int | None, where: s
         value = float(value)
     if not isinstance(value, int | float) or not math.isfinite(value) or not -1e18 <= value <= 1e18:
         raise TraceError(f'{where}: "value" = {value!r} for signal {signal}; give a finite number')
+    if signal in ENGINE_SIGNALS:
+        return _engine_value(signal, value, gpu, where)
     if signal in NODE_SIGNALS:
         if gpu is not None:
             raise TraceError(f'{where}: {signal} is about the node: leave out "gpu"')
@@ -270,6 +303,15 @@ def _signal_value(obj: dict[str, Any], signal: object, gpu: int | None, where: s
         raise TraceError(f"{where}: signal {signal} is true or false: give 0 or 1, not {value!r}")
     if field.type != field.TYPE_DOUBLE and (value < 0 or value != int(value)):
         raise TraceError(f"{where}: signal {signal} is a count: give a whole number ≥ 0, not {value!r}")
+    return float(value)
+
+
+def _engine_value(signal: str, value: float, gpu: int | None, where: str) -> float:
+    if gpu is not None:
+        raise TraceError(f'{where}: {signal} is about an engine replica: leave out "gpu", give "model"')
+    if not 0 <= value <= (1 if signal == KV_CACHE else 1e9):
+        top = "1 (a ratio)" if signal == KV_CACHE else "10^9"
+        raise TraceError(f"{where}: {signal} = {value!r}; give 0 to {top}")
     return float(value)
 
 

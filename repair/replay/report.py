@@ -18,7 +18,11 @@
 - detect_latency_s: from a caught hardware or software fault's first input to its cordon;
 - actions: automatic cordons, drains, GPU resets, reboots and tickets begun, quarantines and
   returns; breaker_trips; lemon_nodes: nodes with repeat_offender_incidents incidents within
-  repeat_offender_days at some point."""
+  repeat_offender_days at some point;
+- serving (a history with engine readings): pool_minutes_below_floor, summed over the pools, the
+  time each pool's serving replicas carried more than the floor's KV-cache usage or were fewer
+  than its minimum; repair_delay_added_s, the time drains waited for capacity (the capacity
+  guard): the trade-off between the two is what a [serving] floor chooses."""
 
 from __future__ import annotations
 
@@ -154,6 +158,32 @@ def summarize(run: ReplayRun) -> dict[str, Any]:
         "out_of_service": _series(intervals, history),
         "fault_outcomes": fault_outcome,
         "nodes": _steps_by_node(audit),
+        "serving": _serving(run),
+    }
+
+
+def _serving(run: ReplayRun) -> dict[str, Any] | None:
+    s = run.serving
+    if s is None:
+        return None
+    waits = [w for _, w in s.capacity_waits_s]
+    return {
+        "pools": len(s.pools),
+        "floor": {
+            "max_kv_cache_usage_ratio": run.policy.serving.max_kv_cache_usage_ratio,
+            "min_serving_replicas": run.policy.serving.min_serving_replicas,
+            "guard": run.policy.serving.guard,
+        },
+        "pool_minutes_below_floor": round(sum(s.seconds_below_floor.values()) / 60, 1),
+        "pool_minutes_below_floor_by_model": {
+            m: round(v / 60, 1) for m, v in sorted(s.seconds_below_floor.items())
+        },
+        "repairs_waited_for_capacity": len(waits),
+        "repair_delay_added_s": {
+            "total": round(sum(waits), 1),
+            "p50": None if not waits else round(_percentile(waits, 50) or 0.0, 1),
+            "max": None if not waits else round(max(waits), 1),
+        },
     }
 
 
@@ -343,6 +373,11 @@ def compare(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
                 "breaker_trips",
             )
             if a[k] != b[k]
+        }
+        | {
+            k: {"a": a["serving"][k], "b": b["serving"][k]}
+            for k in ("pool_minutes_below_floor", "repairs_waited_for_capacity")
+            if a.get("serving") and b.get("serving") and a["serving"][k] != b["serving"][k]
         },
     }
 
@@ -398,6 +433,26 @@ def _figures(r: dict[str, Any]) -> list[tuple[str, str]]:
         ),
         ("replay", f"{r['inputs']} inputs, {r['passes']} passes, {r['wall_s']:.1f} s"),
     ]
+    serving = r.get("serving")
+    if serving:
+        delay = serving["repair_delay_added_s"]
+        floor = serving["floor"]
+        rows[-1:-1] = [
+            (
+                "serving floor",
+                f"KV ≤ {floor['max_kv_cache_usage_ratio']:g}, ≥ {floor['min_serving_replicas']} replicas"
+                + ("" if floor["guard"] else " (guard off)"),
+            ),
+            (
+                "pool-minutes below floor",
+                f"{serving['pool_minutes_below_floor']:,.1f} (over {serving['pools']} pool(s))",
+            ),
+            (
+                "repair delay added",
+                f"{delay['total']:,.0f} s, {serving['repairs_waited_for_capacity']} repair(s) waited"
+                + ("" if delay["max"] is None else f" (p50 {delay['p50']:.0f} s, max {delay['max']:.0f} s)"),
+            ),
+        ]
     return rows
 
 

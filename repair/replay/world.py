@@ -56,6 +56,9 @@ class SimulatedWorld:
                 event.gpu_index = i.gpu
             node.events.append(event)
             return
+        if i.model:
+            node.engines.setdefault(i.model, {})[i.signal] = i.value
+            return
         if i.signal == REPORTING:
             if node.reporting and not i.value:
                 node.silent_since_ns = i.time_ns

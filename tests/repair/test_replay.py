@@ -23,6 +23,7 @@ from gpufleet.repair.replay.engine import ReplayConfig, replay
 from gpufleet.repair.replay.generate import generate_llama3
 from gpufleet.repair.replay.history import TRACE_KEYS, FaultHistory, FaultInput, TraceError, parse_input
 from gpufleet.repair.replay.report import summarize
+from harness.paths import REPO
 from harness.processes import Cluster, gpufleet_argv
 from harness.repair import FAST_POLICY, audit, gpufleet_cli, incidents, repair_aggregator, repair_status
 from harness.waiting import wait_until
@@ -423,3 +424,99 @@ def test_at_the_papers_scale_the_interruptions_are_table_5s_and_recurrences_are_
     hardware = report["faults"]["hardware"]
     assert hardware["interruptions"] + hardware["recurrences"] == hardware["total"]
     assert "incidents within" in report["lemon_rule"]
+
+
+def test_the_replay_runs_the_capacity_guard_and_reports_the_trade_off_between_policies() -> None:
+    """examples/traces/serving-pool.jsonl: three replicas at 0.85 KV-cache, a corrected-ECC storm
+    (may wait) on one at 10:05, the load falling at 10:35. With the guard the drain waits until
+    the load falls and no pool goes below its floor; without it the drain comes at once and the
+    two replicas left are past the floor until the node returns."""
+    trace = REPO / "examples" / "traces" / "serving-pool.jsonl"
+    out = subprocess.run(
+        gpufleet_argv(
+            "replay",
+            "--trace",
+            str(trace),
+            "--compare",
+            str(REPO / "examples" / "policy-no-capacity-guard.toml"),
+            "--json",
+        ),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.returncode == 0, out.stderr
+    reports = json.loads(out.stdout)
+    guard, no_guard = reports["a"]["serving"], reports["b"]["serving"]
+    assert reports["a"]["nodes_taken_out_in_order"] == reports["b"]["nodes_taken_out_in_order"] == ["n0001"]
+    # With the guard: held from the storm's cordon (10:05 + its 120 s window) to 10:35.
+    assert guard["repairs_waited_for_capacity"] == 1
+    assert 1700 - 130 <= guard["repair_delay_added_s"]["total"] <= 1800 - 120, guard
+    assert guard["pool_minutes_below_floor"] == 0.0, guard
+    # Without: no wait, and the pool past its floor from the drain until the node's return or
+    # the load's fall at 10:35, whichever first.
+    assert no_guard["repairs_waited_for_capacity"] == 0 and no_guard["repair_delay_added_s"]["total"] == 0
+    assert no_guard["pool_minutes_below_floor"] > 0, no_guard
+    assert no_guard["pool_minutes_below_floor_by_model"].keys() == {"llama-70b"}
+    text = subprocess.run(
+        gpufleet_argv(
+            "replay",
+            "--trace",
+            str(trace),
+            "--compare",
+            str(REPO / "examples" / "policy-no-capacity-guard.toml"),
+        ),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    ).stdout
+    rows = {
+        line.split("  ")[1].strip(): line
+        for line in text.splitlines()
+        if line.startswith("  ") and "  " in line[2:]
+    }
+    assert "pool-minutes below floor" in rows and "repair delay added" in rows, text
+    assert "(guard off)" in rows["serving floor"], text
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(
+        st.tuples(
+            st.integers(0, 3600),
+            st.sampled_from(["n0001", "n0002", "n0003"]),
+            st.sampled_from(["a", "b"]),
+            st.sampled_from(["kv_cache_usage_ratio", "requests_running", "requests_waiting"]),
+            st.floats(0, 1),
+        ),
+        max_size=12,
+    ),
+    st.integers(0, 3600),
+)
+def test_any_engine_readings_replay_with_serving_figures_within_the_history(
+    readings: list[tuple[int, str, str, str, float]], storm_s: int
+) -> None:
+    """Pools of any shape (one replica, readings missing, a node in two pools, none at all):
+    the time below the floor never passes the pools x the history's length, and no repair waits
+    longer than the history."""
+    t0 = 1_767_225_600
+    lines = [
+        {"time": t0 + s, "node": node, "model": model, "signal": signal, "value": value}
+        for s, node, model, signal, value in readings
+    ]
+    lines.append(
+        {"time": t0 + storm_s, "node": "n0001", "gpu": 0, "signal": "ecc_sbe_rate_per_s", "value": 500}
+    )
+    lines.append({"time": t0 + 7200, "node": "n0004", "gpu": 0, "signal": "temp_gpu_c", "value": 40})
+    history = FaultHistory.of([parse_input(obj, "t") for obj in lines], "property")
+    run = replay(load_policy(), history)
+    report = summarize(run)
+    serving = report["serving"]
+    if not readings:
+        assert serving is None
+        return
+    length_min = (history.end_ns - history.start_ns) / 60e9
+    assert 0 <= serving["pool_minutes_below_floor"] <= serving["pools"] * length_min + 0.1
+    assert serving["pools"] == len({m for _, _, m, _, _ in readings})
+    for _, waited in run.serving.capacity_waits_s:
+        assert 0 <= waited <= length_min * 60
