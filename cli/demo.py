@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from gpufleet.aggregator.auth.tokens import issue_collector_token, new_secrets_file
+from gpufleet.cli.demo_serving import DemoServing, ServingScenarioError, load_plan
 from gpufleet.client.fleet import ClientSettings, FleetClient, client_config_path
 from gpufleet.collector.simnvml import GPU_PROFILES
 from gpufleet.common.files import write_private
@@ -157,7 +158,9 @@ def _credentials(data_dir: Path) -> tuple[dict[str, str], str]:
     return tokens, tomllib.loads(secrets_path.read_text())["collector_secret"]
 
 
-def _start_aggregator(demo: Demo, data_dir: Path) -> tuple[Child, dict[str, str]]:
+def _start_aggregator(
+    demo: Demo, data_dir: Path, serving: DemoServing | None
+) -> tuple[Child, dict[str, str]]:
     ready = data_dir / "aggregator.ready.json"
     ready.unlink(missing_ok=True)
     print(f"starting the aggregator (data in {data_dir}) ...", flush=True)
@@ -176,10 +179,10 @@ def _start_aggregator(demo: Demo, data_dir: Path) -> tuple[Child, dict[str, str]
             "127.0.0.1:0",
             "--ready-file",
             str(ready),
-            # Repair runs on gpufleet's own records (no scheduler on a demo box); a small
-            # fleet would otherwise be capped at one node out of service.
-            "--repair-backend",
-            "none",
+            # Repair runs on gpufleet's own records (no scheduler on a demo box), or, with a
+            # serving pool, on the pool's control API (cli/demo_serving.py); a small fleet would
+            # otherwise be capped at one node out of service.
+            *(serving.backend_options() if serving else ["--repair-backend", "none"]),
             "--repair-max-out-of-service-fraction",
             "0.5",
         ),
@@ -194,13 +197,24 @@ def _start_aggregator(demo: Demo, data_dir: Path) -> tuple[Child, dict[str, str]
     return aggregator, bound
 
 
+def demo_nodes(count: int) -> list[str]:
+    return [f"demo-node-{i + 1:02d}" for i in range(count)]
+
+
 def _start_collectors(
-    demo: Demo, args: argparse.Namespace, ingest: str, secret: str, data_dir: Path
+    demo: Demo,
+    args: argparse.Namespace,
+    ingest: str,
+    secret: str,
+    data_dir: Path,
+    serving: DemoServing | None,
 ) -> list[str]:
-    nodes = [f"demo-node-{i + 1:02d}" for i in range(args.nodes)]
+    nodes = demo_nodes(args.nodes)
     print(f"starting {len(nodes)} collectors with {args.gpus_per_node} simulated GPUs each ...", flush=True)
     for i, node in enumerate(nodes):
         model = DEMO_MODELS[i % len(DEMO_MODELS)] if args.gpu_model == "mixed" else args.gpu_model
+        served = serving.engines_option(node, args.gpus_per_node) if serving else []
+        sim_engine = DEMO_ENGINES[i % 4] if not served else ""
         demo.spawn(
             node,
             _gpufleet(
@@ -223,7 +237,8 @@ def _start_collectors(
                 "127.0.0.1:0",
                 "--state-dir",
                 str(data_dir / "collectors"),
-                *(["--sim-engine", DEMO_ENGINES[i % 4]] if DEMO_ENGINES[i % 4] else []),
+                *(["--sim-engine", sim_engine] if sim_engine else []),
+                *served,
                 *(["--sim-scenario", str(Path(args.scenario).resolve())] if args.scenario else []),
             ),
             env={"GPUFLEET_COLLECTOR_TOKEN": issue_collector_token(secret, node, days=30)[0]},
@@ -267,8 +282,14 @@ def run_demo(args: argparse.Namespace) -> int:
     _check_args(args)
     data_dir = Path(args.data_dir) if args.data_dir else default_data_dir()
     data_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        plan = load_plan(args.scenario, demo_nodes(args.nodes)) if args.scenario else None
+    except ServingScenarioError as exc:
+        print(f"gpufleet demo: {exc}", file=sys.stderr)
+        return 2
     demo = Demo(data_dir)
     tokens, secret = _credentials(data_dir)
+    serving: DemoServing | None = None
     stop_requested = threading.Event()
 
     def on_signal(signum: int, frame: object) -> None:
@@ -277,8 +298,10 @@ def run_demo(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGINT, on_signal)
     signal.signal(signal.SIGTERM, on_signal)
     try:
-        aggregator, bound = _start_aggregator(demo, data_dir)
-        nodes = _start_collectors(demo, args, bound["ingest"], secret, data_dir)
+        if plan is not None:
+            serving = DemoServing(plan, data_dir)
+        aggregator, bound = _start_aggregator(demo, data_dir, serving)
+        nodes = _start_collectors(demo, args, bound["ingest"], secret, data_dir, serving)
         client_cfg = client_config_path()
         write_private(
             client_cfg,
@@ -299,6 +322,12 @@ def run_demo(args: argparse.Namespace) -> int:
         print("waiting for every node to report ...", flush=True)
         _wait_for(f"waiting for {len(nodes)} nodes to report", all_reporting, 60, demo, aggregator)
         dashboard_line = _start_dashboard(demo, args, bound["fleet"], tokens["demo-operator"])
+        serving_lines = (
+            f"\n  gpufleet pools                 # the serving pool: replicas, KV-cache, headroom\n"
+            f"  serving figures:      {data_dir / 'serving.json'} (requests sent, finished, aborted)"
+            if serving
+            else ""
+        )
         print(
             f"""gpufleet demo is running: {len(nodes)} nodes x {args.gpus_per_node} simulated GPUs, \
 {args.interval:g}s interval
@@ -312,7 +341,7 @@ def run_demo(args: argparse.Namespace) -> int:
 Try, in another shell:
   gpufleet nodes
   gpufleet node {nodes[0]}
-  gpufleet history util_gpu_pct --node {nodes[0]} --since 10m --step 1m
+  gpufleet history util_gpu_pct --node {nodes[0]} --since 10m --step 1m{serving_lines}
 Ctrl-C stops the demo.""",
             flush=True,
         )
@@ -320,3 +349,6 @@ Ctrl-C stops the demo.""",
     finally:
         print("stopping the demo ...", flush=True)
         demo.stop()
+        if serving is not None:
+            serving.stop()
+            print(serving.summary(), flush=True)

@@ -6,6 +6,10 @@ from __future__ import annotations
 
 from gpufleet.protos import fleet_pb2, vocabulary_pb2
 
+# What a collector reports as the engine and model of an inference endpoint it has never read
+# (collector/sources/engines/scrape.py): such a replica is in no serving pool (repair/serving.py).
+UNKNOWN_ENGINE_MODEL = "unknown"
+
 
 def action_name(value: int) -> str:
     return vocabulary_pb2.Action.Name(value).removeprefix("ACTION_")

@@ -116,7 +116,7 @@ class GpuProcess(_message.Message):
     def __init__(self, pid: _Optional[int] = ..., used_memory_bytes: _Optional[int] = ...) -> None: ...
 
 class EngineSample(_message.Message):
-    __slots__ = ("engine", "model", "port", "endpoint", "gpu_indices", "readable", "unreadable_reason", "kv_cache_usage_ratio", "requests_running", "requests_waiting", "preemptions_total", "prefix_cache_hit_ratio")
+    __slots__ = ("engine", "model", "port", "endpoint", "gpu_indices", "readable", "unreadable_reason", "pool", "kv_cache_usage_ratio", "requests_running", "requests_waiting", "preemptions_total", "prefix_cache_hit_ratio")
     ENGINE_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
     PORT_FIELD_NUMBER: _ClassVar[int]
@@ -124,6 +124,7 @@ class EngineSample(_message.Message):
     GPU_INDICES_FIELD_NUMBER: _ClassVar[int]
     READABLE_FIELD_NUMBER: _ClassVar[int]
     UNREADABLE_REASON_FIELD_NUMBER: _ClassVar[int]
+    POOL_FIELD_NUMBER: _ClassVar[int]
     KV_CACHE_USAGE_RATIO_FIELD_NUMBER: _ClassVar[int]
     REQUESTS_RUNNING_FIELD_NUMBER: _ClassVar[int]
     REQUESTS_WAITING_FIELD_NUMBER: _ClassVar[int]
@@ -136,12 +137,13 @@ class EngineSample(_message.Message):
     gpu_indices: _containers.RepeatedScalarFieldContainer[int]
     readable: bool
     unreadable_reason: str
+    pool: str
     kv_cache_usage_ratio: float
     requests_running: float
     requests_waiting: float
     preemptions_total: float
     prefix_cache_hit_ratio: float
-    def __init__(self, engine: _Optional[str] = ..., model: _Optional[str] = ..., port: _Optional[int] = ..., endpoint: _Optional[str] = ..., gpu_indices: _Optional[_Iterable[int]] = ..., readable: _Optional[bool] = ..., unreadable_reason: _Optional[str] = ..., kv_cache_usage_ratio: _Optional[float] = ..., requests_running: _Optional[float] = ..., requests_waiting: _Optional[float] = ..., preemptions_total: _Optional[float] = ..., prefix_cache_hit_ratio: _Optional[float] = ...) -> None: ...
+    def __init__(self, engine: _Optional[str] = ..., model: _Optional[str] = ..., port: _Optional[int] = ..., endpoint: _Optional[str] = ..., gpu_indices: _Optional[_Iterable[int]] = ..., readable: _Optional[bool] = ..., unreadable_reason: _Optional[str] = ..., pool: _Optional[str] = ..., kv_cache_usage_ratio: _Optional[float] = ..., requests_running: _Optional[float] = ..., requests_waiting: _Optional[float] = ..., preemptions_total: _Optional[float] = ..., prefix_cache_hit_ratio: _Optional[float] = ...) -> None: ...
 
 class Event(_message.Message):
     __slots__ = ("kind", "source", "time_unix_ns", "gpu_index", "pci_bus_id", "xid", "message", "pid", "process_name", "count", "first_time_unix_ns", "kmsg_seq", "kernel_boot_id")

@@ -18,7 +18,10 @@ the floor: n - needed, needed = max(min_serving_replicas, ceil(mean(u) x n / max
 that many replicas short of the floor already (the scaling signal).
 
 Every figure of a pool comes from its own replicas' readings: a node's engines move only the
-pools they serve (each replica is in the pool of the model it reports)."""
+pools they serve (each replica is in the pool of the model it reports, or the pool its
+collector's `engines` setting names, `pool=NAME`: two deployments of one model in one cluster
+weighed apart). A pool is named by that name, or by its model. A replica whose engine has never
+been read (its model unknown) and whose collector names no pool is in none."""
 
 from __future__ import annotations
 
@@ -28,6 +31,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 
 from gpufleet.protos import telemetry_pb2
+from gpufleet.protos.names import UNKNOWN_ENGINE_MODEL
 from gpufleet.repair.health import Health
 
 # The load classes (the Inference page's scatter and the pools' replica table).
@@ -94,6 +98,7 @@ class ReplicaReading:
     preemptions_per_s: float | None = None  # between the node's last two sampling reports
     gpu_util_pct: float | None = None  # the mean over its GPUs that report it
     heard_ns: int = 0  # when the aggregator received the report these readings came in (its clock)
+    pool: str = ""  # the pool its collector names ("": its model's)
 
     @property
     def busy(self) -> bool:
@@ -103,7 +108,8 @@ class ReplicaReading:
 
     @property
     def pool_key(self) -> tuple[str, str]:
-        return (self.cluster, self.model)
+        """(cluster, the pool's name: the one its collector gives, else its model)."""
+        return (self.cluster, self.pool or self.model)
 
     @property
     def load_class(self) -> str:
@@ -153,6 +159,7 @@ def readings_of(
                 preemptions_per_s=rates.get((e.engine, e.port)),
                 gpu_util_pct=sum(utils) / len(utils) if utils else None,
                 heard_ns=heard_ns,
+                pool=e.pool,
             )
         )
     return out
@@ -220,10 +227,11 @@ def needed_replicas(kv_readings: list[float], serving: int, floor: ServingFloor)
 
 @dataclass(eq=False)
 class Pool:
-    """One model in one cluster: its replicas, each in the state its node is in (`refresh`)."""
+    """One model in one cluster (or one named pool): its replicas, each in the state its node is
+    in (`refresh`)."""
 
     cluster: str
-    model: str
+    model: str  # the pool's name: its model, or the name its collectors give it
     replicas: list[ReplicaReading] = field(default_factory=list)
     states: list[ReplicaState] = field(default_factory=list)
 
@@ -319,9 +327,11 @@ class Pools:
         self.by_key: dict[tuple[str, str], Pool] = {}
         self._by_node: dict[str, list[Pool]] = {}
         for r in readings:
+            if r.model == UNKNOWN_ENGINE_MODEL and not r.readable and not r.pool:
+                continue  # never read: which pool it would serve is not known
             pool = self.by_key.get(r.pool_key)
             if pool is None:
-                pool = self.by_key[r.pool_key] = Pool(r.cluster, r.model)
+                pool = self.by_key[r.pool_key] = Pool(*r.pool_key)
             pool.replicas.append(r)
             of_node = self._by_node.setdefault(r.node, [])
             if all(p is not pool for p in of_node):  # a node with two replicas of one model

@@ -166,6 +166,7 @@ _ENGINE_IDENTITY = {
     "gpu_indices",
     "readable",
     "unreadable_reason",
+    "pool",
 }
 GPU_VALUE_FIELDS = [f.name for f in telemetry_pb2.GpuSample.DESCRIPTOR.fields if f.name not in _GPU_IDENTITY]
 ENGINE_VALUE_FIELDS = [
@@ -237,6 +238,8 @@ def _engine_event_collector_points(
         fields["readable"] = eng.readable
         if eng.unreadable_reason:
             fields["unreadable_reason"] = eng.unreadable_reason
+        if eng.pool:
+            fields["pool"] = eng.pool
         fields["gpu_indices"] = ",".join(str(i) for i in eng.gpu_indices)
         tags = {
             "node": node,

@@ -218,6 +218,7 @@ RULES: dict[str, Rule] = {
     # EngineSample
     "EngineSample.engine": Text(32, tag=True),
     "EngineSample.model": Text(MAX_NAME, tag=True),
+    "EngineSample.pool": Text(MAX_NAME, tag=True),
     "EngineSample.port": Num(0, 65535),
     "EngineSample.endpoint": Text(2048),
     "EngineSample.gpu_indices": Many(

@@ -16,6 +16,8 @@ Kinds and their parameters:
     ecc_uncorrected count = N (1)       uncorrected (double-bit) errors: a row remap (or a
                                         retired page before Ampere) then waits for a reset
     remap_failure                       a row could not be remapped
+    remap_pending                       a row remap waits for a GPU reset, no uncorrected
+                                        error with it (a repair that may wait)
     lost                                every NVML call for the GPU answers GPU_IS_LOST
     recover                             the GPU answers again
     thermal                             thermal slowdown (SW+HW thermal clock-event reasons)
@@ -69,6 +71,7 @@ KINDS = {
     "ecc_corrected": {"count"},
     "ecc_uncorrected": {"count"},
     "remap_failure": set(),
+    "remap_pending": set(),
     "lost": set(),
     "recover": set(),
     "thermal": set(),
@@ -219,6 +222,7 @@ APPLY: dict[str, Callable[[SimulatedGpu, Fault], None]] = {
     "ecc_corrected": lambda gpu, f: gpu.inject_ecc(uncorrected=False, count=f.count),
     "ecc_uncorrected": lambda gpu, f: gpu.inject_ecc(uncorrected=True, count=f.count),
     "remap_failure": _set(remap_failure=True),
+    "remap_pending": _set(remap_pending=True),
     "lost": _set(lost=True),
     "recover": _set(lost=False),
     "thermal": lambda gpu, f: setattr(

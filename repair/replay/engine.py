@@ -38,32 +38,24 @@ import logging
 import threading
 import time
 from collections import deque
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 from google.protobuf.descriptor import FieldDescriptor
 
 from gpufleet.protos import ingest_pb2, telemetry_pb2, vocabulary_pb2
 from gpufleet.repair.alerts.dispatcher import AlertDispatcher
 from gpufleet.repair.backends.none import NoBackend
-from gpufleet.repair.capacity import LiveStates
 from gpufleet.repair.controller import RepairController
-from gpufleet.repair.health import OUT_OF_SERVICE, Health, HoldKind
+from gpufleet.repair.health import OUT_OF_SERVICE, Health
 from gpufleet.repair.ladder import Hooks
 from gpufleet.repair.model import NodeSnapshot
 from gpufleet.repair.outcome import Status
 from gpufleet.repair.policy import Policy
 from gpufleet.repair.rails import Rails
-from gpufleet.repair.replay.history import ENGINE_SIGNALS, KV_CACHE, FaultHistory, FaultInput
+from gpufleet.repair.replay.history import FaultHistory, FaultInput
+from gpufleet.repair.replay.serving import ReplayServing, ServingFigures
 from gpufleet.repair.replay.world import SimulatedWorld
 from gpufleet.repair.rules import TIME_DEPENDENT
-from gpufleet.repair.serving import (
-    Pools,
-    ReplicaReading,
-    ReplicaState,
-    below_floor,
-    projected_usage,
-    replica_state,
-)
 from gpufleet.repair.state import RepairState
 from gpufleet.repair.state_sqlite import SqliteState
 
@@ -114,15 +106,6 @@ class _Node:
 
 
 @dataclass
-class ServingFigures:
-    """What the serving pools went through in a replay (a trace with engine signals)."""
-
-    pools: set[str] = field(default_factory=set)  # every model a replica served
-    seconds_below_floor: dict[str, float] = field(default_factory=dict)  # model -> seconds
-    capacity_waits_s: list[tuple[str, float]] = field(default_factory=list)  # (node, seconds held)
-
-
-@dataclass
 class ReplayRun:
     """What a replay did: its audit log and incidents are in `state` (in memory)."""
 
@@ -167,10 +150,7 @@ class ReplayEngine(SimulatedWorld):
         self._held: set[str] = set()  # nodes a rail holds back, woken when it may let go
         self._was: dict[str, Health] = {}  # each node's state after its last pass
         self._breaker_reset_due = False
-        self._has_engines = any(i.model for i in history.inputs)
-        self._serving = ServingFigures()
-        self._below_floor: list[str] = []  # the pools below their floor since self.now
-        self._capacity_since: dict[str, int] = {}  # node -> when its drain began to wait
+        self._serving: ReplayServing | None = None  # with engine readings in the history
         # Replaying the store: each GPU's recorded inputs, to see when a reset's effect shows.
         self._by_gpu: dict[tuple[str, int], list[FaultInput]] = {}
         if self.config.from_store:
@@ -192,12 +172,16 @@ class ReplayEngine(SimulatedWorld):
             dispatcher,
             self._snapshots,
             self._send_command,
-            serving=self._replicas,
+            serving=lambda: self._serving.replicas() if self._serving else [],
             liveness=dict,
             clock=lambda: self.now,
             hook_runner=self._run_hook,
         )
         self.controller.gate.fleet_size = len(history.nodes)
+        if any(i.model for i in history.inputs):
+            self._serving = ReplayServing(
+                policy.serving, self._nodes, self.controller.workflows, lambda: self.now
+            )
 
     # --- the simulated world -------------------------------------------------------------------
     def _node(self, name: str) -> _Node:
@@ -232,55 +216,6 @@ class ReplayEngine(SimulatedWorld):
                 )
             )
         return out
-
-    def _replicas(self) -> list[ReplicaReading]:
-        """Every engine replica as a router would load it now: each pool's traced demand spread
-        over the replicas whose nodes serve (the module's "serving pools")."""
-        states = LiveStates(self.controller.workflows)
-        traced: dict[str, list[tuple[ReplicaReading, dict[str, float]]]] = {}
-        for name, node in self._nodes.items():
-            for model, values in node.engines.items():
-                r = ReplicaReading(name, "replay", "replay", model, 0, reporting=node.reporting)
-                traced.setdefault(model, []).append((r, values))
-        out = []
-        for replicas in traced.values():
-            serving = {
-                r.node
-                for r, _ in replicas
-                if replica_state(r, states.get(r.node, Health.HEALTHY)) is ReplicaState.SERVING
-            }
-            shares = _spread([values for _, values in replicas], len(serving))
-            for r, _ in replicas:
-                figures = shares if r.node in serving else dict.fromkeys(shares, 0.0)
-                out.append(
-                    replace(
-                        r,
-                        kv_cache_usage_ratio=figures.get(KV_CACHE),
-                        requests_running=figures.get("requests_running"),
-                        requests_waiting=figures.get("requests_waiting"),
-                        heard_ns=self.now,
-                    )
-                )
-        return out
-
-    def _pools_below_floor(self) -> list[str]:
-        """The pools below their floor now: the load their serving replicas carry passes the
-        floor's KV-cache usage, or fewer replicas serve than its minimum."""
-        floor = self.policy.serving
-        pools = Pools(self._replicas(), LiveStates(self.controller.workflows))
-        out = []
-        for pool in pools.sorted():
-            self._serving.pools.add(pool.model)
-            serving = pool.count(ReplicaState.SERVING)
-            if below_floor(projected_usage(pool.kv_readings(), serving, 0), serving, floor):
-                out.append(pool.model)
-        return out
-
-    def _account(self, until_ns: int) -> None:
-        """The pools below their floor since self.now stay so until `until_ns`."""
-        for model in self._below_floor:
-            seconds = self._serving.seconds_below_floor
-            seconds[model] = seconds.get(model, 0.0) + (until_ns - self.now) / 1e9
 
     # --- the timeline ------------------------------------------------------------------------
     def _push(self, at_ns: int, kind: str, payload: object) -> None:
@@ -358,7 +293,8 @@ class ReplayEngine(SimulatedWorld):
                 at = self._heap[0][0]
                 if at > self.history.end_ns:
                     break
-                self._account(at)
+                if self._serving:
+                    self._serving.until(at)
                 self.now = at
                 dirty: set[str] = set()
                 while self._heap and self._heap[0][0] == at:
@@ -373,12 +309,12 @@ class ReplayEngine(SimulatedWorld):
                     for name in dirty:
                         self._after_pass(name)
                     dirty = set()
-                if self._has_engines:
-                    self._below_floor = self._pools_below_floor()
-            self._account(max(self.now, self.history.end_ns))
+                if self._serving:
+                    self._serving.look()
             self.now = max(self.now, self.history.end_ns)
-            for name, since in self._capacity_since.items():
-                self._serving.capacity_waits_s.append((name, (self.now - since) / 1e9))
+            if self._serving:
+                self._serving.until(self.now)
+                self._serving.end()
         finally:
             _quiet.on = False
         return ReplayRun(
@@ -388,7 +324,7 @@ class ReplayEngine(SimulatedWorld):
             self.state,
             passes,
             time.perf_counter() - started,
-            self._serving if self._has_engines else None,
+            self._serving.figures if self._serving else None,
         )
 
     async def _handle(self, kind: str, payload: object, dirty: set[str]) -> None:
@@ -460,7 +396,8 @@ class ReplayEngine(SimulatedWorld):
 
     def _after_pass(self, name: str) -> None:
         self._held.discard(name)
-        self._track_capacity_wait(name)
+        if self._serving:
+            self._serving.track_wait(name)
         wake = self._next_wake(name)
         if wake is not None:
             self._wake(name, wake)
@@ -482,28 +419,6 @@ class ReplayEngine(SimulatedWorld):
         if self.controller.breaker_tripped and cfg.breaker_reset_s and not self._breaker_reset_due:
             self._breaker_reset_due = True
             self._push(self.now + int(cfg.breaker_reset_s * 1e9), "breaker_reset", None)
-
-    def _track_capacity_wait(self, name: str) -> None:
-        """When the node's drain began and ended waiting for serving capacity."""
-        wf = self.controller.workflows.get(name)
-        waiting = wf is not None and wf.held is not None and wf.held.kind is HoldKind.CAPACITY
-        if waiting:
-            self._capacity_since.setdefault(name, self.now)
-        elif name in self._capacity_since:
-            since = self._capacity_since.pop(name)
-            self._serving.capacity_waits_s.append((name, (self.now - since) / 1e9))
-
-
-def _spread(traced: list[dict[str, float]], serving: int) -> dict[str, float]:
-    """What each of `serving` replicas carries of a pool's demand (the sum of what the trace says
-    each replica carries with the pool whole): KV-cache usage at most 1, a full cache."""
-    out = {}
-    for name in ENGINE_SIGNALS:
-        values = [v[name] for v in traced if name in v]
-        if values:
-            share = sum(values) / serving if serving else 0.0
-            out[name] = min(1.0, share) if name == KV_CACHE else share
-    return out
 
 
 def replay(policy: Policy, history: FaultHistory, config: ReplayConfig | None = None) -> ReplayRun:

@@ -163,14 +163,17 @@ def test_an_engine_that_is_down_does_not_hold_up_the_others(server: str) -> None
 
 
 def test_endpoint_lists_parse_and_refuse_nonsense() -> None:
-    assert parse_endpoints("http://h:8000/metrics gpus=0,1; http://h:30000/metrics") == [
-        Endpoint("http://h:8000/metrics", (0, 1)),
+    assert parse_endpoints("http://h:8000/metrics gpus=0,1 pool=llama-prod; http://h:30000/metrics") == [
+        Endpoint("http://h:8000/metrics", (0, 1), "llama-prod"),
         Endpoint("http://h:30000/metrics"),
     ]
     for bad, message in [
         ("h:8000/metrics", "is not an http(s) URL"),
         ("http://h:1/m tp=2", "unknown option"),
         ("http://h:1/m gpus=a", "not a list of GPU indices"),
+        ("http://h:1/m pool=-x", "is no pool name"),
+        ("http://h:1/m pool=", "is no pool name"),
+        ("http://h:1/m pool=" + "a" * 64, "is no pool name"),
     ]:
         with pytest.raises(ValueError, match=re.escape(message)):
             parse_endpoints(bad)
@@ -334,3 +337,17 @@ def test_unreadable_scrapes_are_counted_for_the_collectors_health(server: str) -
     scraper.scrape_all()
     scraper.scrape_all()
     assert scraper.failed_total == 2
+
+
+def test_a_replica_that_stops_answering_is_still_reported_as_what_it_served(server: str) -> None:
+    """An engine that crashes keeps its engine and model in the reports (its pool counts it
+    out); one never read is reported unknown (it is in no pool: repair/serving.py)."""
+    pages = server_pages_of(server)
+    pages["/flaky"] = fx.VLLM_NEW
+    scraper = EngineScraper([Endpoint(server + "/flaky"), Endpoint(server + "/never")], timeout_s=1.0)
+    up, never = scraper.scrape_all()
+    assert up.readable and up.model != "unknown" and not never.readable and never.model == "unknown"
+    del pages["/flaky"]
+    down, _ = scraper.scrape_all()
+    assert not down.readable and (down.engine, down.model) == (up.engine, up.model)
+    assert "404" in down.unreadable_reason or "Not Found" in down.unreadable_reason, down.unreadable_reason

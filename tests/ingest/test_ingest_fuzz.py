@@ -111,6 +111,8 @@ def expected_points(case: Case) -> dict[str, list[tuple[dict[str, str], dict[str
         fields.update(readable=e.readable, gpu_indices=",".join(map(str, e.gpu_indices)))
         if e.unreadable_reason:
             fields["unreadable_reason"] = e.unreadable_reason
+        if e.pool:
+            fields["pool"] = e.pool
         tags = {
             "node": r.node,
             "engine": e.engine,

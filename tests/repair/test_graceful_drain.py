@@ -1,5 +1,5 @@
 """Graceful drain of inference nodes, end to end: replicas serving a request stream behind a
-router (tests/harness/serving_sim.py), real collectors scraping their /metrics, a real
+router (collector/simnvml/serving.py), real collectors scraping their /metrics, a real
 aggregator, and the Kubernetes stand-in or the hook backend calling an operator's API.
 
 Without graceful drain the eviction aborts the requests in flight; with it the replica leaves
@@ -13,10 +13,10 @@ from typing import Any
 
 import pytest
 
+from gpufleet.collector.simnvml.serving import Control, Replica, Router
 from harness.k8s_standin import KubeStandin
 from harness.processes import AggregatorHandle, Cluster
 from harness.repair import FAST_POLICY, audit, repair_aggregator, xid_scenario
-from harness.serving_sim import Control, Router, ServingEngine
 from harness.waiting import wait_until
 
 ROTATION = "gpufleet.io/in-rotation"
@@ -26,14 +26,14 @@ POLICY = FAST_POLICY + '\n[buckets.RESTART_BM]\nladder = ["ticket"]\n'
 
 
 @pytest.fixture
-def engines() -> Iterator[dict[str, ServingEngine]]:
-    made = {n: ServingEngine(n) for n in NODES}
+def engines() -> Iterator[dict[str, Replica]]:
+    made = {n: Replica(n) for n in NODES}
     yield made
     for engine in made.values():
         engine.close()
 
 
-def serve(cluster: Cluster, agg: AggregatorHandle, engines: dict[str, ServingEngine]) -> None:
+def serve(cluster: Cluster, agg: AggregatorHandle, engines: dict[str, Replica]) -> None:
     """g1 gets XID 79 (GPU lost) once it has served a while; g2 stays healthy."""
     for node, engine in engines.items():
         extra = ["--engines", f"{engine.url} gpus=0,1"]
@@ -48,7 +48,7 @@ def drained(agg: AggregatorHandle, cluster: Cluster, node: str) -> list[dict[str
 
 
 def kubernetes_run(
-    cluster: Cluster, kube: KubeStandin, engines: dict[str, ServingEngine], policy: str
+    cluster: Cluster, kube: KubeStandin, engines: dict[str, Replica], policy: str
 ) -> tuple[AggregatorHandle, Router]:
     for node in NODES:
         kube.add_node(node)
@@ -60,7 +60,7 @@ def kubernetes_run(
 
     kube.pod_listeners.append(evicted)
 
-    def in_rotation(engine: ServingEngine) -> bool:  # the Service's selector, as its endpoints follow it
+    def in_rotation(engine: Replica) -> bool:  # the Service's selector, as its endpoints follow it
         pod = kube.pods.get(("llm", f"vllm-{engine.node}"))
         return pod is not None and pod["metadata"]["labels"].get(ROTATION) == "true"
 
@@ -81,7 +81,7 @@ def kubernetes_run(
 
 @pytest.mark.slow
 def test_without_graceful_drain_the_eviction_aborts_requests_in_flight(
-    cluster: Cluster, kube: KubeStandin, engines: dict[str, ServingEngine]
+    cluster: Cluster, kube: KubeStandin, engines: dict[str, Replica]
 ) -> None:
     agg, router = kubernetes_run(cluster, kube, engines, POLICY + "\n[serving]\ngraceful_drain = false\n")
     try:
@@ -93,7 +93,7 @@ def test_without_graceful_drain_the_eviction_aborts_requests_in_flight(
 
 
 def test_kubernetes_graceful_drain_aborts_nothing_and_evicts_after_the_engine_reported_idle(
-    cluster: Cluster, kube: KubeStandin, engines: dict[str, ServingEngine]
+    cluster: Cluster, kube: KubeStandin, engines: dict[str, Replica]
 ) -> None:
     agg, router = kubernetes_run(cluster, kube, engines, POLICY)
     try:
@@ -126,7 +126,7 @@ def test_kubernetes_graceful_drain_aborts_nothing_and_evicts_after_the_engine_re
 
 @pytest.mark.slow
 def test_hook_backend_graceful_drain_calls_the_operators_api_and_aborts_nothing(
-    cluster: Cluster, engines: dict[str, ServingEngine]
+    cluster: Cluster, engines: dict[str, Replica]
 ) -> None:
     control = Control(engines)
     try:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import itertools
 import math
+from dataclasses import replace
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -42,6 +43,7 @@ readings_st = st.builds(
     requests_running=COUNT,
     requests_waiting=COUNT,
     preemptions_per_s=COUNT,
+    pool=st.sampled_from(["", "", "llama-prod", "llama-batch"]),  # named by the collector, or not
 )
 fleet_st = st.lists(readings_st, max_size=40)
 node_states_st = st.dictionaries(st.sampled_from(NODES), STATES)
@@ -70,13 +72,13 @@ def figures(pool: object, floor: ServingFloor) -> tuple[object, ...]:
 
 @PROPERTY
 @given(fleet_st, node_states_st)
-def test_pools_partition_the_replicas_by_cluster_and_model(
+def test_pools_partition_the_replicas_by_cluster_and_model_or_named_pool(
     readings: list[ReplicaReading], states: dict
 ) -> None:
     pools = Pools(readings, states)
     assert sum(len(p.replicas) for p in pools.by_key.values()) == len(readings)
-    for (cluster, model), pool in pools.by_key.items():
-        assert all(r.cluster == cluster and r.model == model for r in pool.replicas)
+    for (cluster, name), pool in pools.by_key.items():
+        assert all(r.cluster == cluster and (r.pool or r.model) == name for r in pool.replicas)
         assert sum(pool.count(s) for s in ReplicaState) == len(pool.replicas)
         serving_kv = [
             r.kv_cache_usage_ratio
@@ -236,3 +238,32 @@ def test_load_classes() -> None:
     assert cls(95.0, running=8, waiting=0, kv=0.4) == "compute-bound"
     assert cls(90.0, running=8) == "unknown", "no KV-cache figure: no guess"
     assert classify(False, None, None, None, None, None) == "unreadable"
+
+
+def test_two_deployments_of_one_model_named_apart_are_weighed_apart() -> None:
+    """One model served by a production and a batch deployment in one cluster: named pools
+    (the collectors' pool=) keep the busy production pool's floor from being met by the idle
+    batch replicas, which one pool of the model would count."""
+    model = "meta-llama/Llama-3.1-70B-Instruct"
+    prod = [
+        ReplicaReading(f"p{i}", "a", "vllm", model, 8000, kv_cache_usage_ratio=0.85, pool="llama-prod")
+        for i in range(3)
+    ]
+    batch = [
+        ReplicaReading(f"b{i}", "a", "vllm", model, 8000, kv_cache_usage_ratio=0.05, pool="llama-batch")
+        for i in range(3)
+    ]
+    named = Pools(prod + batch, {})
+    assert sorted(named.by_key) == [("a", "llama-batch"), ("a", "llama-prod")]
+    (p,) = named.projections("p0", {}, ServingFloor())
+    assert p.model == "llama-prod" and p.below_floor and p.describe().startswith("llama-prod 3 → 2 replicas")
+    one = Pools([replace(r, pool="") for r in prod + batch], {})
+    (together,) = one.projections("p0", {}, ServingFloor())
+    assert not together.below_floor, "one pool of the model hides the production pool's pressure"
+
+
+def test_a_replica_never_read_is_in_no_pool_unless_its_collector_names_one() -> None:
+    never_read = ReplicaReading("n9", "a", "unknown", "unknown", 8000, readable=False)
+    assert Pools([never_read], {}).by_key == {}
+    named = Pools([replace(never_read, pool="llama-prod")], {})
+    assert named.by_key[("a", "llama-prod")].count(ReplicaState.OUT) == 1

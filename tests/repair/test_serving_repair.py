@@ -117,3 +117,27 @@ def test_a_deferrable_fault_waits_for_capacity_then_drains_when_a_fourth_replica
     assert agg.metric_value("gpufleet_pool_repairs_waiting_for_capacity", cluster="test", model=MODEL) == 0
     drains = [a for a in audit(agg, cluster, "s1") if a["action"] == "drain"]
     assert [d["outcome"].split(":")[0] for d in drains][:2] == ["held", "started"], drains
+
+
+def test_collectors_that_name_their_pool_split_one_model_into_two_pools(
+    cluster: Cluster, engines: dict[str, EngineEndpoint]
+) -> None:
+    """`pool=NAME` on an engine endpoint (the collector's engines setting) puts the replica in
+    that pool, end to end: one model served by two deployments is listed, and weighed, apart."""
+    agg = repair_aggregator(cluster, policy=POLICY)
+    for node, name in (("s1", "llama-prod"), ("s2", "llama-prod"), ("s4", "llama-batch")):
+        cluster.collector(
+            node, agg.ingest, "--interval-s", "1", "--engines", f"{engines[node].url} gpus=0,1 pool={name}"
+        )
+    listed = wait_until(
+        lambda: (
+            (p := {x["model"]: x for x in pools(agg, cluster)["pools"]})
+            and sum(x["replicas_serving"] for x in p.values()) == 3
+            and p
+        ),
+        30,
+        "three replicas serving in the named pools",
+    )
+    assert sorted(listed) == ["llama-batch", "llama-prod"], listed
+    assert listed["llama-prod"]["replicas_serving"] == 2 and listed["llama-batch"]["replicas_serving"] == 1
+    assert listed["llama-prod"]["kv_cache_usage_mean_ratio"] == pytest.approx(0.85)

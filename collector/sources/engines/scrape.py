@@ -6,13 +6,16 @@ and the collector carries on. Endpoints are scraped concurrently, each with a ti
 one hanging engine never delays sampling by more than that timeout.
 
 Endpoint list (collector setting `engines`): entries separated by ';', each a URL with an
-optional `gpus=0,1` naming the NVML GPU indices the engine runs on:
-    http://127.0.0.1:8000/metrics gpus=0,1,2,3; http://127.0.0.1:30000/metrics gpus=4
+optional `gpus=0,1` naming the NVML GPU indices the engine runs on and an optional `pool=NAME`
+naming the serving pool it is in (where one model is served by two deployments that must be
+weighed apart; without it a replica is in the pool of its model):
+    http://127.0.0.1:8000/metrics gpus=0,1,2,3 pool=llama-prod; http://127.0.0.1:30000/metrics gpus=4
 """
 
 from __future__ import annotations
 
 import math
+import re
 import socket
 import urllib.error
 import urllib.parse
@@ -24,14 +27,22 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from gpufleet.collector.sources.engines import REGISTRY, EngineReading, ParseError
 from gpufleet.protos import telemetry_pb2
+from gpufleet.protos.names import UNKNOWN_ENGINE_MODEL
 
 MAX_BODY_BYTES = 16 * 1024 * 1024
+MAX_REMEMBERED = 1024  # endpoints whose last engine and model are kept (discovery can find many)
+
+
+# A pool name: a Kubernetes label value's form (what an InferencePool or a Deployment is
+# named by), so it reads the same in a label, a Prometheus label and a table.
+POOL_NAME = re.compile(r"[A-Za-z0-9]([A-Za-z0-9._-]{0,61}[A-Za-z0-9])?")
 
 
 @dataclass(frozen=True)
 class Endpoint:
     url: str
     gpus: tuple[int, ...] = ()
+    pool: str = ""  # the serving pool it is in ("": its model's)
 
 
 def parse_endpoints(text: str) -> list[Endpoint]:
@@ -43,11 +54,20 @@ def parse_endpoints(text: str) -> list[Endpoint]:
         if parts.scheme not in ("http", "https") or not parts.netloc:
             raise ValueError(f"engine endpoint {url!r} is not an http(s) URL")
         gpus: tuple[int, ...] = ()
+        pool = ""
         for option in options:
             key, _, value = option.partition("=")
+            if key == "pool":
+                if not POOL_NAME.fullmatch(value):
+                    raise ValueError(
+                        f"engine endpoint {url!r}: pool={value!r} is no pool name (1 to 63 letters, "
+                        "digits, '.', '_' or '-', starting and ending with a letter or digit)"
+                    )
+                pool = value
+                continue
             if key != "gpus":
                 raise ValueError(
-                    f"engine endpoint {url!r}: unknown option {option!r}; only gpus=0,1,... is known"
+                    f"engine endpoint {url!r}: unknown option {option!r}; known: gpus=0,1,... and pool=NAME"
                 )
             try:
                 gpus = tuple(int(g) for g in value.split(",") if g)
@@ -55,7 +75,7 @@ def parse_endpoints(text: str) -> list[Endpoint]:
                 raise ValueError(
                     f"engine endpoint {url!r}: gpus={value!r} is not a list of GPU indices"
                 ) from None
-        endpoints.append(Endpoint(url, gpus))
+        endpoints.append(Endpoint(url, gpus, pool))
     return endpoints
 
 
@@ -64,6 +84,9 @@ class EngineScraper:
         self.endpoints = endpoints
         self.timeout_s = timeout_s
         self._previous_prefix: dict[str, tuple[float, float]] = {}
+        # Each URL's engine and model when last read: a replica that stops answering is still
+        # reported as what it served, so it counts as out of its pool, not as a stranger.
+        self._last_known: dict[str, tuple[str, str]] = {}
         self.failed_total = 0  # unreadable scrapes, for the collector's own health
         self._pool = ThreadPoolExecutor(8, thread_name_prefix="engine-scrape")
 
@@ -79,6 +102,7 @@ class EngineScraper:
             endpoint=endpoint.url,
             gpu_indices=endpoint.gpus,
             port=urllib.parse.urlparse(endpoint.url).port or 80,
+            pool=endpoint.pool,
         )
         try:
             reading = self._read(endpoint.url)
@@ -86,12 +110,15 @@ class EngineScraper:
             self.failed_total += 1
             sample.readable = False
             sample.unreadable_reason = str(exc)
-            sample.engine = exc.engine or "unknown"
-            sample.model = "unknown"
+            engine, model = self._last_known.get(endpoint.url, (UNKNOWN_ENGINE_MODEL, UNKNOWN_ENGINE_MODEL))
+            sample.engine = exc.engine or engine
+            sample.model = model
             return sample
         sample.readable = True
         sample.engine = reading.engine
-        sample.model = reading.model or "unknown"
+        sample.model = reading.model or UNKNOWN_ENGINE_MODEL
+        if len(self._last_known) < MAX_REMEMBERED or endpoint.url in self._last_known:
+            self._last_known[endpoint.url] = (sample.engine, sample.model)
         for name in (
             "kv_cache_usage_ratio",
             "requests_running",
