@@ -35,6 +35,16 @@ class AggregatorMetrics:
             "reports a node sent faster than its report or byte rate allows, held back (not refused)",
             registry=r,
         )
+        self.unknown_fields_dropped = Counter(
+            "gpufleet_ingest_unknown_fields_dropped",
+            "collector messages that carried fields the schema does not name (dropped, the rest taken)",
+            registry=r,
+        )
+        self.unknown_bytes_dropped = Counter(
+            "gpufleet_ingest_unknown_bytes_dropped",
+            "bytes of fields the schema does not name, dropped from collector messages",
+            registry=r,
+        )
         self.command_results_refused = Counter(
             "gpufleet_ingest_command_results_refused",
             "command results refused: not a command this aggregator sent to that node's collector boot",

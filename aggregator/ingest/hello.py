@@ -11,7 +11,7 @@ from collections.abc import AsyncIterator
 import grpc
 
 from gpufleet.aggregator.auth.tokens import AuthError, CollectorIdentity
-from gpufleet.aggregator.ingest.session import End, Malformed, Session
+from gpufleet.aggregator.ingest.session import End, Malformed, Received, Session, decode_collector_message
 from gpufleet.aggregator.ingest.validation import Rejection
 
 
@@ -32,32 +32,11 @@ class StreamOpening:
         if isinstance(identity, End):
             return identity
         node = identity.node
-        try:
-            first = await asyncio.wait_for(anext(requests), self._limits.hello_timeout_s)
-        except (StopAsyncIteration, TimeoutError):
-            return self._refuse(
-                "no_hello",
-                grpc.StatusCode.INVALID_ARGUMENT,
-                f"node {node!r}: no hello within {self._limits.hello_timeout_s:g} s of opening the stream",
-                node,
-            )
-        if isinstance(first, Malformed):
-            return self._refuse(
-                "malformed",
-                grpc.StatusCode.INVALID_ARGUMENT,
-                f"node {node!r}: first message ({first.size} bytes) is not a gpufleet.v1.CollectorMessage: "
-                f"{first.error}",
-                node,
-            )
-        body = first.message.WhichOneof("body")
-        if body != "hello":
-            return self._refuse(
-                "no_hello",
-                grpc.StatusCode.INVALID_ARGUMENT,
-                f"node {node!r}: the first message must be a hello, got {body}",
-                node,
-            )
+        first = await self._first_message(node, requests)
+        if isinstance(first, End):
+            return first
         hello = first.message.hello
+        self._note_unknown(node, first)
         try:
             self._checker.check_hello(hello)
         except Rejection as r:
@@ -110,6 +89,62 @@ class StreamOpening:
             self._pool.open_stream(session.stream_id, hello)
         self._fleet.on_hello(hello, stream=session.stream_id)
         return session
+
+    async def _first_message(self, node: str, requests: AsyncIterator[object]) -> Received | End:
+        """The stream's Hello, decoded once its size is known to be a Hello's; or why not."""
+        waiting = self._awaiting_hello.get(node, 0)
+        if waiting >= self._limits.max_hellos_per_node:
+            # Nothing of this stream is read: one credential's streams cannot hold more than
+            # max_hellos_per_node Hellos in memory (docs/security.md "Bounded per-node state").
+            return self._refuse(
+                "hello_limit",
+                grpc.StatusCode.RESOURCE_EXHAUSTED,
+                f"node {node!r}: {waiting} streams of this credential already wait for their hello "
+                f"(max_hellos_per_node {self._limits.max_hellos_per_node}); try again later",
+                node,
+            )
+        self._awaiting_hello[node] = waiting + 1
+        try:
+            async with asyncio.timeout(self._limits.hello_timeout_s):
+                raw = await anext(requests)
+        except (StopAsyncIteration, TimeoutError):
+            return self._refuse(
+                "no_hello",
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"node {node!r}: no hello within {self._limits.hello_timeout_s:g} s of opening the stream",
+                node,
+            )
+        finally:
+            left = self._awaiting_hello.pop(node) - 1
+            if left:
+                self._awaiting_hello[node] = left
+        assert isinstance(raw, bytes)
+        if len(raw) > self._limits.max_hello_bytes:
+            return self._refuse(
+                "hello_too_large",
+                grpc.StatusCode.RESOURCE_EXHAUSTED,
+                f"node {node!r}: a {len(raw)}-byte first message is over max_hello_bytes "
+                f"({self._limits.max_hello_bytes}); not decoded",
+                node,
+            )
+        first = decode_collector_message(raw)
+        if isinstance(first, Malformed):
+            return self._refuse(
+                "malformed",
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"node {node!r}: first message ({first.size} bytes) is not a gpufleet.v1.CollectorMessage: "
+                f"{first.error}",
+                node,
+            )
+        body = first.message.WhichOneof("body")
+        if body != "hello":
+            return self._refuse(
+                "no_hello",
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"node {node!r}: the first message must be a hello, got {body}",
+                node,
+            )
+        return first
 
     def _close_slot(self, peer: str) -> None:
         self._open_total -= 1

@@ -25,11 +25,13 @@ class Malformed:
 
 @dataclass(slots=True)
 class Received:
-    """A decoded CollectorMessage and, for a report, its bytes as they came: what an ingest
-    worker is handed without encoding the report again."""
+    """A decoded CollectorMessage and, for a report, its bytes: what an ingest worker is handed
+    without encoding the report again. unknown_bytes: how many bytes of fields the schema does
+    not name were dropped (never stored, kept in the live view or forwarded)."""
 
     message: ingest_pb2.CollectorMessage
     report_bytes: bytes | None = None
+    unknown_bytes: int = 0
 
 
 # A CollectorMessage that is a report: the report field's tag, then its length (a varint).
@@ -53,13 +55,23 @@ def report_bytes(data: bytes) -> bytes | None:
 
 
 def decode_collector_message(data: bytes) -> Received | Malformed:
-    # Decoding here, not in gRPC, lets an undecodable message get a precise status and a
-    # count instead of gRPC's generic INTERNAL.
+    """Decoded by the stream's handler, not by gRPC: an undecodable message gets a precise
+    status and a count instead of gRPC's generic INTERNAL, and the Hello's size is checked
+    before it is decoded. Fields the schema does not name are dropped here, whatever their
+    depth (protobuf keeps them otherwise, and serves them back on every answer that copies
+    the message: docs/security.md "Bounded per-node state")."""
     try:
         message = ingest_pb2.CollectorMessage.FromString(data)
     except DecodeError as exc:
         return Malformed(str(exc) or "not a valid protobuf message", len(data))
-    return Received(message, report_bytes(data) if message.HasField("report") else None)
+    message.DiscardUnknownFields()
+    kept = message.ByteSize()
+    if kept == len(data):
+        return Received(message, report_bytes(data) if message.HasField("report") else None)
+    # Bytes the schema does not name (or a layout other than protobuf's own): what goes on is
+    # the message as the schema has it.
+    report = message.report.SerializeToString() if message.HasField("report") else None
+    return Received(message, report, max(0, len(data) - kept))
 
 
 @dataclass
@@ -88,6 +100,8 @@ class IngestLimits:
     retention_s: float = 14 * 86400
     max_clock_skew_s: float = 300.0
     hello_timeout_s: float = 20.0
+    max_hello_bytes: int = 256 * 1024  # a Hello larger than this is refused before it is decoded
+    max_hellos_per_node: int = 4  # streams of one credential waiting for their Hello at once
     max_streams: int = 50_000  # collector streams open at once, authenticated or not
     max_streams_per_peer: int = 256  # ... from one peer address
     budget: BudgetLimits = field(default_factory=BudgetLimits)

@@ -35,6 +35,16 @@ class IngestSettings:
     hello_timeout_s: float = setting(
         20.0, "an authenticated collector stream that sends no hello within this is refused"
     )
+    max_hello_bytes: int = setting(
+        256 * 1024,
+        "largest hello (a collector's first message) accepted; a larger one is refused before it is "
+        "decoded (a maximal hello of 64 GPUs is about 34 KiB)",
+    )
+    max_hellos_per_node: int = setting(
+        4,
+        "streams of one node's credential waiting for their hello at once; more are refused with "
+        "RESOURCE_EXHAUSTED before anything is read (a collector opens one)",
+    )
     max_streams: int = setting(
         50_000, "collector streams open at once (authenticated or not); more are refused"
     )
@@ -87,6 +97,14 @@ class IngestSettings:
         require(
             0.1 <= self.hello_timeout_s <= 600,
             f"hello_timeout_s={self.hello_timeout_s:g} must be between 0.1 and 600",
+        )
+        require(
+            1024 <= self.max_hello_bytes <= 64 * 1024 * 1024,
+            f"max_hello_bytes={self.max_hello_bytes} must be between 1024 and 67108864",
+        )
+        require(
+            1 <= self.max_hellos_per_node <= 1000,
+            f"max_hellos_per_node={self.max_hellos_per_node} must be between 1 and 1000",
         )
         require(
             -1 <= self.ingest_workers <= 64,
