@@ -43,6 +43,12 @@ def _client_flags() -> argparse.ArgumentParser:
     g.add_argument("--fleet", help="Fleet API address host:port [env GPUFLEET_FLEET]")
     g.add_argument("--token", help="bearer token [env GPUFLEET_TOKEN]")
     g.add_argument("--token-file", help="file holding the bearer token")
+    g.add_argument(
+        "--allow-plaintext",
+        action="store_true",
+        help="send the token without TLS to an address off this machine (a network you trust) "
+        "[env GPUFLEET_ALLOW_PLAINTEXT=1]",
+    )
     return p
 
 
@@ -444,7 +450,9 @@ def _run_whoami(client: FleetClient, args: argparse.Namespace) -> None:
 def _run_fleet_command(args: argparse.Namespace) -> None:
     from gpufleet.cli import sre
 
-    client = FleetClient(resolve_client(args.fleet, args.token, args.token_file))
+    client = FleetClient(
+        resolve_client(args.fleet, args.token, args.token_file, allow_plaintext=args.allow_plaintext)
+    )
 
     def once() -> None:
         if args.command == "whoami":

@@ -112,7 +112,9 @@ def _remote(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, Any] | 
         request.policy_toml, request.policy_name = _read(args.policy), args.policy
     if args.compare:
         request.compare, request.compare_toml, request.compare_name = True, _read(args.compare), args.compare
-    client = FleetClient(resolve_client(args.fleet, args.token, args.token_file))
+    client = FleetClient(
+        resolve_client(args.fleet, args.token, args.token_file, allow_plaintext=args.allow_plaintext)
+    )
     try:
         print("replaying the store's history on the aggregator ...", file=sys.stderr)
         reply = client.call("ReplayPolicy", request, timeout_s=600.0)

@@ -1,12 +1,16 @@
 """How the CLI finds and talks to the Fleet API.
 
 Address and token, first found wins:
-  1. flags --fleet ADDR, --token TOKEN (or --token-file FILE)
-  2. environment GPUFLEET_FLEET, GPUFLEET_TOKEN, GPUFLEET_TLS_CA
+  1. flags --fleet ADDR, --token TOKEN (or --token-file FILE), --allow-plaintext
+  2. environment GPUFLEET_FLEET, GPUFLEET_TOKEN, GPUFLEET_TLS_CA, GPUFLEET_ALLOW_PLAINTEXT=1
   3. the client config file: $GPUFLEET_CLIENT_CONFIG, else ~/.config/gpufleet/client.toml
-     (keys fleet, token, tls_ca). `gpufleet demo` writes this file while it runs, so
-     `gpufleet nodes` in another shell finds the demo without flags.
+     (keys fleet, token, tls_ca, allow_plaintext). `gpufleet demo` writes this file while it
+     runs, so `gpufleet nodes` in another shell finds the demo without flags.
   4. fleet 127.0.0.1:7711, no token
+
+A token is never sent in clear to another machine: without tls_ca, an address off loopback is
+refused unless allow_plaintext says the network is trusted (as the daemons refuse it:
+docs/security.md "In transit").
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ from pathlib import Path
 import grpc
 
 from gpufleet.client.exits import Exit
+from gpufleet.common.net import dial_host, is_loopback
 from gpufleet.protos import fleet_pb2_grpc
 
 DEFAULT_FLEET = "127.0.0.1:7711"
@@ -38,6 +43,7 @@ class ClientSettings:
     token: str
     tls_ca: str
     source: str  # where the address came from, for error messages
+    allow_plaintext: bool = False  # send the token without TLS off loopback (a trusted network)
 
 
 class ClientError(Exception):
@@ -53,6 +59,7 @@ def resolve_client(
     token: str | None,
     token_file: str | None,
     env: Mapping[str, str] = os.environ,
+    allow_plaintext: bool = False,
 ) -> ClientSettings:
     path = client_config_path(env)
     file_data: dict[str, object] = {}
@@ -79,6 +86,9 @@ def resolve_client(
         token=token or env.get("GPUFLEET_TOKEN") or str(file_data.get("token", "")),
         tls_ca=env.get("GPUFLEET_TLS_CA") or str(file_data.get("tls_ca", "")),
         source=source,
+        allow_plaintext=allow_plaintext
+        or env.get("GPUFLEET_ALLOW_PLAINTEXT", "").lower() in ("1", "true", "yes")
+        or file_data.get("allow_plaintext") is True,
     )
 
 
@@ -98,6 +108,16 @@ class FleetClient:
             creds = grpc.ssl_channel_credentials(ca)
             self._channel = grpc.secure_channel(settings.fleet, creds)
         else:
+            host = dial_host(settings.fleet)
+            if settings.token and not is_loopback(host) and not settings.allow_plaintext:
+                raise ClientError(
+                    f"the Fleet API at {settings.fleet} (from {settings.source}) is not on this machine "
+                    "and no TLS CA is set: the bearer token would cross the network in clear. Set the "
+                    "CA that signed the aggregator's certificate (GPUFLEET_TLS_CA or tls_ca in "
+                    f"{client_config_path()}; docs/security.md \"In transit\"), or pass "
+                    "--allow-plaintext (GPUFLEET_ALLOW_PLAINTEXT=1) on a network you trust",
+                    Exit.USAGE,
+                )
             self._channel = grpc.insecure_channel(settings.fleet)
         self._stub = fleet_pb2_grpc.FleetStub(self._channel)
 

@@ -71,11 +71,10 @@ def main() -> None:
         st.query_params.clear()
         st.query_params["page"] = chosen
     me, error = try_call("WhoAmI", fleet_pb2.WhoAmIRequest())
-    where = f"Fleet API {client().settings.fleet}"
     if error:
         st.error(error)
-        st.sidebar.caption(where)
         return
+    where = f"Fleet API {client().settings.fleet}"
     st.sidebar.caption(f"{where} · {me.name} ({me.role}) · refresh every {REFRESH_S}s")
     _, render, live = PAGES[chosen]
     if live:
