@@ -114,7 +114,7 @@ class FleetClient:
                     f"the Fleet API at {settings.fleet} (from {settings.source}) is not on this machine "
                     "and no TLS CA is set: the bearer token would cross the network in clear. Set the "
                     "CA that signed the aggregator's certificate (GPUFLEET_TLS_CA or tls_ca in "
-                    f"{client_config_path()}; docs/security.md \"In transit\"), or pass "
+                    f'{client_config_path()}; docs/security.md "In transit"), or pass '
                     "--allow-plaintext (GPUFLEET_ALLOW_PLAINTEXT=1) on a network you trust",
                     Exit.USAGE,
                 )

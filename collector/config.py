@@ -76,7 +76,9 @@ class CollectorConfig:
         "into one event with a count, sent at the next sampling tick; 0 sends every one",
     )
     metrics_listen: str = _setting(
-        "0.0.0.0:9410", "Prometheus /metrics address (host:port; port 0 picks one); empty disables"
+        "127.0.0.1:9410",
+        "Prometheus /metrics address (host:port; port 0 picks one; unauthenticated: loopback unless "
+        "set, e.g. 0.0.0.0:9410 behind a NetworkPolicy or firewall); empty disables",
     )
     sim_engine: str = _setting(
         "",

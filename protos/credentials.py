@@ -29,6 +29,12 @@ from dataclasses import dataclass
 NODE_NAME_MAX = 253
 NODE_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,252}")
 NODE_NAME_RULE = "a letter or digit, then up to 252 letters, digits, '.', '_' or '-'"
+# Words a scheduler reads as other than one node, whatever their case: Slurm's `NodeName=ALL`
+# is every node (`scontrol update NodeName=ALL State=DRAIN` drains the cluster). Kubernetes'
+# reserved path segments ("." and "..") cannot match the grammar (it starts with a letter or
+# digit). ("default" stays a name: slurm.conf's NodeName=DEFAULT is no scontrol target, and it
+# is the default cluster's name.)
+RESERVED_NODE_NAMES = frozenset({"all"})
 TOKEN_PREFIX = "gfc2_"
 LEGACY_TOKEN_PREFIX = "gfc1_"
 TOKEN_ID_RE = re.compile(r"[a-z0-9-]{1,32}")
@@ -43,6 +49,8 @@ def node_name_problem(name: str) -> str:
         return "it is empty"
     if len(name) > NODE_NAME_MAX:
         return f"it is {len(name)} characters long (at most {NODE_NAME_MAX})"
+    if name.lower() in RESERVED_NODE_NAMES:
+        return f"{name!r} is a scheduler keyword (Slurm's NodeName={name.upper()} names every node)"
     if NODE_NAME_RE.fullmatch(name):
         return ""
     if not (name[0].isascii() and name[0].isalnum()):

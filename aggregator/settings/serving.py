@@ -15,8 +15,9 @@ class ServingSettings:
     ingest_listen: str = setting("0.0.0.0:7710", "collector ingest gRPC address (port 0: pick a free one)")
     fleet_listen: str = setting("0.0.0.0:7711", "Fleet API gRPC address for the dashboard and CLI")
     metrics_listen: str = setting(
-        "0.0.0.0:7712",
-        "the aggregator's own Prometheus /metrics address; empty disables",
+        "127.0.0.1:7712",
+        "the aggregator's own Prometheus /metrics address (unauthenticated: loopback unless set, "
+        "e.g. 0.0.0.0:7712 behind a NetworkPolicy or firewall); empty disables",
     )
     data_dir: str = setting("/var/lib/gpufleet", "where the embedded store and state live")
     secrets_file: str = setting(

@@ -18,12 +18,14 @@ from hypothesis import strategies as st
 
 from gpufleet.aggregator.ingest.wire_rules import RULES, Many, Num, Text
 from gpufleet.protos import columns, ingest_pb2, telemetry_pb2
-from gpufleet.protos.credentials import NODE_NAME_RE
+from gpufleet.protos.credentials import NODE_NAME_RE, RESERVED_NODE_NAMES
 
 NODE, BOOT, GPUS, CLUSTER = "fuzz-node", "fuzz-boot", 8, "test"
 MODEL = "NVIDIA H100 80GB HBM3"
 # Node and cluster names by the one grammar (protos/credentials.py); up to 40 characters here.
-NAMES = st.from_regex(NODE_NAME_RE, fullmatch=True).filter(lambda n: len(n) <= 40)
+NAMES = st.from_regex(NODE_NAME_RE, fullmatch=True).filter(
+    lambda n: len(n) <= 40 and n.lower() not in RESERVED_NODE_NAMES
+)
 
 
 def declared_uuid(i: int) -> str:

@@ -26,7 +26,7 @@ from hypothesis import strategies as st
 
 from gpufleet.aggregator.ingest.validation import Checker, Rejection
 from gpufleet.protos import ingest_pb2
-from gpufleet.protos.credentials import NODE_NAME_RE
+from gpufleet.protos.credentials import NODE_NAME_RE, node_name_problem
 from gpufleet.repair.backends.base import Backend, BackendError
 from gpufleet.repair.backends.hook import HookBackend
 from gpufleet.repair.backends.kubernetes import KubernetesBackend
@@ -39,7 +39,19 @@ NAMES = st.one_of(
     GOOD,
     st.text(max_size=40),
     st.sampled_from(
-        ["-oProxyCommand=touch /tmp/x", "gpu[001-128]", "gpu201,gpu202", "../x", "a b", "x=y", "a/b", ".a"]
+        [
+            "-oProxyCommand=touch /tmp/x",
+            "gpu[001-128]",
+            "gpu201,gpu202",
+            "../x",
+            "a b",
+            "x=y",
+            "a/b",
+            ".a",
+            "ALL",
+            "all",
+            "aLL",
+        ]
     ),
     # A good name with one character of another kind put in it somewhere.
     st.tuples(GOOD, st.characters(exclude_characters="._-"), st.integers(0, 60)).map(
@@ -122,7 +134,8 @@ def _hello(name: str) -> ingest_pb2.Hello:
 @pytest.mark.slow
 @given(name=NAMES)
 def test_no_name_reaches_a_backend_unless_it_matches_the_grammar(places: Places, name: str) -> None:
-    good = NODE_NAME_RE.fullmatch(name) is not None
+    good = NODE_NAME_RE.fullmatch(name) is not None and name.lower() != "all"
+    assert good == (node_name_problem(name) == "")
     try:
         Checker(1 << 20, 86400, 300).check_hello(_hello(name))
         accepted = True
@@ -159,3 +172,37 @@ def test_no_name_reaches_a_backend_unless_it_matches_the_grammar(places: Places,
     )
     made = places.hook_calls()[before:]
     assert (made == []) != good and result.ok == good, (name, made, result)
+
+
+@pytest.mark.parametrize("name", ["ALL", "all", "All"])
+def test_a_scheduler_keyword_is_no_node_name_anywhere(slurm: Any, places: Places, name: str) -> None:
+    """On the real slurmctld, `NodeName=ALL` is every node: one enrolled node named so could
+    drain the cluster through its own repair. The grammar refuses it at issuance, at the Hello
+    and in every backend; Slurm itself shows why."""
+    if name == "ALL":
+        slurm.scontrol("update", "NodeName=ALL", "State=DRAIN", "Reason=keyword test")
+        try:
+            assert all("DRAIN" in slurm.state(n)[0] for n in slurm.nodes), "NodeName=ALL drained them all"
+        finally:
+            slurm.resume_all()
+    assert "scheduler keyword" in node_name_problem(name)
+    with pytest.raises(Rejection, match="scheduler keyword"):
+        Checker(1 << 20, 86400, 300).check_hello(_hello(name))
+    for label, backend, calls in places.backends:
+        before = len(calls())
+        with pytest.raises(BackendError, match="scheduler keyword"):
+            places.loop.run_until_complete(backend.cordon(name, "gpufleet: keyword", automation=False))
+        assert calls()[before:] == [], label
+    import subprocess
+
+    from harness.processes import gpufleet_argv
+
+    secrets = places.hook.parent / "secrets.toml"
+    subprocess.run(gpufleet_argv("auth", "init", "--secrets", str(secrets)), capture_output=True, timeout=60)
+    issued = subprocess.run(
+        gpufleet_argv("auth", "collector-token", name, "--secrets", str(secrets)),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert issued.returncode == 2 and "scheduler keyword" in issued.stderr, issued
