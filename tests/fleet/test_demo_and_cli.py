@@ -16,21 +16,14 @@ from pathlib import Path
 
 import pytest
 
-from harness.processes import free_port, gpufleet_argv
+from harness.processes import free_port, gpufleet_argv, home_env
 from harness.waiting import wait_until
 
 
 @pytest.fixture(scope="module")
 def demo(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[dict[str, str], Path]]:
     home = tmp_path_factory.mktemp("home")
-    env = {
-        **os.environ,
-        "HOME": str(home),
-        "XDG_CONFIG_HOME": str(home / ".config"),
-        "XDG_DATA_HOME": str(home / ".local" / "share"),
-    }
-    for key in ("GPUFLEET_FLEET", "GPUFLEET_TOKEN", "GPUFLEET_CLIENT_CONFIG"):
-        env.pop(key, None)
+    env = home_env(home)
     out = home / "demo.out"
     with open(out, "wb") as fh:
         proc = subprocess.Popen(

@@ -28,6 +28,20 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def home_env(home: Path) -> dict[str, str]:
+    """This environment with HOME (and the XDG folders) in `home` and no Fleet API settings of
+    the user's: what a demo and the CLI beside it see on a fresh account."""
+    env = {
+        **os.environ,
+        "HOME": str(home),
+        "XDG_CONFIG_HOME": str(home / ".config"),
+        "XDG_DATA_HOME": str(home / ".local" / "share"),
+    }
+    for key in ("GPUFLEET_FLEET", "GPUFLEET_TOKEN", "GPUFLEET_CLIENT_CONFIG"):
+        env.pop(key, None)
+    return env
+
+
 def gpufleet_argv(*args: str) -> list[str]:
     return [sys.executable, "-m", "gpufleet.cli.main", *args]
 

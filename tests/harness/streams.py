@@ -64,6 +64,18 @@ class RawStream:
         self._channel.close()
 
 
+def stream_error(s: RawStream, timeout_s: float = 10) -> grpc.RpcError:
+    """How the aggregator ended the stream (every message before it passed over); fails the
+    test if it does not end with an error within timeout_s a message."""
+    import pytest
+
+    with pytest.raises(grpc.RpcError) as info:
+        while True:
+            s.recv(timeout_s)
+    s.close()
+    return info.value
+
+
 def hello(
     node: str, gpus: int = 8, boot_id: str = "boot-1", protocol_version: int = 1, columnar_gpus: bool = False
 ) -> Any:

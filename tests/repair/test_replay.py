@@ -432,19 +432,10 @@ def test_the_replay_runs_the_capacity_guard_and_reports_the_trade_off_between_po
     the load falls and no pool goes below its floor; without it the drain comes at once and the
     two replicas left are past the floor until the node returns."""
     trace = REPO / "examples" / "traces" / "serving-pool.jsonl"
-    out = subprocess.run(
-        gpufleet_argv(
-            "replay",
-            "--trace",
-            str(trace),
-            "--compare",
-            str(REPO / "examples" / "policy-no-capacity-guard.toml"),
-            "--json",
-        ),
-        capture_output=True,
-        text=True,
-        timeout=60,
+    argv = gpufleet_argv(
+        "replay", "--trace", str(trace), "--compare", str(REPO / "examples" / "policy-no-capacity-guard.toml")
     )
+    out = subprocess.run([*argv, "--json"], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     reports = json.loads(out.stdout)
     guard, no_guard = reports["a"]["serving"], reports["b"]["serving"]
@@ -458,18 +449,7 @@ def test_the_replay_runs_the_capacity_guard_and_reports_the_trade_off_between_po
     assert no_guard["repairs_waited_for_capacity"] == 0 and no_guard["repair_delay_added_s"]["total"] == 0
     assert no_guard["pool_minutes_below_floor"] > 0, no_guard
     assert no_guard["pool_minutes_below_floor_by_model"].keys() == {"llama-70b"}
-    text = subprocess.run(
-        gpufleet_argv(
-            "replay",
-            "--trace",
-            str(trace),
-            "--compare",
-            str(REPO / "examples" / "policy-no-capacity-guard.toml"),
-        ),
-        capture_output=True,
-        text=True,
-        timeout=60,
-    ).stdout
+    text = subprocess.run(argv, capture_output=True, text=True, timeout=60).stdout
     rows = {
         line.split("  ")[1].strip(): line
         for line in text.splitlines()

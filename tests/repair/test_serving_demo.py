@@ -8,7 +8,6 @@ the eviction): 0 requests aborted, counted by the replicas themselves."""
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 from pathlib import Path
@@ -17,7 +16,7 @@ from typing import Any
 import pytest
 
 from harness.paths import REPO
-from harness.processes import gpufleet_argv
+from harness.processes import gpufleet_argv, home_env
 from harness.waiting import wait_until
 
 SCENARIO = """
@@ -54,14 +53,7 @@ def test_the_demo_holds_a_drain_for_capacity_then_drains_gracefully_when_a_repli
     tmp_path: Path,
 ) -> None:
     home = tmp_path / "home"
-    env = {
-        **os.environ,
-        "HOME": str(home),
-        "XDG_CONFIG_HOME": str(home / ".config"),
-        "XDG_DATA_HOME": str(home / ".local" / "share"),
-    }
-    for key in ("GPUFLEET_FLEET", "GPUFLEET_TOKEN", "GPUFLEET_CLIENT_CONFIG"):
-        env.pop(key, None)
+    env = home_env(home)
     join = tmp_path / "join-now"
     scenario = tmp_path / "serving.toml"
     scenario.write_text(SCENARIO.format(join=join))

@@ -28,7 +28,7 @@ import pytest
 from gpufleet.protos import fleet_pb2, ingest_pb2, telemetry_pb2, vocabulary_pb2
 from gpufleet.protos.credentials import NODE_NAME_RE, token_mac
 from harness.processes import AggregatorHandle, Cluster, gpufleet_argv
-from harness.streams import HealthyNode, RawStream, hello, report
+from harness.streams import HealthyNode, RawStream, hello, report, stream_error
 from harness.waiting import wait_until
 
 # Names that once reached a shell-less argv and still did harm, and others like them.
@@ -142,14 +142,6 @@ def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
     finally:
         healthy.close()
         cluster.stop_all()
-
-
-def stream_error(s: RawStream, timeout_s: float = 10) -> grpc.RpcError:
-    with pytest.raises(grpc.RpcError) as info:
-        while True:
-            s.recv(timeout_s)
-    s.close()
-    return info.value
 
 
 def open_stream(env: Env, node: str, boot_id: str = "boot-1", gpus: int = 8) -> RawStream:

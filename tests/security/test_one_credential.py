@@ -20,7 +20,7 @@ import pytest
 
 from gpufleet.protos import fleet_pb2, ingest_pb2
 from harness.processes import Cluster, gpufleet_argv
-from harness.streams import RawStream, hello, report
+from harness.streams import RawStream, hello, report, stream_error
 from harness.waiting import wait_until
 
 
@@ -41,14 +41,6 @@ def unknown_field(size: int, number: int = 9999) -> bytes:
 def rss_kib(pid: int) -> int:
     status = Path(f"/proc/{pid}/status").read_text()
     return int(next(line.split()[1] for line in status.splitlines() if line.startswith("VmRSS:")))
-
-
-def stream_error(s: RawStream, timeout_s: float = 10) -> grpc.RpcError:
-    with pytest.raises(grpc.RpcError) as info:
-        while True:
-            s.recv(timeout_s)
-    s.close()
-    return info.value
 
 
 def test_fields_the_schema_does_not_name_reach_no_answer(cluster: Cluster) -> None:
@@ -188,3 +180,26 @@ def test_a_hello_over_its_limit_is_refused_before_it_is_decoded(cluster: Cluster
     assert err.code() == grpc.StatusCode.RESOURCE_EXHAUSTED, err.details()
     assert "over max_hello_bytes (4096); not decoded" in err.details(), err.details()
     assert ingest_pb2.CollectorMessage  # the schema the limit guards
+
+
+def test_the_largest_hello_the_wire_rules_allow_is_far_under_the_hello_limit() -> None:
+    """max_hello_bytes refuses no honest collector: every string and repeated field of a Hello
+    filled to what the wire rules allow (64 GPUs) is 17,738 bytes, against 256 KiB."""
+    from gpufleet.aggregator.config import AggregatorConfig
+    from gpufleet.aggregator.ingest.wire_rules import RULES, Many, Text
+
+    def fill(msg: object) -> object:
+        for f in msg.DESCRIPTOR.fields:  # type: ignore[attr-defined]
+            rule = RULES.get(f"{msg.DESCRIPTOR.name}.{f.name}")  # type: ignore[attr-defined]
+            if isinstance(rule, Text):
+                setattr(msg, f.name, "a" * rule.max_len)
+            elif isinstance(rule, Many) and f.message_type is not None:
+                for _ in range(rule.max_items):
+                    fill(getattr(msg, f.name).add())
+            elif isinstance(rule, Many) and isinstance(rule.each, Text):
+                getattr(msg, f.name).extend(["a" * rule.each.max_len] * rule.max_items)
+        return msg
+
+    largest = ingest_pb2.CollectorMessage(hello=fill(ingest_pb2.Hello()))
+    assert len(largest.hello.gpus) == 64
+    assert largest.ByteSize() == 17_738 and largest.ByteSize() * 8 < AggregatorConfig().max_hello_bytes
