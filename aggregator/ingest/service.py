@@ -195,7 +195,6 @@ class IngestService(StreamOpening, ReportHandling):
                 expiry.cancel()
             reader.cancel()
             await asyncio.gather(reader, return_exceptions=True)
-            await release(requests)
             session.closed = True
             if self._pool is not None:
                 self._pool.close_stream(session.stream_id)
@@ -205,6 +204,7 @@ class IngestService(StreamOpening, ReportHandling):
                 del self._streams[node]
                 self._fleet.on_disconnect(node)
             log.info("collector stream closed", extra={"node": node})
+            await release(requests)  # last: the stream's slot is free whatever it does
 
     def _expire_at(self, session: Session) -> asyncio.TimerHandle | None:
         """A timer that ends the stream when its credential expires, whether or not the stream
@@ -302,6 +302,9 @@ def _raw(data: bytes) -> bytes:
     return data
 
 
+RELEASE_TIMEOUT_S = 1.0
+
+
 async def release(requests: AsyncIterator[object]) -> None:
     """Close gRPC's request iterator. It is an async generator that holds the last message it
     yielded while it is suspended, in a reference cycle with its receiver: left open, a refused
@@ -310,5 +313,6 @@ async def release(requests: AsyncIterator[object]) -> None:
     agen = requests.__aiter__()
     aclose = getattr(agen, "aclose", None)
     if aclose is not None:
+        # Bounded: a generator still inside gRPC's read is left to the cyclic collector.
         with contextlib.suppress(Exception):
-            await aclose()
+            await asyncio.wait_for(aclose(), RELEASE_TIMEOUT_S)
