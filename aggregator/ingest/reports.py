@@ -26,9 +26,7 @@ class ReportHandling:
         if wait_s <= 0:
             return
         self._metrics.throttled.inc()
-        now = time.monotonic()
-        if now - self._throttle_logged.get(node, -1e9) > 60:
-            self._throttle_logged[node] = now
+        if self._throttle_logged.due(node):
             log.warning(
                 "node sends faster than its report or byte rate (node_reports_per_s %g, node_bytes_per_s "
                 "%g): its stream is read more slowly (%.2f s now); logged once a minute",

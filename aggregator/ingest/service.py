@@ -30,6 +30,7 @@ from gpufleet.aggregator.ingest.session import (
     End,
     IngestLimits,
     Malformed,
+    OncePer,
     Received,
     Session,
     decode_collector_message,
@@ -69,8 +70,8 @@ class IngestService(StreamOpening, ReportHandling):
         self.commands = CommandBook()
         self._open_total = 0  # streams in the handler now, authenticated or not
         self._open_by_peer: dict[str, int] = {}
-        self._throttle_logged: dict[str, float] = {}
-        self._unknown_logged: dict[str, float] = {}
+        self._throttle_logged = OncePer(60.0)
+        self._unknown_logged = OncePer(60.0)
         self._awaiting_hello: dict[str, int] = {}  # node -> its streams not past their Hello yet
         # Told of every durable report and every command result, from its own task: the fleet
         # view, the health watch and the repair controller never run on the ack path.
@@ -115,9 +116,7 @@ class IngestService(StreamOpening, ReportHandling):
             return
         self._metrics.unknown_fields_dropped.inc()
         self._metrics.unknown_bytes_dropped.inc(received.unknown_bytes)
-        now = time.monotonic()
-        if now - self._unknown_logged.get(node, -1e9) > 60:
-            self._unknown_logged[node] = now
+        if self._unknown_logged.due(node):
             log.warning(
                 "dropped %d bytes of fields the schema does not name from a %s (a newer collector "
                 "than this aggregator, or a crafted message); the rest is taken; logged once a minute",

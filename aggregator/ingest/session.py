@@ -74,6 +74,22 @@ def decode_collector_message(data: bytes) -> Received | Malformed:
     return Received(message, report, max(0, len(data) - kept))
 
 
+class OncePer:
+    """Whether a node's message of one kind is due again (at most once per period_s a node):
+    what keeps a node that does the same thing every report from flooding the log."""
+
+    def __init__(self, period_s: float = 60.0) -> None:
+        self._period_s = period_s
+        self._last: dict[str, float] = {}
+
+    def due(self, node: str) -> bool:
+        now = time.monotonic()
+        if now - self._last.get(node, -1e9) <= self._period_s:
+            return False
+        self._last[node] = now
+        return True
+
+
 @dataclass
 class End:
     code: grpc.StatusCode

@@ -46,7 +46,7 @@ from gpufleet.protos import ingest_pb2, telemetry_pb2, vocabulary_pb2
 from gpufleet.repair.alerts.dispatcher import AlertDispatcher
 from gpufleet.repair.backends.none import NoBackend
 from gpufleet.repair.controller import RepairController
-from gpufleet.repair.health import OUT_OF_SERVICE, Health
+from gpufleet.repair.health import OUT_OF_SERVICE, Health, HoldKind
 from gpufleet.repair.ladder import Hooks
 from gpufleet.repair.model import NodeSnapshot
 from gpufleet.repair.outcome import Status
@@ -230,12 +230,16 @@ class ReplayEngine(SimulatedWorld):
         self._wake_at[node] = at_ns
         self._push(at_ns, "wake", node)
 
-    def _release_held(self) -> None:
-        """A rail may let go: every held node is looked at once more, now."""
+    def _release_held(self, only: HoldKind | None = None) -> None:
+        """A rail may let go: every held node (or those `only` that rail holds) is looked at
+        once more, now."""
         for node in sorted(self._held):
+            wf = self.controller.workflows.get(node)
+            if only is not None and (wf is None or wf.held is None or wf.held.kind is not only):
+                continue
+            self._held.discard(node)
             self._wake_at.pop(node, None)
             self._wake(node, self.now + 1)
-        self._held.clear()
 
     def _next_wake(self, name: str) -> int | None:
         """When this node next needs a pass with no new input (None: not until one comes)."""
@@ -344,7 +348,7 @@ class ReplayEngine(SimulatedWorld):
         if payload.model:
             # A pool's pressure moved: a drain waiting for capacity is looked at again now.
             self._apply(payload)
-            self._release_held()
+            self._release_held(HoldKind.CAPACITY)
         elif payload.visible:
             self._apply(payload)
             dirty.add(payload.node)
