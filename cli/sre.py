@@ -87,6 +87,13 @@ def print_nodes(resp: fleet_pb2.ListNodesResponse, as_json: bool) -> None:
         f"\n{len(rows)} nodes ({', '.join(f'{v} {k}' for k, v in sorted(states.items()))}), "
         f"{gpus} GPUs, fleet mean utilization {fmt(mean(r['util_gpu_mean_pct'] for r in rows))} %"
     )
+    clipped = [r["node"] for r in rows if r["clipped_bytes"]]
+    if clipped:
+        names = ", ".join(clipped[:3]) + (f" and {len(clipped) - 3} more" if len(clipped) > 3 else "")
+        print(
+            f"cut to the per-node cap of an answer (engine details first; `gpufleet node NAME` shows "
+            f"more): {names}"
+        )
 
 
 def gpu_row(g: telemetry_pb2.GpuSample) -> list[str]:
@@ -132,6 +139,7 @@ def print_node(detail: fleet_pb2.NodeDetail, stored: fleet_pb2.EventsResponse, a
             recent_events=events,
             events=[event_row(e) for e in stored.events],
             collector_stats=message_fields(detail.collector_stats),
+            answer_clipped_bytes=detail.clipped_bytes,
         )
         print(json.dumps(row, indent=2))
         return
@@ -193,6 +201,12 @@ def print_node(detail: fleet_pb2.NodeDetail, stored: fleet_pb2.EventsResponse, a
         f"{st.reports_rejected_total} rejected, {st.reconnects_total} reconnects, "
         f"{st.sample_errors_total} NVML errors, last sample took {st.sample_duration_s * 1000:.1f} ms"
     )
+    if detail.clipped_bytes:
+        print(
+            f"\n{detail.clipped_bytes:,} bytes of this node's answer were left out to keep it under the "
+            f"per-node cap (the oldest recent events first): `gpufleet events --node {s.node}` reads "
+            "its events from history"
+        )
     if stored.events:
         shown = stored.events[-20:]
         earlier = len(stored.events) - len(shown)
@@ -325,7 +339,10 @@ def print_events(resp: fleet_pb2.EventsResponse, fmt_: str) -> None:
     ]
     print(tabulate(rows, headers=["TIME", "NODE", "GPU", "KIND", "WHAT", "SOURCE / ACTOR", "DETAIL"]))
     if resp.truncated:
-        print(f"\nonly the newest {len(resp.events)} are shown: narrow the range or raise --limit")
+        print(
+            f"\nonly the newest {len(resp.events)} are shown (at most --limit, and what fits one "
+            "answer): narrow the range or filter by --node, --kind or --xid"
+        )
 
 
 def print_metrics(resp: fleet_pb2.ListMetricsResponse, as_json: bool) -> None:

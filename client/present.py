@@ -73,6 +73,8 @@ def node_row(n: fleet_pb2.NodeSummary) -> dict[str, Any]:
         "simulated": n.simulated,
         # The scheduler's name for it, where scheduler_names maps it to another ("" when the same).
         "scheduler_node": n.scheduler_node,
+        # Bytes of its entry left out to keep it under an answer's per-node cap (0: none).
+        "clipped_bytes": n.clipped_bytes,
         "gpus": [message_fields(g) for g in gpus],
     }
 

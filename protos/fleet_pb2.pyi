@@ -477,7 +477,7 @@ class ListNodesRequest(_message.Message):
     def __init__(self, clusters: _Optional[_Iterable[str]] = ..., liveness: _Optional[_Iterable[_Union[_vocabulary_pb2.Liveness, str]]] = ..., page_size: _Optional[int] = ..., page_token: _Optional[str] = ...) -> None: ...
 
 class NodeSummary(_message.Message):
-    __slots__ = ("node", "cluster", "liveness", "last_report_unix_ns", "seconds_since_report", "boot_id", "last_seq", "interval_s", "simulated", "driver_version", "gpu_count", "gpus", "connected", "health", "health_detail", "engines", "last_sample_unix_ns", "replica", "lemon", "recent_incidents", "scheduler_node", "gpus_on_pci_bus")
+    __slots__ = ("node", "cluster", "liveness", "last_report_unix_ns", "seconds_since_report", "boot_id", "last_seq", "interval_s", "simulated", "driver_version", "gpu_count", "gpus", "connected", "health", "health_detail", "engines", "last_sample_unix_ns", "replica", "lemon", "recent_incidents", "scheduler_node", "gpus_on_pci_bus", "clipped_bytes")
     NODE_FIELD_NUMBER: _ClassVar[int]
     CLUSTER_FIELD_NUMBER: _ClassVar[int]
     LIVENESS_FIELD_NUMBER: _ClassVar[int]
@@ -500,6 +500,7 @@ class NodeSummary(_message.Message):
     RECENT_INCIDENTS_FIELD_NUMBER: _ClassVar[int]
     SCHEDULER_NODE_FIELD_NUMBER: _ClassVar[int]
     GPUS_ON_PCI_BUS_FIELD_NUMBER: _ClassVar[int]
+    CLIPPED_BYTES_FIELD_NUMBER: _ClassVar[int]
     node: str
     cluster: str
     liveness: _vocabulary_pb2.Liveness
@@ -522,7 +523,8 @@ class NodeSummary(_message.Message):
     recent_incidents: int
     scheduler_node: str
     gpus_on_pci_bus: int
-    def __init__(self, node: _Optional[str] = ..., cluster: _Optional[str] = ..., liveness: _Optional[_Union[_vocabulary_pb2.Liveness, str]] = ..., last_report_unix_ns: _Optional[int] = ..., seconds_since_report: _Optional[float] = ..., boot_id: _Optional[str] = ..., last_seq: _Optional[int] = ..., interval_s: _Optional[float] = ..., simulated: _Optional[bool] = ..., driver_version: _Optional[str] = ..., gpu_count: _Optional[int] = ..., gpus: _Optional[_Iterable[_Union[_telemetry_pb2.GpuSample, _Mapping]]] = ..., connected: _Optional[bool] = ..., health: _Optional[_Union[_vocabulary_pb2.NodeHealth, str]] = ..., health_detail: _Optional[str] = ..., engines: _Optional[_Iterable[_Union[_telemetry_pb2.EngineSample, _Mapping]]] = ..., last_sample_unix_ns: _Optional[int] = ..., replica: _Optional[str] = ..., lemon: _Optional[bool] = ..., recent_incidents: _Optional[int] = ..., scheduler_node: _Optional[str] = ..., gpus_on_pci_bus: _Optional[int] = ...) -> None: ...
+    clipped_bytes: int
+    def __init__(self, node: _Optional[str] = ..., cluster: _Optional[str] = ..., liveness: _Optional[_Union[_vocabulary_pb2.Liveness, str]] = ..., last_report_unix_ns: _Optional[int] = ..., seconds_since_report: _Optional[float] = ..., boot_id: _Optional[str] = ..., last_seq: _Optional[int] = ..., interval_s: _Optional[float] = ..., simulated: _Optional[bool] = ..., driver_version: _Optional[str] = ..., gpu_count: _Optional[int] = ..., gpus: _Optional[_Iterable[_Union[_telemetry_pb2.GpuSample, _Mapping]]] = ..., connected: _Optional[bool] = ..., health: _Optional[_Union[_vocabulary_pb2.NodeHealth, str]] = ..., health_detail: _Optional[str] = ..., engines: _Optional[_Iterable[_Union[_telemetry_pb2.EngineSample, _Mapping]]] = ..., last_sample_unix_ns: _Optional[int] = ..., replica: _Optional[str] = ..., lemon: _Optional[bool] = ..., recent_incidents: _Optional[int] = ..., scheduler_node: _Optional[str] = ..., gpus_on_pci_bus: _Optional[int] = ..., clipped_bytes: _Optional[int] = ...) -> None: ...
 
 class ListNodesResponse(_message.Message):
     __slots__ = ("nodes", "server_time_unix_ns", "next_page_token", "total_nodes")
@@ -543,18 +545,20 @@ class GetNodeRequest(_message.Message):
     def __init__(self, node: _Optional[str] = ...) -> None: ...
 
 class NodeDetail(_message.Message):
-    __slots__ = ("summary", "engines", "recent_events", "collector_stats", "if_drained")
+    __slots__ = ("summary", "engines", "recent_events", "collector_stats", "if_drained", "clipped_bytes")
     SUMMARY_FIELD_NUMBER: _ClassVar[int]
     ENGINES_FIELD_NUMBER: _ClassVar[int]
     RECENT_EVENTS_FIELD_NUMBER: _ClassVar[int]
     COLLECTOR_STATS_FIELD_NUMBER: _ClassVar[int]
     IF_DRAINED_FIELD_NUMBER: _ClassVar[int]
+    CLIPPED_BYTES_FIELD_NUMBER: _ClassVar[int]
     summary: NodeSummary
     engines: _containers.RepeatedCompositeFieldContainer[_telemetry_pb2.EngineSample]
     recent_events: _containers.RepeatedCompositeFieldContainer[_telemetry_pb2.Event]
     collector_stats: _telemetry_pb2.CollectorStats
     if_drained: _containers.RepeatedCompositeFieldContainer[DrainProjection]
-    def __init__(self, summary: _Optional[_Union[NodeSummary, _Mapping]] = ..., engines: _Optional[_Iterable[_Union[_telemetry_pb2.EngineSample, _Mapping]]] = ..., recent_events: _Optional[_Iterable[_Union[_telemetry_pb2.Event, _Mapping]]] = ..., collector_stats: _Optional[_Union[_telemetry_pb2.CollectorStats, _Mapping]] = ..., if_drained: _Optional[_Iterable[_Union[DrainProjection, _Mapping]]] = ...) -> None: ...
+    clipped_bytes: int
+    def __init__(self, summary: _Optional[_Union[NodeSummary, _Mapping]] = ..., engines: _Optional[_Iterable[_Union[_telemetry_pb2.EngineSample, _Mapping]]] = ..., recent_events: _Optional[_Iterable[_Union[_telemetry_pb2.Event, _Mapping]]] = ..., collector_stats: _Optional[_Union[_telemetry_pb2.CollectorStats, _Mapping]] = ..., if_drained: _Optional[_Iterable[_Union[DrainProjection, _Mapping]]] = ..., clipped_bytes: _Optional[int] = ...) -> None: ...
 
 class ListMetricsRequest(_message.Message):
     __slots__ = ()

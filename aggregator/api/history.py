@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 import grpc
 
+from gpufleet.aggregator.api.answers import AnswerBytes
 from gpufleet.aggregator.api.base import Refused, rpc
 from gpufleet.aggregator.auth.tokens import Principal
 from gpufleet.aggregator.fleet.events import DEFAULT_EVENTS, EVENT_KINDS, MAX_EVENTS, EventQuery, read_events
@@ -133,8 +134,18 @@ class HistoryApi:
             events = await asyncio.to_thread(read_events, self._store, query)
         except StoreError as exc:
             raise Refused(grpc.StatusCode.UNAVAILABLE, f"events query failed: {exc}") from exc
+        # The newest `limit`, and of those as many as fit ANSWER_BYTES, newest first: an event's
+        # text is a node's words (up to 4 KiB each), so 1,000 of one node's could pass 4 MiB.
+        answer, kept = AnswerBytes(), 0
+        for event in reversed(events[-limit:]):
+            if not answer.fits(event):
+                break
+            kept += 1
         return fleet_pb2.EventsResponse(
-            events=events[-limit:], truncated=len(events) > limit, start_unix_ns=start, end_unix_ns=end
+            events=events[len(events) - kept :],
+            truncated=len(events) > kept,
+            start_unix_ns=start,
+            end_unix_ns=end,
         )
 
 

@@ -11,6 +11,7 @@ from typing import Any
 
 import grpc
 
+from gpufleet.aggregator.api.answers import AnswerBytes, clip_detail, clip_summary
 from gpufleet.aggregator.api.base import Refused, rpc
 from gpufleet.aggregator.auth.tokens import Principal
 from gpufleet.aggregator.fleet.pools import if_drained, list_pools, serving_readings
@@ -22,8 +23,7 @@ from gpufleet.repair.state import StateError
 log = logging.getLogger("gpufleet.aggregator.fleet")
 
 NODES_PAGE = 500  # ListNodes: nodes a page by default
-NODES_PAGE_MAX = 2000
-NODES_PAGE_BYTES = 3 << 20  # ... and a page stops once it is this big (a client takes 4 MiB)
+NODES_PAGE_MAX = 2000  # ... and a page stops at ANSWER_BYTES (aggregator/api/answers.py)
 
 
 class NodesApi:
@@ -34,9 +34,10 @@ class NodesApi:
     @rpc("viewer")
     async def ListNodes(self, request: fleet_pb2.ListNodesRequest, principal: Principal) -> Any:
         """The fleet a page at a time, in name order (docs/security.md "Bounded per-node
-        state"): at most page_size nodes and about NODES_PAGE_BYTES, so no fleet and no node's
-        reports can make the answer bigger than a client takes. A GPU's process list is left
-        out here (GetNode has it)."""
+        state", "One node's share of an answer"): at most page_size nodes and ANSWER_BYTES, each
+        node's entry at most NODE_SUMMARY_BYTES, so no fleet and no node's reports can make the
+        answer bigger than a client takes. A GPU's process list is left out here (GetNode has
+        it)."""
         if request.page_size > NODES_PAGE_MAX:
             raise Refused(
                 grpc.StatusCode.INVALID_ARGUMENT, f"page_size {request.page_size} is over {NODES_PAGE_MAX}"
@@ -47,7 +48,8 @@ class NodesApi:
         clusters = set(request.clusters)
         wanted = set(request.liveness)
         nodes: list[fleet_pb2.NodeSummary] = []
-        total, size, next_token = 0, 0, ""
+        page = AnswerBytes()
+        total, next_token = 0, ""
         for name in sorted(self._fleet.nodes):
             live = self._fleet.nodes[name]
             if clusters and live.cluster not in clusters:
@@ -57,15 +59,18 @@ class NodesApi:
             total += 1
             if name <= request.page_token or next_token:
                 continue
-            if len(nodes) >= limit or (nodes and size >= NODES_PAGE_BYTES):
+            summary = self._page_entry(live, now) if len(nodes) < limit else None
+            if summary is None or not page.fits(summary):
                 next_token = nodes[-1].node
                 continue
-            summary = self._with_health(self._viewer_summary(self._fleet.summary(live, now)))
-            size += summary.ByteSize()
             nodes.append(summary)
         return fleet_pb2.ListNodesResponse(
             nodes=nodes, server_time_unix_ns=now, next_page_token=next_token, total_nodes=total
         )
+
+    def _page_entry(self, live: Any, now_ns: int) -> fleet_pb2.NodeSummary:
+        """A node's entry on a ListNodes page: as a viewer sees it, within its share."""
+        return clip_summary(self._with_health(self._viewer_summary(self._fleet.summary(live, now_ns))))
 
     @staticmethod
     def _viewer_summary(summary: fleet_pb2.NodeSummary, processes: bool = False) -> fleet_pb2.NodeSummary:
@@ -94,7 +99,7 @@ class NodesApi:
             detail.if_drained.extend(
                 if_drained(live.node, serving_readings(self._fleet), self._workflows(), self._serving_floor())
             )
-        return detail
+        return clip_detail(detail)
 
     @rpc("viewer")
     async def ListPools(self, request: fleet_pb2.ListPoolsRequest, principal: Principal) -> Any:

@@ -11,6 +11,7 @@ from collections.abc import Callable, Iterable, Mapping
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import GaugeMetricFamily
 
+from gpufleet.aggregator.api.answers import AnswerBytes
 from gpufleet.aggregator.fleet.state import FleetState
 from gpufleet.protos import fleet_pb2, vocabulary_pb2
 from gpufleet.repair.capacity import node_states, waiting_nodes
@@ -27,7 +28,6 @@ from gpufleet.repair.serving import (
 )
 from gpufleet.repair.state import Workflow
 
-POOLS_ANSWER_BYTES = 3 << 20  # ListPools stops adding pools here (a client takes 4 MiB)
 MAX_EXPORTED_POOLS = 500  # /metrics: pools exported, the largest first (model names are a node's words)
 
 
@@ -107,7 +107,7 @@ def list_pools(
     floor: ServingFloor,
     request: fleet_pb2.ListPoolsRequest,
 ) -> fleet_pb2.ListPoolsResponse:
-    """ListPools' answer: pools by cluster and model, at most POOLS_ANSWER_BYTES of them."""
+    """ListPools' answer: pools by cluster and model, at most ANSWER_BYTES of them."""
     clusters = set(request.clusters)
     chosen = [
         r
@@ -124,11 +124,10 @@ def list_pools(
         load_class_rule=LOAD_CLASS_RULE,
         server_time_unix_ns=time.time_ns(),
     )
-    size = 0
+    answer = AnswerBytes()
     for pool in pools.sorted():
         msg = pool_pb(pool, floor, waiting, request.replicas)
-        size += msg.ByteSize() + 6  # and its framing in the answer: a tag byte, a length of up to 5
-        if size > POOLS_ANSWER_BYTES:
+        if not answer.fits(msg):
             resp.truncated = True
             break
         resp.pools.append(msg)

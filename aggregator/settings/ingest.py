@@ -38,7 +38,7 @@ class IngestSettings:
     max_hello_bytes: int = setting(
         256 * 1024,
         "largest hello (a collector's first message) accepted; a larger one is refused before it is "
-        "decoded (a hello with every field at its maximum, 64 GPUs, is 17,738 bytes)",
+        "decoded (a hello with every field at its maximum, 64 GPUs, is 18,387 bytes)",
     )
     max_hellos_per_node: int = setting(
         4,

@@ -49,6 +49,23 @@ ENGINE_SERIES = {
 }
 
 
+def _notes(detail: fleet_pb2.NodeDetail) -> list[str]:
+    """What is said under the node's headline: its scheduler name, its workflow's detail, and
+    what was left out of the answer."""
+    s = detail.summary
+    notes = []
+    if s.scheduler_node:
+        notes.append(f"In the scheduler: **{s.scheduler_node}** (the scheduler_names mapping)")
+    if s.health_detail:
+        notes.append(s.health_detail)
+    if detail.clipped_bytes:
+        notes.append(
+            f"{detail.clipped_bytes:,} bytes of this node's answer were left out to keep it under the "
+            "per-node cap (the oldest recent events first); its stored events are below."
+        )
+    return notes
+
+
 def render() -> None:
     st.header("Node")
     names = [n.node for n in list_nodes().nodes]
@@ -69,10 +86,8 @@ def render() -> None:
     cols[1].metric("workflow", health_name(s.health))
     cols[2].metric("GPUs", s.gpu_count)
     cols[3].metric("last report", f"{s.seconds_since_report:.1f} s ago")
-    if s.scheduler_node:
-        st.caption(f"In the scheduler: **{s.scheduler_node}** (the scheduler_names mapping)")
-    if s.health_detail:
-        st.caption(s.health_detail)
+    for note in _notes(detail):
+        st.caption(note)
     actions.render(name, health_name(s.health))
 
     st.dataframe(node_gpus_table(s), hide_index=True, width="stretch")

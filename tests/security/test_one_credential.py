@@ -19,6 +19,7 @@ import grpc
 import pytest
 
 from gpufleet.protos import fleet_pb2, ingest_pb2
+from harness.maximal import maximal_hello, node_name
 from harness.processes import Cluster, gpufleet_argv
 from harness.streams import RawStream, hello, report, stream_error
 from harness.waiting import wait_until
@@ -182,24 +183,18 @@ def test_a_hello_over_its_limit_is_refused_before_it_is_decoded(cluster: Cluster
     assert ingest_pb2.CollectorMessage  # the schema the limit guards
 
 
-def test_the_largest_hello_the_wire_rules_allow_is_far_under_the_hello_limit() -> None:
+def test_the_largest_hello_the_wire_rules_allow_is_far_under_the_hello_limit(cluster: Cluster) -> None:
     """max_hello_bytes refuses no honest collector: every string and repeated field of a Hello
-    filled to what the wire rules allow (64 GPUs) is 17,738 bytes, against 256 KiB."""
+    filled to what the wire rules allow (64 GPUs, a 253-character node name) is 18,387 bytes,
+    against 256 KiB, and is welcomed."""
     from gpufleet.aggregator.config import AggregatorConfig
-    from gpufleet.aggregator.ingest.wire_rules import RULES, Many, Text
 
-    def fill(msg: object) -> object:
-        for f in msg.DESCRIPTOR.fields:  # type: ignore[attr-defined]
-            rule = RULES.get(f"{msg.DESCRIPTOR.name}.{f.name}")  # type: ignore[attr-defined]
-            if isinstance(rule, Text):
-                setattr(msg, f.name, "a" * rule.max_len)
-            elif isinstance(rule, Many) and f.message_type is not None:
-                for _ in range(rule.max_items):
-                    fill(getattr(msg, f.name).add())
-            elif isinstance(rule, Many) and isinstance(rule.each, Text):
-                getattr(msg, f.name).extend(["a" * rule.each.max_len] * rule.max_items)
-        return msg
-
-    largest = ingest_pb2.CollectorMessage(hello=fill(ingest_pb2.Hello()))
+    node = node_name()
+    largest = maximal_hello(node, "c" * 253, "b" * 64)
     assert len(largest.hello.gpus) == 64
-    assert largest.ByteSize() == 17_738 and largest.ByteSize() * 8 < AggregatorConfig().max_hello_bytes
+    assert largest.ByteSize() == 18_387 and largest.ByteSize() * 8 < AggregatorConfig().max_hello_bytes
+    agg = cluster.aggregator("aggregator", 0, 0, None)
+    s = RawStream(agg.ingest, cluster.secrets.collector_token(node))
+    s.send(largest)
+    assert s.recv().WhichOneof("body") == "welcome"
+    s.close()

@@ -8,9 +8,9 @@ import time
 
 from prometheus_client import CollectorRegistry, generate_latest
 
+from gpufleet.aggregator.api.answers import ANSWER_BYTES
 from gpufleet.aggregator.fleet.pools import (
     MAX_EXPORTED_POOLS,
-    POOLS_ANSWER_BYTES,
     list_pools,
     register_pool_metrics,
     serving_readings,
@@ -59,5 +59,5 @@ def test_a_list_pools_answer_stays_under_its_byte_cap_and_says_it_was_cut() -> N
         serving_readings(fleet), {}, ServingFloor(), fleet_pb2.ListPoolsRequest(replicas=True)
     )
     assert answer.truncated and 0 < len(answer.pools) < 12_800
-    assert answer.ByteSize() <= POOLS_ANSWER_BYTES + 4096  # the pools, plus the answer's own fields
+    assert answer.ByteSize() <= ANSWER_BYTES + 4096  # the pools, plus the answer's own fields
     assert answer.ByteSize() < 4 << 20, "a client's default limit"
