@@ -4,6 +4,9 @@ loopback, with the embedded store; optionally the dashboard. Nothing to install 
 The demo keeps its data, secrets and logs in --data-dir (default
 ~/.local/share/gpufleet/demo) and, while it runs, writes the client config the CLI reads
 by default, so `gpufleet nodes` in another shell finds it. The file is removed on exit.
+Each run starts from an empty data dir (a second demo never shows the first one's nodes,
+incidents or quarantines) unless --keep-state is given; a dir the demo did not make (no
+DEMO_MARKER in it, and not the default) is never emptied: the demo refuses it instead.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ import contextlib
 import importlib.util
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -34,9 +38,34 @@ DEMO_MODELS = ["H100", "H200", "A100", "B200"]
 DEMO_ENGINES = ["vllm", "sglang", "", ""]
 
 
+DEMO_MARKER = ".gpufleet-demo"  # in a data dir the demo made: one it may empty
+
+
 def default_data_dir() -> Path:
     base = os.environ.get("XDG_DATA_HOME") or str(Path.home() / ".local" / "share")
     return Path(base) / "gpufleet" / "demo"
+
+
+class DataDirError(Exception):
+    pass
+
+
+def prepare_data_dir(data_dir: Path, keep_state: bool) -> str:
+    """The demo's data dir, emptied unless keep_state; what was done, for its first line."""
+    holds = data_dir.is_dir() and any(data_dir.iterdir())
+    if holds and not keep_state:
+        if not (data_dir / DEMO_MARKER).exists() and data_dir != default_data_dir():
+            raise DataDirError(
+                f"--data-dir {data_dir} holds files the demo did not write (no {DEMO_MARKER} in it): "
+                "the demo empties its data dir at each start; name an empty or new folder, or pass "
+                "--keep-state to run on what is there"
+            )
+        shutil.rmtree(data_dir)
+    data_dir.mkdir(parents=True, exist_ok=True)
+    (data_dir / DEMO_MARKER).touch()
+    if not holds:
+        return "a new data dir"
+    return "the last run's state kept (--keep-state)" if keep_state else "the last run's state cleared"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -52,6 +81,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--duration", type=float, default=0.0, help="stop after this many seconds (default: run until Ctrl-C)"
     )
     p.add_argument("--data-dir", default=None, help=f"default {default_data_dir()}")
+    p.add_argument(
+        "--keep-state",
+        action="store_true",
+        help="run on the last demo's data (nodes, history, incidents) instead of an empty data dir",
+    )
     p.add_argument(
         "--scenario", default=None, help="TOML file of GPU faults to inject (e.g. examples/gpu-faults.toml)"
     )
@@ -281,12 +315,13 @@ def _supervise(demo: Demo, stop_requested: threading.Event, duration_s: float) -
 def run_demo(args: argparse.Namespace) -> int:
     _check_args(args)
     data_dir = Path(args.data_dir) if args.data_dir else default_data_dir()
-    data_dir.mkdir(parents=True, exist_ok=True)
     try:
         plan = load_plan(args.scenario, demo_nodes(args.nodes)) if args.scenario else None
-    except ServingScenarioError as exc:
+        start = prepare_data_dir(data_dir, args.keep_state)
+    except (ServingScenarioError, DataDirError) as exc:
         print(f"gpufleet demo: {exc}", file=sys.stderr)
         return 2
+    print(f"data dir {data_dir}: {start}", flush=True)
     demo = Demo(data_dir)
     tokens, secret = _credentials(data_dir)
     serving: DemoServing | None = None

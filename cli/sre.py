@@ -21,7 +21,7 @@ from gpufleet.client.present import (
     event_what,
     events_csv,
     fmt,
-    gib,
+    gib_of,
     gpu_health,
     history_csv,
     mean,
@@ -56,7 +56,7 @@ def print_nodes(resp: fleet_pb2.ListNodesResponse, as_json: bool) -> None:
             r["health"] + (f" LEMON ({r['recent_incidents']} incidents)" if r["lemon"] else ""),
             f"{r['gpu_count']}" + (f" ({r['gpus_lost']} LOST)" if r["gpus_lost"] else ""),
             fmt(r["util_gpu_mean_pct"]),
-            f"{gib(r['hbm_used_bytes'])}/{gib(r['hbm_total_bytes'])}",
+            gib_of(r["hbm_used_bytes"], r["hbm_total_bytes"]),
             fmt(r["temp_gpu_max_c"]),
             fmt(r["power_w"]),
         ]
@@ -96,7 +96,7 @@ def print_nodes(resp: fleet_pb2.ListNodesResponse, as_json: bool) -> None:
         )
 
 
-def gpu_row(g: telemetry_pb2.GpuSample) -> list[str]:
+def gpu_row(g: telemetry_pb2.GpuSample, health: str) -> list[str]:
     power = fmt(opt(g, "power_w"))
     if g.HasField("power_limit_w"):
         power += f"/{g.power_limit_w:.0f}"
@@ -105,10 +105,10 @@ def gpu_row(g: telemetry_pb2.GpuSample) -> list[str]:
         g.model,
         g.uuid,
         g.pci_bus_id,
-        gpu_health(g),
+        health,
         fmt(opt(g, "util_gpu_pct")),
         fmt(opt(g, "util_mem_pct")),
-        f"{gib(opt(g, 'hbm_used_bytes'))}/{gib(opt(g, 'hbm_total_bytes'))}",
+        gib_of(opt(g, "hbm_used_bytes"), opt(g, "hbm_total_bytes")),
         fmt(opt(g, "temp_gpu_c")),
         power,
     ]
@@ -119,6 +119,7 @@ def print_node(detail: fleet_pb2.NodeDetail, stored: fleet_pb2.EventsResponse, a
     restart; detail.recent_events is the aggregator's memory since it started)."""
     s = detail.summary
     row = node_row(s)
+    health = gpu_health(s)
     events = [
         dict(
             message_fields(e),
@@ -156,7 +157,7 @@ def print_node(detail: fleet_pb2.NodeDetail, stored: fleet_pb2.EventsResponse, a
     )
     print(
         tabulate(
-            [gpu_row(g) for g in s.gpus],
+            [gpu_row(g, health.get(g.index, NA)) for g in s.gpus],
             headers=[
                 "GPU",
                 "MODEL",

@@ -11,8 +11,8 @@ from collections.abc import Iterable
 from typing import Any
 
 from gpufleet.client.timeparse import iso
-from gpufleet.protos import fleet_pb2, telemetry_pb2
-from gpufleet.protos.names import AGGREGATES, health_name, liveness_name
+from gpufleet.protos import fleet_pb2
+from gpufleet.protos.names import AGGREGATES, gpu_health_name, health_name, liveness_name
 
 __all__ = ["AGGREGATES"]
 
@@ -52,6 +52,7 @@ def total(values: Iterable[int | None]) -> int | None:
 
 def node_row(n: fleet_pb2.NodeSummary) -> dict[str, Any]:
     gpus = list(n.gpus)
+    health = gpu_health_fields(n)
     return {
         "node": n.node,
         "cluster": n.cluster,
@@ -75,7 +76,23 @@ def node_row(n: fleet_pb2.NodeSummary) -> dict[str, Any]:
         "scheduler_node": n.scheduler_node,
         # Bytes of its entry left out to keep it under an answer's per-node cap (0: none).
         "clipped_bytes": n.clipped_bytes,
-        "gpus": [message_fields(g) for g in gpus],
+        "gpus": [dict(message_fields(g), **health.get(g.index, _NO_STATE)) for g in gpus],
+    }
+
+
+_NO_STATE = {"health": None, "health_detail": "", "findings": []}
+
+
+def gpu_health_fields(summary: fleet_pb2.NodeSummary) -> dict[int, dict[str, Any]]:
+    """Each GPU's state for --json: health (its word), health_detail, findings (codes)."""
+    return {
+        s.index: {
+            "health": gpu_health_name(s.health),
+            "health_detail": s.detail,
+            "findings": list(s.findings),
+        }
+        for s in summary.gpu_states
+        if s.health
     }
 
 
@@ -83,24 +100,20 @@ def gib(value: int | None) -> str:
     return NA if value is None else f"{value / GIB:.1f}"
 
 
-def gpu_health(g: telemetry_pb2.GpuSample) -> str:
-    """The signals an SRE looks at first, in a few words; 'ok' when none is raised."""
-    if g.lost:
-        return "LOST"
-    notes = []
-    if g.ecc_dbe_volatile:
-        notes.append(f"ecc-dbe={g.ecc_dbe_volatile}")
-    if g.remap_failure:
-        notes.append("remap-FAILED")
-    elif g.remap_pending or g.retired_pages_pending:
-        notes.append("reset-pending")
-    if g.throttle_thermal:
-        notes.append("thermal-slowdown")
-    if g.throttle_power:
-        notes.append("power-slowdown")
-    if g.nvlink_links_inactive:
-        notes.append(f"nvlink-down={g.nvlink_links_inactive}")
-    return " ".join(notes) or "ok"
+def gib_of(used: int | None, total: int | None) -> str:
+    """HBM as used/total GiB; one N/A when neither is known."""
+    return NA if used is None and total is None else f"{gib(used)}/{gib(total)}"
+
+
+def gpu_health(summary: fleet_pb2.NodeSummary) -> dict[int, str]:
+    """Each GPU's health as the aggregator derived it (repair/gpu_health.py): its word, then
+    what raised it ("faulty: driver_unresponsive, driver-unresponsive (nvmlDeviceGetPowerUsage)").
+    A GPU the aggregator gave no state for is missing here: shown as N/A, never "ok"."""
+    return {
+        s.index: gpu_health_name(s.health) + (f": {s.detail}" if s.detail else "")
+        for s in summary.gpu_states
+        if s.health
+    }
 
 
 # Tags in the order a series label names them.

@@ -167,6 +167,7 @@ def node_gpus_table(summary: fleet_pb2.NodeSummary) -> pd.DataFrame:
     """The node page's GPU table: people's column names, units in them, sensible rounding;
     absent values stay empty (never 0)."""
     rows = []
+    health = gpu_health(summary)
     for g in summary.gpus:
         used, total = opt(g, "hbm_used_bytes"), opt(g, "hbm_total_bytes")
         power = _rounded(opt(g, "power_w"), 0)
@@ -176,7 +177,7 @@ def node_gpus_table(summary: fleet_pb2.NodeSummary) -> pd.DataFrame:
                 "model": g.model,
                 "UUID": g.uuid,
                 "PCI bus": g.pci_bus_id,
-                "health": gpu_health(g),
+                "health": health.get(g.index),
                 "GPU util %": _rounded(opt(g, "util_gpu_pct"), 0),
                 "memory util %": _rounded(opt(g, "util_mem_pct"), 0),
                 "HBM used GiB": _gib(used),

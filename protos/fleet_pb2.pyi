@@ -477,7 +477,7 @@ class ListNodesRequest(_message.Message):
     def __init__(self, clusters: _Optional[_Iterable[str]] = ..., liveness: _Optional[_Iterable[_Union[_vocabulary_pb2.Liveness, str]]] = ..., page_size: _Optional[int] = ..., page_token: _Optional[str] = ...) -> None: ...
 
 class NodeSummary(_message.Message):
-    __slots__ = ("node", "cluster", "liveness", "last_report_unix_ns", "seconds_since_report", "boot_id", "last_seq", "interval_s", "simulated", "driver_version", "gpu_count", "gpus", "connected", "health", "health_detail", "engines", "last_sample_unix_ns", "replica", "lemon", "recent_incidents", "scheduler_node", "gpus_on_pci_bus", "clipped_bytes")
+    __slots__ = ("node", "cluster", "liveness", "last_report_unix_ns", "seconds_since_report", "boot_id", "last_seq", "interval_s", "simulated", "driver_version", "gpu_count", "gpus", "connected", "health", "health_detail", "engines", "last_sample_unix_ns", "replica", "lemon", "recent_incidents", "scheduler_node", "gpus_on_pci_bus", "clipped_bytes", "gpu_states")
     NODE_FIELD_NUMBER: _ClassVar[int]
     CLUSTER_FIELD_NUMBER: _ClassVar[int]
     LIVENESS_FIELD_NUMBER: _ClassVar[int]
@@ -501,6 +501,7 @@ class NodeSummary(_message.Message):
     SCHEDULER_NODE_FIELD_NUMBER: _ClassVar[int]
     GPUS_ON_PCI_BUS_FIELD_NUMBER: _ClassVar[int]
     CLIPPED_BYTES_FIELD_NUMBER: _ClassVar[int]
+    GPU_STATES_FIELD_NUMBER: _ClassVar[int]
     node: str
     cluster: str
     liveness: _vocabulary_pb2.Liveness
@@ -524,7 +525,20 @@ class NodeSummary(_message.Message):
     scheduler_node: str
     gpus_on_pci_bus: int
     clipped_bytes: int
-    def __init__(self, node: _Optional[str] = ..., cluster: _Optional[str] = ..., liveness: _Optional[_Union[_vocabulary_pb2.Liveness, str]] = ..., last_report_unix_ns: _Optional[int] = ..., seconds_since_report: _Optional[float] = ..., boot_id: _Optional[str] = ..., last_seq: _Optional[int] = ..., interval_s: _Optional[float] = ..., simulated: _Optional[bool] = ..., driver_version: _Optional[str] = ..., gpu_count: _Optional[int] = ..., gpus: _Optional[_Iterable[_Union[_telemetry_pb2.GpuSample, _Mapping]]] = ..., connected: _Optional[bool] = ..., health: _Optional[_Union[_vocabulary_pb2.NodeHealth, str]] = ..., health_detail: _Optional[str] = ..., engines: _Optional[_Iterable[_Union[_telemetry_pb2.EngineSample, _Mapping]]] = ..., last_sample_unix_ns: _Optional[int] = ..., replica: _Optional[str] = ..., lemon: _Optional[bool] = ..., recent_incidents: _Optional[int] = ..., scheduler_node: _Optional[str] = ..., gpus_on_pci_bus: _Optional[int] = ..., clipped_bytes: _Optional[int] = ...) -> None: ...
+    gpu_states: _containers.RepeatedCompositeFieldContainer[GpuState]
+    def __init__(self, node: _Optional[str] = ..., cluster: _Optional[str] = ..., liveness: _Optional[_Union[_vocabulary_pb2.Liveness, str]] = ..., last_report_unix_ns: _Optional[int] = ..., seconds_since_report: _Optional[float] = ..., boot_id: _Optional[str] = ..., last_seq: _Optional[int] = ..., interval_s: _Optional[float] = ..., simulated: _Optional[bool] = ..., driver_version: _Optional[str] = ..., gpu_count: _Optional[int] = ..., gpus: _Optional[_Iterable[_Union[_telemetry_pb2.GpuSample, _Mapping]]] = ..., connected: _Optional[bool] = ..., health: _Optional[_Union[_vocabulary_pb2.NodeHealth, str]] = ..., health_detail: _Optional[str] = ..., engines: _Optional[_Iterable[_Union[_telemetry_pb2.EngineSample, _Mapping]]] = ..., last_sample_unix_ns: _Optional[int] = ..., replica: _Optional[str] = ..., lemon: _Optional[bool] = ..., recent_incidents: _Optional[int] = ..., scheduler_node: _Optional[str] = ..., gpus_on_pci_bus: _Optional[int] = ..., clipped_bytes: _Optional[int] = ..., gpu_states: _Optional[_Iterable[_Union[GpuState, _Mapping]]] = ...) -> None: ...
+
+class GpuState(_message.Message):
+    __slots__ = ("index", "health", "findings", "detail")
+    INDEX_FIELD_NUMBER: _ClassVar[int]
+    HEALTH_FIELD_NUMBER: _ClassVar[int]
+    FINDINGS_FIELD_NUMBER: _ClassVar[int]
+    DETAIL_FIELD_NUMBER: _ClassVar[int]
+    index: int
+    health: _vocabulary_pb2.GpuHealth
+    findings: _containers.RepeatedScalarFieldContainer[str]
+    detail: str
+    def __init__(self, index: _Optional[int] = ..., health: _Optional[_Union[_vocabulary_pb2.GpuHealth, str]] = ..., findings: _Optional[_Iterable[str]] = ..., detail: _Optional[str] = ...) -> None: ...
 
 class ListNodesResponse(_message.Message):
     __slots__ = ("nodes", "server_time_unix_ns", "next_page_token", "total_nodes")

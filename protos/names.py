@@ -23,6 +23,11 @@ def health_name(value: int) -> str:
     return vocabulary_pb2.NodeHealth.Name(value).removeprefix("NODE_HEALTH_").lower()
 
 
+def gpu_health_name(value: int) -> str:
+    """ok, watch, suspect, faulty, lost (repair/gpu_health.py); "" when not given."""
+    return vocabulary_pb2.GpuHealth.Name(value).removeprefix("GPU_HEALTH_").lower() if value else ""
+
+
 def health_value(state: str) -> int:
     return vocabulary_pb2.NodeHealth.Value(f"NODE_HEALTH_{state.upper()}")
 

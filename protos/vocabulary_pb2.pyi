@@ -53,6 +53,15 @@ class NodeHealth(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     NODE_HEALTH_HUMAN_CORDONED: _ClassVar[NodeHealth]
     NODE_HEALTH_WAITING: _ClassVar[NodeHealth]
 
+class GpuHealth(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    GPU_HEALTH_UNSPECIFIED: _ClassVar[GpuHealth]
+    GPU_HEALTH_OK: _ClassVar[GpuHealth]
+    GPU_HEALTH_WATCH: _ClassVar[GpuHealth]
+    GPU_HEALTH_SUSPECT: _ClassVar[GpuHealth]
+    GPU_HEALTH_FAULTY: _ClassVar[GpuHealth]
+    GPU_HEALTH_LOST: _ClassVar[GpuHealth]
+
 class OutcomeStatus(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
     OUTCOME_STATUS_UNSPECIFIED: _ClassVar[OutcomeStatus]
@@ -116,6 +125,12 @@ NODE_HEALTH_VALIDATING: NodeHealth
 NODE_HEALTH_QUARANTINED: NodeHealth
 NODE_HEALTH_HUMAN_CORDONED: NodeHealth
 NODE_HEALTH_WAITING: NodeHealth
+GPU_HEALTH_UNSPECIFIED: GpuHealth
+GPU_HEALTH_OK: GpuHealth
+GPU_HEALTH_WATCH: GpuHealth
+GPU_HEALTH_SUSPECT: GpuHealth
+GPU_HEALTH_FAULTY: GpuHealth
+GPU_HEALTH_LOST: GpuHealth
 OUTCOME_STATUS_UNSPECIFIED: OutcomeStatus
 OUTCOME_STATUS_OK: OutcomeStatus
 OUTCOME_STATUS_FAILED: OutcomeStatus

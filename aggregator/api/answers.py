@@ -72,7 +72,16 @@ def _shed(msg: Any, cap: int, steps: list[Callable[[], Any]]) -> int:
 
 
 def _gpu_steps(summary: fleet_pb2.NodeSummary) -> list[Callable[[], Any]]:
-    return [lambda: [gpu.ClearField("processes") for gpu in summary.gpus], _drop(summary.gpus)]
+    def drop_last_gpu() -> bool:
+        if not summary.gpus:
+            return False
+        index = summary.gpus.pop().index
+        kept = [s for s in summary.gpu_states if s.index != index]
+        del summary.gpu_states[:]
+        summary.gpu_states.extend(kept)
+        return True
+
+    return [lambda: [gpu.ClearField("processes") for gpu in summary.gpus], drop_last_gpu]
 
 
 def clip_summary(summary: fleet_pb2.NodeSummary, cap: int = NODE_SUMMARY_BYTES) -> fleet_pb2.NodeSummary:

@@ -21,6 +21,7 @@ from gpufleet.common.net import is_loopback
 from gpufleet.protos import fleet_pb2, fleet_pb2_grpc
 from gpufleet.protos.names import health_value
 from gpufleet.repair.controller import RepairController, RepairRefused
+from gpufleet.repair.gpu_health import gpu_states
 from gpufleet.repair.health import Health
 from gpufleet.repair.policy import Policy, PolicyError, load_policy_text
 from gpufleet.repair.replay.engine import replay
@@ -65,6 +66,10 @@ class RepairApi:
         wf = self._workflows().get(summary.node)
         summary.health = health_value(wf.state if wf else Health.HEALTHY)
         summary.health_detail = wf.detail if wf else ""
+        # The findings live where the controller runs (one box, or the leading replica); another
+        # replica has the shared workflow, so a GPU in an open incident still never reads "ok".
+        findings = self._repair.findings.get(summary.node, []) if self._repair is not None else []
+        summary.gpu_states.extend(gpu_states(summary.gpus, findings, wf))
         recent, lemon_at = self._recent_incidents()
         summary.recent_incidents = recent.get(summary.node, 0)
         summary.lemon = bool(lemon_at) and summary.recent_incidents >= lemon_at

@@ -18,9 +18,10 @@ from typing import Any
 import pytest
 
 from gpufleet.protos import fleet_pb2
+from harness.dashboard import app
 from harness.fleet_api import bearer
 from harness.processes import AggregatorHandle, Cluster, Proc
-from harness.repair import FAST_POLICY, incidents, repair_aggregator
+from harness.repair import FAST_POLICY, gpufleet_cli, incidents, repair_aggregator
 from harness.stored import read_points
 from harness.waiting import wait_until
 
@@ -62,7 +63,9 @@ def _unresponsive(agg: AggregatorHandle, cluster: Cluster) -> set[int]:
 
 
 @pytest.mark.slow
-def test_a_hung_driver_call_stops_only_its_gpu_and_recovers_without_a_restart(cluster: Cluster) -> None:
+def test_a_hung_driver_call_stops_only_its_gpu_and_recovers_without_a_restart(
+    cluster: Cluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
     agg = repair_aggregator(cluster, policy=POLICY)
     release = cluster.tmp / "release-gpu3"
     scenario = _scenario(cluster.tmp / "hang.toml", release)
@@ -93,6 +96,24 @@ def test_a_hung_driver_call_stops_only_its_gpu_and_recovers_without_a_restart(cl
         30,
         "the driver_unresponsive findings in `gpufleet incidents`",
     )
+
+    # What a person reads: `gpufleet node` says the stuck GPUs are faulty with their finding
+    # (never "ok"), as its --json and the dashboard's node page do; the others read ok.
+    out = gpufleet_cli(agg, cluster, "viewer", "node", NODE, "--json")
+    assert out.returncode == 0, out.stderr
+    by_gpu = {g["index"]: g for g in json.loads(out.stdout)["gpus"]}
+    for stuck_gpu in (FOREVER_GPU, TIMED_GPU):
+        assert by_gpu[stuck_gpu]["health"] == "faulty", by_gpu[stuck_gpu]
+        assert by_gpu[stuck_gpu]["findings"] == ["driver_unresponsive"]
+    assert {g["health"] for i, g in by_gpu.items() if i not in (FOREVER_GPU, TIMED_GPU)} == {"ok"}
+    table = gpufleet_cli(agg, cluster, "viewer", "node", NODE).stdout
+    said = {int(line.split()[0]): line for line in table.splitlines() if re.match(r" *\d+ +NVIDIA", line)}
+    assert "faulty: driver_unresponsive " in said[FOREVER_GPU], table
+    assert " ok " in said[0] and " ok " not in said[FOREVER_GPU]
+    at = app(monkeypatch, agg.fleet, cluster.secrets.tokens["viewer"]).run()
+    at.sidebar.radio[0].set_value("Node").run()
+    shown = dict(zip(at.dataframe[0].value["GPU"], at.dataframe[0].value["health"], strict=True))
+    assert shown[FOREVER_GPU].startswith("faulty: driver_unresponsive") and shown[0] == "ok", shown
 
     # Alive, live and ready, and /ready says which call is stuck where.
     assert collector.alive()

@@ -266,3 +266,48 @@ def test_history_groups_across_series(demo: tuple[dict[str, str], Path]) -> None
     bad = cli(env, "history", "util_gpu_pct", "--group-by", "pid")
     assert bad.returncode == 2 and "cannot group util_gpu_pct by 'pid'" in bad.stderr
     assert "gpu_count" in cli(env, "history", "gpu_count", "--group-by", "cluster", "--csv").stdout
+
+
+def test_a_second_demo_shows_none_of_the_first_ones_nodes(tmp_path: Path) -> None:
+    """Each demo starts from an empty data dir (the issue: a second demo showed 12 ghost nodes
+    and a quarantine of the first run's scenario); --keep-state is the way to keep them."""
+    env = home_env(tmp_path / "home")
+    first = subprocess.run(
+        gpufleet_argv("demo", "--no-dashboard", "--nodes", "3", "--interval", "0.5", "--duration", "4"),
+        env=env, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert first.returncode == 0, first.stdout + first.stderr
+    assert "data dir" in first.stdout and ": a new data dir" in first.stdout
+    out = tmp_path / "second.out"
+    with open(out, "wb") as fh:
+        proc = subprocess.Popen(
+            gpufleet_argv("demo", "--no-dashboard", "--nodes", "1", "--interval", "0.5"),
+            stdout=fh, stderr=subprocess.STDOUT, env=env,
+        )  # fmt: skip
+    try:
+        wait_until(lambda: "Ctrl-C stops the demo" in out.read_text(), 90, "the second demo to be ready")
+        assert ": the last run's state cleared" in out.read_text()
+        listed = cli(env, "nodes", "--json")
+        assert listed.returncode == 0, listed.stderr
+        assert [n["node"] for n in json.loads(listed.stdout)["nodes"]] == ["demo-node-01"]
+    finally:
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=30) == 0, out.read_text()
+
+
+def test_the_demo_empties_only_a_data_dir_it_made(tmp_path: Path) -> None:
+    from gpufleet.cli.demo import DEMO_MARKER, DataDirError, prepare_data_dir
+
+    mine = tmp_path / "demo"
+    assert prepare_data_dir(mine, keep_state=False) == "a new data dir"
+    (mine / "store.db").write_text("last run")
+    assert prepare_data_dir(mine, keep_state=True) == "the last run's state kept (--keep-state)"
+    assert (mine / "store.db").read_text() == "last run"
+    assert prepare_data_dir(mine, keep_state=False) == "the last run's state cleared"
+    assert sorted(p.name for p in mine.iterdir()) == [DEMO_MARKER]
+    theirs = tmp_path / "photos"
+    theirs.mkdir()
+    (theirs / "cat.jpg").write_text("keep me")
+    with pytest.raises(DataDirError, match="holds files the demo did not write"):
+        prepare_data_dir(theirs, keep_state=False)
+    assert (theirs / "cat.jpg").read_text() == "keep me"
