@@ -106,13 +106,12 @@ def gib_of(used: int | None, total: int | None) -> str:
 
 
 def gpu_health(summary: fleet_pb2.NodeSummary) -> dict[int, str]:
-    """Each GPU's health as the aggregator derived it (repair/gpu_health.py): its word, then
-    what raised it ("faulty: driver_unresponsive, driver-unresponsive (nvmlDeviceGetPowerUsage)").
-    A GPU the aggregator gave no state for is missing here: shown as N/A, never "ok"."""
+    """Each GPU's health as the aggregator derived it (repair/gpu_health.py), as one line: its
+    word, then what raised it ("faulty: driver_unresponsive"). A GPU the aggregator gave no
+    state for is missing here: shown as N/A, never "ok"."""
     return {
-        s.index: gpu_health_name(s.health) + (f": {s.detail}" if s.detail else "")
-        for s in summary.gpu_states
-        if s.health
+        index: f["health"] + (f": {f['health_detail']}" if f["health_detail"] else "")
+        for index, f in gpu_health_fields(summary).items()
     }
 
 
