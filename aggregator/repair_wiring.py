@@ -4,6 +4,7 @@ down the ingest streams, the backend, alert sinks and metrics from the configura
 from __future__ import annotations
 
 import asyncio
+import logging
 import operator
 import time
 from collections.abc import Awaitable, Callable, Coroutine, Iterable
@@ -22,12 +23,13 @@ from gpufleet.aggregator.metrics import AggregatorMetrics
 from gpufleet.aggregator.repair_term import RepairTerm, Spawn, TermParts
 from gpufleet.aggregator.store import Point
 from gpufleet.aggregator.supervise import Supervisor
-from gpufleet.protos import columns, ingest_pb2, telemetry_pb2
-from gpufleet.protos.names import HEALTH_STATES
+from gpufleet.protos import columns, ingest_pb2, telemetry_pb2, vocabulary_pb2
+from gpufleet.protos.names import HEALTH_STATES, gpu_health_name
 from gpufleet.repair.alerts import open_sinks
 from gpufleet.repair.alerts.dispatcher import AlertDispatcher
 from gpufleet.repair.backends import open_backend
 from gpufleet.repair.controller import Hooks, Rails, RepairController
+from gpufleet.repair.gpu_health import gpu_states
 from gpufleet.repair.model import NodeSnapshot
 from gpufleet.repair.policy import Policy, load_policy
 from gpufleet.repair.replay.engine import ReplayConfig
@@ -35,6 +37,7 @@ from gpufleet.repair.rules import WATCH_FIELDS
 from gpufleet.repair.state import RepairState
 
 T = TypeVar("T")
+log = logging.getLogger("gpufleet.aggregator.repair")
 
 
 def snapshots(fleet: FleetState, only: set[str] | None = None) -> list[NodeSnapshot]:
@@ -150,6 +153,7 @@ class RepairWiring:
             registry=r,
         )
         self.term: RepairTerm | None = None  # the running term (one at a time)
+        self._main: asyncio.AbstractEventLoop | None = None  # the loop the fleet's state lives on
         # How commands reach a node whose stream another replica holds (None: one box).
         self.remote_command: Callable[[RepairState, str, ingest_pb2.Command], bool] | None = None
         ingest.fanout.on_command_result("repair", self.on_command_result)
@@ -228,8 +232,29 @@ class RepairWiring:
         self.term.start()
         return self.term
 
+    def _gpu_health_rows(self) -> list[tuple[str, str, int, str, int]]:
+        """(cluster, node, GPU, health word, level) of every GPU not ok, as the Fleet API derives
+        it (repair/gpu_health.py), read on the event loop that owns the fleet's state; none while
+        this aggregator runs no repair term (a replica that does not lead: read the leader's)."""
+        controller, main = self.controller, self._main
+        if controller is None or main is None:
+            return []
+        fleet = self._fleet
+
+        def read() -> list[tuple[str, str, int, str, int]]:
+            rows = []
+            for live in list(fleet.nodes.values()):
+                findings = controller.findings.get(live.node, [])
+                for s in gpu_states(live.gpus.values(), findings, controller.workflows.get(live.node)):
+                    if s.health > vocabulary_pb2.GPU_HEALTH_OK:
+                        rows.append((live.cluster, live.node, s.index, gpu_health_name(s.health), s.health))
+            return rows
+
+        return call_on(main, read)
+
     def _build(self, main: asyncio.AbstractEventLoop, state: RepairState, spawn: Spawn) -> TermParts:
         """The term's controller, alert dispatcher and history export, on the term's thread."""
+        self._main = main
         config = self._config
         fleet = self._fleet
         backend = open_backend(config.repair_backend, self.scheduler_names, **config.section("repair_"))
@@ -314,6 +339,7 @@ class RepairWiring:
                 of(lambda c, name=name: float(sum(1 for w in list(c.workflows.values()) if w.state == name)))
             )
         r.register(_FlaggedGpus(lambda: self.controller))
+        r.register(_GpuHealthGauge(self._gpu_health_rows))
         Gauge(
             "gpufleet_repair_leader",
             "1 while this aggregator runs the repair controller (is the leader)",
@@ -367,6 +393,36 @@ class RepairWiring:
             "history export passes that failed this leader term (each logged, tried again)",
             registry=r,
         ).set_function(lambda: float(self.exporter.failures_total) if self.exporter else 0.0)
+
+
+class _GpuHealthGauge:
+    """`gpufleet_gpu_health{cluster, node, gpu, health}` for every GPU that is not ok: its level
+    (vocabulary.proto GpuHealth: 2 watch, 3 suspect, 4 faulty, 5 lost) and its word, the same
+    the Fleet API, `gpufleet node` and the dashboard show; Grafana maps the level to the word and
+    its colour (client/colours.py). A GPU that reads ok has no series: the fleet's size does not
+    set the series count, its trouble does. A scrape that cannot read the state in time is
+    logged and answers without the family's samples, never fails the whole scrape."""
+
+    def __init__(self, rows: Callable[[], list[tuple[str, str, int, str, int]]]) -> None:
+        self._rows = rows
+        self.failures_total = 0
+
+    def collect(self) -> Iterable[GaugeMetricFamily]:
+        family = GaugeMetricFamily(
+            "gpufleet_gpu_health",
+            "each GPU that is not ok: its health level (2 watch, 3 suspect, 4 faulty, 5 lost), by "
+            "cluster, node, GPU and health word",
+            labels=["cluster", "node", "gpu", "health"],
+        )
+        try:
+            rows = self._rows()
+        except (TimeoutError, LoopClosed) as exc:
+            self.failures_total += 1
+            log.warning("gpufleet_gpu_health left out of this scrape: %s", exc)
+            rows = []
+        for cluster, node, gpu, word, level in rows:
+            family.add_metric([cluster, node, str(gpu), word], float(level))
+        yield family
 
 
 class _FlaggedGpus:

@@ -39,6 +39,9 @@ def run_dashboard(args: argparse.Namespace) -> int:
         "true",
         "--browser.gatherUsageStats",
         "false",
+        # Streamlit's "Deploy" button and developer menu are for an app's author, not an SRE.
+        "--client.toolbarMode",
+        "minimal",
     ]
     # exec, not a child process: a supervisor's SIGTERM then reaches Streamlit itself
     # instead of orphaning it.

@@ -30,6 +30,8 @@ from gpufleet.aggregator.auth.tokens import issue_collector_token, new_secrets_f
 from gpufleet.cli.demo_serving import DemoServing, ServingScenarioError, load_plan
 from gpufleet.client.fleet import ClientSettings, FleetClient, client_config_path
 from gpufleet.collector.simnvml import GPU_PROFILES
+from gpufleet.collector.simnvml.scheduler import ScheduledState
+from gpufleet.collector.simnvml.serving import Control
 from gpufleet.common.files import write_private
 from gpufleet.protos import vocabulary_pb2
 
@@ -192,9 +194,7 @@ def _credentials(data_dir: Path) -> tuple[dict[str, str], str]:
     return tokens, tomllib.loads(secrets_path.read_text())["collector_secret"]
 
 
-def _start_aggregator(
-    demo: Demo, data_dir: Path, serving: DemoServing | None
-) -> tuple[Child, dict[str, str]]:
+def _start_aggregator(demo: Demo, data_dir: Path, control: Control) -> tuple[Child, dict[str, str]]:
     ready = data_dir / "aggregator.ready.json"
     ready.unlink(missing_ok=True)
     print(f"starting the aggregator (data in {data_dir}) ...", flush=True)
@@ -213,10 +213,11 @@ def _start_aggregator(
             "127.0.0.1:0",
             "--ready-file",
             str(ready),
-            # Repair runs on gpufleet's own records (no scheduler on a demo box), or, with a
-            # serving pool, on the pool's control API (cli/demo_serving.py); a small fleet would
-            # otherwise be capped at one node out of service.
-            *(serving.backend_options() if serving else ["--repair-backend", "none"]),
+            # Repair cordons, drains and returns nodes through the demo's scheduler (the hook
+            # backend on its control API: collector/simnvml/scheduler.py), so a drained node's
+            # jobs stop and start again on its return; a small fleet would otherwise be capped
+            # at one node out of service.
+            *control.backend_options(),
             "--repair-max-out-of-service-fraction",
             "0.5",
         ),
@@ -242,6 +243,7 @@ def _start_collectors(
     secret: str,
     data_dir: Path,
     serving: DemoServing | None,
+    scheduled: dict[str, ScheduledState],
 ) -> list[str]:
     nodes = demo_nodes(args.nodes)
     print(f"starting {len(nodes)} collectors with {args.gpus_per_node} simulated GPUs each ...", flush=True)
@@ -261,6 +263,8 @@ def _start_collectors(
                 "demo",
                 "--sim-gpus",
                 str(args.gpus_per_node),
+                "--sim-scheduler-file",
+                str(scheduled[node].path),
                 "--sim-model",
                 model,
                 "--interval-s",
@@ -325,6 +329,7 @@ def run_demo(args: argparse.Namespace) -> int:
     demo = Demo(data_dir)
     tokens, secret = _credentials(data_dir)
     serving: DemoServing | None = None
+    control: Control | None = None
     stop_requested = threading.Event()
 
     def on_signal(signum: int, frame: object) -> None:
@@ -333,10 +338,14 @@ def run_demo(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGINT, on_signal)
     signal.signal(signal.SIGTERM, on_signal)
     try:
+        # The demo's scheduler: one state per node, set by the repair's cordon, drain and
+        # uncordon and obeyed by the node's simulated jobs.
+        scheduled = {node: ScheduledState(data_dir / "scheduler" / node) for node in demo_nodes(args.nodes)}
         if plan is not None:
-            serving = DemoServing(plan, data_dir)
-        aggregator, bound = _start_aggregator(demo, data_dir, serving)
-        nodes = _start_collectors(demo, args, bound["ingest"], secret, data_dir, serving)
+            serving = DemoServing(plan, data_dir, scheduled)
+        control = serving.control if serving is not None else Control({}, scheduled)
+        aggregator, bound = _start_aggregator(demo, data_dir, control)
+        nodes = _start_collectors(demo, args, bound["ingest"], secret, data_dir, serving, scheduled)
         client_cfg = client_config_path()
         write_private(
             client_cfg,
@@ -387,3 +396,5 @@ Ctrl-C stops the demo.""",
         if serving is not None:
             serving.stop()
             print(serving.summary(), flush=True)
+        elif control is not None:
+            control.close()

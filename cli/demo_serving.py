@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from gpufleet.collector.simnvml.scheduler import ScheduledState
 from gpufleet.collector.simnvml.serving import MODEL, Control, Replica, Router
 
 _KEYS = {"model", "nodes", "requests_per_s", "request_s", "kv_per_request", "join"}
@@ -137,13 +138,15 @@ class DemoServing:
     """The pool running: replicas (those that join later answer no scrape until then), the
     router, the control API, the joins and the figures file."""
 
-    def __init__(self, plan: ServingPlan, data_dir: Path) -> None:
+    def __init__(
+        self, plan: ServingPlan, data_dir: Path, scheduled: dict[str, ScheduledState] | None = None
+    ) -> None:
         self.plan = plan
         self.replicas = {
             node: Replica(node, plan.model, plan.request_s, plan.kv_per_request, started=node in plan.nodes)
             for node in plan.every_node
         }
-        self.control = Control(self.replicas)
+        self.control = Control(self.replicas, scheduled)
         self.router = Router(
             list(self.replicas.values()),
             lambda r: not r.left_rotation,
@@ -163,24 +166,6 @@ class DemoServing:
         if replica is None:
             return []
         return ["--engines", f"{replica.url} gpus={','.join(str(i) for i in range(gpus))}"]
-
-    def backend_options(self) -> list[str]:
-        """The aggregator's hook backend, on this pool's control API."""
-        c = self.control
-        return [
-            "--repair-backend",
-            "hook",
-            "--repair-hook-cordon",
-            c.command("cordon", "{node}"),
-            "--repair-hook-uncordon",
-            c.command("uncordon", "{node}"),
-            "--repair-hook-drain",
-            c.command("evict", "{node}"),
-            "--repair-drain-engine-command",
-            c.command("leave", "{node}", "{port}"),
-            "--repair-hook-timeout-s",
-            "30",
-        ]
 
     def _run(self) -> None:
         """Joins when due, and the figures file, every 0.2 s until stop(). A failure (a full

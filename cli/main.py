@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from gpufleet.cli import alert_cmd, completion, repair_cmds, replay_cmd, settings
+from gpufleet.cli import alert_cmd, completion, file_kinds, repair_cmds, replay_cmd, settings
 from gpufleet.client.exits import Exit, sentence
 from gpufleet.client.fleet import ClientError, FleetClient, resolve_client
 from gpufleet.common.logsetup import configure as configure_logging
@@ -153,8 +153,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true")
     add_watch(p)
 
-    eng = sub.add_parser("engines", help="inference-engine endpoints")
-    eng_sub = eng.add_subparsers(dest="action", required=True)
+    eng = sub.add_parser(
+        "engines",
+        parents=[client],
+        help="every inference-engine replica in the fleet; `engines probe URL` reads one endpoint",
+    )
+    eng.add_argument("--json", action="store_true", help="every replica's figures")
+    eng_sub = eng.add_subparsers(dest="action", required=False)
     p = eng_sub.add_parser("probe", help="scrape one /metrics endpoint and print what was understood")
     p.add_argument("url", help="e.g. http://127.0.0.1:8000/metrics")
     p.add_argument("--timeout", type=float, default=5.0, help="seconds to wait for an answer")
@@ -393,7 +398,8 @@ def _run_config(args: argparse.Namespace) -> int:
 
     components = {"collector": CollectorConfig, "aggregator": AggregatorConfig}
     if args.action == "check":
-        return settings.check_file(args.file, components, args.json)
+        other = file_kinds.check_other_kind(args.file, components, args.json)
+        return other if other is not None else settings.check_file(args.file, components, args.json)
     print(settings.reference(components))
     return 0
 
@@ -531,6 +537,8 @@ def main(argv: list[str] | None = None) -> int:
         local = LOCAL_COMMANDS.get(args.command)
         if args.command == "auth" and args.action != "revoke":
             local = _run_auth
+        if args.command == "engines" and args.action is None:
+            local = None  # the fleet's replicas, from the Fleet API
         if local is not None:
             return local(args)
         _run_fleet_command(args)

@@ -12,7 +12,8 @@ from typing import Any
 
 from tabulate import tabulate
 
-from gpufleet.client.fleet import FleetClient
+from gpufleet.client.exits import Exit
+from gpufleet.client.fleet import ClientError, FleetClient
 from gpufleet.client.present import (
     AGGREGATES,
     NA,
@@ -484,6 +485,54 @@ def print_pools(resp: fleet_pb2.ListPoolsResponse, as_json: bool) -> None:
     print(f"HEADROOM: replicas that may leave within the floor (negative: replicas short); {resp.formula}")
 
 
+def print_engines(resp: fleet_pb2.ListPoolsResponse, as_json: bool) -> None:
+    """`gpufleet engines`: every engine replica the aggregator knows, by node, with its pressure
+    and the load class the aggregator gave it (the pools' replicas, one row each)."""
+    replicas = sorted(
+        ((p, r) for p in resp.pools for r in p.replicas),
+        key=lambda pr: (pr[1].node, pr[1].engine, pr[1].port),
+    )
+    if as_json:
+        rows = [{"cluster": p.cluster, "model": p.model, **message_fields(r)} for p, r in replicas]
+        print(json.dumps({"engines": rows, "truncated": resp.truncated}, indent=2))
+        return
+    if not replicas:
+        print("no inference engines reported in the fleet (vLLM, SGLang, TGI, TensorRT-LLM)")
+        return
+    print(
+        tabulate(
+            [
+                [
+                    r.node,
+                    r.engine,
+                    p.model,
+                    r.port,
+                    r.state,
+                    percent(opt(r, "kv_cache_usage_ratio")),
+                    fmt(opt(r, "requests_running")),
+                    fmt(opt(r, "requests_waiting")),
+                    r.load_class + (f" ({r.unreadable_reason})" if r.load_class == "unreadable" else ""),
+                ]
+                for p, r in replicas
+            ],
+            headers=["NODE", "ENGINE", "MODEL", "PORT", "STATE", "KV %", "RUNNING", "WAITING", "CLASS"],
+        )
+    )
+    print(f"\n{len(replicas)} replicas in {len(resp.pools)} pools; `gpufleet pools` sums them per model")
+
+
+def _known_nodes(client: FleetClient, nodes: list[str]) -> None:
+    """An empty answer for nodes the aggregator has never heard of is a typo, not "no data":
+    exit 5 (not found), naming them."""
+    known = {n.node for n in client.list_nodes(fleet_pb2.ListNodesRequest()).nodes}
+    unknown = [n for n in nodes if n not in known]
+    if unknown:
+        raise ClientError(
+            f"no node named {', '.join(unknown)} is known to this aggregator; `gpufleet nodes` lists them",
+            Exit.NOT_FOUND,
+        )
+
+
 def _output(args: Any) -> str:
     return "json" if args.json else "csv" if args.csv else "table"
 
@@ -498,7 +547,10 @@ def run(client: FleetClient, args: Any) -> None:
         )
         print_node(detail, stored, args.json)
     elif args.command == "history":
-        print_history(client.call("QueryHistory", history_request(args)), _output(args))
+        resp = client.call("QueryHistory", history_request(args))
+        if not resp.series and args.node:
+            _known_nodes(client, args.node)
+        print_history(resp, _output(args))
     elif args.command == "events":
         print_events(client.call("QueryEvents", events_request(args)), _output(args))
     elif args.command == "status":
@@ -508,5 +560,7 @@ def run(client: FleetClient, args: Any) -> None:
             clusters=args.cluster or [], model=args.model, replicas=args.json
         )
         print_pools(client.call("ListPools", request), args.json)
+    elif args.command == "engines":
+        print_engines(client.call("ListPools", fleet_pb2.ListPoolsRequest(replicas=True)), args.json)
     elif args.command == "metrics":
         print_metrics(client.call("ListMetrics", fleet_pb2.ListMetricsRequest()), args.json)

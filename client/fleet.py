@@ -154,7 +154,7 @@ class FleetClient:
         if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
             return ClientError(
                 f"cannot reach {where}: {details}. Is `gpufleet aggregator run` or "
-                "`gpufleet demo` running? Set the address with --fleet or GPUFLEET_FLEET.",
+                f"`gpufleet demo` running? {self._where_to_fix()}",
                 Exit.UNREACHABLE,
             )
         if code == grpc.StatusCode.UNAUTHENTICATED:
@@ -170,6 +170,17 @@ class FleetClient:
         if code == grpc.StatusCode.INVALID_ARGUMENT:
             return ClientError(details, Exit.USAGE)  # the request was wrong: same as a bad flag
         return ClientError(f"{code.name}: {details}", Exit.FAILED)
+
+    def _where_to_fix(self) -> str:
+        """Where the address that failed came from is where to fix it (not another setting)."""
+        source = self.settings.source
+        if source == "--fleet":
+            return "Check the address given with --fleet: is the aggregator's Fleet API listening there?"
+        if source == "GPUFLEET_FLEET":
+            return "Check GPUFLEET_FLEET in the environment, or pass --fleet."
+        if source == "the default":
+            return "Set the address with --fleet or GPUFLEET_FLEET."
+        return f"Check `fleet` in {source}, or pass --fleet."
 
     def close(self) -> None:
         self._channel.close()

@@ -61,6 +61,11 @@ class CollectorConfig:
     sim_scenario: str = _setting(
         "", "TOML file of faults to inject into the simulated GPUs (see collector/simnvml/scenario.py)"
     )
+    sim_scheduler_file: str = _setting(
+        "",
+        "with simulate: the file the demo's scheduler writes this node's state to (cordoned, drained; "
+        "absent: in service): no job starts on a cordoned node, a drained node's job stops",
+    )
     kmsg_path: str = _setting(
         "",
         "kernel log to read XIDs from; empty: /dev/kmsg on a real GPU node, none with simulate",

@@ -14,6 +14,7 @@ from gpufleet.collector.metrics_endpoint import serve
 from gpufleet.collector.simnvml import SimulatedNode, SimulatedNvmlLibrary, install
 from gpufleet.collector.simnvml.engine_server import SimulatedEngine
 from gpufleet.collector.simnvml.scenario import ScenarioRunner, load
+from gpufleet.collector.simnvml.scheduler import ScheduledState
 from gpufleet.collector.sources.nvml import NvmlSource
 from gpufleet.collector.sources.registry import EVENT_SOURCES, SourceContext
 from gpufleet.collector.sources.xid_kmsg import KernelLogXidWatcher
@@ -33,7 +34,8 @@ def open_source(config: CollectorConfig) -> tuple[NvmlSource, ScenarioRunner | N
     ScenarioError for an unusable scenario."""
     runner = node = None
     if config.simulate:
-        node = SimulatedNode(config.node, config.sim_gpus, config.sim_model)
+        scheduled = ScheduledState(config.sim_scheduler_file) if config.sim_scheduler_file else None
+        node = SimulatedNode(config.node, config.sim_gpus, config.sim_model, scheduled=scheduled)
         if config.sim_scenario:
             runner = ScenarioRunner(node, load(config.sim_scenario))
         install(SimulatedNvmlLibrary(node))

@@ -3,9 +3,9 @@ the Streamlit pages so it is plain, testable code."""
 
 from __future__ import annotations
 
-import altair as alt
 import pandas as pd
 
+from gpufleet.client.colours import NODE_STATE_COLOURS
 from gpufleet.client.present import (
     EVENT_COLUMNS,
     GIB,
@@ -36,10 +36,9 @@ HEAT_METRICS = {
     "Power W": "power_w",
 }
 
-# The states the overview colours nodes by: the repair workflow's, folded for a glance, with
-# "silent" (no collector heard from) above all of them.
-STATES = ["healthy", "suspect", "cordoned", "in repair", "quarantined", "silent"]
-STATE_COLOURS = ["#4c9a2a", "#e0b000", "#e07000", "#3778bf", "#b2182b", "#7f7f7f"]
+# The states every page colours nodes by (client/colours.py): the repair workflow's, folded for a
+# glance, with "silent" (no collector heard from) above all of them.
+STATES = list(NODE_STATE_COLOURS)
 _FOLD = {
     "healthy": "healthy",
     "suspect": "suspect",
@@ -61,13 +60,43 @@ if any(_FOLD.get(state, "healthy") in ("healthy", "suspect") for state in OUT_OF
 def display_state(n: fleet_pb2.NodeSummary) -> str:
     if n.liveness == vocabulary_pb2.LIVENESS_SILENT:
         return "silent"
-    return _FOLD[health_name(n.health)]
+    return display_state_of(health_name(n.health))
+
+
+def display_state_of(workflow_state: str) -> str:
+    """A repair workflow state (health_name) as the screens fold and colour it."""
+    return _FOLD[workflow_state]
+
+
+# The overview table: what an SRE scans a fleet for, narrow enough to fit a laptop's width
+# (HBM as a percentage, one column for lost GPUs); each column says what it holds on hover.
+NODE_COLUMNS = {
+    "node": "The node's name, as its collector reports it.",
+    "cluster": "The cluster label its collector reports.",
+    "state": "The node's state at a glance: healthy, suspect (a finding open or waiting to drain), "
+    "cordoned (by repair or a person), in repair (draining, resetting, validating), quarantined "
+    "(out until a person looks), silent (its collector is not heard from).",
+    "workflow": "The repair workflow's own state for the node (gpufleet repair status).",
+    "detail": "What the workflow is doing or waiting for.",
+    "GPUs": "GPUs on the node.",
+    "GPUs lost": "GPUs that fell off the bus (NVML no longer sees them).",
+    "models": "The GPU models on the node.",
+    "util %": "Mean GPU utilization of the GPUs reporting it (time busy, not work done).",
+    "HBM used %": "HBM in use across the node's GPUs, as a percentage of their total.",
+    "max temp °C": "The hottest GPU's temperature.",
+    "power W": "Board power of all its GPUs together.",
+    "last report": "When the aggregator last heard from its collector (UTC).",
+    "lemon": "A lemon node: its incidents recur (the repair policy's repeat_offender_incidents or more "
+    "within repeat_offender_days). With lemon_quarantine on, its next incident quarantines it "
+    "instead of trying the repair ladder again: a person decides.",
+}
 
 
 def nodes_frame(resp: fleet_pb2.ListNodesResponse) -> pd.DataFrame:
     rows = []
     for n in resp.nodes:
         r = node_row(n)
+        used, total = r["hbm_used_bytes"], r["hbm_total_bytes"]
         rows.append(
             {
                 "node": r["node"],
@@ -75,41 +104,19 @@ def nodes_frame(resp: fleet_pb2.ListNodesResponse) -> pd.DataFrame:
                 "state": display_state(n),
                 "workflow": r["health"],
                 "detail": r["health_detail"],
-                # Flagged when its incidents recur (repair policy: repeat_offender_*).
-                "lemon": f"lemon: {r['recent_incidents']} incidents" if r["lemon"] else "",
-                "liveness": r["liveness"],
-                "last report": r["last_report"],
                 "GPUs": r["gpu_count"],
                 "GPUs lost": r["gpus_lost"],
                 "models": ", ".join(sorted({g.model for g in n.gpus if g.model})),
                 "util %": _rounded(r["util_gpu_mean_pct"], 1),
-                "HBM used GiB": _gib(r["hbm_used_bytes"]),
-                "HBM total GiB": _gib(r["hbm_total_bytes"]),
+                "HBM used %": round(100 * used / total, 1) if used is not None and total else None,
                 "max temp °C": _rounded(r["temp_gpu_max_c"], 0),
                 "power W": _rounded(r["power_w"], 0),
+                "last report": pd.Timestamp(r["last_report"]) if r["last_report"] else pd.NaT,
+                # Flagged when its incidents recur (repair policy: repeat_offender_*).
+                "lemon": f"yes: {r['recent_incidents']} recent incidents" if r["lemon"] else "",
             }
         )
-    return pd.DataFrame(
-        rows,
-        columns=[
-            "node",
-            "cluster",
-            "state",
-            "workflow",
-            "lemon",
-            "detail",
-            "liveness",
-            "last report",
-            "GPUs",
-            "GPUs lost",
-            "models",
-            "util %",
-            "HBM used GiB",
-            "HBM total GiB",
-            "max temp °C",
-            "power W",
-        ],
-    )
+    return pd.DataFrame(rows, columns=list(NODE_COLUMNS))
 
 
 def gpus_frame(resp: fleet_pb2.ListNodesResponse) -> pd.DataFrame:
@@ -193,12 +200,20 @@ def node_gpus_table(summary: fleet_pb2.NodeSummary) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=NODE_GPU_COLUMNS)
 
 
+GPU_TABLE_HELP = {
+    "health": "The GPU's health as the aggregator derives it (repair/gpu_health.py) from the findings "
+    "it holds, the node's open incident and the GPU's last sample: ok, watch (a signal raised), "
+    "suspect, faulty (a critical finding open), lost (off the bus); then what raised it. The same "
+    "word as `gpufleet node` and Grafana. N/A: the aggregator gave no state, never read as ok.",
+    "GPU util %": "Time the GPU was busy over the sample period (NVML utilization), not work done.",
+    "HBM used %": "HBM in use as a percentage of the GPU's total.",
+    "power limit W": "The GPU's enforced power limit.",
+}
+# What an SRE reads first first: which GPU, its health, its load; its identity last.
 NODE_GPU_COLUMNS = [
     "GPU",
-    "model",
-    "UUID",
-    "PCI bus",
     "health",
+    "model",
     "GPU util %",
     "memory util %",
     "HBM used GiB",
@@ -209,6 +224,8 @@ NODE_GPU_COLUMNS = [
     "power W",
     "power limit W",
     "SM clock MHz",
+    "UUID",
+    "PCI bus",
 ]
 
 
@@ -370,12 +387,21 @@ def history_frame(resp: fleet_pb2.HistoryResponse) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def time_x(frame: pd.DataFrame) -> alt.X:
-    """The time axis of a chart of frame, in UTC, labelled to fit the frame's span (seconds for a
-    few minutes, days for weeks): Vega's own choice prints '.500' ticks for a short range."""
-    span_s = (frame["time"].max() - frame["time"].min()).total_seconds() if not frame.empty else 0
-    fmt = "%H:%M:%S" if span_s <= 3600 else "%H:%M" if span_s <= 2 * 86400 else "%b %d %H:%M"
-    return alt.X("time:T", scale=alt.Scale(type="utc"), axis=alt.Axis(format=fmt, title="time (UTC)"))
+def top_series(
+    frame: pd.DataFrame, metric: str, count: int, lowest: bool = False
+) -> tuple[pd.DataFrame, pd.DataFrame, list[str]]:
+    """The count series of a history frame with the highest (or lowest) mean over the range,
+    and the rest folded into one band: their smallest and largest value per step. Returns the
+    drawn series' rows, the band (time, min, max; empty when nothing is left over) and the
+    drawn series' names, first the most extreme."""
+    means = frame.groupby("series")[metric].mean().sort_values(ascending=lowest, kind="stable")
+    drawn = list(means.index[:count])
+    chosen = frame["series"].isin(drawn)
+    rest = frame[~chosen]
+    if rest.empty:
+        return frame[chosen], pd.DataFrame(columns=["time", "min", "max"]), drawn
+    band = rest.groupby("time")[metric].agg(["min", "max"]).reset_index()
+    return frame[chosen], band, drawn
 
 
 def band_frame(low: fleet_pb2.HistoryResponse, high: fleet_pb2.HistoryResponse) -> pd.DataFrame:

@@ -226,8 +226,12 @@ def _check_entry(where: str, merged: dict[str, Any]) -> None:
         raise PolicyError(f"{where}: reason must be text")
 
 
+# The tables a policy override file may hold.
+POLICY_TABLES = frozenset({"workflow", "serving", "buckets", "xid", "xid_workflow", "rules"})
+
+
 def _apply(policy: Policy, data: dict[str, Any], source: str) -> None:
-    known = {"workflow", "serving", "buckets", "xid", "xid_workflow", "rules"}
+    known = POLICY_TABLES
     unknown = set(data) - known
     if unknown:
         raise PolicyError(

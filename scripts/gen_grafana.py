@@ -21,6 +21,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from gpufleet.client.colours import GPU_HEALTH_COLOURS
+from gpufleet.protos import vocabulary_pb2
+
 OUT = Path(__file__).resolve().parent.parent / "deploy" / "grafana" / "dashboards"
 INFLUX = {"type": "influxdb", "uid": "${influxdb}"}
 PROM = {"type": "prometheus", "uid": "${prometheus}"}
@@ -541,6 +544,30 @@ def xids_and_repairs() -> dict[str, Any]:
     )
 
 
+def gpu_health_mappings() -> dict[str, Any]:
+    """gpufleet_gpu_health's level as its word, in the colour every screen gives it
+    (client/colours.py): Grafana's value mappings, so a panel reads "faulty" in vermillion as
+    the dashboard and `gpufleet node` do, not 4."""
+    options = {
+        str(vocabulary_pb2.GpuHealth.Value(f"GPU_HEALTH_{word.upper()}")): {
+            "text": word,
+            "color": colour,
+            "index": i,
+        }
+        for i, (word, colour) in enumerate(GPU_HEALTH_COLOURS.items())
+    }
+    return {
+        "fieldConfig": {
+            "defaults": {
+                "mappings": [{"type": "value", "options": options}],
+                "color": {"mode": "fixed", "fixedColor": "text"},
+                "custom": {"cellOptions": {"type": "color-text"}},
+            },
+            "overrides": [],
+        }
+    }
+
+
 def collector_prometheus() -> dict[str, Any]:
     metric = "gpufleet_gpu_utilization_ratio"
     variables = [
@@ -552,10 +579,30 @@ def collector_prometheus() -> dict[str, Any]:
         "gpufleet-collector",
         "gpufleet / Collectors (Prometheus)",
         "The gpufleet collector's /metrics as Prometheus scrapes it (job gpufleet-collector): GPUs, "
-        "XIDs, inference engines and the collectors' own health, without the aggregator.",
+        "XIDs, inference engines and the collectors' own health; and each GPU's health as the "
+        "aggregator words it (job gpufleet-aggregator, gpufleet_gpu_health).",
         PROM,
         variables,
         [
+            Panel(
+                "GPUs not ok (the aggregator's GPU health)",
+                [f"max by (cluster, node, gpu, health) (gpufleet_gpu_health{{{PROM_NODE_SEL}}})"],
+                kind="table",
+                description="Every GPU whose health is not ok, in the word and colour `gpufleet node` and "
+                "the dashboard's node page use (watch, suspect, faulty, lost); from the repair leader's "
+                "/metrics. A GPU that reads ok is not listed.",
+                width=12,
+                extra=gpu_health_mappings(),
+            ),
+            Panel(
+                "GPU health over time",
+                [f"max by (node, gpu) (gpufleet_gpu_health{{{PROM_NODE_SEL}}})"],
+                kind="state-timeline",
+                legend="{{node}} GPU {{gpu}}",
+                description="When each GPU left ok, and what it was; gaps are ok.",
+                width=12,
+                extra=gpu_health_mappings(),
+            ),
             Panel(
                 "GPU utilization by node",
                 [f"avg by (node) ({metric}{{{PROM_SEL}}})"],

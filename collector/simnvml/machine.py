@@ -11,12 +11,17 @@ reproduce a run. Fault hooks (`SimulatedGpu.lost`, `SimulatedGpu.fail_symbols`,
 from __future__ import annotations
 
 import hashlib
+import logging
 import random
 import threading
 import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from gpufleet.collector.simnvml.scheduler import DRAINED, IN_SERVICE, ScheduledState
+
+log = logging.getLogger("gpufleet.collector.sim")
 
 MIB = 1024 * 1024
 
@@ -40,6 +45,9 @@ class GpuProfile:
     pcie_gen_max: int = 5
     pcie_width_max: int = 16
     fabric: bool = True  # an NVSwitch fabric (nvmlDeviceGetGpuFabricInfo): Hopper and later HGX
+    # Where the driver starts pulling clocks down to cool the GPU (NVML's
+    # NVML_TEMPERATURE_THRESHOLD_SLOWDOWN; `nvidia-smi -q` "GPU Slowdown Temp", 87 °C on H100 SXM).
+    slowdown_temp_c: float = 87.0
 
 
 # Names and memory sizes as NVML reports them on real boards.
@@ -234,6 +242,15 @@ class SimulatedGpu:
             gen = IDLE_PCIE_GEN
         return gen, self.pcie_width or self.profile.pcie_width_max
 
+    def thermal_slowdown(self) -> bool:
+        return bool(self.forced_reasons & (REASON_SW_THERMAL | REASON_HW_THERMAL))
+
+    def overheat(self) -> None:
+        """Cooling lost: the GPU at its slowdown temperature, the thermal reasons raised (the
+        scenario's `thermal` fault). Never a slowdown reported at a normal temperature."""
+        self.forced_reasons |= REASON_SW_THERMAL | REASON_HW_THERMAL
+        self.temp_gpu_c = max(self.temp_gpu_c, self.profile.slowdown_temp_c + 1.0)
+
     def clock_event_reasons(self) -> int:
         reasons = self.forced_reasons
         if self.util_gpu_pct < 1:
@@ -280,9 +297,13 @@ class SimulatedGpu:
             storm, self._sbe_carry = int(self._sbe_carry), self._sbe_carry % 1
             self.ecc_sbe_volatile += storm
             self.ecc_sbe_aggregate += storm
-        # Temperature: first-order lag (time constant ~20 s) towards the power's equilibrium.
+        # Temperature: first-order lag (time constant ~20 s) towards the power's equilibrium. A
+        # GPU in thermal slowdown (its cooling failing) sits at its slowdown temperature: that is
+        # what the driver's clock pull-down holds it to.
         load = (self.power_w - p.idle_power_w) / max(1.0, p.power_limit_w - p.idle_power_w)
         t_eq = p.idle_temp_c + (p.full_temp_c - p.idle_temp_c) * load
+        if self.thermal_slowdown():
+            t_eq = p.slowdown_temp_c + 1.0
         self.temp_gpu_c += min(1.0, dt_s / 20.0) * (t_eq - self.temp_gpu_c)
         self.processes = [(job.pid, max(0, self.hbm_used_bytes - 512 * MIB))] if job else []
 
@@ -297,6 +318,7 @@ class SimulatedNode:
         model: str = "H100",
         seed: int | None = None,
         clock: callable = time.monotonic,  # type: ignore[valid-type]
+        scheduled: ScheduledState | None = None,
     ) -> None:
         if model not in GPU_PROFILES:
             raise ValueError(
@@ -333,6 +355,9 @@ class SimulatedNode:
         self._idle_until_s = 0.0
         self._last_s = self._clock()
         self._t_s = 0.0  # simulated seconds since start
+        # The demo scheduler's state file (None: no scheduler; jobs come and go on their own).
+        self.scheduled = scheduled
+        self._scheduled_state = IN_SERVICE
 
     def pci_gpu_count(self) -> int:
         """NVIDIA GPUs on this node's PCI bus, as sysfs would count them."""
@@ -355,7 +380,28 @@ class SimulatedNode:
                 for gpu in self.gpus:
                     gpu.step(step, self._job)
 
+    def _obey_scheduler(self) -> bool:
+        """The demo scheduler's word on this node (scheduler.py): True while no job may start.
+        A drained node's job is stopped; each change is logged, as a scheduler's event is."""
+        state = self.scheduled.read() if self.scheduled else IN_SERVICE
+        if state != self._scheduled_state:
+            log.info(
+                "node %s: the scheduler has it %s%s",
+                self.node_name,
+                state or "in service again: jobs start",
+                f"; job {self._job.pid} stopped" if state == DRAINED and self._job else "",
+                extra={"node": self.node_name, "scheduler_state": state or "in_service"},
+            )
+            self._scheduled_state = state
+        if state == DRAINED:
+            self._job = None
+        return state != IN_SERVICE
+
     def _schedule_jobs(self) -> None:
+        if self._obey_scheduler():
+            if self._job and self._t_s >= self._job.ends_at_s:
+                self._job = None  # a cordoned node's job runs to its end; no other starts
+            return
         if self.forced_util_pct is not None:
             if self._job is None or self._job.util_target_pct != self.forced_util_pct:
                 self._job = _Job(

@@ -20,7 +20,7 @@ Kinds and their parameters:
                                         error with it (a repair that may wait)
     lost                                every NVML call for the GPU answers GPU_IS_LOST
     recover                             the GPU answers again
-    thermal                             thermal slowdown (SW+HW thermal clock-event reasons)
+    thermal                             cooling lost: held at its slowdown temperature, thermal reasons
     power                               power brake / power cap slowdown
     clear_slowdown                      no forced clock-event reasons any more
     nvlink_down     link = N            one NVLink link goes down
@@ -56,9 +56,7 @@ import pynvml
 from gpufleet.collector.simnvml.machine import (
     FABRIC_COMPLETED,
     REASON_HW_POWER_BRAKE,
-    REASON_HW_THERMAL,
     REASON_SW_POWER_CAP,
-    REASON_SW_THERMAL,
     Hang,
     SimulatedGpu,
     SimulatedNode,
@@ -225,9 +223,7 @@ APPLY: dict[str, Callable[[SimulatedGpu, Fault], None]] = {
     "remap_pending": _set(remap_pending=True),
     "lost": _set(lost=True),
     "recover": _set(lost=False),
-    "thermal": lambda gpu, f: setattr(
-        gpu, "forced_reasons", gpu.forced_reasons | REASON_SW_THERMAL | REASON_HW_THERMAL
-    ),
+    "thermal": lambda gpu, f: gpu.overheat(),
     "power": lambda gpu, f: setattr(
         gpu, "forced_reasons", gpu.forced_reasons | REASON_SW_POWER_CAP | REASON_HW_POWER_BRAKE
     ),

@@ -14,7 +14,9 @@ the others, so their KV-cache usage rises. `Control` is a loopback HTTP API the 
 commands call (the hook backend's cordon, drain and uncordon, repair_drain_engine_command):
 /leave/NODE/PORT takes a node's replicas out of rotation, /evict/NODE terminates them (the
 drain), /uncordon/NODE starts them again and puts them back, /cordon/NODE is recorded (a cordon
-stops new work being scheduled, not serving)."""
+stops new work being scheduled, not serving). With the demo's scheduler (scheduler.py), the same
+commands set each node's state there: cordon stops new jobs, evict stops the node's job,
+uncordon lets work start again."""
 
 from __future__ import annotations
 
@@ -27,6 +29,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 from gpufleet.collector.simnvml.engine_server import serve_metrics
+from gpufleet.collector.simnvml.scheduler import CORDONED, DRAINED, IN_SERVICE, ScheduledState
 
 MODEL = "meta-llama/Llama-3.1-70B-Instruct"
 
@@ -168,10 +171,18 @@ class Control:
     """The operator's API that their commands call (loopback HTTP)."""
 
     ACTIONS = ("leave", "evict", "cordon", "uncordon")
+    # What each command makes of the node in the demo's scheduler.
+    SCHEDULED = {"cordon": CORDONED, "evict": DRAINED, "uncordon": IN_SERVICE}
 
-    def __init__(self, replicas: dict[str, Replica]) -> None:
+    def __init__(
+        self, replicas: dict[str, Replica], scheduled: dict[str, ScheduledState] | None = None
+    ) -> None:
+        """replicas: each serving node's engine; scheduled: each demo node's scheduler state (a
+        node named in a call and in neither is answered 204 and nothing is done: the name is
+        only ever a key here, never a path)."""
         self.calls: list[str] = []
         control = self
+        scheduled = scheduled or {}
 
         class Handler(BaseHTTPRequestHandler):
             def do_GET(self) -> None:
@@ -180,6 +191,9 @@ class Control:
                 if len(parts) < 2 or parts[0] not in Control.ACTIONS:
                     self.send_error(404)
                     return
+                state = scheduled.get(parts[1])
+                if state is not None and parts[0] in Control.SCHEDULED:
+                    state.write(Control.SCHEDULED[parts[0]])
                 replica = replicas.get(parts[1])
                 if replica is not None:  # a node that serves nothing: nothing to do
                     if parts[0] == "leave":
@@ -204,6 +218,24 @@ class Control:
         path = "/".join([action, *placeholders])
         code = "import sys, urllib.request; urllib.request.urlopen(sys.argv[1])"
         return f"{sys.executable} -c '{code}' {self.url}/{path}"
+
+    def backend_options(self) -> list[str]:
+        """The aggregator's hook backend on this API: cordon, drain (evict), uncordon and the
+        engines' leaving rotation are calls to it."""
+        return [
+            "--repair-backend",
+            "hook",
+            "--repair-hook-cordon",
+            self.command("cordon", "{node}"),
+            "--repair-hook-uncordon",
+            self.command("uncordon", "{node}"),
+            "--repair-hook-drain",
+            self.command("evict", "{node}"),
+            "--repair-drain-engine-command",
+            self.command("leave", "{node}", "{port}"),
+            "--repair-hook-timeout-s",
+            "30",
+        ]
 
     def close(self) -> None:
         self._server.shutdown()

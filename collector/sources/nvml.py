@@ -42,6 +42,9 @@ class _Gpu:
     call_started_s: float = 0.0
     # The last corrected-ECC count and when it was read: the storm rate is worked out from them.
     last_sbe: tuple[float, int] | None = None
+    # Samples in a row that found the GPU lost: its loss is logged once, when this leaves 0, and
+    # its return once, with the count (a lost GPU is not an error line every interval).
+    lost_samples: int = 0
 
 
 def _decode(value: bytes | str) -> str:
@@ -302,7 +305,31 @@ class NvmlSource:
             sample.recovery_action = int(fields["recovery_action"])
         self._query(gpu, sample, "nvlink", lambda: self._read_nvlink(gpu, sample, fields))
         self._sbe_rate(gpu, sample)
+        self._note_loss(gpu, sample.lost)
         return sample
+
+    def _note_loss(self, gpu: _Gpu, lost: bool) -> None:
+        """Log a GPU's loss once, when it starts, and once when it answers again; count the
+        samples in between (each sample itself says lost: gpufleet_gpu_lost on /metrics)."""
+        if lost:
+            if not gpu.lost_samples:
+                log.error(
+                    "GPU %d (%s) is lost: NVML answers GPU_IS_LOST; said once, its samples say "
+                    "lost until it answers again",
+                    gpu.index,
+                    gpu.identity.uuid,
+                    extra={"gpu": gpu.index, "uuid": gpu.identity.uuid},
+                )
+            gpu.lost_samples += 1
+        elif gpu.lost_samples:
+            log.warning(
+                "GPU %d (%s) answers NVML again after %d lost samples",
+                gpu.index,
+                gpu.identity.uuid,
+                gpu.lost_samples,
+                extra={"gpu": gpu.index, "uuid": gpu.identity.uuid, "lost_samples": gpu.lost_samples},
+            )
+            gpu.lost_samples = 0
 
     @staticmethod
     def _sbe_rate(gpu: _Gpu, sample: telemetry_pb2.GpuSample) -> None:
@@ -334,13 +361,7 @@ class NvmlSource:
         except (pynvml.NVMLError_NotSupported, pynvml.NVMLError_FunctionNotFound):
             gpu.unsupported.add(group)
         except pynvml.NVMLError_GpuIsLost:
-            log.error(
-                "GPU %d (%s) is lost: NVML answers GPU_IS_LOST",
-                gpu.index,
-                gpu.identity.uuid,
-                extra={"gpu": gpu.index, "uuid": gpu.identity.uuid},
-            )
-            sample.lost = True
+            sample.lost = True  # logged once per loss (_note_loss), not once per sample
             return False
         except pynvml.NVMLError as exc:
             self._count_error(gpu, group, exc)

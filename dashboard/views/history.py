@@ -1,21 +1,28 @@
 """History explorer: any metric, filtered by node, GPU, cluster, engine and model, over a range,
-at a step, with an aggregate; grouped by cluster, model, node or engine at fleet scale (one line
-per group, with its min-max band); a chart, the table and a CSV download."""
+at a step, with an aggregate; grouped by cluster, model, node or engine at fleet scale. However
+many series come back, the chart draws at most MAX_LINES of them, the highest (or lowest) by
+their mean over the range, each in its own colour-blind-safe colour with its whole name in the
+legend, and folds the rest into one grey min-max band; the table and the CSV hold every series."""
 
 from __future__ import annotations
 
 import altair as alt
 import streamlit as st
 
+from gpufleet.client.colours import SERIES_PALETTE
 from gpufleet.client.present import AGGREGATES, history_csv
 from gpufleet.client.timeparse import parse_duration_ns, parse_time_ns
-from gpufleet.dashboard import links
-from gpufleet.dashboard.data import band_frame, history_frame, time_x
+from gpufleet.dashboard import links, look
+from gpufleet.dashboard.data import band_frame, history_frame, top_series
 from gpufleet.dashboard.fleet import call, list_nodes
 from gpufleet.protos import fleet_pb2
 
-# More lines than this and a chart is a tangle: "auto" groups instead of drawing each series.
-MAX_LINES = 16
+# Lines a chart draws, each its own colour (the palette's, without reusing one); the rest of
+# the series are one band. The legend then lists every line it draws, uncut.
+MAX_LINES = len(SERIES_PALETTE) - 1
+# Series fetched before "auto" groups on the server instead (one line per node, then per
+# cluster): past this the answer is large and the band says little the groups do not.
+MAX_SERIES = 128
 GROUPINGS = {
     "auto": None,
     "none (each GPU / engine replica)": (),
@@ -31,13 +38,14 @@ GROUPINGS = {
 def auto_grouping(
     listed: list[fleet_pb2.NodeSummary], measurement: str, nodes: list[str], clusters: list[str]
 ) -> tuple[str, ...]:
-    """Each series when they are few, else one line per node while the nodes are few, else per
-    cluster (per model when there is one cluster)."""
+    """Each series while there are at most MAX_SERIES (the chart draws the top ones and bands the
+    rest), else one per node while the nodes are that few, else per cluster (per model when
+    there is one cluster)."""
     chosen = [n for n in listed if (not nodes or n.node in nodes) and (not clusters or n.cluster in clusters)]
     per_node = (lambda n: len(n.engines)) if measurement == "engine" else (lambda n: len(n.gpus) or 1)
-    if sum(per_node(n) for n in chosen) <= MAX_LINES:
+    if sum(per_node(n) for n in chosen) <= MAX_SERIES:
         return ()
-    if len(chosen) <= MAX_LINES:
+    if len(chosen) <= MAX_SERIES:
         return ("node",)
     return ("cluster",) if len({n.cluster for n in chosen}) > 1 else ("model",)
 
@@ -72,7 +80,7 @@ def render() -> None:
     since = c7.text_input("from (e.g. 1h, 7d, 2026-11-29T10:00)", links.param("since", "1h"))
     until = c8.text_input("to (empty: now)", links.param("until"))
     step = c9.text_input("step (empty: automatic)", links.param("step"))
-    c10, c11, c12 = st.columns([2, 2, 1])
+    c10, c11, c12, c13 = st.columns([2, 2, 2, 1])
     aggregates, groupings = list(AGGREGATES), list(GROUPINGS)
     agg = c10.selectbox(
         "aggregate",
@@ -90,7 +98,10 @@ def render() -> None:
     group_by = GROUPINGS[grouping]
     if group_by is None:
         group_by = auto_grouping(listed, info.measurement if info else "gpu", nodes, clusters)
-    band = c12.checkbox("min-max band", value=True, disabled=not group_by)
+    lowest = (
+        c12.selectbox("lines drawn", ["highest mean", "lowest mean"], key="history_rank") == "lowest mean"
+    )
+    band = c13.checkbox("min-max band", value=True, disabled=not group_by)
     try:
         request = fleet_pb2.HistoryRequest(
             metric=metric,
@@ -119,36 +130,57 @@ def render() -> None:
         else f"the {resp.measurement} roll-up"
     )
     grouped = f", {agg} across each {' and '.join(group_by)}" if group_by else ""
-    why = f" (grouped automatically: more than {MAX_LINES} lines)" if grouping == "auto" and group_by else ""
+    why = (
+        f" (grouped automatically: more than {MAX_SERIES} series)" if grouping == "auto" and group_by else ""
+    )
     st.caption(
         f"{len(resp.series)} {'groups' if group_by else 'series'}{grouped}, step {resp.step_ns / 1e9:g} s, "
         f"{agg} per step, from {source}; unit: {unit}{why}"
     )
+    drawn_rows, rest, drawn = top_series(frame, metric, MAX_LINES, lowest)
+    names = [*drawn, look.OTHERS_LABEL] if not rest.empty else drawn
+    if not rest.empty:
+        st.caption(
+            f"Drawn: the {len(drawn)} {'groups' if group_by else 'series'} with the "
+            f"{'lowest' if lowest else 'highest'} mean over the range, in the legend's order; the other "
+            f"{frame['series'].nunique() - len(drawn)} as one grey band from their lowest to their "
+            "highest value at each step. The table and the CSV hold them all."
+        )
+    y_title = f"{metric} ({unit})" if unit else metric
+    colour = look.series_colour(names, title=" / ".join(group_by) if group_by else "series")
     lines = (
-        alt.Chart(frame)
+        alt.Chart(drawn_rows)
         .mark_line()
         .encode(
-            x=time_x(frame),
-            y=alt.Y(f"{metric}:Q", title=f"{metric} ({unit})" if unit else metric),
-            color=alt.Color("series:N", title=" / ".join(group_by) if group_by else "series"),
-            tooltip=["time:T", "series:N", alt.Tooltip(f"{metric}:Q", format=".2f")],
+            x=look.time_x(frame),
+            y=alt.Y(f"{metric}:Q", title=y_title),
+            color=colour,
+            tooltip=[look.time_tooltip(), "series:N", alt.Tooltip(f"{metric}:Q", format=".2f")],
         )
     )
     layers: list[alt.Chart] = [lines]
+    if not rest.empty:
+        layers.insert(
+            0,
+            alt.Chart(rest.assign(series=look.OTHERS_LABEL))
+            .mark_area(opacity=0.5)
+            .encode(x=look.time_x(frame), y="min:Q", y2="max:Q", color=colour),
+        )
     if group_by and band:
-        # The spread inside each group: its smallest and largest value per step.
+        # The spread inside each drawn group: its smallest and largest value per step.
         low = call("QueryHistory", _with_aggregate(request, fleet_pb2.AGGREGATE_MIN))
         high = call("QueryHistory", _with_aggregate(request, fleet_pb2.AGGREGATE_MAX))
         spread = band_frame(low, high)
+        spread = spread[spread["series"].isin(drawn)]
         if not spread.empty:
             layers.insert(
-                0,
+                len(layers) - 1,
                 alt.Chart(spread)
                 .mark_area(opacity=0.15)
-                .encode(x="time:T", y="min:Q", y2="max:Q", color="series:N"),
+                .encode(x=look.time_x(frame), y="min:Q", y2="max:Q", color=colour),
             )
     st.altair_chart(alt.layer(*layers), width="stretch")
-    st.dataframe(frame, hide_index=True, width="stretch")
+    look.table(frame)
     st.download_button("Download CSV", history_csv(resp), f"{metric}.csv", "text/csv")
 
 

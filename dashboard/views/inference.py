@@ -9,20 +9,21 @@ import altair as alt
 import pandas as pd
 import streamlit as st
 
+from gpufleet.client import colours
 from gpufleet.client.timeparse import parse_time_ns
+from gpufleet.dashboard import look
 from gpufleet.dashboard.data import (
     REPLICA_COLUMNS,
     history_frame,
     pools_frame,
     replicas_frame,
-    time_x,
     waiting_frame,
 )
 from gpufleet.dashboard.fleet import call
 from gpufleet.protos import fleet_pb2
 
 CLASSES = ["KV-bound", "compute-bound", "idle", "unknown", "unreadable"]
-CLASS_COLOURS = ["#b2182b", "#3778bf", "#7f7f7f", "#c7c7c7", "#000000"]
+CLASS_COLOURS = [colours.VERMILLION, colours.BLUE, colours.GREY, colours.LIGHT_GREY, colours.BLACK]
 
 
 def render() -> None:
@@ -45,7 +46,7 @@ def render() -> None:
         f"{'on' if answer.guard else 'off'}. {answer.formula}. Headroom: replicas that may leave "
         "within the floor (negative: replicas short of it)."
     )
-    st.dataframe(pools_frame(answer), hide_index=True, width="stretch")
+    look.table(pools_frame(answer))
     waiting = waiting_frame(call("GetRepairStatus", fleet_pb2.RepairStatusRequest()))
     if waiting.empty:
         st.caption("No repair waits for serving capacity.")
@@ -55,7 +56,7 @@ def render() -> None:
             "Each drain below waits until its pools stay within the floor (a replica added, pressure "
             "falling) or an operator runs `gpufleet proceed NODE --reason ...`."
         )
-        st.dataframe(waiting, hide_index=True, width="stretch")
+        look.table(waiting)
     st.subheader("KV-cache pressure over time")
     since = st.selectbox("range", ["15m", "1h", "6h", "24h"], index=1, key="pools-range")
     pressure = history_frame(
@@ -77,10 +78,10 @@ def render() -> None:
             alt.Chart(pressure)
             .mark_line()
             .encode(
-                x=time_x(pressure),
+                x=look.time_x(pressure),
                 y=alt.Y("KV-cache usage %:Q", scale=alt.Scale(domain=[0, 100])),
-                color=alt.Color("series:N", title="cluster/model"),
-                tooltip=["time:T", "series:N", "KV-cache usage %:Q"],
+                color=look.series_colour(sorted(set(pressure["series"])), title="cluster/model"),
+                tooltip=[look.time_tooltip(), "series:N", "KV-cache usage %:Q"],
             )
         )
         floor = (
@@ -101,4 +102,4 @@ def render() -> None:
         )
     )
     st.altair_chart(chart, width="stretch")
-    st.dataframe(replicas.round(1), hide_index=True, width="stretch")
+    look.table(replicas.round(1))

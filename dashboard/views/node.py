@@ -5,11 +5,15 @@ engine series; its incident history; and, for operators, cordon / uncordon."""
 from __future__ import annotations
 
 import altair as alt
+import pandas as pd
 import streamlit as st
 
+from gpufleet.client import colours
+from gpufleet.client.present import GIB
 from gpufleet.client.timeparse import parse_duration_ns, parse_time_ns
-from gpufleet.dashboard import actions, links
+from gpufleet.dashboard import actions, links, look
 from gpufleet.dashboard.data import (
+    GPU_TABLE_HELP,
     display_state,
     engines_frame,
     events_frame,
@@ -17,36 +21,41 @@ from gpufleet.dashboard.data import (
     if_drained_lines,
     incidents_frame,
     node_gpus_table,
-    time_x,
 )
 from gpufleet.dashboard.fleet import call, list_nodes
 from gpufleet.protos import fleet_pb2
 from gpufleet.protos.names import health_name
 
+# label (with its unit) -> the stored metric and what it is multiplied by to read in that unit
 GPU_SERIES = {
-    "GPU utilization %": "util_gpu_pct",
-    "HBM used (bytes)": "hbm_used_bytes",
-    "GPU temperature °C": "temp_gpu_c",
-    "power W": "power_w",
-    "uncorrected ECC errors (volatile)": "ecc_dbe_volatile",
-    "corrected ECC errors (volatile)": "ecc_sbe_volatile",
-    "remapped rows (uncorrectable)": "remap_uncorrectable",
+    "GPU utilization %": ("util_gpu_pct", 1.0),
+    "HBM used GiB": ("hbm_used_bytes", 1 / GIB),
+    "GPU temperature °C": ("temp_gpu_c", 1.0),
+    "power W": ("power_w", 1.0),
+    "uncorrected ECC errors (volatile)": ("ecc_dbe_volatile", 1.0),
+    "corrected ECC errors (volatile)": ("ecc_sbe_volatile", 1.0),
+    "remapped rows (uncorrectable)": ("remap_uncorrectable", 1.0),
 }
-# How each kind of stored event is marked on the chart.
+# How each kind of stored event is marked on the chart (client/colours.py).
 EVENT_COLOURS = {
-    "xid": "#b2182b",
-    "gpu_lost": "#b2182b",
-    "gpu_recovered": "#4c9a2a",
-    "engine_unreadable": "#7f7f7f",
-    "health": "#e07000",
-    "repair": "#3778bf",
+    "xid": colours.VERMILLION,
+    "gpu_lost": colours.VERMILLION,
+    "gpu_recovered": colours.BLUISH_GREEN,
+    "engine_unreadable": colours.GREY,
+    "health": colours.ORANGE,
+    "repair": colours.BLUE,
 }
 ENGINE_SERIES = {
-    "KV-cache usage (0-1)": "kv_cache_usage_ratio",
-    "requests waiting": "requests_waiting",
-    "requests running": "requests_running",
-    "preemptions": "preemptions_total",
+    "KV-cache usage %": ("kv_cache_usage_ratio", 100.0),
+    "requests waiting": ("requests_waiting", 1.0),
+    "requests running": ("requests_running", 1.0),
+    "preemptions": ("preemptions_total", 1.0),
 }
+
+
+def in_unit(frame: pd.DataFrame, metric: str, factor: float, label: str) -> pd.DataFrame:
+    """frame's metric column as its label reads (GiB, %), in a column named by the label."""
+    return frame.assign(**{label: (frame[metric] * factor).round(3)}) if not frame.empty else frame
 
 
 def _notes(detail: fleet_pb2.NodeDetail) -> list[str]:
@@ -72,11 +81,19 @@ def render() -> None:
     if not names:
         st.info("No nodes have reported to this aggregator yet.")
         return
-    asked = links.param("node") or st.session_state.get("node")
-    if links.param("node") and links.param("node") not in names:
-        st.warning(f"Node {links.param('node')!r} is not known to this aggregator.")
-    default = names.index(asked) if asked in names else 0
-    name = st.selectbox("node", names, index=default, key="node_select")
+    linked = links.param("node")
+    if linked and linked not in names:
+        # An address naming a node this aggregator does not know stays on that name: saying so,
+        # not showing another node under it. Choosing one below changes the address.
+        st.error(f"Node {linked!r} not found: this aggregator has no node of that name.")
+        chosen = st.selectbox("node", names, index=None, placeholder="choose a node", key="node_select")
+        if chosen is None:
+            return
+        name = chosen
+    else:
+        asked = linked or st.session_state.get("node")
+        default = names.index(asked) if asked in names else 0
+        name = st.selectbox("node", names, index=default, key="node_select")
     st.session_state["node"] = name
     links.keep(node=name)
     detail = call("GetNode", fleet_pb2.GetNodeRequest(node=name))
@@ -90,43 +107,39 @@ def render() -> None:
         st.caption(note)
     actions.render(name, health_name(s.health))
 
-    st.dataframe(node_gpus_table(s), hide_index=True, width="stretch")
+    look.table(
+        node_gpus_table(s),
+        GPU_TABLE_HELP,
+        health=st.column_config.TextColumn(help=GPU_TABLE_HELP["health"], width="large", pinned=True),
+        GPU=st.column_config.NumberColumn(width="small", pinned=True),
+    )
     c1, c2 = st.columns(2)
     label = c1.selectbox("GPU series", list(GPU_SERIES))
     since = c2.selectbox("range", ["15m", "1h", "6h", "24h", "7d"], index=0)
-    metric = GPU_SERIES[label]
+    metric, factor = GPU_SERIES[label]
     start = parse_time_ns(since)
     hist = call("QueryHistory", fleet_pb2.HistoryRequest(metric=metric, nodes=[name], start_unix_ns=start))
-    frame = history_frame(hist)
+    frame = in_unit(history_frame(hist), metric, factor, label)
     events = events_frame(
         list(call("QueryEvents", fleet_pb2.EventsRequest(nodes=[name], start_unix_ns=start)).events)
     )
     if frame.empty:
         st.info(f"No {label} history for this node in the last {since}.")
     else:
-        lines = (
-            alt.Chart(frame)
-            .mark_line()
-            .encode(
-                x=time_x(frame),
-                y=alt.Y(f"{metric}:Q", title=label),
-                color=alt.Color("series:N", title="GPU"),
-            )
-        )
-        layers = [lines]
+        layers = [look.lines(frame, label, "GPU")]
         if not events.empty:
             kinds = sorted(set(events["kind"]))
             layers.append(
                 alt.Chart(events)
                 .mark_rule(strokeDash=[4, 3])
                 .encode(
-                    x="time:T",
+                    x=look.time_x(events),
                     stroke=alt.Stroke(
                         "kind:N",
                         scale=alt.Scale(domain=kinds, range=[EVENT_COLOURS.get(k, "#000") for k in kinds]),
                         title="event",
                     ),
-                    tooltip=["time", "kind", "what", "gpu", "summary"],
+                    tooltip=[look.time_tooltip(), "kind", "what", "gpu", "summary"],
                 )
             )
         st.altair_chart(alt.layer(*layers).resolve_scale(color="independent"), width="stretch")
@@ -138,25 +151,22 @@ def render() -> None:
     if events.empty:
         st.caption(f"No stored events for this node in the last {since}.")
     else:
-        st.dataframe(
-            events[["time", "kind", "what", "gpu", "source", "outcome", "incident", "summary"]],
-            hide_index=True,
-            width="stretch",
-        )
+        look.table(events[["time", "kind", "what", "gpu", "source", "outcome", "incident", "summary"]])
 
     if not detail.engines:
         st.caption("No inference engines found on this node.")
     else:
         st.subheader("Inference engines")
-        st.dataframe(engines_frame(detail.engines), hide_index=True, width="stretch")
+        look.table(engines_frame(detail.engines))
         for line in if_drained_lines(detail):
             (st.warning if "below the floor" in line else st.caption)(line)
         elabel = st.selectbox("engine series", list(ENGINE_SERIES))
+        emetric, efactor = ENGINE_SERIES[elabel]
         ehist = history_frame(
             call(
                 "QueryHistory",
                 fleet_pb2.HistoryRequest(
-                    metric=ENGINE_SERIES[elabel],
+                    metric=emetric,
                     nodes=[name],
                     start_unix_ns=parse_time_ns(since),
                     step_ns=parse_duration_ns("10s") if since == "15m" else 0,
@@ -166,7 +176,8 @@ def render() -> None:
         if ehist.empty:
             st.caption("No engine history in this range.")
         else:
-            st.line_chart(ehist, x="time", y=ENGINE_SERIES[elabel], color="series")
+            ehist = in_unit(ehist, emetric, efactor, elabel)
+            st.altair_chart(look.lines(ehist, elabel, "engine"), width="stretch")
 
     st.subheader("Incidents")
     incidents = incidents_frame(
@@ -175,4 +186,4 @@ def render() -> None:
     if incidents.empty:
         st.caption("No incidents on this node.")
     else:
-        st.dataframe(incidents.drop(columns=["node"]), hide_index=True, width="stretch")
+        look.table(incidents.drop(columns=["node"]))

@@ -7,7 +7,8 @@ import altair as alt
 import pandas as pd
 import streamlit as st
 
-from gpufleet.dashboard.data import HEAT_METRICS, STATE_COLOURS, STATES, gpus_frame, headline, nodes_frame
+from gpufleet.dashboard import look
+from gpufleet.dashboard.data import HEAT_METRICS, NODE_COLUMNS, STATES, gpus_frame, headline, nodes_frame
 from gpufleet.dashboard.fleet import list_nodes
 
 
@@ -42,7 +43,8 @@ def render() -> None:
     lemons = nodes[nodes["lemon"] != ""]
     if not lemons.empty:
         st.warning(
-            f"{len(lemons)} lemon node(s), their incidents recurring: "
+            f"{len(lemons)} lemon node(s), their incidents recurring (the next one quarantines "
+            "instead of repairing again; see the lemon column's tooltip): "
             + ", ".join(f"{r.node} ({r.lemon})" for r in lemons.head(10).itertuples())
             + (" ..." if len(lemons) > 10 else "")
         )
@@ -61,8 +63,20 @@ def render() -> None:
         "Left column: the node's state (silent: its collector is not heard from). Grey cells: the GPU "
         "did not report this value (absent, not zero)."
     )
-    st.dataframe(nodes.round(1), hide_index=True, width="stretch")
+    shown_columns = [c for c in NODE_COLUMNS if c != "lemon" or (nodes["lemon"] != "").any()]
+    look.table(
+        nodes[shown_columns],
+        NODE_COLUMNS,
+        height=min(TABLE_ROWS_SHOWN, len(nodes) + 1) * 35 + 3,
+        node=st.column_config.TextColumn(help=NODE_COLUMNS["node"], pinned=True),
+        detail=st.column_config.TextColumn(help=NODE_COLUMNS["detail"], width="medium"),
+        **{name: st.column_config.Column(help=NODE_COLUMNS[name], width="small") for name in NARROW_COLUMNS},
+    )
 
+
+TABLE_ROWS_SHOWN = 25  # rows the node table shows before it scrolls
+# Short values: narrow columns, so the whole table fits a laptop's width beside the sidebar.
+NARROW_COLUMNS = ("cluster", "GPUs", "GPUs lost", "util %", "HBM used %", "max temp °C", "power W")
 
 HEAT_MAP_NODES = 1000  # rows a heat map draws: past that a browser draws slowly and no one reads it
 
@@ -89,7 +103,7 @@ def heat_map(gpus: pd.DataFrame, shown: str) -> alt.HConcatChart:
         .encode(
             x=alt.X("label:N", title=None, axis=alt.Axis(labelAngle=0)),
             y=y,
-            color=alt.Color("state:N", scale=alt.Scale(domain=STATES, range=STATE_COLOURS), title="state"),
+            color=look.node_state_colour(),
             tooltip=["node", "state", "liveness"],
         )
         .transform_calculate(label="'state'")

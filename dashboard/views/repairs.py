@@ -8,8 +8,8 @@ import pandas as pd
 import streamlit as st
 
 from gpufleet.client.timeparse import iso
-from gpufleet.dashboard import links
-from gpufleet.dashboard.data import audit_frame, incidents_frame, queue_frame
+from gpufleet.dashboard import links, look
+from gpufleet.dashboard.data import audit_frame, display_state_of, incidents_frame, queue_frame
 from gpufleet.dashboard.fleet import call
 from gpufleet.protos import fleet_pb2
 from gpufleet.protos.names import action_name, severity_name
@@ -37,7 +37,7 @@ def render() -> None:
     if queue.empty:
         st.caption("No node is out of service or in repair.")
     else:
-        st.dataframe(queue, hide_index=True, width="stretch")
+        look.table(queue)
 
     st.subheader("Incidents")
     if frame.empty:
@@ -45,20 +45,30 @@ def render() -> None:
     else:
         closed = pd.to_datetime(frame["closed"], utc=True).dt.as_unit("ns")
         still_open = closed.fillna(pd.Timestamp.now(tz="UTC"))  # open incidents reach to now
-        timeline = frame.assign(closed=still_open)
+        # Each bar in the node's state colour, as on every page; an ended incident neutral.
+        shown_state = frame["state"].map(lambda s: "closed" if s == "closed" else display_state_of(s))
+        timeline = frame.assign(closed=still_open, shown_state=shown_state)
         chart = (
             alt.Chart(timeline)
             .mark_bar(height=12)
             .encode(
-                x=alt.X("opened:T", title="time"),
+                x=look.time_x(timeline, "opened"),
                 x2="closed:T",
                 y=alt.Y("node:N", title=None),
-                color=alt.Color("state:N"),
-                tooltip=["incident", "node", "state", "findings", "action", "outcome"],
+                color=look.node_state_colour("shown_state", closed=True),
+                tooltip=[
+                    "incident",
+                    "node",
+                    alt.Tooltip("state", title="workflow"),
+                    look.time_tooltip("opened", "opened (UTC)"),
+                    "findings",
+                    "action",
+                    "outcome",
+                ],
             )
         )
         st.altair_chart(chart, width="stretch")
-        st.dataframe(frame, hide_index=True, width="stretch")
+        look.table(frame)
         ids = list(frame["incident"])
         asked = links.param("incident")
         if asked and asked not in ids:
@@ -67,7 +77,7 @@ def render() -> None:
         links.keep(incident=chosen)
         incident = next(i for i in incidents if i.id == chosen)
         st.markdown(f"**{incident.id}** on **{incident.node}** — {incident.outcome or 'open'}")
-        st.dataframe(
+        look.table(
             pd.DataFrame(
                 [
                     {
@@ -80,16 +90,15 @@ def render() -> None:
                         "reason": f.reason,
                     }
                     for f in incident.findings
-                ]
-            ),
-            hide_index=True,
-            width="stretch",
+                ],
+                columns=["GPU", "code", "severity", "action", "cordon", "evidence", "reason"],
+            )
         )
-        st.dataframe(audit_frame(list(incident.actions)), hide_index=True, width="stretch")
+        look.table(audit_frame(list(incident.actions)))
 
     st.subheader("Audit log")
     audit = audit_frame(list(call("ListAudit", fleet_pb2.ListAuditRequest(limit=200)).entries))
     if audit.empty:
         st.caption("Nothing has been done yet.")
     else:
-        st.dataframe(audit.iloc[::-1], hide_index=True, width="stretch")
+        look.table(audit.iloc[::-1])

@@ -11,7 +11,9 @@ import altair as alt
 import pandas as pd
 import streamlit as st
 
+from gpufleet.client.present import NA
 from gpufleet.client.timeparse import parse_time_ns
+from gpufleet.dashboard import look
 from gpufleet.dashboard.fleet import call
 from gpufleet.protos import fleet_pb2
 
@@ -30,6 +32,21 @@ FIGURES = (
     "recall",
     "breaker_trips",
 )
+
+
+FIGURE_HELP = {
+    "figure": 'docs/repair.md, "Policy replay", defines each figure.',
+    "current": "Under the aggregator's policy now.",
+    "proposed": "Under the current policy with the proposed override applied.",
+}
+
+
+def figure(value: Any) -> str:
+    """A report's figure as the table reads it: N/A where the replay had nothing to measure it
+    by (precision with no node taken out), ratios to three places."""
+    if value is None:
+        return NA
+    return f"{value:.3f}" if isinstance(value, float) and not value.is_integer() else f"{value:g}"
 
 
 def out_of_service_frame(reports: dict[str, dict[str, Any]]) -> pd.DataFrame:
@@ -74,15 +91,20 @@ def render() -> None:
     chart = (
         alt.Chart(frame)
         .mark_line(interpolate="step-after")
-        .encode(x="time:T", y="GPUs out of service:Q", color="policy:N")
+        .encode(
+            x=look.time_x(frame),
+            y="GPUs out of service:Q",
+            color=look.series_colour(["current", "proposed"], "policy", "policy"),
+            tooltip=[look.time_tooltip(), "policy:N", "GPUs out of service:Q"],
+        )
     )
     st.altair_chart(chart, width="stretch")
-    st.dataframe(
+    look.table(
         pd.DataFrame(
-            [{"figure": k, "current": str(current[k]), "proposed": str(other[k])} for k in FIGURES],
+            [{"figure": k, "current": figure(current[k]), "proposed": figure(other[k])} for k in FIGURES],
             columns=["figure", "current", "proposed"],
         ),
-        hide_index=True,
+        FIGURE_HELP,
     )
     for key, title in (
         ("nodes_taken_out_only_by_a", "taken out only under the current policy"),

@@ -10,7 +10,8 @@
   incident's findings, seen by then); while_out: it came while its node was already out of
   service; invisible: it shows no signal gpufleet reads; alerted: not cordoned, but a finding
   of its kind was raised for its node and GPU (an alert-only rule: a person was told);
-  missed: the rest;
+  missed: the rest of the hardware and software ones; left_in_service: the rest of the
+  application and benign ones (nothing to repair: not taking the node out is right);
 - false_cordons: cordons whose triggering inputs are all labeled application or benign;
 - precision: cordons with a hardware or software trigger / cordons with a labeled trigger;
   recall: hardware and software faults caught / those visible and not already out of service
@@ -27,9 +28,11 @@
 from __future__ import annotations
 
 import math
+import textwrap
 from collections import defaultdict
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from itertools import zip_longest
 from typing import Any
 
 from gpufleet.repair.incidents import AUTOMATION
@@ -46,7 +49,17 @@ def iso(ns: int) -> str:
     return datetime.fromtimestamp(ns / 1e9, UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
 
 
-OUTCOMES = ("total", "interruptions", "recurrences", "caught", "alerted", "missed", "while_out", "invisible")
+OUTCOMES = (
+    "total",
+    "interruptions",
+    "recurrences",
+    "caught",
+    "alerted",
+    "missed",
+    "left_in_service",
+    "while_out",
+    "invisible",
+)
 
 
 @dataclass
@@ -242,7 +255,8 @@ def _classify_faults(
         ):
             outcome = "alerted"
         else:
-            outcome = "missed"
+            # Not taking a node out for an application error or a benign event is right, not a miss.
+            outcome = "missed" if f.label in ACTIONABLE else "left_in_service"
         for counts in (
             by_label[f.label],
             *([by_cause.setdefault(f.cause, dict.fromkeys(OUTCOMES, 0))] if f.cause else []),
@@ -386,15 +400,20 @@ def _num(value: float | None) -> str:
     return "-" if value is None else f"{value:.3f}"
 
 
-def _outcomes(f: dict[str, int]) -> str:
+def _outcomes(f: dict[str, int], actionable: bool | None = None) -> str:
+    """One label's or cause's faults in words: for application errors and benign events (not
+    actionable; a cause: by its counts) "taken out" and "left in service", not caught/missed."""
     alerted = f", {f['alerted']} alerted" if f["alerted"] else ""
     again = (
         f" ({f['interruptions']} interruptions + {f['recurrences']} recurrences)" if f["recurrences"] else ""
     )
-    return (
-        f"{f['total']}{again}: {f['caught']} caught{alerted}, {f['missed']} missed, "
-        f"{f['while_out']} while out, {f['invisible']} invisible"
-    )
+    if actionable is None:
+        actionable = bool(f["missed"] or not f["left_in_service"])
+    if actionable:
+        fate = f"{f['caught']} caught{alerted}, {f['missed']} missed"
+    else:  # application errors and benign events: taking the node out would be the mistake
+        fate = f"{f['caught']} taken out{alerted}, {f['left_in_service']} left in service"
+    return f"{f['total']}{again}: {fate}, {f['while_out']} while out, {f['invisible']} invisible"
 
 
 def _figures(r: dict[str, Any]) -> list[tuple[str, str]]:
@@ -405,7 +424,7 @@ def _figures(r: dict[str, Any]) -> list[tuple[str, str]]:
     ]
     for label, f in r["faults"].items():
         if f["total"]:
-            rows.append((f"{label} faults", _outcomes(f)))
+            rows.append((f"{label} faults", _outcomes(f, label in ACTIONABLE)))
     for cause, f in r.get("causes", {}).items():
         rows.append((f"  {cause}", _outcomes(f)))
     rows += [
@@ -456,6 +475,10 @@ def _figures(r: dict[str, Any]) -> list[tuple[str, str]]:
     return rows
 
 
+# The widest a column of --compare gets (with the figure names, both fit 120 columns of terminal).
+COMPARE_COLUMN = 42
+
+
 def render(report: dict[str, Any], other: dict[str, Any] | None = None, nodes: int = 10) -> str:
     """The report as a table (two columns with --compare), and the first nodes' steps."""
     fleet = report["fleet"]
@@ -470,11 +493,17 @@ def render(report: dict[str, Any], other: dict[str, Any] | None = None, nodes: i
     else:
         b = dict(_figures(other))
         width = max(len(k) for k, _ in a)
-        col = max(len(v) for _, v in a)
-        lines.append(
-            f"  {'':<{width}}  {'A: ' + ', '.join(report['policy']):<{col}}  B: {', '.join(other['policy'])}"
-        )
-        lines += [f"  {k:<{width}}  {v:<{col}}  {b.get(k, '')}" for k, v in a]
+        col = min(COMPARE_COLUMN, max(len(v) for _, v in [*a, *b.items()]))
+        heads = [("", "A: " + ", ".join(report["policy"]), "B: " + ", ".join(other["policy"]))]
+        for k, va, vb in heads + [(k, v, b.get(k, "")) for k, v in a]:
+            # A long figure wraps inside its column at a word: never cut, never pushing B off a terminal.
+            wrapped = zip_longest(
+                textwrap.wrap(va, col, break_on_hyphens=False) or [""],
+                textwrap.wrap(vb, col, break_on_hyphens=False) or [""],
+                fillvalue="",
+            )
+            for n, (la, lb) in enumerate(wrapped):
+                lines.append(f"  {k if n == 0 else '':<{width}}  {la:<{col}}  {lb}".rstrip())
         diff = compare(report, other)
         for key, title in (
             ("nodes_taken_out_only_by_a", "nodes taken out only by A"),
@@ -483,15 +512,17 @@ def render(report: dict[str, Any], other: dict[str, Any] | None = None, nodes: i
             ("faults_caught_only_by_b", "faults caught only by B"),
         ):
             items = diff[key]
-            lines.append(
-                f"  {title}: {len(items)}"
-                + (f": {', '.join(items[:8])}{' ...' if len(items) > 8 else ''}" if items else "")
-            )
+            lines.append(f"  {title}: {len(items)}")
+            lines += [f"    {item}" for item in items[:8]]  # one a line: each is a sentence
+            if len(items) > 8:
+                lines.append(f"    ... and {len(items) - 8} more (--json lists them all)")
     shown = report["nodes_taken_out_in_order"][:nodes]
     if shown:
         lines.append(f"steps on the first {len(shown)} node(s) taken out (all of them: --json):")
         for node in shown:
             lines.append(f"  {node}")
             for s in report["nodes"].get(node, [])[:12]:
-                lines.append(f"    {s['time']}  {s['action']:<10} {s['outcome'][:40]:<40} {s['reason'][:60]}")
+                outcome = textwrap.shorten(s["outcome"], 30, placeholder=" ...")
+                reason = textwrap.shorten(s["reason"], 56, placeholder=" ...")
+                lines.append(f"    {s['time']}  {s['action']:<10} {outcome:<30} {reason}".rstrip())
     return "\n".join(lines)

@@ -3,6 +3,8 @@ NVML library (pynvml -> ctypes arguments -> SimulatedNvmlLibrary)."""
 
 from __future__ import annotations
 
+import logging
+
 import pynvml
 import pytest
 
@@ -168,7 +170,13 @@ def fault(kind: str, **params: object) -> scenario.Fault:
         (fault("remap_failure"), lambda s: s.remap_failure and not s.remap_pending),
         (
             fault("thermal"),
-            lambda s: s.throttle_thermal and not s.throttle_power and s.clock_event_reasons & 0x60,
+            # Thermal slowdown only at the GPU's slowdown temperature (87 °C), never at a cool 46.
+            lambda s: (
+                s.throttle_thermal
+                and not s.throttle_power
+                and s.clock_event_reasons & 0x60
+                and s.temp_gpu_c >= 87
+            ),
         ),
         (fault("power"), lambda s: s.throttle_power and s.clock_event_reasons & 0x84 == 0x84),
         (fault("nvlink_down", link=5), lambda s: (s.nvlink_links_active, s.nvlink_links_inactive) == (17, 1)),
@@ -197,12 +205,30 @@ def test_each_injected_fault_shows_in_the_sample(
     assert not after[1].lost and after[1].ecc_dbe_volatile == 0, "other GPUs are untouched"
 
 
+def test_a_lost_gpu_is_logged_once_and_its_return_with_the_count(
+    node: SimulatedNode, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The issue: a lost GPU's collector logged an error every second (445 lines in 8 minutes)."""
+    source = NvmlSource()
+    scenario.apply(node.gpus[4], fault("lost"))
+    with caplog.at_level(logging.INFO, logger="gpufleet"):
+        lost = [source.sample()[4].lost for _ in range(5)]
+        scenario.apply(node.gpus[4], fault("recover"))
+        back = source.sample()[4]
+    assert lost == [True] * 5 and not back.lost
+    said = [r.getMessage() for r in caplog.records if "GPU 4" in r.getMessage()]
+    assert len(said) == 2, said
+    assert "is lost: NVML answers GPU_IS_LOST" in said[0] and "again after 5 lost samples" in said[1], said
+
+
 def test_slow_down_lowers_the_sm_clock(node: SimulatedNode, clock: FakeClock) -> None:
     source = NvmlSource()
     clock.now += 30  # under load
     normal = source.sample()[0].clock_sm_mhz
     scenario.apply(node.gpus[0], fault("thermal"))
     assert source.sample()[0].clock_sm_mhz < 0.7 * normal
+    clock.now += 120  # the slowdown holds it at its slowdown temperature, not cooling back down
+    assert 87 <= source.sample()[0].temp_gpu_c <= 90
 
 
 def test_xid_from_the_nvml_event_set_is_delivered_at_once(node: SimulatedNode) -> None:

@@ -8,15 +8,14 @@ from __future__ import annotations
 import csv
 import io
 import os
-import shutil
 import signal
 import urllib.request
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from harness.alert_receiver import AlertReceiver
+from harness.browser import CHROMIUM_FLAGS, chromium_path, open_page, settled
 from harness.fleets import fleet_of_200_nodes, fleet_with_a_quarantined_node
 from harness.paths import REPO
 from harness.processes import Cluster, free_port, gpufleet_argv
@@ -26,15 +25,6 @@ from harness.waiting import wait_until
 sync_api = pytest.importorskip("playwright.sync_api")
 
 SHOTS = Path(os.environ.get("GPUFLEET_SCREENSHOTS") or REPO / "build" / "screenshots")
-CHROMIUM_FLAGS = [
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-]
 # page label → text that must be on it once rendered
 PAGES = {
     "Fleet overview": ["GPUs in service", "GPUs out of service", "fleet mean utilization", "quarantined"],
@@ -43,13 +33,6 @@ PAGES = {
     "Node": ["workflow", "Inference engines", "Incidents", "need an operator token"],
     "History explorer": ["History explorer", "Download CSV"],
 }
-
-
-def chromium_path() -> str:
-    chromium = shutil.which("chromium")
-    if chromium is None:
-        pytest.fail("chromium is not installed: scripts/install-test-deps.sh installs Debian's chromium")
-    return chromium
 
 
 def serve_dashboard(cluster: Cluster, fleet: str, name: str = "dashboard", port: int = 0) -> str:
@@ -68,16 +51,6 @@ def serve_dashboard(cluster: Cluster, fleet: str, name: str = "dashboard", port:
     )
     SHOTS.mkdir(parents=True, exist_ok=True)
     return url
-
-
-def open_page(page: Any, label: str) -> None:
-    page.locator('[data-testid="stSidebar"]').get_by_text(label, exact=True).click()
-    page.get_by_role("heading", name=label).first.wait_for(timeout=60_000)
-
-
-def settled(page: Any, label: str) -> None:
-    page.locator('[data-testid="stApp"][data-test-script-state="notRunning"]').wait_for(timeout=60_000)
-    assert not page.locator('[data-testid="stException"]').count(), f"{label}: a traceback is shown"
 
 
 @pytest.mark.slow

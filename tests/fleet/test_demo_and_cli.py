@@ -8,7 +8,6 @@ import csv
 import io
 import json
 import os
-import signal
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -16,6 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from harness.demo import running_demo
+from harness.paths import REPO
 from harness.processes import free_port, gpufleet_argv, home_env
 from harness.waiting import wait_until
 
@@ -23,30 +24,12 @@ from harness.waiting import wait_until
 @pytest.fixture(scope="module")
 def demo(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[dict[str, str], Path]]:
     home = tmp_path_factory.mktemp("home")
-    env = home_env(home)
-    out = home / "demo.out"
-    with open(out, "wb") as fh:
-        proc = subprocess.Popen(
-            gpufleet_argv(
-                "demo", "--no-dashboard", "--nodes", "4", "--gpus-per-node", "8", "--interval", "0.5"
-            ),
-            stdout=fh,
-            stderr=subprocess.STDOUT,
-            env=env,
-        )
-    try:
-        wait_until(
-            lambda: proc.poll() is None and "Ctrl-C stops the demo" in out.read_text(),
-            90,
-            "the demo to be ready",
-        )
+    args = ("--no-dashboard", "--nodes", "4", "--gpus-per-node", "8", "--interval", "0.5")
+    with running_demo(home, *args) as env:
         yield env, home
-    finally:
-        proc.send_signal(signal.SIGINT)
-        assert proc.wait(timeout=30) == 0, out.read_text()
-        assert not (home / ".config" / "gpufleet" / "client.toml").exists(), (
-            "the demo removes the client config it wrote"
-        )
+    assert not (home / ".config" / "gpufleet" / "client.toml").exists(), (
+        "the demo removes the client config it wrote"
+    )
 
 
 def cli(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
@@ -141,6 +124,60 @@ def test_cli_without_a_running_aggregator_says_what_to_do(tmp_path: Path) -> Non
     )
     assert r.returncode == 3
     assert "cannot reach the Fleet API" in r.stderr and "gpufleet demo" in r.stderr
+    # The address came from --fleet: the advice is about --fleet, not GPUFLEET_FLEET.
+    assert "address from --fleet" in r.stderr and "Check the address given with --fleet" in r.stderr
+    assert "GPUFLEET_FLEET" not in r.stderr, r.stderr
+    from_env = subprocess.run(
+        gpufleet_argv("nodes"), env={**env, "GPUFLEET_FLEET": f"127.0.0.1:{port}"},
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert from_env.returncode == 3 and "Check GPUFLEET_FLEET in the environment" in from_env.stderr
+
+
+def test_the_cli_says_what_a_newcomer_meant(demo: tuple[dict[str, str], Path]) -> None:
+    """What the issue's newcomer typed: `engines --json` (the fleet's engines, not a usage
+    error), `history --node` with a node that does not exist (not found, exit 5, not "no data")."""
+    env, _ = demo
+
+    def engines() -> list[dict[str, object]]:
+        out = cli(env, "engines", "--json")
+        assert out.returncode == 0, out.stderr
+        return json.loads(out.stdout)["engines"]
+
+    # The demo serves a simulated vLLM on its first node and SGLang on its second (cli/demo.py).
+    listed = wait_until(lambda: len(engines()) == 2 and engines(), 30, "both demo engines listed")
+    assert {(e["node"], e["engine"]) for e in listed} == {
+        ("demo-node-01", "vllm"),
+        ("demo-node-02", "sglang"),
+    }
+    table = cli(env, "engines")
+    assert table.returncode == 0 and "NODE" in table.stdout and "demo-node-01" in table.stdout
+    missing = cli(env, "history", "util_gpu_pct", "--node", "demo-node-99")
+    assert missing.returncode == 5, (missing.returncode, missing.stdout, missing.stderr)
+    assert "no node named demo-node-99 is known to this aggregator" in missing.stderr
+
+
+def test_config_check_says_what_each_example_is_and_checks_it(tmp_path: Path) -> None:
+    """The issue: `gpufleet config check` failed on every file in examples/ (none is a settings
+    file). Each is named as what it is and checked by its own loader; a broken one still fails."""
+    kinds = {"policy-": "a repair policy override", "": "a demo fault scenario"}
+    for example in sorted((REPO / "examples").glob("*.toml")):
+        out = subprocess.run(gpufleet_argv("config", "check", str(example)), capture_output=True, text=True)
+        kind = next(k for prefix, k in kinds.items() if example.name.startswith(prefix))
+        assert out.returncode == 0, out.stdout + out.stderr
+        assert f"is {kind}, not a settings file" in out.stdout and ": valid: " in out.stdout, out.stdout
+    bad_policy = tmp_path / "policy.toml"
+    bad_policy.write_text('[xid.31]\nseverity = "catastrophic"\n')
+    out = subprocess.run(gpufleet_argv("config", "check", str(bad_policy)), capture_output=True, text=True)
+    assert out.returncode == 2 and "NOT valid" in out.stdout and "catastrophic" in out.stdout, out.stdout
+    bad_scenario = tmp_path / "scenario.toml"
+    bad_scenario.write_text('[[fault]]\nat_s = 1\ngpu = 0\nkind = "melt"\n')
+    out = subprocess.run(gpufleet_argv("config", "check", str(bad_scenario)), capture_output=True, text=True)
+    assert out.returncode == 2 and "melt" in out.stdout, out.stdout
+    settings_file = tmp_path / "gpufleet.toml"
+    settings_file.write_text("[collector]\ninterval_s = 2.0\n")
+    out = subprocess.run(gpufleet_argv("config", "check", str(settings_file)), capture_output=True, text=True)
+    assert out.returncode == 0 and "[collector] ok" in out.stdout, out.stdout
 
 
 def test_collector_without_a_gpu_exits_with_a_clear_message(tmp_path: Path) -> None:
@@ -271,28 +308,20 @@ def test_history_groups_across_series(demo: tuple[dict[str, str], Path]) -> None
 def test_a_second_demo_shows_none_of_the_first_ones_nodes(tmp_path: Path) -> None:
     """Each demo starts from an empty data dir (the issue: a second demo showed 12 ghost nodes
     and a quarantine of the first run's scenario); --keep-state is the way to keep them."""
-    env = home_env(tmp_path / "home")
+    home = tmp_path / "home"
+    home.mkdir()
+    env = home_env(home)
     first = subprocess.run(
         gpufleet_argv("demo", "--no-dashboard", "--nodes", "3", "--interval", "0.5", "--duration", "4"),
         env=env, capture_output=True, text=True, timeout=120,
     )  # fmt: skip
     assert first.returncode == 0, first.stdout + first.stderr
     assert "data dir" in first.stdout and ": a new data dir" in first.stdout
-    out = tmp_path / "second.out"
-    with open(out, "wb") as fh:
-        proc = subprocess.Popen(
-            gpufleet_argv("demo", "--no-dashboard", "--nodes", "1", "--interval", "0.5"),
-            stdout=fh, stderr=subprocess.STDOUT, env=env,
-        )  # fmt: skip
-    try:
-        wait_until(lambda: "Ctrl-C stops the demo" in out.read_text(), 90, "the second demo to be ready")
-        assert ": the last run's state cleared" in out.read_text()
+    with running_demo(home, "--no-dashboard", "--nodes", "1", "--interval", "0.5", name="second"):
+        assert ": the last run's state cleared" in (home / "second.out").read_text()
         listed = cli(env, "nodes", "--json")
         assert listed.returncode == 0, listed.stderr
         assert [n["node"] for n in json.loads(listed.stdout)["nodes"]] == ["demo-node-01"]
-    finally:
-        proc.send_signal(signal.SIGINT)
-        assert proc.wait(timeout=30) == 0, out.read_text()
 
 
 def test_the_demo_empties_only_a_data_dir_it_made(tmp_path: Path) -> None:

@@ -159,6 +159,25 @@ def test_generated_dashboards_are_committed_and_sound() -> None:
     assert {"cluster", "node", "model"} <= prom
 
 
+def test_gpu_health_reads_as_its_word_in_the_colour_of_every_other_screen() -> None:
+    """Grafana's value mappings for gpufleet_gpu_health are the dashboard's words and colours
+    (client/colours.py), for every health level the proto defines."""
+    from gpufleet.client.colours import GPU_HEALTH_COLOURS
+    from gpufleet.protos import vocabulary_pb2
+
+    panels = [
+        p for p in load("gpufleet-collector-prometheus.json")["panels"] if "gpufleet_gpu_health" in str(p)
+    ]
+    assert len(panels) == 2, [p["title"] for p in panels]
+    for panel in panels:
+        (mapping,) = panel["fieldConfig"]["defaults"]["mappings"]
+        shown = {int(level): (o["text"], o["color"]) for level, o in mapping["options"].items()}
+        levels = {v.number: v.name for v in vocabulary_pb2.GpuHealth.DESCRIPTOR.values if v.number}
+        assert set(shown) == set(levels), (shown, levels)
+        for level, (word, colour) in shown.items():
+            assert levels[level] == f"GPU_HEALTH_{word.upper()}" and GPU_HEALTH_COLOURS[word] == colour
+
+
 def test_the_structure_check_catches_a_missing_datasource_and_a_broken_variable() -> None:
     d = load("gpufleet-fleet.json")
     no_ds = copy.deepcopy(d)

@@ -288,7 +288,11 @@ def test_a_bad_trace_is_refused_with_its_line_and_a_good_one_replayed(tmp_path: 
     assert out.returncode == 0, out.stderr
     report = json.loads(out.stdout)
     assert report["nodes_taken_out_in_order"] == ["n0001"] and report["fleet"]["nodes"] == 16
-    assert report["faults"]["hardware"]["caught"] == 1 and report["faults"]["application"]["missed"] == 1
+    assert (
+        report["faults"]["hardware"]["caught"] == 1
+        and report["faults"]["application"]["left_in_service"] == 1
+    )
+    assert report["faults"]["application"]["missed"] == 0, "an application error left alone is no miss"
     assert [s["action"] for s in report["nodes"]["n0001"]][:3] == ["cordon", "cordon", "drain"]
 
 
@@ -390,6 +394,7 @@ def test_a_trace_carries_the_hidden_signals_and_each_is_acted_on(tmp_path: Path)
         "caught": 4,
         "alerted": 0,
         "missed": 0,
+        "left_in_service": 0,
         "while_out": 0,
         "invisible": 0,
     }
@@ -500,3 +505,24 @@ def test_any_engine_readings_replay_with_serving_figures_within_the_history(
     assert serving["pools"] == len({m for _, _, m, _, _ in readings})
     for _, waited in run.serving.capacity_waits_s:
         assert 0 <= waited <= length_min * 60
+
+
+def test_the_compare_report_fits_a_terminal_and_calls_no_benign_fault_missed() -> None:
+    """The issue: `replay --compare` printed 472 columns with reasons cut mid-word, and counted
+    application errors left in service as "missed"."""
+    out = subprocess.run(
+        gpufleet_argv(
+            "replay", "--generate", "llama3", "--days", "14", "--compare",
+            str(REPO / "examples" / "policy-strict.toml"),
+        ),
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    assert max(len(line) for line in lines) <= 132, max(lines, key=len)
+    application = next(i for i, line in enumerate(lines) if line.lstrip().startswith("application faults"))
+    row = " ".join(lines[application : application + 3])
+    assert "left in" in row and "missed" not in row, row
+    # A wrapped figure is cut between words: each piece of it ends on a whole word.
+    words = set(" ".join(lines).split())
+    assert "invisible" in words and "invisib" not in words

@@ -1,0 +1,53 @@
+"""The demo's scheduler, as the simulated nodes see it: one small file per node that the demo's
+operator commands write (collector/simnvml/serving.py Control: cordon, evict, uncordon) and the
+node's simulated jobs obey (machine.py SimulatedNode): no job starts on a cordoned node, a
+drained node's job is stopped, and work starts again when the node is back in service. A file,
+not a socket: the collector reads it once per simulated second, and a demo that stopped leaves
+nothing listening."""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+
+log = logging.getLogger("gpufleet.collector.sim")
+
+IN_SERVICE = ""
+CORDONED = "cordoned"
+DRAINED = "drained"
+STATES = (IN_SERVICE, CORDONED, DRAINED)
+
+
+class ScheduledState:
+    """One node's state in the demo's scheduler, read from its file (absent: in service)."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        self.unreadable_total = 0  # reads that failed other than "no file" (said once)
+
+    def read(self) -> str:
+        try:
+            state = self.path.read_text().strip()
+        except FileNotFoundError:
+            return IN_SERVICE
+        except OSError as exc:
+            self.unreadable_total += 1
+            if self.unreadable_total == 1:
+                log.warning(
+                    "cannot read the demo scheduler's state %s: %s; treated as in service", self.path, exc
+                )
+            return IN_SERVICE
+        return state if state in STATES else IN_SERVICE
+
+    def write(self, state: str) -> None:
+        """Set the state (the operator command's side): written whole, then renamed into place."""
+        if state not in STATES:
+            raise ValueError(f"scheduler state {state!r} must be one of {STATES}")
+        if state == IN_SERVICE:
+            self.path.unlink(missing_ok=True)
+            return
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        part = self.path.with_name(self.path.name + ".part")
+        part.write_text(state + "\n")
+        os.replace(part, self.path)
