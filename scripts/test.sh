@@ -3,20 +3,38 @@
 # (scripts/install-test-deps.sh), sets up .venv with the dev, dashboard and kubernetes extras,
 # then lint (ruff) and pytest (which also checks that the generated protobuf code matches
 # protos/*.proto).
-#   scripts/test.sh                    the fast default: every test not marked slow (minutes)
-#   scripts/test.sh --all              the whole suite, slow tests too (what CI runs: .ci/run)
-#   scripts/test.sh tests/collector    one area (the fast tests; add --all for all of it)
-# Other arguments go to pytest (-k EXPR, -x, a test's node id...).
+#   scripts/test.sh                    the whole suite, slow tests too (what CI runs: .ci/run)
+#   scripts/test.sh --fast             every test not marked slow (minutes)
+#   scripts/test.sh tests/collector    one area (all of it; add --fast for its fast tests)
+# The tests run in GPUFLEET_TEST_WORKERS parallel pytest-xdist workers (default 4: on two cores
+# most tests wait on the processes they start, so four keep both cores busy; 0 runs them in
+# this one process). Other arguments go to pytest (-k EXPR, -x, a test's node id...).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-select=(-m "not slow")
+select=()
 args=()
 for arg in "$@"; do
-  if [ "$arg" = "--all" ]; then select=(); else args+=("$arg"); fi
+  case "$arg" in
+    --fast) select=(-m "not slow") ;;
+    --all) select=() ;;  # the whole suite, as without a flag (kept for .ci/run and habit)
+    *) args+=("$arg") ;;
+  esac
 done
+workers="${GPUFLEET_TEST_WORKERS:-4}"
+if ! [[ "$workers" =~ ^[0-9]+$ ]]; then
+  echo "scripts/test.sh: GPUFLEET_TEST_WORKERS=$workers: give a number of workers (0: no workers)" >&2
+  exit 2
+fi
+parallel=()
+if [ "$workers" != 0 ]; then
+  # loadgroup: tests marked xdist_group(NAME) share one worker (a module's fixtures that must
+  # see all of its tests); the rest go to whichever worker is free.
+  parallel=(-n "$workers" --dist loadgroup)
+fi
 scripts/install-test-deps.sh
 scripts/bootstrap.sh dev,dashboard,kubernetes
 echo "== ruff"
 .venv/bin/ruff check .
-echo "== pytest ${select[*]:-(every test)}"
-exec .venv/bin/python -m pytest "${select[@]}" "${args[@]}"
+echo "== pytest ${select[*]:-(every test)} ${parallel[*]:-(one process)}"
+# --durations: the 50 slowest tests close every run, so where the minutes go is in CI's output.
+exec .venv/bin/python -m pytest --durations=50 "${parallel[@]}" "${select[@]}" "${args[@]}"

@@ -15,6 +15,22 @@ from harness.influx import InfluxServer
 from harness.processes import Cluster
 from harness.slurm import SLURM_NODES
 
+LOG_LINES_ON_FAILURE = 60  # the tail of each process's log a failed test's report carries
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
+    """A test that fails with gpufleet processes running (its `cluster`) carries the tail of
+    each one's log in its report: what the aggregator or a collector said while the test waited
+    is in CI's output, not only in a temporary folder that is gone."""
+    outcome = yield
+    report = outcome.get_result()  # type: ignore[attr-defined]
+    running = getattr(item, "funcargs", {}).get("cluster")
+    if report.failed and report.when == "call" and isinstance(running, Cluster):
+        for proc in running.procs:
+            tail = proc.log().splitlines()[-LOG_LINES_ON_FAILURE:]
+            report.sections.append((f"log of {proc.name} (last {len(tail)} lines)", "\n".join(tail)))
+
 
 @pytest.fixture
 def cluster(tmp_path: Path) -> Iterator[Cluster]:

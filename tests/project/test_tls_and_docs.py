@@ -95,7 +95,7 @@ def test_readme_commands_exist() -> None:
         for line in (REPO / ".ci" / "run").read_text().splitlines()
         if line.startswith("exec ")
     ]
-    assert [whole[0].removeprefix("./"), *whole[1:]] == ci == ["scripts/test.sh", "--all"]
+    assert [whole[0].removeprefix("./"), *whole[1:]] == ci == ["scripts/test.sh"]
 
 
 def test_every_relative_link_in_the_docs_leads_somewhere() -> None:
