@@ -77,30 +77,43 @@ class PostgresServer:
         self.proc: subprocess.Popen[bytes] | None = None
         self.dbs = 0
 
+    def _as_user(self, argv: list[str]) -> list[str]:
+        """argv run as the unprivileged user (PostgreSQL refuses root) through setpriv, which
+        execs it in place (same pid: a test's SIGSTOP reaches postgres itself). Not Popen's
+        user=: that makes Python fork() the test process, and a fork of a process with gRPC's
+        threads running runs gRPC's fork handlers in the child, which killed the child before
+        exec when the suite ran in workers (`postgres did not start`, its log holding gRPC's
+        "epoll_wait error: Bad file descriptor"). Without user=, Python starts it by vfork."""
+        if not self._user:
+            return argv
+        entry = pwd.getpwnam(self._user)
+        return ["setpriv", f"--reuid={entry.pw_uid}", f"--regid={entry.pw_gid}", "--init-groups", "--", *argv]
+
     def _run(self, argv: list[str]) -> None:
-        done = subprocess.run(argv, user=self._user, capture_output=True, text=True, cwd=self.home)
+        done = subprocess.run(self._as_user(argv), capture_output=True, text=True, cwd=self.home)
         if done.returncode:
             raise RuntimeError(f"{argv[0]} failed: {done.stdout}{done.stderr}")
 
     def start(self) -> None:
         log = open(self.home / "postgres.log", "ab")  # noqa: SIM115 - the server's, kept open
         self.proc = subprocess.Popen(
-            [
-                _binary("postgres"),
-                "-D",
-                str(self.data),
-                "-p",
-                str(self.port),
-                "-k",
-                str(self.home),
-                "-c",
-                "listen_addresses=127.0.0.1",
-                "-c",
-                "max_connections=200",
-                "-c",
-                "shared_buffers=32MB",
-            ],
-            user=self._user,
+            self._as_user(
+                [
+                    _binary("postgres"),
+                    "-D",
+                    str(self.data),
+                    "-p",
+                    str(self.port),
+                    "-k",
+                    str(self.home),
+                    "-c",
+                    "listen_addresses=127.0.0.1",
+                    "-c",
+                    "max_connections=200",
+                    "-c",
+                    "shared_buffers=32MB",
+                ]
+            ),
             stdout=log,
             stderr=subprocess.STDOUT,
             cwd=self.home,
