@@ -4,6 +4,7 @@ GetStatus, `gpufleet status` and the dashboard) and the status the Fleet API ser
 from __future__ import annotations
 
 import time
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Gauge
 
@@ -12,6 +13,7 @@ from gpufleet.common.redact import redact
 from gpufleet.common.version import __version__
 from gpufleet.protos import fleet_pb2
 from gpufleet.protos.names import LIVENESS_NAMES
+from gpufleet.repair.state import LeaseInfo
 
 
 class StatusReports:
@@ -119,15 +121,11 @@ class StatusReports:
         cp = self.control_plane
         if cp is None:
             return {"control_plane": "sqlite", "repair_leader": True}
-        lease = cp.lease_info
-        live = lease is not None and lease.live
+        lead = leadership_fields(cp.replica, cp.epoch, cp.lease_info)
         return {
             "control_plane": cp.url,
             "replica_id": cp.replica,
-            "repair_leader": cp.leader,
-            "leader": lease.holder if lease and live else "",
-            "leader_epoch": lease.epoch if lease else 0,
-            "leader_lease_left_s": (lease.expires_ns - lease.now_ns) / 1e9 if lease and live else 0.0,
+            **lead,
             "replicas": [
                 fleet_pb2.ReplicaStatus(
                     replica_id=r.replica,
@@ -135,8 +133,32 @@ class StatusReports:
                     ingest_address=str(r.info.get("ingest", "")),
                     streams_open=int(r.info.get("streams", 0)),
                     heartbeat_age_s=r.age_s,
-                    leader=live and lease is not None and r.replica == lease.holder,
+                    leader=r.replica == lead["leader"],
                 )
                 for r in cp.replicas
             ],
         }
+
+
+def leadership_fields(replica: str, epoch: int | None, lease: LeaseInfo | None) -> dict[str, Any]:
+    """Who leads, in which epoch, as one status says it, self-consistent: a replica that leads
+    (epoch: its own term's) names itself and its own epoch, whatever lease it last read. The
+    lease read lags an election by a round trip (aggregator/replication/leadership.py reads it
+    after `_elected`); reading it alone, a new leader answered "I lead" with its predecessor's
+    epoch, and a test saw the epoch move later with no election (one fresh-clone run of three,
+    two cores busy with four workers)."""
+    if epoch is not None:
+        left_s = (lease.expires_ns - lease.now_ns) / 1e9 if lease and lease.holder == replica else 0.0
+        return {
+            "repair_leader": True,
+            "leader": replica,
+            "leader_epoch": epoch,
+            "leader_lease_left_s": left_s,
+        }
+    live = lease is not None and lease.live
+    return {
+        "repair_leader": False,
+        "leader": lease.holder if lease and live else "",
+        "leader_epoch": lease.epoch if lease else 0,
+        "leader_lease_left_s": (lease.expires_ns - lease.now_ns) / 1e9 if lease and live else 0.0,
+    }

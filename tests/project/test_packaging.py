@@ -52,6 +52,11 @@ def package_modules() -> set[str]:
     return found
 
 
+# One worker builds the wheel once for this module's tests: `python -m build` writes into the
+# source tree (build/, *.egg-info), so two workers building at once would collide.
+pytestmark = pytest.mark.xdist_group("packaging")
+
+
 @pytest.fixture(scope="module")
 def built(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("dist")
