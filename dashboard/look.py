@@ -16,7 +16,6 @@ import streamlit as st
 
 from gpufleet.client.colours import (
     CLOSED,
-    GPU_HEALTH_COLOURS,
     NODE_STATE_COLOURS,
     OTHERS,
     SERIES_PALETTE,
@@ -53,10 +52,6 @@ def node_state_colour(field: str = "state", title: str = "state", closed: bool =
     """A node's (folded) state, in its one colour on every page; closed incidents neutral."""
     colours = {**NODE_STATE_COLOURS, **({"closed": CLOSED} if closed else {})}
     return alt.Color(f"{field}:N", scale=_scale(colours), title=title, legend=_LEGEND)
-
-
-def gpu_health_colour(field: str = "health", title: str = "GPU health") -> alt.Color:
-    return alt.Color(f"{field}:N", scale=_scale(GPU_HEALTH_COLOURS), title=title, legend=_LEGEND)
 
 
 # Legends list every entry they have (Vega cuts at 50 by default, and labels at 160 px), so an
