@@ -5,6 +5,7 @@ per job (harness/__init__.py)."""
 
 from __future__ import annotations
 
+import resource
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -42,6 +43,22 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     items.sort(key=first)  # stable: within a module, and for the rest, the collected order
 
 
+CPU_SHOWN = 30  # the tests that used the most CPU, listed at the end of every run
+_CPU_AT_START = pytest.StashKey[float]()
+
+
+def _cpu_s() -> float:
+    """CPU seconds of this process and of the children it has waited for (the processes a test
+    started and stopped: aggregators, collectors, a browser)."""
+    own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    item.stash[_CPU_AT_START] = _cpu_s()
+
+
 LOG_LINES_ON_FAILURE = 60  # the tail of each process's log a failed test's report carries
 
 
@@ -49,14 +66,36 @@ LOG_LINES_ON_FAILURE = 60  # the tail of each process's log a failed test's repo
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
     """A test that fails with gpufleet processes running (its `cluster`) carries the tail of
     each one's log in its report: what the aggregator or a collector said while the test waited
-    is in CI's output, not only in a temporary folder that is gone."""
+    is in CI's output, not only in a temporary folder that is gone. Each test's report carries
+    the CPU it used, set-up to teardown (`cpu_s`): the suite is CPU-bound on two cores, so
+    this, not the wall time, says what to make cheaper."""
     outcome = yield
     report = outcome.get_result()  # type: ignore[attr-defined]
+    if report.when == "teardown" and _CPU_AT_START in item.stash:
+        report.user_properties.append(("cpu_s", _cpu_s() - item.stash[_CPU_AT_START]))
     running = getattr(item, "funcargs", {}).get("cluster")
     if report.failed and report.when == "call" and isinstance(running, Cluster):
         for proc in running.procs:
             tail = proc.log().splitlines()[-LOG_LINES_ON_FAILURE:]
             report.sections.append((f"log of {proc.name} (last {len(tail)} lines)", "\n".join(tail)))
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    used = [
+        (dict(r.user_properties)["cpu_s"], r.nodeid)
+        for reports in terminalreporter.stats.values()
+        for r in reports
+        if getattr(r, "when", "") == "teardown" and "cpu_s" in dict(getattr(r, "user_properties", []))
+    ]
+    if not used:
+        return
+    terminalreporter.write_sep("=", f"the {min(CPU_SHOWN, len(used))} tests that used the most CPU")
+    for cpu_s, nodeid in sorted(used, reverse=True)[:CPU_SHOWN]:
+        terminalreporter.write_line(f"{cpu_s:8.1f} s CPU  {nodeid}")
+    terminalreporter.write_line(
+        f"{sum(c for c, _ in used):8.1f} s CPU in all {len(used)} tests (their processes included; "
+        "the session's servers are not)"
+    )
 
 
 @pytest.fixture

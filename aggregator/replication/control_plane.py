@@ -11,9 +11,9 @@ Two supervised loops, each with its own connection to the store:
   stops at once. A clean stop hands the lease back, so the next leader need not wait it out.
 - **sync**: every live_sync_s, write the live state of the nodes whose streams this replica
   holds (one row per node, a serialized NodeDetail), read what the other replicas wrote since
-  the last read (the whole view every FULL_SYNC_EVERY reads, which also covers a row whose
-  write committed after a later one), heartbeat, pass on commands the leader queued for this
-  replica's streams, and — on the leader — read the results other replicas wrote back.
+  the last reads (records.LiveViewCursor: a few reads back, as a row's write can commit after
+  a later one's; the whole view every FULL_SYNC_EVERY reads), heartbeat, pass on commands the
+  leader queued for this replica's streams, and — on the leader — read the results other replicas wrote back.
 
 A command for a node whose stream another replica holds goes through the store's command
 table; the collector's answer comes back through command_result."""
@@ -38,7 +38,7 @@ from gpufleet.aggregator.fleet.state import FleetState
 from gpufleet.aggregator.ingest.service import IngestService
 from gpufleet.aggregator.repair_wiring import RepairWiring
 from gpufleet.aggregator.replication.leadership import Leadership
-from gpufleet.aggregator.replication.records import ReplicaRecords
+from gpufleet.aggregator.replication.records import LiveViewCursor, ReplicaRecords
 from gpufleet.aggregator.supervise import Supervisor
 from gpufleet.common.redact import redact
 from gpufleet.protos import fleet_pb2, ingest_pb2, vocabulary_pb2
@@ -108,7 +108,7 @@ class ControlPlane(Leadership):
         self.workflows: dict[str, Workflow] = {}  # as the leader last saved them (for followers)
         self.addresses: dict[str, str] = {}  # this replica's fleet and ingest addresses
         self._valid_until = 0.0
-        self._cursor = 0  # the newest live-view version read
+        self._cursor = LiveViewCursor()  # where the next read of the live view starts
         self._result_cursor = 0
         self._syncs = 0
         self.last_sync_monotonic = time.monotonic()  # the last sync that reached the store
@@ -191,7 +191,7 @@ class ControlPlane(Leadership):
         records.put_live(self.replica, rows)
         records.heartbeat(self.replica, info)
         out = _SyncResult()
-        out.remote = records.live_rows(0 if full else self._cursor)
+        out.remote = records.live_rows(0 if full else self._cursor.after())
         out.commands = records.take_commands(self.replica, held, COMMAND_MAX_AGE_S)
         if leader:
             out.results = records.command_results(self._result_cursor)
@@ -202,12 +202,14 @@ class ControlPlane(Leadership):
         return out
 
     def _apply(self, got: _SyncResult, asked_monotonic: float) -> None:
+        self._cursor.read(got.remote)
         for row in got.remote:
-            self._cursor = max(self._cursor, row.version)
-            if row.replica == self.replica:
+            if row.replica == self.replica or self._cursor.taken(row):
                 continue
             detail = fleet_pb2.NodeDetail.FromString(row.body)
             events = self._fleet.apply_remote(row.replica, row.heard_ns, row.connected, detail)
+            if events is not None:
+                self._cursor.took(row)
             if events is not None and self.leader:
                 self._repair.watch_remote(row.node, detail.summary.gpus, events)
         for queued in got.commands:

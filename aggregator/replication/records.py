@@ -8,10 +8,46 @@ runs on, in the same SQL on SQLite and PostgreSQL (one contract test suite runs 
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections import deque
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 from gpufleet.repair.state import LiveRow, QueuedCommand, RepairState, ReplicaInfo
+
+LIVE_READ_OVERLAP = 3  # reads of the live view each read looks back over (LiveViewCursor)
+
+
+class LiveViewCursor:
+    """Where a replica's next read of the shared live view starts.
+
+    A row's version is drawn when its write runs (a PostgreSQL sequence) and seen when the
+    write commits, so two replicas writing at once can commit out of version order: a reader
+    that saw version 101 and then read only past it would miss the 100 that committed a moment
+    later, until its next full read (FULL_SYNC_EVERY reads: seconds). Under load (two cores,
+    three replicas) a node new to the fleet was missing from one replica's ListNodes for that
+    long. So each read starts at the newest version seen `overlap` reads ago: a write that
+    commits up to that many reads late is still read. A row read again after it was taken is
+    not taken again (`taken`, `took`); one the view refused (this replica held the node) is
+    offered again."""
+
+    def __init__(self, overlap: int = LIVE_READ_OVERLAP) -> None:
+        self._newest: deque[int] = deque([0], maxlen=max(1, overlap) + 1)
+        self._applied: dict[str, int] = {}  # node -> the version of its row last taken
+
+    def after(self) -> int:
+        """The version this read starts after."""
+        return self._newest[0]
+
+    def read(self, rows: Iterable[LiveRow]) -> None:
+        """A read returned these rows (every one, applied or not)."""
+        self._newest.append(max([self._newest[-1], *(r.version for r in rows)]))
+
+    def taken(self, row: LiveRow) -> bool:
+        """Whether this row, at this version or a later one, was applied already."""
+        return self._applied.get(row.node, 0) >= row.version
+
+    def took(self, row: LiveRow) -> None:
+        self._applied[row.node] = max(self._applied.get(row.node, 0), row.version)
 
 
 class ReplicaRecords:

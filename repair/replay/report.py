@@ -35,6 +35,7 @@ from datetime import UTC, datetime
 from itertools import zip_longest
 from typing import Any
 
+from gpufleet.repair.health import Health
 from gpufleet.repair.incidents import AUTOMATION
 from gpufleet.repair.outcome import Status
 from gpufleet.repair.replay.engine import TECHNICIAN, ReplayRun
@@ -171,7 +172,30 @@ def summarize(run: ReplayRun) -> dict[str, Any]:
         "out_of_service": _series(intervals, history),
         "fault_outcomes": fault_outcome,
         "nodes": _steps_by_node(audit),
+        "in_repair_at_end": _in_repair_at_end(run),
         "serving": _serving(run),
+    }
+
+
+# States in which the automation still has a step to take: a node in one of them when the
+# history ends had its workflow cut short by the window, not finished differently.
+_MID_REPAIR = {
+    Health.SUSPECT,
+    Health.CORDONED,
+    Health.DRAINING,
+    Health.REPAIRING,
+    Health.VALIDATING,
+    Health.WAITING,
+}
+
+
+def _in_repair_at_end(run: ReplayRun) -> dict[str, str]:
+    """Each node whose repair was still under way when the history ended, with its state: its
+    steps stop there because the window did (a replay of a store asked the moment a live repair
+    ended stops a second or so short of it: a recorded reset's answer is read at the next stored
+    sample), not because the replay decided otherwise."""
+    return {
+        node: str(wf.state) for node, wf in sorted(run.state.workflows().items()) if wf.state in _MID_REPAIR
     }
 
 
@@ -416,6 +440,12 @@ def _outcomes(f: dict[str, int], actionable: bool | None = None) -> str:
     return f"{f['total']}{again}: {fate}, {f['while_out']} while out, {f['invisible']} invisible"
 
 
+def _in_repair(nodes: dict[str, str]) -> str:
+    shown = ", ".join(f"{n} {state}" for n, state in list(nodes.items())[:5])
+    more = ", ..." if len(nodes) > 5 else ""
+    return f"{len(nodes)} ({shown}{more}: cut short by the history's end)" if nodes else "0"
+
+
 def _figures(r: dict[str, Any]) -> list[tuple[str, str]]:
     lat = r["detect_latency_s"]
     rows = [
@@ -440,6 +470,7 @@ def _figures(r: dict[str, Any]) -> list[tuple[str, str]]:
         ),
         ("actions", ", ".join(f"{k} {v}" for k, v in r["actions"].items())),
         ("breaker trips", str(r["breaker_trips"])),
+        ("in repair at the end", _in_repair(r.get("in_repair_at_end", {}))),
         (
             "lemon nodes",
             str(len(r["lemon_nodes"]))

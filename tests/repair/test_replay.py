@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import calendar
 import json
+import re
 import subprocess
 import time
 from pathlib import Path
@@ -22,7 +23,7 @@ from gpufleet.repair.rails import Rails
 from gpufleet.repair.replay.engine import ReplayConfig, replay
 from gpufleet.repair.replay.generate import generate_llama3
 from gpufleet.repair.replay.history import TRACE_KEYS, FaultHistory, FaultInput, TraceError, parse_input
-from gpufleet.repair.replay.report import summarize
+from gpufleet.repair.replay.report import render, summarize
 from harness.paths import REPO
 from harness.processes import Cluster, gpufleet_argv
 from harness.repair import FAST_POLICY, audit, gpufleet_cli, incidents, repair_aggregator, repair_status
@@ -154,6 +155,7 @@ def test_replaying_the_store_takes_out_the_nodes_the_live_controller_did_in_orde
     )
     assert out.returncode == 0, out.stderr
     report = json.loads(out.stdout)
+    assert report["in_repair_at_end"] == {}, "the replay's window closed before its repairs ended"
     assert report["nodes_taken_out_in_order"] == live_order
     replayed = {
         node: [(s["action"], s["outcome"].split(":")[0]) for s in rows]
@@ -294,6 +296,43 @@ def test_a_bad_trace_is_refused_with_its_line_and_a_good_one_replayed(tmp_path: 
     )
     assert report["faults"]["application"]["missed"] == 0, "an application error left alone is no miss"
     assert [s["action"] for s in report["nodes"]["n0001"]][:3] == ["cordon", "cordon", "drain"]
+
+
+def test_a_window_that_ends_mid_repair_says_so_instead_of_showing_a_shorter_repair() -> None:
+    """The root of the live-vs-replay test's 1-in-N failure, without timing: a store replay's
+    GPU reset is answered a second after it is sent (a recorded answer is read at the next
+    stored sample; live it came at once), so its return trails the live one by that much, and a
+    window ending before the replay's own return cut gsp-node's steps after `reset_gpu ok`. The
+    report says such a node is still in repair at the end, so the cut cannot pass for a repair
+    that stopped there; one second more of window and the same replay finishes it."""
+    t0 = 1_767_225_600 * 10**9
+    inputs = [FaultInput(t0, "gsp-node", 1, xid=119, message="GSP RPC timeout")]
+    policy = load_policy_text(FAST_POLICY, "fast")
+
+    def replayed(end_ns: int) -> tuple[dict[str, Any], list[tuple[str, str, int]]]:
+        history = FaultHistory.of(inputs, "store-like", 2, 8, t0, end_ns)
+        run = replay(policy, history, ReplayConfig(from_store=True))
+        steps = [
+            (r.action, r.outcome.status.value, r.time_ns)
+            for r in sorted(run.state.audit_log(limit=100), key=lambda r: r.time_ns)
+            if r.node == "gsp-node" and r.actor == AUTOMATION
+        ]
+        return summarize(run), steps
+
+    whole, steps = replayed(t0 + 60 * 10**9)
+    assert whole["in_repair_at_end"] == {}
+    reset_sent, reset_ok = (t for a, o, t in steps if a == "reset_gpu")
+    assert reset_ok - reset_sent == 10**9, "a recorded reset is answered a second after it is sent"
+    returned = next(t for a, o, t in steps if a == "uncordon" and o == "ok")
+    assert returned - reset_ok >= policy.workflow["validate_s"] * 1e9
+
+    cut, _ = replayed(returned - 1)  # the live return, a second ahead of the replay's own
+    assert cut["in_repair_at_end"] == {"gsp-node": "validating"}
+    assert [s["action"] for s in cut["nodes"]["gsp-node"]][-1] == "reset_gpu"
+    assert re.search(
+        r"in repair at the end +1 \(gsp-node validating: cut short by the history.s end\)", render(cut)
+    )
+    assert [s["action"] for s in whole["nodes"]["gsp-node"]][-1] == "uncordon"
 
 
 def test_a_store_replay_fails_the_reset_of_a_gpu_recorded_lost_a_sample_after_its_xid() -> None:

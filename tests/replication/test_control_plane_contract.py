@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from gpufleet.aggregator.replication.records import LiveViewCursor
 from gpufleet.aggregator.replication.records import ReplicaRecords as R
 from gpufleet.repair.migrations import MIGRATIONS
 from gpufleet.repair.model import Finding
@@ -187,6 +188,33 @@ def test_live_view_rows_only_move_forward(make_state: Any) -> None:
     ]
     R(b).put_live("replica-b", [("n1", 190, False, b"b1-gone")])  # the holder's own row: always
     assert {r.node: r.body for r in R(a).live_rows()}["n1"] == b"b1-gone"
+
+
+def test_a_live_row_committed_after_a_later_one_is_still_read(pg_url: str, tmp_path: Path) -> None:
+    """Replica A's write of node-new draws its version first and commits last (its transaction
+    held open here, as a descheduled process holds it under load); replica B's later version
+    commits first and a reader reads past it. Reading only past the newest version seen, the
+    reader would not list node-new until its next full read; the cursor's look-back reads it at
+    the next read, and a row read twice is taken once."""
+    a, b, reader = (open_state(pg_url, str(tmp_path / "unused.sqlite3")) for _ in range(3))
+    try:
+        cursor = LiveViewCursor(overlap=2)
+        with a.transaction():
+            R(a).put_live("replica-a", [("node-new", 100, True, b"a")])  # version drawn, not committed
+            R(b).put_live("replica-b", [("node-old", 100, True, b"b")])  # a later version, committed
+            first = R(reader).live_rows(cursor.after())
+            cursor.read(first)
+            assert [r.node for r in first] == ["node-old"]
+            assert R(reader).live_rows(max(r.version for r in first)) == [], "past the newest: missed"
+        second = R(reader).live_rows(cursor.after())
+        cursor.read(second)
+        assert "node-new" in [r.node for r in second]
+        for row in first:
+            cursor.took(row)
+        assert [r.node for r in second if not cursor.taken(r)] == ["node-new"], "node-old taken twice"
+    finally:
+        for s in (a, b, reader):
+            s.close()
 
 
 def test_commands_go_to_one_replica_once_and_results_come_back(make_state: Any) -> None:
