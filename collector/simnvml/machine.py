@@ -308,6 +308,9 @@ class SimulatedGpu:
         self.processes = [(job.pid, max(0, self.hbm_used_bytes - 512 * MIB))] if job else []
 
 
+MIN_STEP_S = 0.05  # the least clock time a simulated node moves by (SimulatedNode.advance)
+
+
 class SimulatedNode:
     """One machine's worth of simulated GPUs, advanced lazily to the time it is asked about."""
 
@@ -364,11 +367,15 @@ class SimulatedNode:
         return len(self.gpus) + self.bus_only_gpus
 
     def advance(self) -> None:
-        """Bring every GPU up to the current clock (called before each NVML read)."""
+        """Bring every GPU up to the current clock (called before each NVML read). The node
+        moves in steps of at least MIN_STEP_S: a collector's tick makes some 300 NVML calls
+        within milliseconds, and stepping all eight GPUs before each was most of a simulated
+        collector's CPU (a real GPU's counters do not change between calls microseconds apart
+        either: NVML's utilization is an average over its own sample period)."""
         with self._lock:
             now = self._clock()
             dt = now - self._last_s
-            if dt <= 0:
+            if dt < MIN_STEP_S:
                 return
             self._last_s = now
             # Step in slices of at most 1 s so a long gap still evolves smoothly.

@@ -144,6 +144,13 @@ class Cluster:
         *extra: str,
     ) -> AggregatorHandle:
         data_dir = data_dir or self.tmp / "data"
+        if "--ingest-workers" not in extra:
+            # Ingest in the aggregator's own process unless the test says otherwise: two worker
+            # processes (the default on two cores) cost 0.6 s of CPU each start, ~165 starts a
+            # run, on a suite bound by two cores. The worker path is what tests/ingest
+            # (test_ingest_workers, test_columns, the fuzz) and the kill and outage tests
+            # (tests/ingest/test_end_to_end.py, tests/store/test_store_outage.py) ask for.
+            extra = (*extra, "--ingest-workers", "0")
         ready = self.tmp / f"{name}.ready.json"
         ready.unlink(missing_ok=True)
         proc = self.spawn(

@@ -14,6 +14,7 @@ from harness.waiting import wait_until
 
 NODES = ["e2e-node-1", "e2e-node-2", "e2e-node-3"]
 OUTAGE_S = 10.0
+WORKERS = ("--ingest-workers", "2")  # the default on two cores: killed with its workers
 
 
 def last_seq(collector: Proc) -> int:
@@ -25,7 +26,7 @@ def last_seq(collector: Proc) -> int:
 @pytest.mark.slow
 def test_aggregator_killed_mid_stream_loses_and_doubles_nothing(cluster: Cluster) -> None:
     ingest_port, fleet_port = free_port(), free_port()
-    agg = cluster.aggregator("aggregator-1", ingest_port, fleet_port)
+    agg = cluster.aggregator("aggregator-1", ingest_port, fleet_port, None, *WORKERS)
     collectors = [
         cluster.collector(n, agg.ingest, "--interval-s", "0.2", "--backoff-max-s", "2") for n in NODES
     ]
@@ -48,7 +49,7 @@ def test_aggregator_killed_mid_stream_loses_and_doubles_nothing(cluster: Cluster
     )
     before_restart = {n: max(stored_seqs(agg.data_dir, [n])[n]) for n in NODES}
 
-    agg2 = cluster.aggregator("aggregator-2", ingest_port, fleet_port, agg.data_dir)
+    agg2 = cluster.aggregator("aggregator-2", ingest_port, fleet_port, agg.data_dir, *WORKERS)
     # The reports sampled during the outage (~50 per node at 0.2 s) are replayed.
     wait_until(
         lambda: all(

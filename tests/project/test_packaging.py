@@ -29,6 +29,10 @@ from harness.paths import REPO
 from harness.waiting import wait_until
 
 EXTRAS = "dashboard,kubernetes,postgresql"
+# --no-compile: byte-compiling the ~6,000 modules pip installs was half of pip's CPU here (15 of
+# 31 s, measured), and nothing these tests check: Python compiles what it imports. The image
+# itself keeps pip's default (deploy/Dockerfile).
+PIP_FLAGS = ("--disable-pip-version-check", "-q", "--no-compile")
 
 
 def run(argv: list[str], cwd: Path, timeout_s: float = 600, **env: str) -> subprocess.CompletedProcess[str]:
@@ -52,15 +56,29 @@ def package_modules() -> set[str]:
     return found
 
 
-# One worker builds the wheel once for this module's tests: `python -m build` writes into the
-# source tree (build/, *.egg-info), so two workers building at once would collide.
-pytestmark = pytest.mark.xdist_group("packaging")
+def source_files() -> list[str]:
+    """The checkout's files as a clone would have them (tracked, and new ones not ignored)."""
+    listed = subprocess.run(
+        ["git", "ls-files", "--cached", "--others", "--exclude-standard"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.split()
+    return [rel for rel in listed if (REPO / rel).is_file()]
 
 
 @pytest.fixture(scope="module")
 def built(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("dist")
-    run([sys.executable, "-m", "build", "--sdist", "--wheel", "--outdir", str(out), str(REPO)], REPO)
+    """The sdist and wheel, built from a copy of the checkout's files: `python -m build` in the
+    checkout itself walks a tree that the other test workers write bytecode into (a .pyc's
+    temporary file gone before the walk reached it failed the sdist: 'No such file or
+    directory', twice), and it writes build/ and *.egg-info there."""
+    src, out = tmp_path_factory.mktemp("src"), tmp_path_factory.mktemp("dist")
+    for rel in source_files():
+        (src / rel).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(REPO / rel, src / rel)
+    run([sys.executable, "-m", "build", "--sdist", "--wheel", "--outdir", str(out), str(src)], src)
     return out
 
 
@@ -83,7 +101,7 @@ def test_the_installed_wheel_runs_the_product(built: Path, tmp_path: Path) -> No
     run([sys.executable, "-m", "venv", str(venv)], tmp_path)
     py, gpufleet = venv / "bin" / "python", venv / "bin" / "gpufleet"
     run(
-        [str(py), "-m", "pip", "install", "--disable-pip-version-check", "-q", f"{wheel}[{EXTRAS}]"], tmp_path
+        [str(py), "-m", "pip", "install", *PIP_FLAGS, f"{wheel}[{EXTRAS}]"], tmp_path
     )
     # Every module imports from the installed package (the dashboard's app.py is the page
     # script `streamlit run` executes, not a module to import).
@@ -153,10 +171,8 @@ def test_the_image_build_steps_run_in_a_clean_venv(tmp_path: Path) -> None:
         for p in (REPO / ".dockerignore").read_text().splitlines()
         if p.strip() and not p.startswith("#")
     ]
-    tracked = subprocess.run(["git", "ls-files", "--cached", "--others", "--exclude-standard"], cwd=REPO,
-                             capture_output=True, text=True, check=True).stdout.split()  # fmt: skip
-    for rel in tracked:
-        if not _dockerignored(rel, patterns) and (REPO / rel).is_file():
+    for rel in source_files():
+        if not _dockerignored(rel, patterns):
             (src / rel).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(REPO / rel, src / rel)
     assert not (src / "tests").exists() and (src / "setup.py").exists()
@@ -169,6 +185,7 @@ def test_the_image_build_steps_run_in_a_clean_venv(tmp_path: Path) -> None:
             break
     command = command[len("RUN ") :].replace("/opt/gpufleet", str(image_root / "opt" / "gpufleet"))
     command = command.replace("python -m venv", f"{sys.executable} -m venv").replace("--no-cache-dir", "")
+    command = command.replace("pip install", "pip install --no-compile")  # PIP_FLAGS
     run(["sh", "-c", command], src)
     entry = json.loads(next(ln for ln in lines if ln.startswith("ENTRYPOINT")).split(None, 1)[1])
     cmd = json.loads(next(ln for ln in lines if ln.startswith("CMD")).split(None, 1)[1])

@@ -64,6 +64,8 @@ def start(
         influx.url,
         "--influx-database",
         database,
+        "--ingest-workers",  # the default on two cores: the outage reaches the workers' writes
+        "2",
         *extra,
     )
 
