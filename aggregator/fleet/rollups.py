@@ -24,13 +24,12 @@ import time
 from dataclasses import dataclass
 
 from gpufleet.aggregator.ingest.schema import METRICS
-from gpufleet.aggregator.store import HistoryQuery, Point, Store
+from gpufleet.aggregator.store import Point, Store
 
 log = logging.getLogger("gpufleet.aggregator.fleet.rollups")
 
 S = 1_000_000_000
 ROLLED = ("gpu", "engine")
-STATS = ("mean", "max", "min", "count")
 
 
 @dataclass(frozen=True)
@@ -60,15 +59,7 @@ def compute(store: Store, tier: Tier, start_ns: int, end_ns: int) -> int:
         return 0
     written = 0
     for measurement in ROLLED:
-        merged: dict[tuple[tuple[tuple[str, str], ...], int], dict[str, float]] = {}
-        for field in rolled_fields(measurement):
-            for stat in STATS:
-                for series in store.query_history(
-                    HistoryQuery(measurement, field, start_ns, end_ns, step, stat)
-                ):
-                    key = tuple(sorted(series.tags.items()))
-                    for t, v in zip(series.times_unix_ns, series.values, strict=True):
-                        merged.setdefault((key, t), {})[f"{field}_{stat}"] = int(v) if stat == "count" else v
+        merged = store.bucket_stats(measurement, rolled_fields(measurement), start_ns, end_ns, step)
         points = [
             Point(f"{measurement}_{tier.name}", dict(tags), fields, t) for (tags, t), fields in merged.items()
         ]

@@ -78,6 +78,9 @@ def is_unavailable(exc: BaseException) -> bool:
     return isinstance(exc, StoreUnavailable | OSError)
 
 
+BUCKET_STATS = ("mean", "max", "min", "count")  # what bucket_stats gives for each field
+
+
 class Store(abc.ABC):
     @abc.abstractmethod
     def write(self, points: Sequence[Point]) -> None:
@@ -89,6 +92,24 @@ class Store(abc.ABC):
         """Bucket query.field into step-wide buckets aligned to the epoch, one series per
         distinct tag set (or per group_by group, aggregating over all its series' samples in
         a bucket); empty buckets are omitted."""
+
+    def bucket_stats(
+        self, measurement: str, fields: Sequence[str], start_unix_ns: int, end_unix_ns: int, step_ns: int
+    ) -> dict[tuple[tuple[tuple[str, str], ...], int], dict[str, float]]:
+        """Every series' mean, max, min and count of each field in step-wide buckets of
+        [start, end): {(sorted tags, bucket start): {"<field>_<stat>": value}} (what a roll-up
+        writes: aggregator/fleet/rollups.py). This asks query_history once per field and
+        statistic; a store that can answer all of them in one pass overrides it."""
+        merged: dict[tuple[tuple[tuple[str, str], ...], int], dict[str, float]] = {}
+        for name in fields:
+            for stat in BUCKET_STATS:
+                for series in self.query_history(
+                    HistoryQuery(measurement, name, start_unix_ns, end_unix_ns, step_ns, stat)
+                ):
+                    key = tuple(sorted(series.tags.items()))
+                    for t, v in zip(series.times_unix_ns, series.values, strict=True):
+                        merged.setdefault((key, t), {})[f"{name}_{stat}"] = int(v) if stat == "count" else v
+        return merged
 
     @abc.abstractmethod
     def query_points(

@@ -98,6 +98,49 @@ class EmbeddedReads:
             s.values.append(float(value))
         return sorted(out.values(), key=lambda s: sorted(s.tags.items()))
 
+    def bucket_stats(
+        self, measurement: str, fields: Sequence[str], start_unix_ns: int, end_unix_ns: int, step_ns: int
+    ) -> dict[tuple[tuple[tuple[str, str], ...], int], dict[str, float]]:
+        """One SQL pass for every field and statistic (Store.bucket_stats asks query_history
+        once per field and statistic: 120 queries a roll-up tier, each joining every series,
+        which at 20,000 nodes x 8 GPUs kept a core busy)."""
+        if step_ns <= 0:
+            raise StoreError(f"step must be positive, got {step_ns} ns")
+        self._reader_catch_up()
+        table = ident("m_" + measurement, "measurement")
+        present = [f for f in fields if f in self._read_columns.get(measurement, ())]
+        series = self._series_ids(measurement, None)
+        if not series or not present:
+            return {}
+        columns = []
+        for f in present:
+            col = ident(f, "field")
+            columns += [f"AVG(t.{col})", f"MAX(t.{col})", f"MIN(t.{col})", f"COUNT(t.{col})"]
+        step = int(step_ns)
+        sql = (
+            f"SELECT t.series_id, t.ts / {step}, {', '.join(columns)} "
+            f"FROM json_each(?) g JOIN {table} t ON t.series_id = g.value "
+            "WHERE t.ts >= ? AND t.ts < ? GROUP BY 1, 2"
+        )
+        with self._rlock:
+            rows = self._r.execute(sql, (json.dumps(list(series)), start_unix_ns, end_unix_ns)).fetchall()
+        keys = {sid: tuple(sorted(tags.items())) for sid, tags in series.items()}
+        merged: dict[tuple[tuple[tuple[str, str], ...], int], dict[str, float]] = {}
+        for row in rows:
+            out: dict[str, float] = {}
+            for i, f in enumerate(present):
+                mean, high, low, count = row[2 + 4 * i : 6 + 4 * i]
+                if count:  # a field with no value in the bucket has no statistics (as query_history)
+                    out |= {
+                        f"{f}_mean": float(mean),
+                        f"{f}_max": float(high),
+                        f"{f}_min": float(low),
+                        f"{f}_count": count,
+                    }
+            if out:
+                merged[(keys[row[0]], row[1] * step)] = out
+        return merged
+
     def _rows_to_points(self, measurement: str, cursor: sqlite3.Cursor) -> list[Point]:
         names = [d[0] for d in cursor.description]
         with self._cache_lock:

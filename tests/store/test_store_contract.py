@@ -220,6 +220,31 @@ def test_rollups_hold_exact_bucket_statistics_and_recompute_idempotently(store: 
         assert p.tags == {"node": "n1", "gpu": "1", "cluster": "c1"}
 
 
+def test_a_stores_own_bucket_statistics_equal_the_ones_its_history_queries_give(store: Store) -> None:
+    """A store that answers a roll-up's statistics in one pass (the embedded store's single
+    SQL) gives what asking query_history per field and statistic gives (Store.bucket_stats):
+    with fields missing from some samples, integers, several series and partial buckets."""
+    store.write(
+        [
+            gpu_point(
+                f"n{n}", g, H0 + i * 7 * S, util_gpu_pct=float((i * 11 + g) % 101), power_w=300.0 + i % 9
+            )
+            for n in range(3)
+            for g in range(2)
+            for i in range(700)
+        ]
+        + [gpu_point("n9", 0, H0 + i * 61 * S, temp_gpu_c=float(40 + i % 30)) for i in range(60)]
+    )
+    fields = rollups.rolled_fields("gpu")
+    for start, end, step in ((H0, H0 + 3600 * S, 60 * S), (H0 + 5 * S, H0 + 7200 * S, 3600 * S)):
+        own = store.bucket_stats("gpu", fields, start, end, step)
+        asked = Store.bucket_stats(store, "gpu", fields, start, end, step)
+        assert own.keys() == asked.keys() and own
+        for key, stats in asked.items():
+            assert own[key].keys() == stats.keys(), key
+            assert own[key] == pytest.approx(stats), key
+
+
 @pytest.mark.parametrize("aggregate", ["mean", "max", "min"])
 def test_a_rollup_read_as_stored_answers_as_regrouping_it_would(store: Store, aggregate: str) -> None:
     values = [float((i * 13) % 97) for i in range(4 * 360)]
