@@ -186,7 +186,8 @@ def test_chaos_rails_hold_under_kills_scheduler_faults_and_a_person(
         restarts < MIN_KILLS and time.monotonic() - started < 3 * CHAOS_S
     ):
         now = time.monotonic()
-        states = {n: slurm.state(n) for n in nodes}
+        every = slurm.states()
+        states = {n: every.get(n, (set(), '')) for n in nodes}
         looks += 1
         ours = [
             n for n, (words, reason) in states.items() if "DRAIN" in words and reason.startswith("gpufleet:")
