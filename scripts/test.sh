@@ -6,11 +6,10 @@
 #   scripts/test.sh                    the whole suite, slow tests too (what CI runs: .ci/run)
 #   scripts/test.sh --fast             every test not marked slow (minutes)
 #   scripts/test.sh tests/collector    one area (all of it; add --fast for its fast tests)
-# GPUFLEET_TEST_WORKERS=N runs the tests in N parallel pytest-xdist workers (4 keeps two cores
-# busy: most tests wait on the processes they start; about 12.5 min instead of 29). The default
-# is 0, one process, until the suite passes every time under workers: one replica test still
-# fails about one run in two under four workers on two cores (docs/testing.md). Other arguments
-# go to pytest (-k EXPR, -x, a test's node id...).
+# The tests run in 4 pytest-xdist workers (GPUFLEET_TEST_WORKERS=N to choose, 0 for one
+# process): on two cores most tests wait on the processes they start, and four keep both cores
+# busy (docs/testing.md has the figures). Other arguments go to pytest (-k EXPR, -x, a test's
+# node id...).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 select=()
@@ -22,7 +21,7 @@ for arg in "$@"; do
     *) args+=("$arg") ;;
   esac
 done
-workers="${GPUFLEET_TEST_WORKERS:-0}"
+workers="${GPUFLEET_TEST_WORKERS:-4}"
 if ! [[ "$workers" =~ ^[0-9]+$ ]]; then
   echo "scripts/test.sh: GPUFLEET_TEST_WORKERS=$workers: give a number of workers (0: no workers)" >&2
   exit 2

@@ -375,8 +375,8 @@ class SimulatedNode:
         with self._lock:
             now = self._clock()
             dt = now - self._last_s
-            if dt < MIN_STEP_S:
-                return
+            if dt < MIN_STEP_S and self._t_s > 0:
+                return  # (the first read always steps: no GPU is read before its first step)
             self._last_s = now
             # Step in slices of at most 1 s so a long gap still evolves smoothly.
             while dt > 0:

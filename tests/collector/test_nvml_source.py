@@ -15,6 +15,7 @@ from gpufleet.collector.simnvml import (
     install,
     uninstall,
 )
+from gpufleet.collector.simnvml.machine import MIN_STEP_S
 from gpufleet.collector.sources.nvml import NvmlSource, NvmlUnavailable
 from harness.clock import FakeClock
 
@@ -45,6 +46,28 @@ def test_values_are_realistic_and_move_over_time(node: SimulatedNode, clock: Fak
     assert sum(s.util_gpu_pct for s in later) / 8 > 20, "a job is running after a minute"
     hot = sum(s.temp_gpu_c for s in later) / 8
     assert hot > sum(s.temp_gpu_c for s in first) / 8, "temperature follows power"
+
+
+def test_a_tick_reads_one_state_and_the_first_read_is_stepped(clock: FakeClock) -> None:
+    """A simulated node steps at most every 50 ms of its clock (MIN_STEP_S), so a tick's reads
+    see one state; its very first read is stepped wherever the clock stands, so no GPU reads
+    the zeroes it was made with (a demo's first report once showed 0 bytes of HBM in use)."""
+    sim = SimulatedNode("gpu-018", gpu_count=8, model="H100", seed=7, clock=clock)
+    install(SimulatedNvmlLibrary(sim))
+    clock.now += 0.001  # read a millisecond after the node was made
+    try:
+        source = NvmlSource()
+        first = source.sample()
+        assert all(s.hbm_used_bytes >= 512 << 20 for s in first), [s.hbm_used_bytes for s in first]
+        clock.now += MIN_STEP_S / 2
+        assert [(s.util_gpu_pct, s.power_w) for s in source.sample()] == [
+            (s.util_gpu_pct, s.power_w) for s in first
+        ], "within one step the node reads the same"
+        clock.now += MIN_STEP_S
+        assert [s.power_w for s in source.sample()] != [s.power_w for s in first], "a step later it moved"
+        source.close()
+    finally:
+        uninstall()
 
 
 def test_unsupported_field_is_absent_not_zero(node: SimulatedNode) -> None:
