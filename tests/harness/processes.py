@@ -22,10 +22,39 @@ from harness.fleet_api import bearer
 from harness.waiting import wait_until
 
 
+def _port_slice() -> range:
+    """This test process's own ports: below the kernel's ephemeral range (from which a bind to
+    port 0 and every outgoing connection take theirs), one slice of it per pytest-xdist worker."""
+    low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    first = 10_000 if low > 12_000 else 1_024
+    workers = max(1, int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")))
+    worker = int(os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw") or 0) % workers
+    size = (low - first) // workers
+    return range(first + worker * size, first + (worker + 1) * size)
+
+
+_next_port = [0]
+
+
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A port for a server a test starts, stops and starts again on the same address. A port
+    from a bind to 0 is the kernel's to hand out again the moment it is closed: in four workers
+    an aggregator restarted on its port once found it taken by another process's connection
+    ('Address already in use'). Ports here come from this worker's slice below the ephemeral
+    range, in turn, each checked free when it is given."""
+    ports = _port_slice()
+    if not _next_port[0]:
+        _next_port[0] = ports.start + os.getpid() % len(ports)
+    for _ in range(len(ports)):
+        port = ports.start + (_next_port[0] - ports.start) % len(ports)
+        _next_port[0] = port + 1
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError(f"no free port in {ports.start}-{ports.stop - 1}")
 
 
 def home_env(home: Path) -> dict[str, str]:
