@@ -6,9 +6,9 @@
 #   scripts/test.sh                    the whole suite, slow tests too (what CI runs: .ci/run)
 #   scripts/test.sh --fast             every test not marked slow (minutes)
 #   scripts/test.sh tests/collector    one area (all of it; add --fast for its fast tests)
-# The tests run in 4 pytest-xdist workers (GPUFLEET_TEST_WORKERS=N to choose, 0 for one
-# process): on two cores most tests wait on the processes they start, and four keep both cores
-# busy (docs/testing.md has the figures). Other arguments go to pytest (-k EXPR, -x, a test's
+# The tests run in 6 pytest-xdist workers (GPUFLEET_TEST_WORKERS=N to choose, 0 for one
+# process): on two cores most tests wait on the processes they start; with four, the cores were
+# still idle a fifth of the run (vmstat), so six (docs/testing.md has the figures). Other arguments go to pytest (-k EXPR, -x, a test's
 # node id...).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -21,7 +21,7 @@ for arg in "$@"; do
     *) args+=("$arg") ;;
   esac
 done
-workers="${GPUFLEET_TEST_WORKERS:-4}"
+workers="${GPUFLEET_TEST_WORKERS:-6}"
 if ! [[ "$workers" =~ ^[0-9]+$ ]]; then
   echo "scripts/test.sh: GPUFLEET_TEST_WORKERS=$workers: give a number of workers (0: no workers)" >&2
   exit 2

@@ -261,8 +261,16 @@ def test_breaker_and_cap_hold_across_a_leader_change(cluster: Cluster, pg_url: s
     def tripped(agg: AggregatorHandle) -> bool:
         return fleet.call(agg, "GetRepairStatus", fleet_pb2.RepairStatusRequest()).breaker_tripped
 
-    wait_until(lambda: tripped(a), 60, "the breaker tripped by two failing nodes")
-    frozen = {n: state_of(fleet, a, n) for n in ("node-a", "node-b")}
+    def held() -> dict[str, int] | None:
+        """Both nodes' states once the breaker holds them: each out of service or waiting. (Read
+        the moment the breaker tripped, the node it held still read healthy: agg-a's next pass
+        makes it `waiting`, held back by the rail, which is no step taken; one four-worker run
+        failed on that.)"""
+        states = {n: state_of(fleet, a, n) for n in ("node-a", "node-b")}
+        unsettled = (vocabulary_pb2.NODE_HEALTH_HEALTHY, vocabulary_pb2.NODE_HEALTH_SUSPECT)
+        return states if tripped(a) and not set(states.values()) & set(unsettled) else None
+
+    frozen = wait_until(held, 60, "the breaker tripped by two failing nodes, both held")
     a.proc.stop(signal.SIGKILL)
     wait_until(lambda: fleet.status(b).repair_leader, LEASE_S + 5, "agg-b leading")
     wait_until(lambda: b.metric_value("gpufleet_repair_passes") > 20, 30, "twenty passes of agg-b's")
