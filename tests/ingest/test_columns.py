@@ -104,7 +104,14 @@ def test_a_columnar_and_a_per_gpu_collector_are_stored_and_shown_alike(cluster: 
             out.setdefault(tags["node"], []).append((tags["gpu"], sorted(fields)))
         return out
 
-    wait_until(lambda: {"columns-node", "per-gpu-node"} <= set(stored()), 30, "both nodes' GPUs stored")
+    def two_samples_each() -> bool:
+        """Both nodes' GPUs stored at least twice: a GPU's first sample has no corrected-error
+        rate yet (it is per second between two samples), so a node stored once and one stored
+        twice differ by that field (one six-worker run compared them so)."""
+        got = stored()
+        return {"columns-node", "per-gpu-node"} <= set(got) and all(len(rows) >= 16 for rows in got.values())
+
+    wait_until(two_samples_each, 30, "both nodes' GPUs stored twice")
     got = stored()
     fields_by_node = {node: {tuple(f) for _, f in rows} for node, rows in got.items()}
     assert fields_by_node["columns-node"] == fields_by_node["per-gpu-node"], fields_by_node
