@@ -42,5 +42,7 @@ echo "== ruff"
 # 0.18 s of its 0.6 s of start-up CPU).
 unset PYTHONDONTWRITEBYTECODE
 echo "== pytest ${select[*]:-(every test)} ${parallel[*]:-(one process)}"
-# --durations: the 50 slowest tests close every run, so where the minutes go is in CI's output.
-exec .venv/bin/python -m pytest --durations=50 "${parallel[@]}" "${select[@]}" "${args[@]}"
+# --durations: the 50 slowest tests close every run, so where the minutes go is in CI's output;
+# build/test-results.xml has every test's outcome, time and CPU (its cpu_s property).
+mkdir -p build
+exec .venv/bin/python -m pytest --durations=50 --junitxml=build/test-results.xml "${parallel[@]}" "${select[@]}" "${args[@]}"
