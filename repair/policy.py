@@ -28,6 +28,15 @@ def rule_names() -> tuple[str, ...]:
     return tuple(name for name in RULES if name != "xid")
 
 
+def rule_threshold_limits() -> dict[str, float]:
+    """The rules whose threshold is a fraction, with the bound it must stay under."""
+    from gpufleet.repair.rules import RULES
+
+    return {
+        name: limit for name, factory in RULES.items() if (limit := getattr(factory, "threshold_max", None))
+    }
+
+
 _ENTRY_KEYS = {
     "severity",
     "cordon",
@@ -338,7 +347,14 @@ def _apply_rules(policy: Policy, table: dict[str, Any], source: str) -> None:
     for name, raw in table.items():
         if name not in rule_names():
             raise PolicyError(f"{source}: [rules.{name}] is not a rule; rules: {', '.join(rule_names())}")
-        policy.rules[name] = _entry(f"{source}: [rules.{name}]", raw, policy.rules.get(name), None)
+        entry = _entry(f"{source}: [rules.{name}]", raw, policy.rules.get(name), None)
+        limit = rule_threshold_limits().get(name)
+        if limit is not None and entry.threshold >= limit:
+            raise PolicyError(
+                f"{source}: [rules.{name}] threshold = {entry.threshold:g} must be under {limit:g} "
+                "(it is a fraction: 0.1 = 10 %)"
+            )
+        policy.rules[name] = entry
 
 
 def load_policy(override: str | Path | None = None) -> Policy:

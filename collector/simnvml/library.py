@@ -186,7 +186,7 @@ class SimulatedNvmlLibrary(HealthSymbols, HiddenFailureSymbols, EventSymbols):
         gpu, rc = self._gpu(handle, "nvmlDeviceGetEnforcedPowerLimit")
         if gpu is None:
             return rc
-        arg_target(milliwatts_ref).value = round(gpu.profile.power_limit_w * 1000)
+        arg_target(milliwatts_ref).value = round(gpu.enforced_power_limit_w() * 1000)
         return pynvml.NVML_SUCCESS
 
     # --- clocks and clock-event reasons ---------------------------------------------

@@ -174,6 +174,11 @@ class SimulatedGpu:
     sbe_rate_per_s: float = 0.0
     slow_factor: float = 1.0
     _sbe_carry: float = 0.0
+    # The power limit an operator set (nvidia-smi -pl; None: the board's). Under it a GPU whose
+    # work would draw more is held at the limit with the SW power-cap reason raised and its SM
+    # clock lowered, as the driver does (capped_by below).
+    power_limit_w: float | None = None
+    _demand_w: float = 0.0  # what the work would draw without the limit
     # Counters and states that faults move (read through the matching NVML symbols).
     ecc_sbe_volatile: int = 0
     ecc_dbe_volatile: int = 0
@@ -209,7 +214,23 @@ class SimulatedGpu:
         self.ecc_sbe_volatile = self.ecc_dbe_volatile = 0
         self.remap_pending = self.retired_pages_pending = False
         self.nvlink_down.clear()
+        # What the driver asked a reset for is done; a storm from a row the reset remapped ends.
+        self.recovery_action = 0
+        self.sbe_rate_per_s = self._sbe_carry = 0.0
         return f"GPU {self.index} reset (simulated)"
+
+    def enforced_power_limit_w(self) -> float:
+        return self.power_limit_w if self.power_limit_w is not None else self.profile.power_limit_w
+
+    def capped_by(self) -> float:
+        """How far the power limit holds the GPU's work back: 1.0 when it draws what its work
+        asks, else the SM clock's factor. Near the top of the voltage-frequency curve dynamic
+        power grows about with the cube of the clock (the voltage rises with it), so a GPU held
+        to 80 % of the power its work wants runs at about 0.8^(1/3) = 93 % of the clock."""
+        limit = self.enforced_power_limit_w()
+        if self._demand_w <= limit or self.util_gpu_pct < 1:
+            return 1.0
+        return (limit / self._demand_w) ** (1 / 3)
 
     def inject_ecc(self, uncorrected: bool, count: int = 1) -> None:
         if uncorrected:
@@ -255,6 +276,8 @@ class SimulatedGpu:
         reasons = self.forced_reasons
         if self.util_gpu_pct < 1:
             reasons |= REASON_GPU_IDLE
+        elif self.capped_by() < 1.0:
+            reasons |= REASON_SW_POWER_CAP
         return reasons
 
     def sm_clock_mhz(self) -> float:
@@ -268,7 +291,7 @@ class SimulatedGpu:
             | REASON_SW_POWER_CAP
             | REASON_HW_POWER_BRAKE
         )
-        return p.max_sm_clock_mhz * (0.55 if slowed else 1.0) * self._slowness()
+        return p.max_sm_clock_mhz * (0.55 if slowed else 1.0) * self._slowness() * self.capped_by()
 
     def _slowness(self) -> float:
         return self.slow_factor if self.util_gpu_pct >= 50 else 1.0
@@ -291,7 +314,8 @@ class SimulatedGpu:
             + (p.power_limit_w * 0.95 - p.idle_power_w) * (self.util_gpu_pct / 100.0)
             + self.rng.gauss(0, 3)
         )
-        self.power_w = _clamp(self.power_w * self._slowness(), p.idle_power_w * 0.8, p.power_limit_w)
+        self._demand_w = self.power_w * self._slowness()
+        self.power_w = _clamp(self._demand_w, p.idle_power_w * 0.8, self.enforced_power_limit_w())
         if self.sbe_rate_per_s:
             self._sbe_carry += self.sbe_rate_per_s * dt_s
             storm, self._sbe_carry = int(self._sbe_carry), self._sbe_carry % 1

@@ -36,6 +36,8 @@ Kinds and their parameters:
     gpu_missing     count = N (1)       GPUs on the PCI bus that the driver does not list
     ecc_storm       rate = N            corrected ECC errors per second from now on
     slow            factor = F          SM clock and power x F under load, no throttle reason
+    power_limit     watts = N           the operator's power limit (nvidia-smi -pl); work that
+                                        would draw more is held to it: power-cap reason, lower clock
     heal                                every fault of this list above gone
     busy            util = N            the whole node runs a steady job at N % from now on
 """
@@ -86,6 +88,7 @@ KINDS = {
     "gpu_missing": {"count"},
     "ecc_storm": {"rate"},
     "slow": {"factor"},
+    "power_limit": {"watts"},
     "heal": set(),
     "busy": {"util"},
 }
@@ -97,6 +100,7 @@ _REQUIRED = {
     "recovery_action": {"action"},
     "ecc_storm": {"rate"},
     "slow": {"factor"},
+    "power_limit": {"watts"},
     "busy": {"util"},
 }
 # Each parameter's type (what the TOML value is converted with); absent ones take Fault's default.
@@ -115,6 +119,7 @@ _TYPES: dict[str, type] = {
     "rate": float,
     "factor": float,
     "util": float,
+    "watts": float,
 }
 
 
@@ -142,6 +147,7 @@ class Fault:
     rate: float = 0.0
     factor: float = 1.0
     util: float = 0.0
+    watts: float = 0.0
 
 
 def load(path: str | Path) -> list[Fault]:
@@ -175,6 +181,8 @@ def load(path: str | Path) -> list[Fault]:
             raise ScenarioError(f"{where} ({kind}): at_s and gpu must be ≥ 0, count ≥ 1")
         if not (0 < fault.factor <= 1 and fault.rate >= 0 and (fault.seconds is None or fault.seconds >= 0)):
             raise ScenarioError(f"{where} ({kind}): factor must be in (0, 1], rate and seconds ≥ 0")
+        if kind == "power_limit" and not 50 <= fault.watts <= 2000:
+            raise ScenarioError(f"{where} ({kind}): watts = {fault.watts:g} must be between 50 and 2000")
         faults.append(fault)
     return sorted(faults, key=lambda f: f.at_s)
 
@@ -211,6 +219,7 @@ _HEALED = {
     "fabric_status": 0,
     "sbe_rate_per_s": 0.0,
     "slow_factor": 1.0,
+    "power_limit_w": None,
 }
 
 
@@ -242,6 +251,7 @@ APPLY: dict[str, Callable[[SimulatedGpu, Fault], None]] = {
     "gpu_missing": lambda gpu, f: None,  # the node's, not the GPU's: NODE_APPLY
     "ecc_storm": lambda gpu, f: setattr(gpu, "sbe_rate_per_s", f.rate),
     "slow": lambda gpu, f: setattr(gpu, "slow_factor", f.factor),
+    "power_limit": lambda gpu, f: setattr(gpu, "power_limit_w", f.watts),
     "heal": _set(**_HEALED),
     "busy": lambda gpu, f: None,  # the node's: NODE_APPLY
 }

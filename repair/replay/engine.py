@@ -273,6 +273,13 @@ class ReplayEngine(SimulatedWorld):
                 return max(tick, wf.step_started_ns + int(timeout_s * 1e9) + 1)
         if state not in (Health.HEALTHY, Health.SUSPECT):
             return tick
+        times = self._finding_times(name) + _window_times(self.controller, self.policy, name, self.now)
+        return min(times) if times else None
+
+    def _finding_times(self, name: str) -> list[int]:
+        """When the node's findings change with time alone: a window met, an XID out of the
+        look-back, a rate to look at again."""
+        c = self.controller
         times = []
         lookback_ns = int(self.policy.workflow["xid_lookback_s"] * 1e9)
         for f in c.findings.get(name, []):
@@ -284,7 +291,7 @@ class ReplayEngine(SimulatedWorld):
                 # A rate falls as time passes with the counter still: looked at again, as the
                 # live controller's full passes do.
                 times.append(self.now + int(max(self.config.tick_s, f.window_s / 4) * 1e9))
-        return min(times) if times else None
+        return times
 
     async def run(self) -> ReplayRun:
         started = time.perf_counter()
@@ -428,3 +435,14 @@ class ReplayEngine(SimulatedWorld):
 def replay(policy: Policy, history: FaultHistory, config: ReplayConfig | None = None) -> ReplayRun:
     """Run a replay to its end (blocking: its own event loop; call from a thread in a server)."""
     return asyncio.run(ReplayEngine(policy, history, config).run())
+
+
+def _window_times(controller: RepairController, policy: Policy, node: str, now: int) -> list[int]:
+    """When a window a rule is filling for the node will be whole (repair/rules/windows.py)."""
+    times = []
+    for rule_name, rule in controller.evaluator.rules.items():
+        entry = policy.rules.get(rule_name)
+        whole_at = rule.look_again_at_ns(node, entry) if entry is not None else None
+        if whole_at is not None:
+            times.append(max(whole_at, now + 1))
+    return times

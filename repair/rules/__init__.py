@@ -11,10 +11,11 @@ from gpufleet.repair.rules.ecc import EccUncorrected
 from gpufleet.repair.rules.gpu_lost import GpuLost, GpuMissing
 from gpufleet.repair.rules.nvlink import FabricDown, NvlinkDown, NvlinkErrors
 from gpufleet.repair.rules.pcie import PcieDowntrained, PcieReplays
-from gpufleet.repair.rules.peers import EccCorrectedStorm, GpuSlow
+from gpufleet.repair.rules.peers import EccCorrectedStorm
 from gpufleet.repair.rules.remap import RemapFailure, RemapPending
 from gpufleet.repair.rules.retired_pages import RetiredPages, RetiredPagesPending
 from gpufleet.repair.rules.silent import CollectorSilent
+from gpufleet.repair.rules.slowness import GpuSlow
 from gpufleet.repair.rules.throttle import PowerSlowdown, ThermalSlowdown
 from gpufleet.repair.rules.xid import Xid
 

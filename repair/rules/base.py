@@ -28,10 +28,17 @@ class Rule(abc.ABC):
     # Whether its findings change with time alone, the samples staying the same (a rate falls
     # as a counter stands still): a replay looks at such a finding again as time passes.
     changes_with_time = False
+    # A threshold that is a fraction must stay under this (a policy with more is refused).
+    threshold_max: float | None = None
 
     @abc.abstractmethod
     def evaluate(self, snap: NodeSnapshot, entry: Entry, policy: Policy, now_ns: int) -> list[Finding]:
         """The findings this rule makes of one node now."""
+
+    def look_again_at_ns(self, node: str, entry: Entry) -> int | None:
+        """When a window this rule is filling for the node will be whole (None: none is): a
+        replay, which looks at a node only when something happens to it, looks again then."""
+        return None
 
 
 class GpuCheck(Rule):
@@ -57,22 +64,35 @@ class GpuCheck(Rule):
 
 
 class RateCheck(Rule):
-    """Errors per hour of a monotonically growing counter, over the rule's window."""
+    """Errors per hour of a monotonically growing counter, over the rule's window: active once
+    the counter's growth over a whole window reaches the threshold, as evidence since the
+    window's start (so the evaluator's persistence window is the rate's own window, not a
+    second one after it; docs/repair.md "Rates over windows")."""
 
     changes_with_time = True
 
     def __init__(self, counter: Callable[[telemetry_pb2.GpuSample], int | None]) -> None:
         self._counter = counter
-        self._history: dict[tuple[str, int], deque[tuple[int, int]]] = {}
+        # node -> GPU -> (time, count), oldest first, the last whole window and one before it
+        self._history: dict[str, dict[int, deque[tuple[int, int]]]] = {}
+
+    def look_again_at_ns(self, node: str, entry: Entry) -> int | None:
+        span_ns = _span_ns(entry)
+        growing = [
+            h[0][0] + span_ns
+            for h in self._history.get(node, {}).values()
+            if len(h) > 1 and h[-1][1] > h[0][1] and h[-1][0] - h[0][0] < span_ns
+        ]
+        return min(growing) if growing else None
 
     def evaluate(self, snap: NodeSnapshot, entry: Entry, policy: Policy, now_ns: int) -> list[Finding]:
-        span_ns = int(max(entry.window_s, 60.0) * 1e9)
+        span_ns = _span_ns(entry)
         found = []
         for index, gpu in sorted(snap.gpus.items()):
             total = self._counter(gpu)
             if total is None or gpu.lost:
                 continue
-            history = self._history.setdefault((snap.node, index), deque())
+            history = self._history.setdefault(snap.node, {}).setdefault(index, deque())
             t = snap.sample_time_ns or now_ns
             if history and (total < history[-1][1] or t < history[-1][0]):
                 history.clear()  # counter reset (driver reload) or clock step
@@ -81,8 +101,8 @@ class RateCheck(Rule):
             while len(history) > 2 and t - history[1][0] >= span_ns:
                 history.popleft()
             (t0, c0), (t1, c1) = history[0], history[-1]
-            if t1 - t0 < span_ns * 0.5:
-                continue  # not enough history for a rate yet
+            if t1 - t0 < span_ns:
+                continue  # not a whole window of history yet
             per_hour = (c1 - c0) / ((t1 - t0) / 3.6e12)
             if per_hour >= entry.threshold > 0:
                 found.append(
@@ -91,7 +111,12 @@ class RateCheck(Rule):
                         index,
                         self.name,
                         f"{per_hour:.0f}/h over {(t1 - t0) / 1e9:.0f} s (threshold {entry.threshold:g}/h)",
-                        t1,
+                        t1 - span_ns,
                     )
                 )
         return found
+
+
+def _span_ns(entry: Entry) -> int:
+    """A rate's window: the policy's, never under a minute (a shorter one is a count, not a rate)."""
+    return int(max(entry.window_s, 60.0) * 1e9)

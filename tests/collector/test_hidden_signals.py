@@ -43,6 +43,56 @@ def test_link_fabric_and_recovery_action_are_read(node: SimulatedNode, clock: Fa
     source.close()
 
 
+def test_an_operators_power_limit_holds_the_gpu_with_the_cap_reason_and_a_lower_clock(
+    node: SimulatedNode, clock: FakeClock
+) -> None:
+    """Two of eight GPUs capped at 450 W (nvidia-smi -pl) under a steady job: NVML reads their
+    limit, their power at it, the SW power-cap reason and a lower SM clock; the others read
+    the board's 700 W, no cap reason, the full clock. Lifting the limit (heal) undoes it."""
+    from gpufleet.collector.simnvml.scenario import Fault, apply
+
+    source = NvmlSource()
+    node.forced_util_pct = 97
+    for gpu in (0, 1):
+        apply(node.gpus[gpu], Fault(0, gpu, "power_limit", watts=450))
+    clock.now += 30
+    samples = source.sample()
+    capped, free = samples[:2], samples[2:]
+    assert {s.power_limit_w for s in capped} == {450.0} and {s.power_limit_w for s in free} == {700.0}
+    assert all(
+        s.power_w <= 450.0 and s.clock_event_reasons & pynvml.nvmlClocksEventReasonSwPowerCap for s in capped
+    )
+    assert all(
+        s.power_w > 600 and not s.clock_event_reasons & pynvml.nvmlClocksEventReasonSwPowerCap for s in free
+    )
+    assert max(s.clock_sm_mhz for s in capped) < 0.93 * min(s.clock_sm_mhz for s in free)
+    apply(node.gpus[0], Fault(0, 0, "heal"))
+    clock.now += 30
+    healed = source.sample()[0]
+    assert (
+        healed.power_limit_w == 700.0
+        and not healed.clock_event_reasons & pynvml.nvmlClocksEventReasonSwPowerCap
+    )
+    source.close()
+
+
+def test_a_gpu_reset_clears_the_recovery_action_and_the_storm(node: SimulatedNode, clock: FakeClock) -> None:
+    """What a reset clears on a real GPU: the recovery action NVML asked it for, the volatile
+    counts, a corrected-error storm from the row it remaps."""
+    gpu = node.gpus[3]
+    gpu.recovery_action = pynvml.NVML_GPU_RECOVERY_ACTION_GPU_RESET
+    gpu.sbe_rate_per_s = 5000.0
+    clock.now += 10
+    source = NvmlSource()
+    before = source.sample()[3]
+    assert before.recovery_action == 1 and before.ecc_sbe_volatile > 0
+    gpu.reset()
+    clock.now += 10
+    after = source.sample()[3]
+    assert after.recovery_action == 0 and after.ecc_sbe_volatile == 0
+    source.close()
+
+
 def test_a_gpu_without_a_fabric_leaves_it_absent(clock: FakeClock) -> None:
     sim = SimulatedNode("a100-node", gpu_count=2, model="A100", seed=1, clock=clock)
     install(SimulatedNvmlLibrary(sim))
