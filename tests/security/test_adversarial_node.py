@@ -121,8 +121,11 @@ def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
         "--repair-max-out-of-service-fraction",
         "1",
         # Its tests put a node of their own into repair each time they run (twenty times in a
-        # row, when a run repeats them): the breaker, a fleet-wide rail, is not what they test.
+        # row, when a run repeats them): the breaker and the cap on nodes out of service,
+        # fleet-wide rails, are not what they test.
         "--repair-breaker-nodes",
+        "1000",
+        "--repair-max-out-of-service",
         "1000",
         "--hello-timeout-s",
         "2",
