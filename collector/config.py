@@ -3,6 +3,7 @@ the metadata on each field; here they are typed and checked."""
 
 from __future__ import annotations
 
+import os
 import socket
 import time
 from dataclasses import dataclass, field
@@ -60,6 +61,12 @@ class CollectorConfig:
     sim_model: str = _setting("H100", f"simulated GPU model: {', '.join(GPU_PROFILES)}")
     sim_scenario: str = _setting(
         "", "TOML file of faults to inject into the simulated GPUs (see collector/simnvml/scenario.py)"
+    )
+    sim_nvml_library: str = _setting(
+        "",
+        "with simulate: the C stand-in library to load beneath pynvml (a .so built by "
+        "gpufleet.collector.simnvml.clibrary.build: real foreign calls, hangs blocked in C); empty: "
+        "the Python stand-in",
     )
     sim_scheduler_file: str = _setting(
         "",
@@ -182,14 +189,7 @@ class CollectorConfig:
             )
         if self.buffer_reports < 1:
             raise ValueError(f"buffer_reports={self.buffer_reports} must be at least 1")
-        if self.simulate and self.sim_model not in GPU_PROFILES:
-            raise ValueError(
-                f"sim_model={self.sim_model!r} is unknown; choose one of {', '.join(GPU_PROFILES)}"
-            )
-        if not 0 <= self.sim_gpus <= 64:
-            raise ValueError(f"sim_gpus={self.sim_gpus} must be between 0 and 64")
-        if self.sim_engine and self.sim_engine not in SIMULATED_ENGINES:
-            raise ValueError(f"sim_engine={self.sim_engine!r} must be {' or '.join(SIMULATED_ENGINES)}")
+        self._check_simulation()
         if not 0.1 <= self.engine_timeout_s <= 60:
             raise ValueError(f"engine_timeout_s={self.engine_timeout_s} must be between 0.1 and 60")
         if self.ack_timeout_intervals != 0 and not 1 <= self.ack_timeout_intervals <= 1000:
@@ -199,6 +199,22 @@ class CollectorConfig:
         if not 0.001 <= self.nvml_deadline_s <= 600:
             raise ValueError(f"nvml_deadline_s={self.nvml_deadline_s} must be between 0.001 and 600 seconds")
         parse_endpoints(self.engines)  # raises ValueError naming the bad entry
+
+    def _check_simulation(self) -> None:
+        if self.simulate and self.sim_model not in GPU_PROFILES:
+            raise ValueError(
+                f"sim_model={self.sim_model!r} is unknown; choose one of {', '.join(GPU_PROFILES)}"
+            )
+        if self.sim_nvml_library and not (self.simulate and os.path.isfile(self.sim_nvml_library)):
+            raise ValueError(
+                f"sim_nvml_library={self.sim_nvml_library!r}: give it with simulate, as the path of a "
+                "built stand-in (python -c 'from gpufleet.collector.simnvml.clibrary import build; "
+                "print(build(DIR))')"
+            )
+        if not 0 <= self.sim_gpus <= 64:
+            raise ValueError(f"sim_gpus={self.sim_gpus} must be between 0 and 64")
+        if self.sim_engine and self.sim_engine not in SIMULATED_ENGINES:
+            raise ValueError(f"sim_engine={self.sim_engine!r} must be {' or '.join(SIMULATED_ENGINES)}")
 
     def _check_transport(self) -> None:
         """How the collector reaches the aggregator and proves its node: never in clear off loopback."""

@@ -6,15 +6,18 @@ import asyncio
 import dataclasses
 import logging
 import signal
+from pathlib import Path
 
 from gpufleet.collector import probes
 from gpufleet.collector.agent import CollectorAgent
 from gpufleet.collector.config import CollectorConfig
 from gpufleet.collector.metrics_endpoint import serve
 from gpufleet.collector.simnvml import SimulatedNode, SimulatedNvmlLibrary, install
+from gpufleet.collector.simnvml.clibrary import install_c
 from gpufleet.collector.simnvml.engine_server import SimulatedEngine
 from gpufleet.collector.simnvml.scenario import ScenarioRunner, load
 from gpufleet.collector.simnvml.scheduler import ScheduledState
+from gpufleet.collector.sources.deadline import returns_within
 from gpufleet.collector.sources.nvml import NvmlSource
 from gpufleet.collector.sources.registry import EVENT_SOURCES, SourceContext
 from gpufleet.collector.sources.xid_kmsg import KernelLogXidWatcher
@@ -38,7 +41,10 @@ def open_source(config: CollectorConfig) -> tuple[NvmlSource, ScenarioRunner | N
         node = SimulatedNode(config.node, config.sim_gpus, config.sim_model, scheduled=scheduled)
         if config.sim_scenario:
             runner = ScenarioRunner(node, load(config.sim_scenario))
-        install(SimulatedNvmlLibrary(node))
+        if config.sim_nvml_library:
+            install_c(Path(config.sim_nvml_library), SimulatedNvmlLibrary(node))
+        else:
+            install(SimulatedNvmlLibrary(node))
     return NvmlSource(), runner, node
 
 
@@ -70,7 +76,7 @@ def _close_nvml(agent: CollectorAgent, source: NvmlSource) -> None:
         # nvmlShutdown would wait on the stuck call: left to the process exit.
         log.warning("NVML not shut down: a call is still stuck in the driver")
     else:
-        source.close()
+        returns_within(source.close, 2.0, "nvmlShutdown")  # a driver can stick at the last call too
 
 
 async def run_collector(config: CollectorConfig) -> None:

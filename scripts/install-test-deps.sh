@@ -10,6 +10,7 @@
 #   systemd-analyze (systemd)      verifies deploy/systemd's units
 #   initdb, postgres (postgresql)  the control plane's PostgreSQL tests start a real server
 #   cc (package gcc)               builds tests/harness/skewed_clock.c: PostgreSQL with its clock hours off the replicas'
+#                                  and the C stand-in NVML (collector/simnvml/clibrary.py) the collector tests load
 #   ssh (openssh-client)           the hook the adversarial tests run (a crafted node name once made ssh run a command)
 set -euo pipefail
 missing=()

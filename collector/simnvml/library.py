@@ -93,6 +93,7 @@ class SimulatedNvmlLibrary(HealthSymbols, HiddenFailureSymbols, EventSymbols):
 
     # --- library -------------------------------------------------------------------
     def nvmlInitWithFlags(self, flags: Any) -> int:
+        self.node.wait_if_hung("nvmlInitWithFlags")
         self._initialized += 1
         return pynvml.NVML_SUCCESS
 

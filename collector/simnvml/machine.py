@@ -111,6 +111,9 @@ class Hang:
 
     until_s: float | None = None
     release_file: str = ""
+    # Blocked while holding the driver's library-wide lock, as a driver stuck with its internal
+    # lock held: every other call, for every GPU, then waits too (the C stand-in, clibrary.py).
+    holds_driver_lock: bool = False
 
     def over(self) -> bool:
         if self.until_s is not None and time.monotonic() >= self.until_s:
@@ -250,11 +253,11 @@ class SimulatedGpu:
 
     def wait_if_hung(self, symbol: str) -> None:
         """Block the calling thread while a hang holds this symbol (or every symbol)."""
-        for key in (symbol, "*"):
-            hang = self.hangs.get(key)
-            if hang is not None:
-                hang.wait()
-                self.hangs.pop(key, None)
+        _wait_if_hung(self.hangs, symbol)
+
+    def take_hang(self, symbol: str) -> Hang | None:
+        """The hang this call meets, taken (it is one call's), for the C stand-in to block on."""
+        return _take_hang(self.hangs, symbol)
 
     def pcie_link(self) -> tuple[int, int]:
         """(generation, width) the link runs at now."""
@@ -335,6 +338,22 @@ class SimulatedGpu:
 MIN_STEP_S = 0.05  # the least clock time a simulated node moves by (SimulatedNode.advance)
 
 
+def _take_hang(hangs: dict[str, Hang], symbol: str) -> Hang | None:
+    for key in (symbol, "*"):
+        hang = hangs.pop(key, None)
+        if hang is not None:
+            return hang
+    return None
+
+
+def _wait_if_hung(hangs: dict[str, Hang], symbol: str) -> None:
+    for key in (symbol, "*"):
+        hang = hangs.get(key)
+        if hang is not None:
+            hang.wait()
+            hangs.pop(key, None)
+
+
 class SimulatedNode:
     """One machine's worth of simulated GPUs, advanced lazily to the time it is asked about."""
 
@@ -376,6 +395,8 @@ class SimulatedNode:
         ]
         # GPUs the PCI bus shows that the driver does not list (a GPU missing from NVML).
         self.bus_only_gpus = 0
+        # Calls that are not a GPU's (nvmlInitWithFlags, ...) -> a hang (as SimulatedGpu.hangs).
+        self.hangs: dict[str, Hang] = {}
         # A steady job at this utilization from now on (None: jobs come and go at random).
         self.forced_util_pct: float | None = None
         self._job: _Job | None = None
@@ -385,6 +406,12 @@ class SimulatedNode:
         # The demo scheduler's state file (None: no scheduler; jobs come and go on their own).
         self.scheduled = scheduled
         self._scheduled_state = IN_SERVICE
+
+    def wait_if_hung(self, symbol: str) -> None:
+        _wait_if_hung(self.hangs, symbol)
+
+    def take_hang(self, symbol: str) -> Hang | None:
+        return _take_hang(self.hangs, symbol)
 
     def pci_gpu_count(self) -> int:
         """NVIDIA GPUs on this node's PCI bus, as sysfs would count them."""

@@ -29,7 +29,8 @@ Kinds and their parameters:
     not_supported   symbol = "nvml..."  that NVML call answers NOT_SUPPORTED from now on
   Failures the driver hides (docs/repair.md):
     hang            symbol = "nvml..." ("*": the next call of any), seconds = N (absent: never
-                    returns), release_file = PATH (the call returns once PATH exists)
+                    returns), release_file = PATH (the call returns once PATH exists), lock =
+                    true (the C stand-in: blocked holding the driver's lock, so every call waits)
     recovery_action action = N          NVML_FI_DEV_GET_GPU_RECOVERY_ACTION (1 reset, 2 reboot)
     pcie_downtrain  gen = N, width = N  the PCIe link trains to this (0: unchanged)
     fabric_down     state = N (1), status = N (0)   the NVLink fabric (3 = completed)
@@ -81,7 +82,7 @@ KINDS = {
     "nvlink_errors": {"link", "count"},
     "pcie_replays": {"count"},
     "not_supported": {"symbol"},
-    "hang": {"symbol", "seconds", "release_file"},
+    "hang": {"symbol", "seconds", "release_file", "lock"},
     "recovery_action": {"action"},
     "pcie_downtrain": {"gen", "width"},
     "fabric_down": {"state", "status"},
@@ -111,6 +112,7 @@ _TYPES: dict[str, type] = {
     "symbol": str,
     "seconds": float,
     "release_file": str,
+    "lock": bool,
     "action": int,
     "gen": int,
     "width": int,
@@ -139,6 +141,7 @@ class Fault:
     symbol: str = ""
     seconds: float | None = None
     release_file: str = ""
+    lock: bool = False
     action: int = 0
     gen: int = 0
     width: int = 0
@@ -203,7 +206,7 @@ def _set(**values: Any) -> Callable[[SimulatedGpu, Fault], None]:
 
 def _hang(gpu: SimulatedGpu, fault: Fault) -> None:
     until = None if fault.seconds is None else time.monotonic() + fault.seconds
-    gpu.hangs[fault.symbol or "*"] = Hang(until, fault.release_file)
+    gpu.hangs[fault.symbol or "*"] = Hang(until, fault.release_file, fault.lock)
 
 
 def _pcie_downtrain(gpu: SimulatedGpu, fault: Fault) -> None:

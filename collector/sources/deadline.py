@@ -52,6 +52,33 @@ class _Worker:
                 future.set_exception(exc)
 
 
+def returns_within(call: Callable[[], object], timeout_s: float, what: str) -> bool:
+    """Run an NVML call that may never return (a cleanup at shutdown: freeing an event set,
+    nvmlShutdown) on a daemon thread, waiting at most timeout_s; True if it returned. A driver
+    stuck with its lock held blocks every call, these too: the collector still stops, and the
+    call is left to the process exit (logged)."""
+    done = threading.Event()
+
+    def run() -> None:
+        try:
+            call()
+        except Exception as exc:  # the cleanup's own error: logged, nothing else to do at exit
+            log.warning("%s failed: %s", what, exc, extra={"nvml_call": what, "error": str(exc)})
+        finally:
+            done.set()
+
+    threading.Thread(target=run, name=f"nvml-{what}", daemon=True).start()
+    if done.wait(timeout_s):
+        return True
+    log.warning(
+        "%s has not returned after %.1f s: the driver does not answer; left to the process exit",
+        what,
+        timeout_s,
+        extra={"nvml_call": what, "waited_s": timeout_s},
+    )
+    return False
+
+
 @dataclass(frozen=True)
 class Unresponsive:
     """A GPU whose NVML call has outlived the deadline."""

@@ -15,12 +15,14 @@ from collections.abc import Callable
 
 import pynvml
 
+from gpufleet.collector.sources.deadline import returns_within
 from gpufleet.collector.sources.nvml import NvmlSource
 from gpufleet.protos import telemetry_pb2, vocabulary_pb2
 
 log = logging.getLogger("gpufleet.collector.xid")
 
 WAIT_MS = 500  # how often the thread looks up from the wait to see whether it should stop
+STOP_WAIT_S = 1.0  # at a stop, the longest wait for the thread, and for freeing the event set
 
 
 class NvmlXidWatcher:
@@ -91,5 +93,7 @@ class NvmlXidWatcher:
     def stop(self) -> None:
         self._stop.set()
         if self._thread is not None:
-            self._thread.join(timeout=5)
-            pynvml.nvmlEventSetFree(self._event_set)
+            # Its wait ends within WAIT_MS; freeing the set is an NVML call a stuck driver
+            # never answers: bounded, so SIGTERM still ends the collector.
+            self._thread.join(timeout=STOP_WAIT_S)
+            returns_within(lambda: pynvml.nvmlEventSetFree(self._event_set), STOP_WAIT_S, "nvmlEventSetFree")

@@ -4,10 +4,12 @@ installed as the NVML library pynvml loads (its real ctypes code path over the s
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
 from gpufleet.collector.simnvml import SimulatedNode, SimulatedNvmlLibrary, install, uninstall
+from gpufleet.collector.simnvml.clibrary import build
 from harness.clock import FakeClock
 
 
@@ -22,3 +24,10 @@ def node(clock: FakeClock) -> Iterator[SimulatedNode]:
     install(SimulatedNvmlLibrary(sim))
     yield sim
     uninstall()
+
+
+@pytest.fixture(scope="session")
+def nvml_standin_so(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The C stand-in NVML library (collector/simnvml/clibrary.py), built once a session with
+    the system C compiler."""
+    return build(tmp_path_factory.mktemp("nvml-standin"))

@@ -1,9 +1,12 @@
 """A driver call that never returns, and one that returns after 45 s, on a real collector process
-(the stand-in NVML blocks the call as a call stuck in the kernel does) streaming to a real
-aggregator with repair on: the other GPUs keep reporting every interval, the stuck GPUs are
+over the C stand-in NVML (collector/simnvml/clibrary.py: the collector's real foreign calls; a
+stuck call is blocked in C, where Python cannot interrupt it) streaming to a real aggregator with
+repair on: the other GPUs keep reporting every interval, the stuck GPUs are
 reported driver_unresponsive within the deadline plus one interval and become a finding in
 `gpufleet incidents`, the collector stays alive and its /ready names the stuck call, and when
-the calls return the GPUs report again without a restart."""
+the calls return the GPUs report again without a restart. And a driver stuck with its lock held
+(every GPU's calls wait): every GPU is reported driver_unresponsive, the node is not silent, and
+SIGTERM still ends the collector within 5 s."""
 
 from __future__ import annotations
 
@@ -17,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from gpufleet.protos import fleet_pb2
+from gpufleet.protos import fleet_pb2, vocabulary_pb2
 from harness.dashboard import app
 from harness.fleet_api import bearer
 from harness.processes import AggregatorHandle, Cluster, Proc
@@ -51,20 +54,27 @@ def _probe(collector: Proc, path: str) -> tuple[int, dict[str, Any]]:
         return err.code, json.loads(err.read())
 
 
-def _gpus(agg: AggregatorHandle, cluster: Cluster) -> dict[int, Any]:
-    detail = agg.fleet_stub().GetNode(
-        fleet_pb2.GetNodeRequest(node=NODE), metadata=bearer(cluster.secrets.tokens["viewer"]), timeout=10
+def _summary(agg: AggregatorHandle, cluster: Cluster, node: str = NODE) -> Any:
+    return (
+        agg.fleet_stub()
+        .GetNode(
+            fleet_pb2.GetNodeRequest(node=node), metadata=bearer(cluster.secrets.tokens["viewer"]), timeout=10
+        )
+        .summary
     )
-    return {g.index: g for g in detail.summary.gpus}
 
 
-def _unresponsive(agg: AggregatorHandle, cluster: Cluster) -> set[int]:
-    return {i for i, g in _gpus(agg, cluster).items() if g.driver_unresponsive}
+def _gpus(agg: AggregatorHandle, cluster: Cluster, node: str = NODE) -> dict[int, Any]:
+    return {g.index: g for g in _summary(agg, cluster, node).gpus}
+
+
+def _unresponsive(agg: AggregatorHandle, cluster: Cluster, node: str = NODE) -> set[int]:
+    return {i for i, g in _gpus(agg, cluster, node).items() if g.driver_unresponsive}
 
 
 @pytest.mark.slow
 def test_a_hung_driver_call_stops_only_its_gpu_and_recovers_without_a_restart(
-    cluster: Cluster, monkeypatch: pytest.MonkeyPatch
+    cluster: Cluster, monkeypatch: pytest.MonkeyPatch, nvml_standin_so: Path
 ) -> None:
     agg = repair_aggregator(cluster, policy=POLICY)
     release = cluster.tmp / "release-gpu3"
@@ -78,6 +88,8 @@ def test_a_hung_driver_call_stops_only_its_gpu_and_recovers_without_a_restart(
         str(DEADLINE_S),
         "--sim-scenario",
         str(scenario),
+        "--sim-nvml-library",
+        str(nvml_standin_so),
     )
     pid = collector.popen.pid
 
@@ -155,3 +167,44 @@ def test_a_hung_driver_call_stops_only_its_gpu_and_recovers_without_a_restart(
         assert DEADLINE_S <= first <= DEADLINE_S + INTERVAL_S + 0.5, (index, first)
     hung_total = [p.fields["nvml_calls_hung_total"] for p in read_points(agg.data_dir, "collector")]
     assert max(hung_total) == 2, "each stuck call counted once"
+
+
+@pytest.mark.slow
+def test_a_driver_stuck_with_its_lock_held_is_reported_for_every_gpu_and_sigterm_still_ends_it(
+    cluster: Cluster, nvml_standin_so: Path
+) -> None:
+    agg = cluster.aggregator("aggregator", 0, 0, None)
+    node = "locked-node-01"
+    scenario = cluster.tmp / "locked.toml"
+    scenario.write_text(
+        '[[fault]]\nat_s = 2\ngpu = 2\nkind = "hang"\nsymbol = "nvmlDeviceGetPowerUsage"\n'
+        f'release_file = "{cluster.tmp / "never"}"\nlock = true\n'
+    )
+    collector = cluster.collector(
+        node,
+        agg.ingest,
+        "--interval-s",
+        str(INTERVAL_S),
+        "--nvml-deadline-s",
+        str(DEADLINE_S),
+        "--sim-scenario",
+        str(scenario),
+        "--sim-nvml-library",
+        str(nvml_standin_so),
+    )
+    # Every GPU waits on the driver's lock: each is reported stuck, in reports that keep coming.
+    wait_until(
+        lambda: _unresponsive(agg, cluster, node) == set(range(8)), 30, "all eight GPUs driver_unresponsive"
+    )
+    assert _gpus(agg, cluster, node)[2].driver_unresponsive_call == "nvmlDeviceGetPowerUsage"
+    summary = _summary(agg, cluster, node)
+    assert summary.liveness == vocabulary_pb2.LIVENESS_REPORTING, summary
+    seen = summary.last_report_unix_ns
+    wait_until(lambda: _summary(agg, cluster, node).last_report_unix_ns > seen, 10, "a report after that one")
+    # Eight threads blocked in C (one in the hang, seven on its lock): SIGTERM still ends it.
+    started = time.monotonic()
+    collector.popen.terminate()
+    collector.popen.wait(timeout=30)
+    took_s = time.monotonic() - started
+    assert took_s < 5.0, f"SIGTERM took {took_s:.1f} s to end the collector: {collector.log()[-2000:]}"
+    assert collector.popen.returncode == 0, collector.log()[-2000:]
