@@ -24,6 +24,7 @@ from gpufleet.collector.sources.deadline import DeadlineSampler
 from gpufleet.collector.sources.engines.discovery import EngineDiscovery
 from gpufleet.collector.sources.engines.scrape import EngineScraper, parse_endpoints
 from gpufleet.collector.sources.nvml import NvmlSource
+from gpufleet.collector.sources.nvml_start import NvmlNotAnswering
 from gpufleet.collector.sources.pci_bus import count_nvidia_gpus
 from gpufleet.collector.sources.xid_kmsg import KernelLogXidWatcher
 from gpufleet.collector.streaming import Streaming
@@ -35,7 +36,9 @@ log = logging.getLogger("gpufleet.collector")
 
 
 class CollectorAgent(Streaming, Keeping):
-    def __init__(self, config: CollectorConfig, source: NvmlSource, simulated: bool) -> None:
+    def __init__(
+        self, config: CollectorConfig, source: NvmlSource | NvmlNotAnswering, simulated: bool
+    ) -> None:
         self.config = config
         self.source = source
         self.simulated = simulated

@@ -68,6 +68,10 @@ class CollectorConfig:
         "gpufleet.collector.simnvml.clibrary.build: real foreign calls, hangs blocked in C); empty: "
         "the Python stand-in",
     )
+    sim_nvml_init_hang_s: float = _setting(
+        0.0,
+        "with simulate: the stand-in's nvmlInit does not return for this long (a driver that hangs at start)",
+    )
     sim_scheduler_file: str = _setting(
         "",
         "with simulate: the file the demo's scheduler writes this node's state to (cordoned, drained; "

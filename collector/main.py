@@ -6,6 +6,7 @@ import asyncio
 import dataclasses
 import logging
 import signal
+import time
 from pathlib import Path
 
 from gpufleet.collector import probes
@@ -15,10 +16,12 @@ from gpufleet.collector.metrics_endpoint import serve
 from gpufleet.collector.simnvml import SimulatedNode, SimulatedNvmlLibrary, install
 from gpufleet.collector.simnvml.clibrary import install_c
 from gpufleet.collector.simnvml.engine_server import SimulatedEngine
+from gpufleet.collector.simnvml.machine import Hang
 from gpufleet.collector.simnvml.scenario import ScenarioRunner, load
 from gpufleet.collector.simnvml.scheduler import ScheduledState
 from gpufleet.collector.sources.deadline import returns_within
 from gpufleet.collector.sources.nvml import NvmlSource
+from gpufleet.collector.sources.nvml_start import NvmlNotAnswering, open_nvml
 from gpufleet.collector.sources.registry import EVENT_SOURCES, SourceContext
 from gpufleet.collector.sources.xid_kmsg import KernelLogXidWatcher
 from gpufleet.protos import telemetry_pb2
@@ -30,22 +33,27 @@ class MetricsUnavailable(RuntimeError):
     """The /metrics endpoint cannot be served where configured."""
 
 
-def open_source(config: CollectorConfig) -> tuple[NvmlSource, ScenarioRunner | None, SimulatedNode | None]:
+def open_source(
+    config: CollectorConfig,
+) -> tuple[NvmlSource | NvmlNotAnswering, ScenarioRunner | None, SimulatedNode | None]:
     """NVML through pynvml; with `simulate`, the stand-in library is put beneath pynvml
     first (and its fault scenario, if any, is prepared; the simulated node is returned for
-    the simulated engine). Raises NvmlUnavailable (with what to do) when there is no driver,
-    ScenarioError for an unusable scenario."""
+    the simulated engine). NVML's start is under the call deadline (sources/nvml_start.py).
+    Raises NvmlUnavailable (with what to do) when there is no driver, ScenarioError for an
+    unusable scenario."""
     runner = node = None
     if config.simulate:
         scheduled = ScheduledState(config.sim_scheduler_file) if config.sim_scheduler_file else None
         node = SimulatedNode(config.node, config.sim_gpus, config.sim_model, scheduled=scheduled)
         if config.sim_scenario:
             runner = ScenarioRunner(node, load(config.sim_scenario))
+        if config.sim_nvml_init_hang_s > 0:  # a driver that does not answer nvmlInit (tests)
+            node.hangs["nvmlInitWithFlags"] = Hang(until_s=time.monotonic() + config.sim_nvml_init_hang_s)
         if config.sim_nvml_library:
             install_c(Path(config.sim_nvml_library), SimulatedNvmlLibrary(node))
         else:
             install(SimulatedNvmlLibrary(node))
-    return NvmlSource(), runner, node
+    return open_nvml(config.nvml_deadline_s), runner, node
 
 
 def serve_metrics(config: CollectorConfig, agent: CollectorAgent) -> None:
@@ -71,7 +79,7 @@ def serve_metrics(config: CollectorConfig, agent: CollectorAgent) -> None:
     )
 
 
-def _close_nvml(agent: CollectorAgent, source: NvmlSource) -> None:
+def _close_nvml(agent: CollectorAgent, source: NvmlSource | NvmlNotAnswering) -> None:
     if agent.sampler.unresponsive:
         # nvmlShutdown would wait on the stuck call: left to the process exit.
         log.warning("NVML not shut down: a call is still stuck in the driver")

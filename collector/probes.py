@@ -13,6 +13,8 @@ import json
 import time
 from typing import TYPE_CHECKING
 
+from gpufleet.collector.sources.nvml_start import NvmlNotAnswering
+
 if TYPE_CHECKING:
     from gpufleet.collector.agent import CollectorAgent
 
@@ -63,6 +65,19 @@ def ready(agent: CollectorAgent) -> Answer:
         # Still ready: the hang is reported (and repaired) through the aggregator.
         body["note"] = "; ".join(
             f"GPU {h['gpu']} driver unresponsive for {h['waited_s']} s in {h['nvml_call']}" for h in hung
+        )
+    if isinstance(agent.source, NvmlNotAnswering):
+        # Ready too: the node is reported (no GPUs from NVML beside its PCI bus's) and repaired
+        # through the aggregator; a restart would meet the same stuck driver.
+        body["nvml_start_waited_s"] = round(agent.source.waited_s, 1)
+        body["note"] = "; ".join(
+            filter(
+                None,
+                [
+                    str(body.get("note", "")),
+                    f"NVML has not answered its start for {agent.source.waited_s:.0f} s",
+                ],
+            )
         )
     if why:
         body["why"] = "; ".join(why)

@@ -204,7 +204,12 @@ class FleetState:
         sampled = bool(report.gpus) or report.HasField("gpu_columns")
         if sampled:
             live.last_sample_ns = report.time_unix_ns
-            live.gpus_on_pci_bus = report.gpus_on_pci_bus if report.HasField("gpus_on_pci_bus") else None
+        # The bus count comes with every sampling tick, GPUs or not (a node whose NVML lists none,
+        # its start stuck: collector/sources/nvml_start.py); an events-only report carries none.
+        if report.HasField("gpus_on_pci_bus"):
+            live.gpus_on_pci_bus = report.gpus_on_pci_bus
+        elif sampled:
+            live.gpus_on_pci_bus = None
         if sampled or report.engines:
             # A sampling report: it carries every engine found at this tick (a report that only
             # pushes events carries neither), so the engines it does not carry are gone.

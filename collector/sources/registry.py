@@ -34,7 +34,10 @@ class SourceContext:
 
 
 def nvml_xids(ctx: SourceContext) -> EventSource | None:
-    """NVML's XID event set (nvmlEventSetWait), on every node."""
+    """NVML's XID event set (nvmlEventSetWait), on every node whose NVML lists GPUs (none while
+    NVML's start has not answered: collector/sources/nvml_start.py)."""
+    if not ctx.nvml.gpus:
+        return None
     watcher = NvmlXidWatcher(ctx.nvml, ctx.push)
     watcher.start()
     return watcher

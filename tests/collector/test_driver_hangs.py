@@ -6,7 +6,9 @@ reported driver_unresponsive within the deadline plus one interval and become a 
 `gpufleet incidents`, the collector stays alive and its /ready names the stuck call, and when
 the calls return the GPUs report again without a restart. And a driver stuck with its lock held
 (every GPU's calls wait): every GPU is reported driver_unresponsive, the node is not silent, and
-SIGTERM still ends the collector within 5 s."""
+SIGTERM still ends the collector within 5 s. And a driver that does not answer nvmlInit: the
+collector's start goes on, its node is reported with no GPUs from NVML beside the eight on its PCI
+bus (gpu_missing_from_driver takes it out of service), and /ready says so."""
 
 from __future__ import annotations
 
@@ -208,3 +210,41 @@ def test_a_driver_stuck_with_its_lock_held_is_reported_for_every_gpu_and_sigterm
     took_s = time.monotonic() - started
     assert took_s < 5.0, f"SIGTERM took {took_s:.1f} s to end the collector: {collector.log()[-2000:]}"
     assert collector.popen.returncode == 0, collector.log()[-2000:]
+
+
+@pytest.mark.slow
+def test_a_driver_that_hangs_at_nvml_init_is_reported_instead_of_hanging_the_start(
+    cluster: Cluster, nvml_standin_so: Path
+) -> None:
+    policy = FAST_POLICY + "\n[rules.gpu_missing_from_driver]\nwindow_s = 2.0\n"
+    # Full passes every second: the rule reads the node's counts, not a watched GPU field.
+    agg = repair_aggregator(cluster, "--repair-observe-interval-s", "1", policy=policy)
+    node = "init-hang-01"
+    collector = cluster.collector(
+        node,
+        agg.ingest,
+        "--interval-s",
+        str(INTERVAL_S),
+        "--nvml-deadline-s",
+        str(DEADLINE_S),
+        "--sim-nvml-init-hang-s",
+        "600",
+        "--sim-nvml-library",
+        str(nvml_standin_so),
+    )
+
+    def codes() -> set[str]:
+        return {f["code"] for i in incidents(agg, cluster, "--node", node) for f in i["findings"]}
+
+    wait_until(
+        lambda: "gpu_missing_from_driver" in codes(), 30, "gpu_missing_from_driver for the stuck start"
+    )
+    summary = _summary(agg, cluster, node)
+    assert summary.liveness == vocabulary_pb2.LIVENESS_REPORTING and not summary.gpus, summary
+    assert "NVML has not answered its start" in collector.log()
+    status, ready = _probe(collector, "/ready")
+    assert status == 200 and "NVML has not answered its start" in ready["note"], ready
+    started = time.monotonic()
+    collector.popen.terminate()
+    collector.popen.wait(timeout=30)
+    assert time.monotonic() - started < 5.0 and collector.popen.returncode == 0, collector.log()[-2000:]
