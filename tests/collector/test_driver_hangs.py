@@ -47,6 +47,21 @@ def _scenario(path: Path, release: Path) -> Path:
     return path
 
 
+def _collector(cluster: Cluster, agg: AggregatorHandle, node: str, standin: Path, *extra: str) -> Proc:
+    """A simulated collector over the C stand-in NVML, at this module's interval and deadline."""
+    return cluster.collector(
+        node,
+        agg.ingest,
+        "--interval-s",
+        str(INTERVAL_S),
+        "--nvml-deadline-s",
+        str(DEADLINE_S),
+        "--sim-nvml-library",
+        str(standin),
+        *extra,
+    )
+
+
 def _probe(collector: Proc, path: str) -> tuple[int, dict[str, Any]]:
     port = int(re.findall(r"127\.0\.0\.1:(\d+)/metrics", collector.log())[0])
     try:
@@ -81,18 +96,7 @@ def test_a_hung_driver_call_stops_only_its_gpu_and_recovers_without_a_restart(
     agg = repair_aggregator(cluster, policy=POLICY)
     release = cluster.tmp / "release-gpu3"
     scenario = _scenario(cluster.tmp / "hang.toml", release)
-    collector = cluster.collector(
-        NODE,
-        agg.ingest,
-        "--interval-s",
-        str(INTERVAL_S),
-        "--nvml-deadline-s",
-        str(DEADLINE_S),
-        "--sim-scenario",
-        str(scenario),
-        "--sim-nvml-library",
-        str(nvml_standin_so),
-    )
+    collector = _collector(cluster, agg, NODE, nvml_standin_so, "--sim-scenario", str(scenario))
     pid = collector.popen.pid
 
     wait_until(lambda: _unresponsive(agg, cluster) == {FOREVER_GPU, TIMED_GPU}, 30, "both GPUs stuck")
@@ -182,18 +186,7 @@ def test_a_driver_stuck_with_its_lock_held_is_reported_for_every_gpu_and_sigterm
         '[[fault]]\nat_s = 2\ngpu = 2\nkind = "hang"\nsymbol = "nvmlDeviceGetPowerUsage"\n'
         f'release_file = "{cluster.tmp / "never"}"\nlock = true\n'
     )
-    collector = cluster.collector(
-        node,
-        agg.ingest,
-        "--interval-s",
-        str(INTERVAL_S),
-        "--nvml-deadline-s",
-        str(DEADLINE_S),
-        "--sim-scenario",
-        str(scenario),
-        "--sim-nvml-library",
-        str(nvml_standin_so),
-    )
+    collector = _collector(cluster, agg, node, nvml_standin_so, "--sim-scenario", str(scenario))
     # Every GPU waits on the driver's lock: each is reported stuck, in reports that keep coming.
     wait_until(
         lambda: _unresponsive(agg, cluster, node) == set(range(8)), 30, "all eight GPUs driver_unresponsive"
@@ -220,18 +213,7 @@ def test_a_driver_that_hangs_at_nvml_init_is_reported_instead_of_hanging_the_sta
     # Full passes every second: the rule reads the node's counts, not a watched GPU field.
     agg = repair_aggregator(cluster, "--repair-observe-interval-s", "1", policy=policy)
     node = "init-hang-01"
-    collector = cluster.collector(
-        node,
-        agg.ingest,
-        "--interval-s",
-        str(INTERVAL_S),
-        "--nvml-deadline-s",
-        str(DEADLINE_S),
-        "--sim-nvml-init-hang-s",
-        "600",
-        "--sim-nvml-library",
-        str(nvml_standin_so),
-    )
+    collector = _collector(cluster, agg, node, nvml_standin_so, "--sim-nvml-init-hang-s", "600")
 
     def codes() -> set[str]:
         return {f["code"] for i in incidents(agg, cluster, "--node", node) for f in i["findings"]}

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import pynvml
@@ -59,12 +60,24 @@ def test_the_c_library_answers_what_the_python_one_does_from_the_same_machine(nv
     assert len(read["c"][1]) == 24
 
 
+@dataclass
+class Stuck:
+    """A node on the C stand-in, its NVML opened and sampled under a 0.3 s deadline."""
+
+    node: SimulatedNode
+    answers: SimulatedNvmlLibrary
+    sampler: DeadlineSampler
+    release: Path  # a hang with this release file ends when the file exists
+
+
 @pytest.fixture
-def c_node(nvml_standin_so: Path) -> Iterator[tuple[SimulatedNode, SimulatedNvmlLibrary]]:
+def c_node(nvml_standin_so: Path, tmp_path: Path) -> Iterator[Stuck]:
     node = SimulatedNode("c-node", 8, "H100", seed=5)
     answers = SimulatedNvmlLibrary(node)
     install_c(nvml_standin_so, answers)
-    yield node, answers
+    source = NvmlSource()
+    yield Stuck(node, answers, DeadlineSampler(source, deadline_s=0.3), tmp_path / "release")
+    source.close()
     uninstall()
 
 
@@ -79,13 +92,8 @@ def _tick_until(sampler: DeadlineSampler, done: object, timeout_s: float) -> lis
     )
 
 
-def test_a_call_blocked_in_c_stops_only_its_gpu(
-    c_node: tuple[SimulatedNode, SimulatedNvmlLibrary], tmp_path: Path
-) -> None:
-    node, answers = c_node
-    source = NvmlSource()
-    sampler = DeadlineSampler(source, deadline_s=0.3)
-    release = tmp_path / "release"
+def test_a_call_blocked_in_c_stops_only_its_gpu(c_node: Stuck) -> None:
+    node, answers, sampler, release = c_node.node, c_node.answers, c_node.sampler, c_node.release
     node.gpus[5].hangs["nvmlDeviceGetMemoryInfo"] = Hang(release_file=str(release))
     calls_before = answers.calls.get("nvmlDeviceGetMemoryInfo", 0)
     tick = _tick_until(sampler, lambda t: any(s.driver_unresponsive for s in t), 10)
@@ -99,22 +107,15 @@ def test_a_call_blocked_in_c_stops_only_its_gpu(
     assert answers.calls["nvmlDeviceGetMemoryInfo"] - calls_before > stuck_calls, "the others still answer"
     release.touch()
     _tick_until(sampler, lambda t: {s.index for s in t if s.HasField("hbm_used_bytes")} == set(range(8)), 10)
-    source.close()
 
 
-def test_a_hang_that_holds_the_driver_lock_makes_every_gpu_unresponsive_not_silent(
-    c_node: tuple[SimulatedNode, SimulatedNvmlLibrary], tmp_path: Path
-) -> None:
-    node, _ = c_node
-    source = NvmlSource()
-    sampler = DeadlineSampler(source, deadline_s=0.3)
-    release = tmp_path / "release"
+def test_a_hang_that_holds_the_driver_lock_makes_every_gpu_unresponsive_not_silent(c_node: Stuck) -> None:
+    node, sampler, release = c_node.node, c_node.sampler, c_node.release
     node.gpus[2].hangs["nvmlDeviceGetPowerUsage"] = Hang(release_file=str(release), holds_driver_lock=True)
     tick = _tick_until(sampler, lambda t: len(t) == 8 and all(s.driver_unresponsive for s in t), 10)
     assert next(s for s in tick if s.index == 2).driver_unresponsive_call == "nvmlDeviceGetPowerUsage"
     release.touch()
     _tick_until(sampler, lambda t: len(t) == 8 and not any(s.driver_unresponsive for s in t), 10)
-    source.close()
 
 
 def test_every_symbol_the_collector_calls_is_in_the_library() -> None:

@@ -8,26 +8,12 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gpufleet.protos import telemetry_pb2, vocabulary_pb2
-from gpufleet.repair.model import NodeSnapshot
+from gpufleet.protos import telemetry_pb2
 from gpufleet.repair.policy import load_policy
 from gpufleet.repair.rules import RULES
+from harness.snapshots import reporting
 
 POLICY = load_policy()
-
-
-def _node(gpus: list[telemetry_pb2.GpuSample]) -> NodeSnapshot:
-    return NodeSnapshot(
-        "n1",
-        "c",
-        vocabulary_pb2.LIVENESS_REPORTING,
-        0.5,
-        "boot",
-        True,
-        len(gpus),
-        gpus={g.index: g for g in gpus},
-        sample_time_ns=1,
-    )
 
 
 STORM = POLICY.rules["ecc_corrected_storm"]
@@ -42,9 +28,7 @@ def _storm_run(samples: list[list[float]], rule: object | None = None) -> set[in
     for k, rates in enumerate(samples):
         t_ns = int((k + 1) * STORM_INTERVAL_S * 1e9)
         gpus = [telemetry_pb2.GpuSample(index=i, ecc_sbe_rate_per_s=r) for i, r in enumerate(rates)]
-        snap = _node(gpus)
-        snap.sample_time_ns = t_ns
-        found = {f.gpu for f in rule.evaluate(snap, STORM, POLICY, t_ns)}  # type: ignore[attr-defined]
+        found = {f.gpu for f in rule.evaluate(reporting("n1", gpus, t_ns), STORM, POLICY, t_ns)}  # type: ignore[attr-defined]
     return found
 
 
@@ -97,8 +81,7 @@ def test_the_rate_is_over_the_window_and_a_lost_gpu_is_not_judged() -> None:
     rule = RULES["ecc_corrected_storm"]()
     assert _storm_run([[0.0, 5000.0, 0.0]] * reports, rule) == {1}
     lost = [telemetry_pb2.GpuSample(index=0), telemetry_pb2.GpuSample(index=1, lost=True)]
-    snap = _node(lost)
-    snap.sample_time_ns = int((reports + 1) * STORM_INTERVAL_S * 1e9)
+    snap = reporting("n1", lost, int((reports + 1) * STORM_INTERVAL_S * 1e9))
     assert rule.evaluate(snap, STORM, POLICY, snap.sample_time_ns) == []  # type: ignore[attr-defined]
 
 

@@ -21,11 +21,12 @@ import numpy
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gpufleet.protos import telemetry_pb2, vocabulary_pb2
+from gpufleet.protos import telemetry_pb2
 from gpufleet.repair.model import NodeSnapshot
 from gpufleet.repair.policy import load_policy
 from gpufleet.repair.rules import RULES
 from gpufleet.repair.rules.base import Rule
+from harness.snapshots import reporting
 
 POLICY = load_policy()
 SLOW = POLICY.rules["gpu_slow"]
@@ -37,17 +38,7 @@ PASS_S = 15.0  # the controller's full pass (repair_observe_interval_s)
 
 
 def _snapshot(node: str, gpus: list[telemetry_pb2.GpuSample], t_s: float) -> NodeSnapshot:
-    return NodeSnapshot(
-        node,
-        "c",
-        vocabulary_pb2.LIVENESS_REPORTING,
-        0.5,
-        "boot",
-        True,
-        len(gpus),
-        gpus={g.index: g for g in gpus},
-        sample_time_ns=int(t_s * 1e9),
-    )
+    return reporting(node, gpus, int(t_s * 1e9))
 
 
 def _gpus(
