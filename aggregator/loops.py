@@ -15,7 +15,6 @@ from gpufleet.repair.state import RepairState, StateError
 log = logging.getLogger("gpufleet.aggregator")
 
 RETENTION_EVERY_S = 600.0
-ROLLUP_EVERY_S = 60.0
 REVOCATIONS_EVERY_S = 5.0
 
 
@@ -34,7 +33,7 @@ class BackgroundLoops:
         return True
 
     async def rollup_loop(self, stop: asyncio.Event) -> None:
-        """Recompute the roll-ups' trailing windows every minute (see rollups.py)."""
+        """Recompute the roll-ups' trailing windows every rollup_interval_s (see rollups.py)."""
         while not stop.is_set():
             try:
                 written = await asyncio.to_thread(rollups.run_once, self.store)
@@ -42,7 +41,7 @@ class BackgroundLoops:
             except Exception as exc:  # the store is down, or refused a value: the next pass catches up
                 log.warning("roll-up pass failed: %s", exc)
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), ROLLUP_EVERY_S)
+                await asyncio.wait_for(stop.wait(), self.config.rollup_interval_s)
 
     async def restore_loop(self, stop: asyncio.Event) -> None:
         """Retry the start-up restore until the store answers (the spool covers writes)."""

@@ -4,24 +4,26 @@ the call-deadline path (docs/repair.md "Failures the driver hides"). Prints one 
 - each new field per GPU: recovery action, PCIe link gen/width now and max, NVLink fabric
   state/status, the corrected-ECC rate (two samples, `--gap-s` apart): present, or absent;
 - the GPUs on the PCI bus (sysfs) against the GPUs NVML lists;
-- the deadline path on the real driver: GPU 0's power call made to block (a wrapper around the
-  real pynvml function, for GPU 0 only) while the real calls of every GPU go on; the sampler
-  must report GPU 0 driver_unresponsive within the deadline, sample every other GPU, and
+- the deadline path on the real driver: GPU 0's power call made to block in C (a shim library
+  in front of the real one, for that symbol and GPU 0 only: bench/nvml_interpose.py) while the
+  real calls of every GPU go on; the sampler must report GPU 0 driver_unresponsive within the
+  deadline, sample every other GPU (on one GPU: every tick back within the deadline), and
   recover once the call is let go.
 
     python bench/real_gpu_hidden.py [--deadline-s 1.0] [--gap-s 2.0]
-    python bench/real_gpu_hidden.py --simulate   # the same on the stand-in NVML (no GPU)
+    python bench/real_gpu_hidden.py --simulate   # the same on the C stand-in NVML (no GPU)
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import threading
+import tempfile
 import time
+from pathlib import Path
 from typing import Any
 
-import pynvml
+from nvml_interpose import block_power_call, restore  # bench/nvml_interpose.py
 
 from gpufleet.collector.sources.deadline import DeadlineSampler
 from gpufleet.collector.sources.nvml import NvmlSource
@@ -51,18 +53,11 @@ def fields(source: NvmlSource, gap_s: float) -> list[dict[str, Any]]:
     return out
 
 
-def deadline_path(source: NvmlSource, deadline_s: float) -> dict[str, Any]:
-    real = pynvml.nvmlDeviceGetPowerUsage
-    stuck_handle = source.gpus[0].handle
-    release = threading.Event()
-
-    def blocking(handle: Any) -> int:
-        if handle is stuck_handle and not release.is_set():
-            release.wait(600)
-        return real(handle)
-
-    pynvml.nvmlDeviceGetPowerUsage = blocking
-    # nvml.py reads power through its reader, which looks the name up on pynvml at call time.
+def deadline_path(source: NvmlSource, deadline_s: float, workdir: Path) -> dict[str, Any]:
+    # GPU 0's power call blocked in C (bench/nvml_interpose.py): a foreign call that does not
+    # return, as a call stuck in the driver; every other call is the driver's own.
+    release = workdir / "release-gpu0"
+    before = block_power_call(source.gpus[0].handle, release, workdir)
     sampler = DeadlineSampler(source, deadline_s)
     started = time.monotonic()
     flagged_after_s = None
@@ -82,7 +77,7 @@ def deadline_path(source: NvmlSource, deadline_s: float) -> dict[str, Any]:
                 break
         else:
             call, others = "", []
-        release.set()
+        release.touch()
         recovered_after_s = None
         for _ in range(20):
             samples = sampler.sample(wait_s=deadline_s)
@@ -91,8 +86,8 @@ def deadline_path(source: NvmlSource, deadline_s: float) -> dict[str, Any]:
                 recovered_after_s = round(time.monotonic() - started, 3)
                 break
     finally:
-        release.set()
-        pynvml.nvmlDeviceGetPowerUsage = real
+        release.touch()
+        restore(before)
     # On one GPU there is no other GPU to keep sampling: what still tells is that every tick
     # came back within the deadline (plus a margin) while the call was stuck.
     others_ok: bool | str = len(others) == len(source.gpus) - 1 if len(source.gpus) > 1 else "n/a: one GPU"
@@ -121,12 +116,14 @@ def main() -> None:
     ap.add_argument("--gap-s", type=float, default=2.0)
     ap.add_argument("--simulate", action="store_true", help="the stand-in NVML (4 GPUs), for a dry run")
     args = ap.parse_args()
+    workdir = Path(tempfile.mkdtemp(prefix="real-gpu-hidden-"))
     if args.simulate:
-        from gpufleet.collector.simnvml.library import SimulatedNvmlLibrary, install
+        from gpufleet.collector.simnvml.clibrary import build, install_c
+        from gpufleet.collector.simnvml.library import SimulatedNvmlLibrary
         from gpufleet.collector.simnvml.machine import SimulatedNode
 
         node = SimulatedNode("dry-run", 4, "H100")
-        install(SimulatedNvmlLibrary(node))
+        install_c(build(workdir), SimulatedNvmlLibrary(node))
     on_bus = lambda: count_nvidia_gpus("/sys/bus/pci/devices")  # noqa: E731
     if args.simulate:
         on_bus = node.pci_gpu_count  # the simulated bus, not this host's
@@ -140,7 +137,7 @@ def main() -> None:
             # A GPU on the bus that NVML does not list is the fault gpu_missing_from_driver finds.
             "bus_matches_nvml": bus == len(source.gpus) if bus is not None else "bus not readable",
             "fields": fields(source, args.gap_s),
-            "deadline_path": deadline_path(source, args.deadline_s),
+            "deadline_path": deadline_path(source, args.deadline_s, workdir),
         }
     finally:
         source.close()

@@ -22,6 +22,11 @@ class StoreSettings:
     )
     spool_warn_ratio: float = setting(0.8, "the spool reports itself near its limit past this fraction")
     retention_s: float = setting(14 * 86400.0, "how long raw history is kept, in seconds")
+    rollup_interval_s: float = setting(
+        60.0,
+        "seconds between roll-up passes; each recomputes every series' trailing window (15 min of the "
+        "1-minute tier, 3 h of the hourly), so at tens of thousands of series a pass costs seconds of CPU",
+    )
     rollup_1m_retention_s: float = setting(
         90 * 86400.0, "how long 1-minute roll-ups are kept (InfluxDB: retention policy gpufleet_1m)"
     )
@@ -32,6 +37,11 @@ class StoreSettings:
     def check_store(self) -> None:
         require(
             self.retention_s >= 3600, f"retention_s={self.retention_s:g} must be at least 3600 (one hour)"
+        )
+        require(
+            10 <= self.rollup_interval_s <= 840,
+            f"rollup_interval_s={self.rollup_interval_s:g} must be between 10 and 840 (the 1-minute tier "
+            "looks back 15 minutes: a pass less often leaves some of its buckets unwritten)",
         )
         require(
             self.spool_max_bytes >= 1 << 20, f"spool_max_bytes={self.spool_max_bytes} must be at least 1 MiB"

@@ -122,8 +122,11 @@ def test_grouped_history_and_stored_events_in_chromium(cluster: Cluster) -> None
 
         page.goto(serve_dashboard(cluster, again.fleet, "dashboard-restarted"))
         open_page(page, "Node")
+        # The page's script run ends before its node list is clicked: a run that ends after the
+        # click redraws the list closed (a six-worker run waited 30 s for an option never shown).
+        settled(page, "Node")
         page.locator('[data-testid="stSelectbox"]').first.click()
-        page.get_by_role("option", name="dash-2").click()
+        page.get_by_role("option", name="dash-2").click(timeout=60_000)
         page.get_by_text("quarantined").first.wait_for(timeout=60_000)
         for text in ("XID 79", "cordon ok", "gpu_lost", "Dashed lines"):
             page.get_by_text(text).first.wait_for(state="attached", timeout=60_000)
