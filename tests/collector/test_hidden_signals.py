@@ -183,8 +183,9 @@ def test_this_hosts_pci_bus_is_readable() -> None:
 
 def test_the_real_gpu_check_of_hidden_signals_runs_on_the_stand_in() -> None:
     """bench/real_gpu_hidden.py is what a lent GPU runs (bench/real_gpu.sh): dry-run here on the
-    stand-in NVML, every new field is read and GPU 0's blocked call is flagged and recovered
-    while the other GPUs are sampled."""
+    C stand-in NVML, every new field is read, the bus count is compared with NVML's, and GPU 0's
+    call blocked in C (the interposer a real driver gets) is flagged and recovered while the
+    other GPUs are sampled."""
     out = subprocess.run(
         [
             sys.executable,
@@ -201,7 +202,7 @@ def test_the_real_gpu_check_of_hidden_signals_runs_on_the_stand_in() -> None:
     )
     assert out.returncode == 0, out.stderr
     report = json.loads(out.stdout)
-    assert report["gpus_nvml_lists"] == 4
+    assert report["gpus_nvml_lists"] == 4 and report["bus_matches_nvml"] is True
     for row in report["fields"]:
         assert "absent" not in row.values(), row
     path = report["deadline_path"]

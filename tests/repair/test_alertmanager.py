@@ -109,6 +109,14 @@ def test_incidents_are_routed_silenced_and_resolved_in_a_real_alertmanager(
     for node, scenario in (("node-a", ecc), ("node-b", ecc), ("node-c", hot)):
         cluster.collector(node, agg.ingest, "--interval-s", "0.5", "--sim-scenario", str(scenario))
 
+    # The aggregator restarts while node-a validates, waited for first: its validation lasts
+    # validate_s, and the alert checks below, made first, once outlasted it on a loaded machine.
+    # The incident then closes, and the resolved alert still reaches Alertmanager, which tells
+    # the pager it is resolved (the alerts checked below were sent before or after the restart).
+    wait_until(lambda: _state(agg, cluster, "node-a") == "validating", 60, "node-a validating")
+    agg.proc.stop(signal.SIGTERM)
+    agg = repair_aggregator(cluster, *flags, policy=POLICY, data_dir=data, ports=ports)
+
     # Critical to the pager, warning to chat: Alertmanager's routing, on gpufleet's labels.
     paged = wait_until(lambda: _notified(receivers["pager"], node="node-a"), 30, "node-a paged")
     assert (
@@ -133,11 +141,6 @@ def test_incidents_are_routed_silenced_and_resolved_in_a_real_alertmanager(
     assert hooked[0]["authorization"] == "Bearer s3cret-hook-token"
     assert hooked[0]["links"]["node"] == f"{DASHBOARD}/?page=node&node=node-a"
 
-    # The aggregator restarts while node-a validates; the incident then closes, and the resolved
-    # alert still reaches Alertmanager, which tells the pager it is resolved.
-    wait_until(lambda: _state(agg, cluster, "node-a") == "validating", 60, "node-a validating")
-    agg.proc.stop(signal.SIGTERM)
-    agg = repair_aggregator(cluster, *flags, policy=POLICY, data_dir=data, ports=ports)
     wait_until(
         lambda: any(i["id"] == key and not i["open"] for i in incidents(agg, cluster, "--all")),
         60,
