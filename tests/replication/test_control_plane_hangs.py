@@ -297,7 +297,7 @@ def _takeovers(cluster: Cluster, pg_url: str, influxd: str, times: int) -> list[
     leader, follower = a, b
     takeovers_s = []
     for _ in range(times):
-        elected_before = _elections(follower)
+        seen = len(_elections(follower))
         leader.proc.popen.send_signal(signal.SIGSTOP)
         paused = time.time()
         try:
@@ -310,8 +310,13 @@ def _takeovers(cluster: Cluster, pg_url: str, influxd: str, times: int) -> list[
             # When the follower took the lease, as it logged it: not when this test's status
             # call, polled on a loaded machine, next heard of it (a six-worker run measured
             # 3.35 s against a bound of 3.3 s that way).
-            (elected,) = _elections(follower)[len(elected_before) :]
-            takeovers_s.append(elected - paused)
+            # (The log line follows the status by a moment: the replica leads, then says so.)
+            elected = wait_until(
+                lambda f=follower, n=seen: _elections(f)[n:],
+                10,
+                "the follower's log of its election",
+            )
+            takeovers_s.append(elected[0] - paused)
         finally:
             leader.proc.popen.send_signal(signal.SIGCONT)
         wait_until(lambda o=leader: not fleet.status(o).repair_leader, 20, "the paused leader stepping down")
