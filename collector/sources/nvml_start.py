@@ -29,17 +29,13 @@ class NvmlNotAnswering:
     errors_total = 0
     driver_version = ""
 
-    def __init__(self, answered: threading.Event) -> None:
+    def __init__(self) -> None:
         self.gpus: list[_Gpu] = []
         self.since_s = time.monotonic()
-        self._answered = answered
 
     @property
     def waited_s(self) -> float:
         return time.monotonic() - self.since_s
-
-    def answered(self) -> bool:
-        return self._answered.is_set()
 
     def inventory(self) -> list[telemetry_pb2.GpuIdentity]:
         return []
@@ -97,4 +93,4 @@ def open_nvml(
         deadline_s,
         extra={"nvml_call": "nvmlInit", "waited_s": deadline_s},
     )
-    return NvmlNotAnswering(answered)
+    return NvmlNotAnswering()
