@@ -38,11 +38,15 @@ HIDDEN_FIELDS = (
     "fabric_state",
     "fabric_status",
     "ecc_sbe_rate_per_s",
+    # The slowness rule's work signals: GPM (Hopper and later; needs two samples) and the target clock.
+    "clock_sm_target_mhz",
+    "sm_active_pct",
+    "tensor_active_pct",
 )
 
 
 def fields(source: NvmlSource, gap_s: float) -> list[dict[str, Any]]:
-    source.sample()  # the first corrected-ECC count: the rate needs two
+    source.sample()  # the first corrected-ECC count and GPM sample: the rate and GPM need two
     time.sleep(gap_s)  # a benchmark's pause between two real samples, not synchronisation
     out = []
     for sample in source.sample():

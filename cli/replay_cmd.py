@@ -4,7 +4,11 @@
 Three inputs: the aggregator's own store (--since/--until, through the Fleet API: the
 aggregator replays its history with its own rails and commands), a trace file (--trace) or a
 generated history (--generate llama3). The last two run here, with the shipped rails
-(cap 10 nodes or 10 %, breaker at 5 nodes in 10 minutes) and simulated reboots and tickets."""
+(cap 10 nodes or 10 %, breaker at 5 nodes in 10 minutes) and simulated reboots and tickets.
+
+--generate spread measures the slowness rule (gpu_slow) alone on a generated fleet with the
+spread identical GPUs show for good: its findings per 1,000 node-days on GPUs that are not slow,
+and how soon it finds GPUs made 15 % slow (docs/repair.md "Slowness from work, not time")."""
 
 from __future__ import annotations
 
@@ -32,7 +36,11 @@ def add_arguments(sub: Any, client: argparse.ArgumentParser) -> None:
     src.add_argument(
         "--trace", help="a trace file: JSON lines, one XID or signal each (docs/repair.md: Policy replay)"
     )
-    src.add_argument("--generate", choices=["llama3"], help="a generated history: the Llama 3 Table 5 mix")
+    src.add_argument(
+        "--generate",
+        choices=["llama3", "spread"],
+        help="a generated history: llama3, the Llama 3 Table 5 mix; spread, gpu_slow on normal GPU spread",
+    )
     p.add_argument("--until", default="now", help="with --since: the end (default now)")
     p.add_argument(
         "--policy",
@@ -41,15 +49,31 @@ def add_arguments(sub: Any, client: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--compare", help="a second policy file: both are replayed and what differs is shown")
     p.add_argument(
-        "--nodes", type=int, default=0, help="fleet size, when larger than the trace's (generate: 2048)"
+        "--nodes",
+        type=int,
+        default=0,
+        help="fleet size, when larger than the trace's (generate llama3: 2048, spread: 250)",
     )
     p.add_argument("--gpus-per-node", type=int, default=8)
-    p.add_argument("--days", type=float, default=54.0, help="with --generate: days of history (default 54)")
+    p.add_argument(
+        "--days", type=float, help="with --generate: days of history (default llama3 54, spread 4)"
+    )
     p.add_argument("--seed", type=int, default=0, help="with --generate: the random seed (default 0)")
     p.add_argument(
         "--hidden-failures",
         action="store_true",
         help="with --generate: add failures the driver hides (assumed counts: docs/repair.md)",
+    )
+    p.add_argument(
+        "--clock-spread",
+        type=float,
+        default=0.02,
+        help="with --generate spread: s.d. of each GPU's lasting SM-clock offset (default 0.02)",
+    )
+    p.add_argument(
+        "--without-gpm",
+        action="store_true",
+        help="with --generate spread: samples without GPM activity (GPUs before Hopper)",
     )
     p.add_argument(
         "--technician-h",
@@ -85,7 +109,11 @@ def _local(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, Any] | N
         history = load_trace(args.trace, args.nodes, args.gpus_per_node)
     else:
         history = generate_llama3(
-            args.nodes or 2048, args.days, args.seed, args.gpus_per_node, hidden=args.hidden_failures
+            args.nodes or 2048,
+            54.0 if args.days is None else args.days,
+            args.seed,
+            args.gpus_per_node,
+            hidden=args.hidden_failures,
         )
     print(
         f"replaying {len(history.inputs)} inputs on {len(history.nodes)} nodes "
@@ -99,6 +127,33 @@ def _local(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, Any] | N
         print(f"  {', '.join(report['policy'])}: {report['wall_s']:.1f} s", file=sys.stderr)
         reports.append(report)
     return reports[0], reports[1] if len(reports) > 1 else None
+
+
+def _spread(args: argparse.Namespace) -> int:
+    """gpu_slow on the generated spread, for the policy and the one compared with it."""
+    from gpufleet.repair.policy import load_policy
+    from gpufleet.repair.replay.spread import Spread, measure_slowness
+
+    if not 0 <= args.clock_spread <= 0.2:
+        print(
+            f"gpufleet replay: --clock-spread {args.clock_spread} must be between 0 and 0.2 "
+            "(a fraction: 0.02 is 2 %)",
+            file=sys.stderr,
+        )
+        return 2
+    spread = Spread(clock_static=args.clock_spread, gpm=not args.without_gpm)
+    nodes, days = args.nodes or 250, 4.0 if args.days is None else args.days
+    out = []
+    for path in [args.policy, *([args.compare] if args.compare else [])]:
+        print(f"measuring gpu_slow on {nodes} generated nodes for {days:g} day(s) ...", file=sys.stderr)
+        report = measure_slowness(load_policy(path), nodes, days, args.seed, spread)
+        out.append((path or "shipped policy", report))
+    if args.json:
+        reports = [{"policy": name, **r.as_dict()} for name, r in out]
+        print(json.dumps(reports[0] if len(reports) == 1 else reports, indent=2))
+    else:
+        print("\n\n".join(f"policy: {name}\n{r.render()}" for name, r in out))
+    return 0
 
 
 def _remote(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, Any] | None]:
@@ -136,10 +191,12 @@ def run(args: argparse.Namespace) -> int:
     from gpufleet.repair.replay.history import TraceError
     from gpufleet.repair.replay.report import compare, render
 
-    if args.hidden_failures and not args.generate:
+    if args.hidden_failures and args.generate != "llama3":
         print("gpufleet replay: --hidden-failures goes with --generate llama3", file=sys.stderr)
         return 2
     try:
+        if args.generate == "spread":
+            return _spread(args)
         report, other = _remote(args) if args.since else _local(args)
     except (TraceError, PolicyError) as exc:
         print(f"gpufleet replay: {exc}", file=sys.stderr)

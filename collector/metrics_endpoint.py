@@ -85,6 +85,14 @@ GPU_FIELDS = [
     _Field("fabric_state", "fabric_state", "NVLink fabric state: 1 not started, 2 in progress, 3 completed"),
     _Field("fabric_status", "fabric_status", "NVLink fabric probe's NVML return code (0: success)"),
     _Field("ecc_sbe_rate_per_s", "ecc_corrected_rate", "corrected ECC errors per second"),
+    _Field("clock_sm_target_mhz", "sm_clock_target_hertz", "SM clock the clocks policy targets", 1e6),
+    _Field("sm_active_pct", "sm_active_ratio", "share of SMs busy over the sample interval (GPM), 0-1", 0.01),
+    _Field(
+        "tensor_active_pct",
+        "tensor_active_ratio",
+        "share of time the SMs ran tensor-core work over the sample interval (GPM), 0-1",
+        0.01,
+    ),
 ]
 
 # (EngineSample field, Prometheus name, help, counter?)

@@ -195,6 +195,9 @@ def node_gpus_table(summary: fleet_pb2.NodeSummary) -> pd.DataFrame:
                 "power W": power,
                 "power limit W": _rounded(opt(g, "power_limit_w"), 0),
                 "SM clock MHz": _rounded(opt(g, "clock_sm_mhz"), 0),
+                "target clock MHz": _rounded(opt(g, "clock_sm_target_mhz"), 0),
+                "SMs active %": _rounded(opt(g, "sm_active_pct"), 0),
+                "tensor active %": _rounded(opt(g, "tensor_active_pct"), 0),
             }
         )
     return pd.DataFrame(rows, columns=NODE_GPU_COLUMNS)
@@ -208,6 +211,11 @@ GPU_TABLE_HELP = {
     "GPU util %": "Time the GPU was busy over the sample period (NVML utilization), not work done.",
     "HBM used %": "HBM in use as a percentage of the GPU's total.",
     "power limit W": "The GPU's enforced power limit.",
+    "target clock MHz": "The SM clock the GPU's clocks policy targets (its application clock).",
+    "SMs active %": "Share of the SMs busy over the sample period (GPM, Hopper and later): work, "
+    "where GPU util % is only time. Empty on GPUs without GPM.",
+    "tensor active %": "Share of the sample period the SMs ran tensor-core work (GPM). Empty on "
+    "GPUs without GPM.",
 }
 # What an SRE reads first first: which GPU, its health, its load; its identity last.
 NODE_GPU_COLUMNS = [
@@ -215,6 +223,8 @@ NODE_GPU_COLUMNS = [
     "health",
     "model",
     "GPU util %",
+    "SMs active %",
+    "tensor active %",
     "memory util %",
     "HBM used GiB",
     "HBM total GiB",
@@ -224,6 +234,7 @@ NODE_GPU_COLUMNS = [
     "power W",
     "power limit W",
     "SM clock MHz",
+    "target clock MHz",
     "UUID",
     "PCI bus",
 ]

@@ -350,6 +350,12 @@ def node_drilldown() -> dict[str, Any]:
             Panel("Board power", [per_gpu("power_w")], unit="watt", legend="GPU $tag_gpu"),
             Panel("SM clock", [per_gpu("clock_sm_mhz")], unit="MHz", legend="GPU $tag_gpu"),
             Panel(
+                "SMs active (GPM: work, not time; Hopper and later)",
+                [per_gpu("sm_active_pct")],
+                unit="percent",
+                legend="GPU $tag_gpu",
+            ),
+            Panel(
                 "KV-cache usage of this node's engines",
                 [
                     f'SELECT mean("kv_cache_usage_ratio") FROM "engine" WHERE $timeFilter AND {NODE} '

@@ -37,7 +37,7 @@ from gpufleet.collector.simnvml.library import SimulatedNvmlLibrary, _install_lo
 
 # Each symbol: (name, argument kinds, whether its first argument is a device handle, whether
 # it takes the driver lock). Kinds: "u" 32-bit value, "U" 64-bit value, "h" device handle,
-# "e" event set, "r:TYPE" pointer to one TYPE (a byref() argument), "b" char buffer whose size
+# "e" event set, "g" GPM sample, "r:TYPE" pointer to one TYPE (a byref() argument), "b" char buffer whose size
 # is the next argument, "a:TYPE:N" array of TYPE whose length is what argument N points to
 # (NULL: None), "A:TYPE:N" array of TYPE whose length is argument N (passed as byref()).
 SYMBOLS: list[tuple[str, tuple[str, ...], bool, bool]] = [
@@ -75,6 +75,12 @@ SYMBOLS: list[tuple[str, tuple[str, ...], bool, bool]] = [
     ("nvmlDeviceGetCurrPcieLinkWidth", ("h", "r:c_uint"), True, True),
     ("nvmlDeviceGetMaxPcieLinkWidth", ("h", "r:c_uint"), True, True),
     ("nvmlDeviceGetGpuFabricInfo", ("h", "r:c_nvmlGpuFabricInfo_t"), True, True),
+    ("nvmlDeviceGetClock", ("h", "u", "u", "r:c_uint"), True, True),
+    ("nvmlGpmQueryDeviceSupport", ("h", "r:c_nvmlGpmSupport_t"), True, True),
+    ("nvmlGpmSampleAlloc", ("r:c_nvmlGpmSample_t",), False, True),
+    ("nvmlGpmSampleFree", ("g",), False, True),
+    ("nvmlGpmSampleGet", ("h", "g"), True, True),
+    ("nvmlGpmMetricsGet", ("r:c_nvmlGpmMetricsGet_t",), False, True),
 ]
 SYMBOL_IDS = {name: i for i, (name, _, _, _) in enumerate(SYMBOLS)}
 
@@ -200,6 +206,8 @@ def _converter(kind: str) -> Callable[[int, tuple[int, ...]], Any]:
         return lambda raw, _: ctypes.cast(raw, pynvml.c_nvmlDevice_t)
     if kind == "e":
         return lambda raw, _: ctypes.cast(raw, pynvml.c_nvmlEventSet_t)
+    if kind == "g":
+        return lambda raw, _: ctypes.cast(raw, pynvml.c_nvmlGpmSample_t)
     if kind == "b":
         return lambda raw, _: raw  # with its size: _arguments
     parts = kind.split(":")

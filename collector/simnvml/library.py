@@ -21,6 +21,7 @@ from gpufleet.collector.simnvml.machine import SimulatedGpu, SimulatedNode
 from gpufleet.collector.simnvml.symbols_events import EventSymbols, _EventSet
 from gpufleet.collector.simnvml.symbols_health import HealthSymbols
 from gpufleet.collector.simnvml.symbols_hidden import HiddenFailureSymbols
+from gpufleet.collector.simnvml.symbols_work import WorkSymbols, _GpmSample
 
 _ERROR_STRINGS = {
     pynvml.NVML_SUCCESS: b"Success",
@@ -49,7 +50,7 @@ def _symbol(method: Callable[..., int]) -> Callable[..., int]:
     return fn
 
 
-class SimulatedNvmlLibrary(HealthSymbols, HiddenFailureSymbols, EventSymbols):
+class SimulatedNvmlLibrary(HealthSymbols, HiddenFailureSymbols, EventSymbols, WorkSymbols):
     """Answers pynvml's NVML calls from a SimulatedNode."""
 
     def __init__(self, node: SimulatedNode) -> None:
@@ -58,6 +59,7 @@ class SimulatedNvmlLibrary(HealthSymbols, HiddenFailureSymbols, EventSymbols):
         self._initialized = 0
         self._handles = [pynvml.struct_c_nvmlDevice_t() for _ in node.gpus]
         self._event_sets: dict[int, _EventSet] = {}
+        self._gpm_samples: dict[int, _GpmSample] = {}
         self._gpu_by_address = {
             ctypes.addressof(h): gpu for h, gpu in zip(self._handles, node.gpus, strict=True)
         }

@@ -48,12 +48,16 @@ class GpuProfile:
     # Where the driver starts pulling clocks down to cool the GPU (NVML's
     # NVML_TEMPERATURE_THRESHOLD_SLOWDOWN; `nvidia-smi -q` "GPU Slowdown Temp", 87 °C on H100 SXM).
     slowdown_temp_c: float = 87.0
+    # GPU Performance Monitoring (nvmlGpmMetricsGet: SM and tensor activity): Hopper and later.
+    gpm: bool = False
 
 
 # Names and memory sizes as NVML reports them on real boards.
 GPU_PROFILES: dict[str, GpuProfile] = {
-    "H100": GpuProfile("NVIDIA H100 80GB HBM3", 81559 * MIB, 700.0, 72.0, 31.0, 68.0, 1980, 2619, 18),
-    "H200": GpuProfile("NVIDIA H200", 143771 * MIB, 700.0, 78.0, 32.0, 70.0, 1980, 3201, 18),
+    "H100": GpuProfile(
+        "NVIDIA H100 80GB HBM3", 81559 * MIB, 700.0, 72.0, 31.0, 68.0, 1980, 2619, 18, gpm=True
+    ),
+    "H200": GpuProfile("NVIDIA H200", 143771 * MIB, 700.0, 78.0, 32.0, 70.0, 1980, 3201, 18, gpm=True),
     "A100": GpuProfile(
         "NVIDIA A100-SXM4-80GB",
         81920 * MIB,
@@ -67,7 +71,7 @@ GPU_PROFILES: dict[str, GpuProfile] = {
         pcie_gen_max=4,
         fabric=False,
     ),
-    "B200": GpuProfile("NVIDIA B200", 183359 * MIB, 1000.0, 140.0, 33.0, 72.0, 1965, 3996, 18),
+    "B200": GpuProfile("NVIDIA B200", 183359 * MIB, 1000.0, 140.0, 33.0, 72.0, 1965, 3996, 18, gpm=True),
     "L40S": GpuProfile(
         "NVIDIA L40S",
         46068 * MIB,
@@ -144,6 +148,7 @@ class _Job:
     hbm_fraction: float
     ends_at_s: float
     pid: int = 0
+    tensor_share: float = 0.6  # of the SMs' busy time, the share on tensor cores (GPM)
 
 
 @dataclass
@@ -182,6 +187,14 @@ class SimulatedGpu:
     # clock lowered, as the driver does (capped_by below).
     power_limit_w: float | None = None
     _demand_w: float = 0.0  # what the work would draw without the limit
+    # The SM application clock an operator set (nvidia-smi -ac; None: the board's maximum): the
+    # clock the GPU's clocks policy targets, which its SM clock does not pass.
+    app_clock_mhz: float | None = None
+    # Work, not time (GPM): the share of SMs busy and of time on tensor cores now, and their
+    # integrals over the GPU's life (%·s), from which a GPM sample pair gives the mean between.
+    sm_active_pct: float = 0.0
+    tensor_active_pct: float = 0.0
+    work_integrals: tuple[float, float, float] = (0.0, 0.0, 0.0)  # (seconds, SM %·s, tensor %·s)
     # Counters and states that faults move (read through the matching NVML symbols).
     ecc_sbe_volatile: int = 0
     ecc_dbe_volatile: int = 0
@@ -221,6 +234,11 @@ class SimulatedGpu:
         self.recovery_action = 0
         self.sbe_rate_per_s = self._sbe_carry = 0.0
         return f"GPU {self.index} reset (simulated)"
+
+    def target_clock_mhz(self) -> float:
+        """The SM clock the clocks policy targets (NVML's application-clock target)."""
+        top = self.profile.max_sm_clock_mhz
+        return min(top, self.app_clock_mhz) if self.app_clock_mhz is not None else top
 
     def enforced_power_limit_w(self) -> float:
         return self.power_limit_w if self.power_limit_w is not None else self.profile.power_limit_w
@@ -284,7 +302,6 @@ class SimulatedGpu:
         return reasons
 
     def sm_clock_mhz(self) -> float:
-        p = self.profile
         if self.util_gpu_pct < 1:
             return 345.0
         slowed = self.forced_reasons & (
@@ -294,7 +311,7 @@ class SimulatedGpu:
             | REASON_SW_POWER_CAP
             | REASON_HW_POWER_BRAKE
         )
-        return p.max_sm_clock_mhz * (0.55 if slowed else 1.0) * self._slowness() * self.capped_by()
+        return self.target_clock_mhz() * (0.55 if slowed else 1.0) * self._slowness() * self.capped_by()
 
     def _slowness(self) -> float:
         return self.slow_factor if self.util_gpu_pct >= 50 else 1.0
@@ -333,6 +350,19 @@ class SimulatedGpu:
             t_eq = p.slowdown_temp_c + 1.0
         self.temp_gpu_c += min(1.0, dt_s / 20.0) * (t_eq - self.temp_gpu_c)
         self.processes = [(job.pid, max(0, self.hbm_used_bytes - 512 * MIB))] if job else []
+        self._step_work(dt_s, job)
+
+    def _step_work(self, dt_s: float, job: _Job | None) -> None:
+        """SM and tensor activity follow utilization: a kernel keeps most SMs busy under a real
+        job, and the job decides how much of that is tensor-core work."""
+        self.sm_active_pct = _clamp(self.util_gpu_pct * 0.92, 0, 100)  # util carries the noise
+        self.tensor_active_pct = self.sm_active_pct * (job.tensor_share if job else 0.0)
+        seconds, sm, tensor = self.work_integrals
+        self.work_integrals = (
+            seconds + dt_s,
+            sm + self.sm_active_pct * dt_s,
+            tensor + self.tensor_active_pct * dt_s,
+        )
 
 
 MIN_STEP_S = 0.05  # the least clock time a simulated node moves by (SimulatedNode.advance)
@@ -470,13 +500,17 @@ class SimulatedNode:
             self._job = None
             self._idle_until_s = self._t_s + self._rng.uniform(5, 60)
         if self._job is None and self._t_s >= self._idle_until_s:
-            kind = self._rng.random()
-            if kind < 0.6:  # training: high, steady
+            training = self._rng.random() < 0.6
+            if training:  # high, steady, mostly matrix work
                 util, hbm = self._rng.uniform(85, 99), self._rng.uniform(0.7, 0.95)
-            else:  # inference: moderate, KV cache holds most of HBM
+            else:  # inference: moderate, KV cache holds most of HBM, decode is memory-bound
                 util, hbm = self._rng.uniform(25, 70), self._rng.uniform(0.85, 0.92)
             self._job = _Job(
-                util, hbm, self._t_s + self._rng.uniform(120, 900), pid=self._rng.randint(10_000, 4_000_000)
+                util,
+                hbm,
+                self._t_s + self._rng.uniform(120, 900),
+                pid=self._rng.randint(10_000, 4_000_000),
+                tensor_share=0.6 if training else 0.35,
             )
 
 

@@ -39,6 +39,8 @@ Kinds and their parameters:
     slow            factor = F          SM clock and power x F under load, no throttle reason
     power_limit     watts = N           the operator's power limit (nvidia-smi -pl); work that
                                         would draw more is held to it: power-cap reason, lower clock
+    app_clock       mhz = N             the operator's SM application clock (nvidia-smi -ac): the
+                                        clock the GPU targets and its SM clock does not pass
     heal                                every fault of this list above gone
     busy            util = N            the whole node runs a steady job at N % from now on
 """
@@ -90,6 +92,7 @@ KINDS = {
     "ecc_storm": {"rate"},
     "slow": {"factor"},
     "power_limit": {"watts"},
+    "app_clock": {"mhz"},
     "heal": set(),
     "busy": {"util"},
 }
@@ -102,6 +105,7 @@ _REQUIRED = {
     "ecc_storm": {"rate"},
     "slow": {"factor"},
     "power_limit": {"watts"},
+    "app_clock": {"mhz"},
     "busy": {"util"},
 }
 # Each parameter's type (what the TOML value is converted with); absent ones take Fault's default.
@@ -122,6 +126,7 @@ _TYPES: dict[str, type] = {
     "factor": float,
     "util": float,
     "watts": float,
+    "mhz": float,
 }
 
 
@@ -151,6 +156,7 @@ class Fault:
     factor: float = 1.0
     util: float = 0.0
     watts: float = 0.0
+    mhz: float = 0.0
 
 
 def load(path: str | Path) -> list[Fault]:
@@ -186,6 +192,8 @@ def load(path: str | Path) -> list[Fault]:
             raise ScenarioError(f"{where} ({kind}): factor must be in (0, 1], rate and seconds ≥ 0")
         if kind == "power_limit" and not 50 <= fault.watts <= 2000:
             raise ScenarioError(f"{where} ({kind}): watts = {fault.watts:g} must be between 50 and 2000")
+        if kind == "app_clock" and not 100 <= fault.mhz <= 5000:
+            raise ScenarioError(f"{where} ({kind}): mhz = {fault.mhz:g} must be between 100 and 5000")
         faults.append(fault)
     return sorted(faults, key=lambda f: f.at_s)
 
@@ -223,6 +231,7 @@ _HEALED = {
     "sbe_rate_per_s": 0.0,
     "slow_factor": 1.0,
     "power_limit_w": None,
+    "app_clock_mhz": None,
 }
 
 
@@ -255,6 +264,7 @@ APPLY: dict[str, Callable[[SimulatedGpu, Fault], None]] = {
     "ecc_storm": lambda gpu, f: setattr(gpu, "sbe_rate_per_s", f.rate),
     "slow": lambda gpu, f: setattr(gpu, "slow_factor", f.factor),
     "power_limit": lambda gpu, f: setattr(gpu, "power_limit_w", f.watts),
+    "app_clock": lambda gpu, f: setattr(gpu, "app_clock_mhz", f.mhz),
     "heal": _set(**_HEALED),
     "busy": lambda gpu, f: None,  # the node's: NODE_APPLY
 }

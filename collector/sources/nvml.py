@@ -42,6 +42,10 @@ class _Gpu:
     call_started_s: float = 0.0
     # The last corrected-ECC count and when it was read: the storm rate is worked out from them.
     last_sbe: tuple[float, int] | None = None
+    # GPM (Hopper and later): two samples the driver fills in turn; the previous one filled, and
+    # the one the next tick fills. None until the first GPM read (or when this GPU has no GPM).
+    gpm_samples: tuple[Any, Any] | None = None
+    gpm_filled: bool = False
     # Samples in a row that found the GPU lost: its loss is logged once, when this leaves 0, and
     # its return once, with the count (a lost GPU is not an error line every interval).
     lost_samples: int = 0
@@ -80,6 +84,14 @@ def _read_power_limit(handle: Any, sample: telemetry_pb2.GpuSample) -> None:
 def _read_clocks(handle: Any, sample: telemetry_pb2.GpuSample) -> None:
     sample.clock_sm_mhz = float(pynvml.nvmlDeviceGetClockInfo(handle, pynvml.NVML_CLOCK_SM))
     sample.clock_mem_mhz = float(pynvml.nvmlDeviceGetClockInfo(handle, pynvml.NVML_CLOCK_MEM))
+
+
+def _read_clock_target(handle: Any, sample: telemetry_pb2.GpuSample) -> None:
+    # The clock the clocks policy targets (nvidia-smi -ac): GPUs are compared for speed only
+    # with peers under the same policy. Not the deprecated nvmlDeviceGetApplicationsClock.
+    sample.clock_sm_target_mhz = float(
+        pynvml.nvmlDeviceGetClock(handle, pynvml.NVML_CLOCK_SM, pynvml.NVML_CLOCK_ID_APP_CLOCK_TARGET)
+    )
 
 
 _THERMAL = pynvml.nvmlClocksEventReasonSwThermalSlowdown | pynvml.nvmlClocksEventReasonHwThermalSlowdown
@@ -169,6 +181,7 @@ READERS: list[tuple[str, Callable[[Any, telemetry_pb2.GpuSample], None]]] = [
     ("power", _read_power),
     ("power_limit", _read_power_limit),
     ("clocks", _read_clocks),
+    ("clock_target", _read_clock_target),
     ("clock_events", _read_clock_events),
     ("ecc", _read_ecc),
     ("retired_pages", _read_retired_pages),
@@ -186,6 +199,7 @@ CALLS = {
     "power": "nvmlDeviceGetPowerUsage",
     "power_limit": "nvmlDeviceGetEnforcedPowerLimit",
     "clocks": "nvmlDeviceGetClockInfo",
+    "clock_target": "nvmlDeviceGetClock",
     "clock_events": "nvmlDeviceGetCurrentClocksEventReasons",
     "ecc": "nvmlDeviceGetTotalEccErrors",
     "retired_pages": "nvmlDeviceGetRetiredPages",
@@ -196,6 +210,7 @@ CALLS = {
     "processes": "nvmlDeviceGetComputeRunningProcesses",
     "field_values": "nvmlDeviceGetFieldValues",
     "nvlink": "nvmlDeviceGetNvLinkState",
+    "gpm": "nvmlGpmSampleGet",
 }
 
 # Read together in one nvmlDeviceGetFieldValues call per GPU (each value has its own return
@@ -227,6 +242,40 @@ def _read_field_values(handle: Any) -> dict[str, float]:
         if value.nvmlReturn == pynvml.NVML_SUCCESS and member and value.fieldId in _FIELD_VALUES:
             out[_FIELD_VALUES[value.fieldId]] = getattr(value.value, member)
     return out
+
+
+# GPM metrics read (each with its own return code), and the sample field each fills.
+_GPM_METRICS = {
+    pynvml.NVML_GPM_METRIC_SM_UTIL: "sm_active_pct",
+    pynvml.NVML_GPM_METRIC_ANY_TENSOR_UTIL: "tensor_active_pct",
+}
+
+
+def _read_gpm(gpu: _Gpu, sample: telemetry_pb2.GpuSample) -> None:
+    """SM and tensor activity over the interval since this GPU's previous sample (GPM: work, not
+    the share of time a kernel ran). The first read takes the first GPM sample and reports
+    nothing; a GPU without GPM answers NOT_SUPPORTED and is not asked again."""
+    if gpu.gpm_samples is None:
+        if not pynvml.nvmlGpmQueryDeviceSupport(gpu.handle).isSupportedDevice:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        gpu.gpm_samples = (pynvml.nvmlGpmSampleAlloc(), pynvml.nvmlGpmSampleAlloc())
+    previous, current = gpu.gpm_samples
+    pynvml.nvmlGpmSampleGet(gpu.handle, current)
+    filled, gpu.gpm_filled = gpu.gpm_filled, True
+    gpu.gpm_samples = (current, previous)  # this one is the next read's previous
+    if not filled:
+        return
+    request = pynvml.c_nvmlGpmMetricsGet_t()
+    request.version = pynvml.NVML_GPM_METRICS_GET_VERSION
+    request.numMetrics = len(_GPM_METRICS)
+    request.sample1, request.sample2 = previous, current
+    for i, metric_id in enumerate(_GPM_METRICS):
+        request.metrics[i].metricId = metric_id
+    pynvml.nvmlGpmMetricsGet(request)
+    for i in range(len(_GPM_METRICS)):
+        metric = request.metrics[i]
+        if metric.nvmlReturn == pynvml.NVML_SUCCESS and metric.metricId in _GPM_METRICS:
+            setattr(sample, _GPM_METRICS[metric.metricId], float(metric.value))
 
 
 _NVLINK_COUNTERS = {
@@ -304,6 +353,7 @@ class NvmlSource:
         if "recovery_action" in fields:
             sample.recovery_action = int(fields["recovery_action"])
         self._query(gpu, sample, "nvlink", lambda: self._read_nvlink(gpu, sample, fields))
+        self._query(gpu, sample, "gpm", lambda: _read_gpm(gpu, sample))
         self._sbe_rate(gpu, sample)
         self._note_loss(gpu, sample.lost)
         return sample
@@ -416,6 +466,13 @@ class NvmlSource:
             setattr(sample, name, int(value))
 
     def close(self) -> None:
+        for gpu in self.gpus:
+            for gpm_sample in gpu.gpm_samples or ():
+                try:
+                    pynvml.nvmlGpmSampleFree(gpm_sample)
+                except pynvml.NVMLError as exc:
+                    log.warning("GPU %d: nvmlGpmSampleFree failed: %s", gpu.index, exc)
+            gpu.gpm_samples = None
         try:
             pynvml.nvmlShutdown()
         except pynvml.NVMLError as exc:

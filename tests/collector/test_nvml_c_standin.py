@@ -20,6 +20,7 @@ from gpufleet.collector.simnvml.clibrary import SYMBOLS, install_c
 from gpufleet.collector.simnvml.machine import Hang
 from gpufleet.collector.sources.deadline import DeadlineSampler
 from gpufleet.collector.sources.nvml import NvmlSource
+from gpufleet.protos import telemetry_pb2
 from harness.clock import FakeClock
 
 
@@ -58,6 +59,8 @@ def test_the_c_library_answers_what_the_python_one_does_from_the_same_machine(nv
             uninstall()
     assert read["c"] == read["python"]
     assert len(read["c"][1]) == 24
+    last = telemetry_pb2.GpuSample.FromString(read["c"][1][-1])
+    assert last.HasField("sm_active_pct") and last.HasField("clock_sm_target_mhz"), "GPM and clocks too"
 
 
 @dataclass

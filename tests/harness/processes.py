@@ -207,7 +207,12 @@ class Cluster:
             assert proc.alive(), f"aggregator exited: {proc.log()}"
             return json.loads(ready.read_text()) if ready.exists() else None
 
-        bound = wait_until(is_ready, 30, "the aggregator to serve")
+        bound = wait_until(
+            is_ready,
+            30,
+            "the aggregator to serve",
+            context=lambda: f"the aggregator's log (its end):\n{proc.log()[-4000:]}",
+        )
         return AggregatorHandle(proc, bound["ingest"], bound["fleet"], bound["metrics"], data_dir)
 
     def collector(self, node: str, ingest: str, *extra: str, token: str | None = None) -> Proc:

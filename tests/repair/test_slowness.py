@@ -2,30 +2,31 @@
 threshold 10 % under the GPU's own normal), evaluated report after report as the controller's
 full passes do.
 
-The generated fleet (`SpreadFleet`) has the spread identical GPUs show for good, as docs/repair.md
-"Slowness from work, not time" states with its source: each GPU's SM clock differs from its
-model's by a static N(0, 2 %) and its power by a static N(0, 8 %) (the widest spread of issue 40's
-cases), each sample adds N(0, 1 %) to the clock and N(0, 2 %) to the power; nodes run jobs of
-2-12 h at 92-99 % util (40 % of them power-bound: every GPU at its power limit with the power-cap
-reason set, clocks 75-95 % of the maximum) between 0.5-4 h of lighter work; one node in ten has
-two of its eight GPUs capped by its operator at 450 W. On it: at most 1 finding per 1,000
-node-days, and a GPU made 15 % slow is found within its window, after a day of running that
-taught each GPU's baseline."""
+The generated fleet (`SpreadFleet`, repair/replay/spread.py) has the spread identical GPUs show
+for good, as docs/repair.md "Slowness from work, not time" states with its source: each GPU's SM
+clock differs from its model's by a static N(0, 2 %) and its power by a static N(0, 8 %) (the
+widest spread of issue 40's cases), each sample adds N(0, 1 %) to the clock and N(0, 2 %) to the
+power; nodes run jobs of 2-12 h at 92-99 % util (40 % of them power-bound: every GPU at its power
+limit with the power-cap reason set, clocks 75-95 % of the maximum) between 0.5-4 h of lighter
+work; one node in ten has two of its eight GPUs capped by its operator at 450 W. On it: at most 1
+finding per 1,000 node-days, and a GPU made 15 % slow is found within its window."""
 
 from __future__ import annotations
 
+import json
 import random
-from dataclasses import dataclass
+import subprocess
 
-import numpy
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gpufleet.protos import telemetry_pb2
 from gpufleet.repair.model import NodeSnapshot
 from gpufleet.repair.policy import load_policy
+from gpufleet.repair.replay.spread import Spread, measure_slowness
 from gpufleet.repair.rules import RULES
 from gpufleet.repair.rules.base import Rule
+from harness.processes import gpufleet_argv
 from harness.snapshots import reporting
 
 POLICY = load_policy()
@@ -176,95 +177,77 @@ def test_a_gpu_slowed_for_a_reason_with_its_own_rule_or_not_busy_is_not_compared
     assert _run(rule, gpus, 0, SLOW.window_s * 2)[0] == set()
 
 
-# --- the generated fleet -----------------------------------------------------------------------
-@dataclass
-class _Gpu:
-    clock: float  # static factor of the model's clock
-    power: float  # static factor of the power
-    limit_w: float
+def test_gpus_clocked_lower_by_their_operator_are_compared_among_themselves() -> None:
+    """Two GPUs whose application clock an operator set to 1,600 MHz (nvidia-smi -ac) beside six
+    at 1,980: no finding for their lower clock; one of the six 15 % slow is found."""
+    rule = RULES["gpu_slow"]()
+    gpus = _gpus([1600.0] * 2 + [MAX_SM_MHZ] * 6)
+    for g in gpus:
+        g.clock_sm_target_mhz = 1600.0 if g.index < 2 else MAX_SM_MHZ
+    assert _run(rule, gpus, 0, SLOW.window_s * 2, "app-clocks")[0] == set()
+    gpus[4].clock_sm_mhz *= 0.85
+    found, _ = _run(rule, gpus, SLOW.window_s * 2 + PASS_S, SLOW.window_s + PASS_S, "app-clocks")
+    assert found == {4}
 
 
-class SpreadFleet:
-    """Nodes of eight H100s with the spread in the module's docstring, stepped through time."""
-
-    def __init__(self, nodes: int, seed: int, clock_spread: float = 0.02, power_spread: float = 0.08) -> None:
-        self.rng = random.Random(seed)
-        self.noise = numpy.random.default_rng(seed)
-        self.nodes: dict[str, list[_Gpu]] = {}
-        for n in range(nodes):
-            operator_capped = self.rng.random() < 0.1
-            self.nodes[f"node-{n:04d}"] = [
-                _Gpu(
-                    1 + self.rng.gauss(0, clock_spread),
-                    1 + self.rng.gauss(0, power_spread),
-                    450.0 if operator_capped and i < 2 else LIMIT_W,
-                )
-                for i in range(8)
-            ]
-        self.samples = {
-            name: [telemetry_pb2.GpuSample(index=i, model=MODEL) for i in range(8)] for name in self.nodes
-        }
-        self._phase: dict[str, tuple[float, float, bool, float]] = {}  # until, util, power-bound, work
-        self.slowed: dict[str, tuple[int, float]] = {}  # node -> (GPU, factor)
-
-    def step(self, name: str, t: float) -> list[telemetry_pb2.GpuSample]:
-        until, util, bound, work = self._phase.get(name, (-1.0, 0.0, False, 1.0))
-        rng = self.rng
-        if t >= until:
-            if util >= 90 or (until < 0 and rng.random() < 0.25):  # a job ended: lighter work
-                until, util, bound, work = t + rng.uniform(1800, 4 * 3600), rng.uniform(20, 80), False, 1.0
-            else:
-                bound = rng.random() < 0.4
-                until, util = t + rng.uniform(2 * 3600, 12 * 3600), rng.uniform(92, 99)
-                work = rng.uniform(0.75, 0.95) if bound else 1.0
-            self._phase[name] = (until, util, bound, work)
-        slow_gpu, slow_factor = self.slowed.get(name, (-1, 1.0))
-        # Each sample's noise (util, clock, power; 8 GPUs) in one draw: numpy's, for speed.
-        noise = self.noise.normal(0.0, (1.0, 0.01, 0.02), (8, 3)).tolist()
-        for i, (g, s) in enumerate(zip(self.nodes[name], self.samples[name], strict=True)):
-            capped = bound or g.limit_w < LIMIT_W
-            clock = MAX_SM_MHZ * g.clock * (work if bound else 1.0)
-            if g.limit_w < LIMIT_W:
-                clock *= 0.88  # the operator's cap holds its clock lower
-            power = g.limit_w if capped else min(g.limit_w, 0.85 * LIMIT_W * g.power)
-            util_noise, clock_noise, power_noise = noise[i]
-            s.util_gpu_pct = min(100.0, util + util_noise)
-            s.clock_sm_mhz = clock * (1 + clock_noise) * (slow_factor if i == slow_gpu else 1.0)
-            s.power_w = power * (1 + power_noise) * (0.98 if capped else 1.0)
-            s.power_limit_w = g.limit_w
-            s.clock_event_reasons = CAP_REASON if capped else 0
-        return self.samples[name]
-
-    def busy(self, name: str, t: float, for_s: float) -> None:
-        """Start a job on the node now that runs at least for_s, not power-bound."""
-        self._phase[name] = (t + for_s + 1, 97.0, False, 1.0)
+def test_with_gpm_busy_is_the_sms_own_activity_not_the_time_a_kernel_ran() -> None:
+    """All eight at 100 % util; one runs a small kernel that keeps few SMs busy and its clock
+    low (the driver's, not a fault). With GPM it is not compared (its SMs are mostly idle: not
+    the same work); without GPM the rule cannot tell and finds it: GPM removes that finding."""
+    light = 3
+    for gpm, expected in ((True, set()), (False, {light})):
+        rule = RULES["gpu_slow"]()
+        gpus = _gpus([MAX_SM_MHZ] * 8, util=100.0)
+        gpus[light].clock_sm_mhz *= 0.7
+        if gpm:
+            for g in gpus:
+                g.sm_active_pct, g.tensor_active_pct = (25.0, 5.0) if g.index == light else (88.0, 53.0)
+        assert _run(rule, gpus, 0, SLOW.window_s * 2, f"gpm-{gpm}")[0] == expected, gpm
 
 
+def test_with_gpm_the_finding_names_the_sms_and_tensor_cores_beside_its_peers() -> None:
+    rule = RULES["gpu_slow"]()
+    gpus = _gpus([MAX_SM_MHZ] * 8, powers=[LIMIT_W] * 8, reasons=CAP_REASON)
+    for g in gpus:
+        g.sm_active_pct, g.tensor_active_pct, g.clock_sm_target_mhz = 88.0, 53.0, MAX_SM_MHZ
+    gpus[6].clock_sm_mhz *= 0.8
+    gpus[6].sm_active_pct, gpus[6].tensor_active_pct = 95.0, 57.0  # busier for longer on the same work
+    _run(rule, gpus, 0, SLOW.window_s)
+    (finding,) = rule.evaluate(_snapshot("n1", gpus, SLOW.window_s + PASS_S), SLOW, POLICY, 0)
+    assert (
+        "7 NVIDIA H100 80GB HBM3 peers at ≥70 % SMs active under the same 700 W power limit, "
+        "1980 MHz target clock" in finding.evidence
+    ), finding.evidence
+    assert "SMs active 95 % (peers' median 88 %); tensor cores active 57 % (peers' median 53 %)" in (
+        finding.evidence
+    )
+
+
+# --- the generated fleet (repair/replay/spread.py: `gpufleet replay --generate spread`) ------------
 def test_the_generated_fleet_has_at_most_one_finding_per_1000_node_days_and_each_slow_gpu_is_found() -> None:
     """1,000 node-days (250 nodes for four days, a look every 300 s: two looks a window, noisier
-    means than the controller's twenty), counting each finding once, when it appears; then in
-    every tenth node one GPU made 15 % slow in a job, each found within its window (a look
-    every 15 s), and no other GPU."""
-    fleet, rule = SpreadFleet(250, seed=40), RULES["gpu_slow"]()
-    onsets: set[tuple[str, int | None]] = set()
-    t, days = 0.0, 4
-    while t < days * DAY_S:
-        for name in fleet.nodes:
-            for f in rule.evaluate(_snapshot(name, fleet.step(name, t), t), SLOW, POLICY, 0):
-                onsets.add((name, f.gpu))
-        t += SLOW.window_s / 2
-    node_days = len(fleet.nodes) * days
-    assert len(onsets) <= node_days / 1000, f"{len(onsets)} findings in {node_days} node-days: {onsets}"
+    means than the controller's twenty), each GPU counted once, when first found; then in every
+    tenth node one GPU made 15 % slow in a job, each found within its window (a look every 15 s),
+    and no other GPU. With GPM activity (Hopper) and without (utilization only)."""
+    for gpm, seed in ((True, 40), (False, 41)):
+        report = measure_slowness(POLICY, nodes=250, days=4, seed=seed, spread=Spread(gpm=gpm))
+        assert report.node_days == 1000
+        assert report.findings_per_1000_node_days <= 1, (gpm, report.findings)
+        assert len(report.planted) == 25 and report.wrong_gpus == [], (gpm, report.wrong_gpus)
+        assert set(report.found_after_s) == set(report.planted), (gpm, report.as_dict())
+        assert max(report.found_after_s.values()) <= SLOW.window_s + PASS_S, report.found_after_s
 
-    chosen = list(fleet.nodes)[::10]
-    for k, name in enumerate(chosen):
-        fleet.slowed[name] = (2 + k % 6, 0.85)  # one of the GPUs at the node's full limit
-        fleet.busy(name, t, SLOW.window_s + PASS_S)
-    start, found = t, {}
-    while t <= start + SLOW.window_s + PASS_S:
-        for name in chosen:
-            for f in rule.evaluate(_snapshot(name, fleet.step(name, t), t), SLOW, POLICY, 0):
-                found.setdefault((name, f.gpu), t)
-        t += PASS_S
-    expected = {(name, fleet.slowed[name][0]) for name in chosen}
-    assert set(found) == expected, (sorted(set(found) - expected), sorted(expected - set(found)))
+
+def test_the_replay_command_reports_the_rates_a_person_reads() -> None:
+    argv = gpufleet_argv("replay", "--generate", "spread", "--nodes", "40", "--days", "1", "--seed", "3")
+    out = subprocess.run(argv, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    text = out.stdout
+    assert "40 nodes x 1 day = 40 node-days (seed 3; with GPM activity; window 600 s, threshold 10%)" in text
+    assert "findings on GPUs that are not slow: 0 (0 per 1,000 node-days; target ≤ 1)" in text, text
+    assert "GPUs made 15% slow, found: 4 of 4, after" in text, text
+    as_json = subprocess.run([*argv, "--json", "--without-gpm"], capture_output=True, text=True, timeout=120)
+    report = json.loads(as_json.stdout)
+    assert report["spread"]["gpm"] is False and report["slow_gpus_found"] == report["slow_gpus_planted"] == 4
+    refused = subprocess.run([*argv, "--clock-spread", "2"], capture_output=True, text=True, timeout=60)
+    assert refused.returncode == 2 and "must be between 0 and 0.2 (a fraction" in refused.stderr
