@@ -8,7 +8,6 @@ import pandas as pd
 from gpufleet.client.colours import NODE_STATE_COLOURS
 from gpufleet.client.present import (
     EVENT_COLUMNS,
-    GIB,
     describe_projection,
     event_row,
     finite,
@@ -28,6 +27,7 @@ from gpufleet.protos.names import (
     liveness_name,
     severity_name,
 )
+from gpufleet.protos.signals import GPU_SIGNALS, Signal
 
 HEAT_METRICS = {
     "GPU utilization %": "util_gpu_pct",
@@ -166,8 +166,14 @@ def _percent(ratio: float | None) -> float | None:
     return None if ratio is None else round(100 * ratio, 1)
 
 
-def _gib(value: int | None) -> float | None:
-    return None if value is None else round(value / GIB, 1)
+def _shown(g: object, signal: Signal) -> float | None:
+    """A signal as its node-table column shows it: in the column's unit, rounded; absent: empty."""
+    value = opt(g, signal.field)
+    return None if value is None else round(value * signal.label_scale, signal.decimals)
+
+
+# The signal catalog's columns (protos/signals.py: label, unit, rounding), in its order.
+_SIGNAL_COLUMNS = [s for s in GPU_SIGNALS.values() if s.label]
 
 
 def node_gpus_table(summary: fleet_pb2.NodeSummary) -> pd.DataFrame:
@@ -177,7 +183,6 @@ def node_gpus_table(summary: fleet_pb2.NodeSummary) -> pd.DataFrame:
     health = gpu_health(summary)
     for g in summary.gpus:
         used, total = opt(g, "hbm_used_bytes"), opt(g, "hbm_total_bytes")
-        power = _rounded(opt(g, "power_w"), 0)
         rows.append(
             {
                 "GPU": g.index,
@@ -185,59 +190,34 @@ def node_gpus_table(summary: fleet_pb2.NodeSummary) -> pd.DataFrame:
                 "UUID": g.uuid,
                 "PCI bus": g.pci_bus_id,
                 "health": health.get(g.index),
-                "GPU util %": _rounded(opt(g, "util_gpu_pct"), 0),
-                "memory util %": _rounded(opt(g, "util_mem_pct"), 0),
-                "HBM used GiB": _gib(used),
-                "HBM total GiB": _gib(total),
+                **{s.label: _shown(g, s) for s in _SIGNAL_COLUMNS},
                 "HBM used %": round(100 * used / total, 1) if used is not None and total else None,
-                "temp °C": _rounded(opt(g, "temp_gpu_c"), 0),
-                "HBM temp °C": _rounded(opt(g, "temp_mem_c"), 0),
-                "power W": power,
-                "power limit W": _rounded(opt(g, "power_limit_w"), 0),
-                "SM clock MHz": _rounded(opt(g, "clock_sm_mhz"), 0),
-                "target clock MHz": _rounded(opt(g, "clock_sm_target_mhz"), 0),
-                "SMs active %": _rounded(opt(g, "sm_active_pct"), 0),
-                "tensor active %": _rounded(opt(g, "tensor_active_pct"), 0),
             }
         )
     return pd.DataFrame(rows, columns=NODE_GPU_COLUMNS)
 
 
 GPU_TABLE_HELP = {
+    **{s.label: s.help[0].upper() + s.help[1:] + "." for s in _SIGNAL_COLUMNS},
     "health": "The GPU's health as the aggregator derives it (repair/gpu_health.py) from the findings "
     "it holds, the node's open incident and the GPU's last sample: ok, watch (a signal raised), "
     "suspect, faulty (a critical finding open), lost (off the bus); then what raised it. The same "
     "word as `gpufleet node` and Grafana. N/A: the aggregator gave no state, never read as ok.",
     "GPU util %": "Time the GPU was busy over the sample period (NVML utilization), not work done.",
     "HBM used %": "HBM in use as a percentage of the GPU's total.",
-    "power limit W": "The GPU's enforced power limit.",
-    "target clock MHz": "The SM clock the GPU's clocks policy targets (its application clock).",
     "SMs active %": "Share of the SMs busy over the sample period (GPM, Hopper and later): work, "
     "where GPU util % is only time. Empty on GPUs without GPM.",
     "tensor active %": "Share of the sample period the SMs ran tensor-core work (GPM). Empty on "
     "GPUs without GPM.",
 }
 # What an SRE reads first first: which GPU, its health, its load; its identity last.
-NODE_GPU_COLUMNS = [
-    "GPU",
-    "health",
-    "model",
-    "GPU util %",
-    "SMs active %",
-    "tensor active %",
-    "memory util %",
-    "HBM used GiB",
-    "HBM total GiB",
-    "HBM used %",
-    "temp °C",
-    "HBM temp °C",
-    "power W",
-    "power limit W",
-    "SM clock MHz",
-    "target clock MHz",
-    "UUID",
-    "PCI bus",
-]
+_HBM_TOTAL = GPU_SIGNALS["hbm_total_bytes"].label
+NODE_GPU_COLUMNS = ["GPU", "health", "model"]
+for _signal in _SIGNAL_COLUMNS:
+    NODE_GPU_COLUMNS.append(_signal.label)
+    if _signal.label == _HBM_TOTAL:
+        NODE_GPU_COLUMNS.append("HBM used %")
+NODE_GPU_COLUMNS += ["UUID", "PCI bus"]
 
 
 def headline(nodes: pd.DataFrame, gpus: pd.DataFrame) -> dict[str, object]:

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from gpufleet.aggregator.store.base import FieldValue, Point, SharedTags
 from gpufleet.protos import telemetry_pb2
 from gpufleet.protos.names import event_kind_name, event_source_name
+from gpufleet.protos.signals import GPU_SIGNALS, INT64_MAX
 
 
 @dataclass(frozen=True)
@@ -30,125 +31,86 @@ class Metric:
 
 # Bounds are sanity limits (what no real device reports), not health thresholds; none is past
 # what both stores can hold (SQLite and InfluxDB integers are int64).
-INT64_MAX = 2**63 - 1
-_TIB = 1 << 40
 METRICS: dict[str, Metric] = {
-    m.name: m
-    for m in [
-        Metric("util_gpu_pct", "gpu", "%", "GPU (SM) utilization", 0, 100),
-        Metric("util_mem_pct", "gpu", "%", "memory-controller utilization", 0, 100),
-        Metric("hbm_used_bytes", "gpu", "bytes", "HBM in use", 0, 16 * _TIB),
-        Metric("hbm_total_bytes", "gpu", "bytes", "HBM size", 0, 16 * _TIB),
-        Metric("temp_gpu_c", "gpu", "°C", "GPU core temperature", -40, 150),
-        Metric("temp_mem_c", "gpu", "°C", "HBM temperature", -40, 150),
-        Metric("power_w", "gpu", "W", "board power draw", 0, 5000),
-        Metric("power_limit_w", "gpu", "W", "enforced power limit", 0, 5000),
-        Metric("lost", "gpu", "bool", "1 when NVML answered GPU_IS_LOST", 0, 1),
-        Metric("clock_sm_mhz", "gpu", "MHz", "SM clock", 0, 10_000),
-        Metric("clock_mem_mhz", "gpu", "MHz", "memory clock", 0, 50_000),
-        Metric("clock_event_reasons", "gpu", "bitmask", "NVML clock-event (throttle) reasons", 0, INT64_MAX),
-        Metric("throttle_thermal", "gpu", "bool", "thermal slowdown active", 0, 1),
-        Metric("throttle_power", "gpu", "bool", "power cap or power brake active", 0, 1),
-        Metric("ecc_sbe_volatile", "gpu", "errors", "corrected ECC errors since driver load", 0, INT64_MAX),
-        Metric("ecc_dbe_volatile", "gpu", "errors", "uncorrected ECC errors since driver load", 0, INT64_MAX),
-        Metric("ecc_sbe_aggregate", "gpu", "errors", "corrected ECC errors, lifetime", 0, INT64_MAX),
-        Metric("ecc_dbe_aggregate", "gpu", "errors", "uncorrected ECC errors, lifetime", 0, INT64_MAX),
-        Metric("retired_pages_sbe", "gpu", "pages", "pages retired for single-bit errors", 0, 2**32),
-        Metric("retired_pages_dbe", "gpu", "pages", "pages retired for double-bit errors", 0, 2**32),
-        Metric("retired_pages_pending", "gpu", "bool", "a page retirement waits for a reset", 0, 1),
-        Metric("remap_correctable", "gpu", "rows", "rows remapped for correctable errors", 0, 2**32),
-        Metric("remap_uncorrectable", "gpu", "rows", "rows remapped for uncorrectable errors", 0, 2**32),
-        Metric("remap_pending", "gpu", "bool", "a row remap waits for a GPU reset", 0, 1),
-        Metric("remap_failure", "gpu", "bool", "a row remap failed", 0, 1),
-        Metric("pcie_replay_total", "gpu", "count", "PCIe replays (counter)", 0, INT64_MAX),
-        Metric("nvlink_links_active", "gpu", "links", "NVLink links up", 0, 64),
-        Metric("nvlink_links_inactive", "gpu", "links", "NVLink links down", 0, 64),
-        Metric("nvlink_replay_total", "gpu", "count", "NVLink replay errors, all links", 0, INT64_MAX),
-        Metric("nvlink_recovery_total", "gpu", "count", "NVLink recovery errors, all links", 0, INT64_MAX),
-        Metric("nvlink_crc_total", "gpu", "count", "NVLink CRC errors, all links", 0, INT64_MAX),
-        Metric("process_count", "gpu", "processes", "compute processes on the GPU", 0, 100_000),
-        Metric("driver_unresponsive", "gpu", "bool", "an NVML call outlived the collector's deadline", 0, 1),
-        Metric("driver_unresponsive_s", "gpu", "s", "how long the stuck NVML call has waited", 0, 1e9),
-        Metric(
-            "recovery_action",
-            "gpu",
-            "code",
-            "NVML recovery action (0 none, 1 reset, 2 reboot)",
-            0,
-            255,
-        ),
-        Metric("pcie_link_gen", "gpu", "gen", "PCIe link generation now", 0, 16),
-        Metric("pcie_link_gen_max", "gpu", "gen", "PCIe link generation GPU and slot can reach", 0, 16),
-        Metric("pcie_link_width", "gpu", "lanes", "PCIe link width now", 0, 64),
-        Metric("pcie_link_width_max", "gpu", "lanes", "PCIe link width GPU and slot can reach", 0, 64),
-        Metric("fabric_state", "gpu", "state", "NVLink fabric state (3: completed)", 0, 16),
-        Metric("fabric_status", "gpu", "code", "NVLink fabric probe's return code (0: ok)", 0, 2**32 - 1),
-        Metric("ecc_sbe_rate_per_s", "gpu", "errors/s", "corrected ECC errors per second", 0, 1e12),
-        Metric("clock_sm_target_mhz", "gpu", "MHz", "SM clock the clocks policy targets", 0, 10_000),
-        Metric("sm_active_pct", "gpu", "%", "share of SMs busy (GPM)", 0, 100),
-        Metric("tensor_active_pct", "gpu", "%", "share of time SMs ran tensor-core work (GPM)", 0, 100),
-        Metric("kv_cache_usage_ratio", "engine", "ratio", "KV-cache blocks in use", 0, 1),
-        Metric("requests_running", "engine", "requests", "requests being decoded", 0, 1e7),
-        Metric("requests_waiting", "engine", "requests", "requests queued", 0, 1e9),
-        Metric("preemptions_total", "engine", "count", "requests preempted (counter)", 0, 1e15),
-        Metric("prefix_cache_hit_ratio", "engine", "ratio", "prefix-cache hit ratio", 0, 1),
-        Metric("seq", "collector", "", "report sequence number", 1, INT64_MAX),
-        Metric("gpu_count", "collector", "GPUs", "GPUs in the report", 0, 64),
-        Metric("gpus_on_pci_bus", "collector", "GPUs", "NVIDIA GPUs on the PCI bus (sysfs)", 0, 1024),
-        Metric("interval_s", "collector", "s", "the collector's sampling interval", 0, 3600),
-        Metric(
-            "reports_dropped_total",
-            "collector",
-            "reports",
-            "reports the collector dropped (buffer full)",
-            0,
-            INT64_MAX,
-        ),
-        Metric(
-            "reports_rejected_total", "collector", "reports", "reports the aggregator rejected", 0, INT64_MAX
-        ),
-        Metric("unacked_reports", "collector", "reports", "reports awaiting acknowledgement", 0, INT64_MAX),
-        Metric("reconnects_total", "collector", "count", "collector reconnects", 0, INT64_MAX),
-        Metric("sample_errors_total", "collector", "count", "NVML calls that failed", 0, INT64_MAX),
-        Metric("nvml_calls_hung_total", "collector", "count", "NVML calls past the deadline", 0, INT64_MAX),
-        Metric("sample_duration_s", "collector", "s", "time to sample all GPUs", 0, 3600),
-        Metric(
-            "kmsg_lines_unparsed_total",
-            "collector",
-            "lines",
-            "kernel-log XID lines that did not parse",
-            0,
-            INT64_MAX,
-        ),
-        Metric(
-            "xid_unknown_gpu_total",
-            "collector",
-            "count",
-            "XIDs for a bus id that is no known GPU",
-            0,
-            INT64_MAX,
-        ),
-        Metric(
-            "xid_duplicates_total",
-            "collector",
-            "count",
-            "XIDs seen by NVML and kmsg, sent once",
-            0,
-            INT64_MAX,
-        ),
-        Metric(
-            "engine_scrapes_failed_total", "collector", "count", "unreadable engine scrapes", 0, INT64_MAX
-        ),
-        Metric("xid_folded_total", "collector", "count", "identical XIDs folded into a count", 0, INT64_MAX),
-        Metric(
-            "kmsg_records_caught_up_total",
-            "collector",
-            "count",
-            "XIDs logged before the collector started, reported at start",
-            0,
-            INT64_MAX,
-        ),
-    ]
+    # The GPU signals are the signal catalog's (protos/signals.py).
+    **{s.field: Metric(s.field, "gpu", s.unit, s.help, s.low, s.high) for s in GPU_SIGNALS.values()},
+    **{
+        m.name: m
+        for m in [
+            Metric("kv_cache_usage_ratio", "engine", "ratio", "KV-cache blocks in use", 0, 1),
+            Metric("requests_running", "engine", "requests", "requests being decoded", 0, 1e7),
+            Metric("requests_waiting", "engine", "requests", "requests queued", 0, 1e9),
+            Metric("preemptions_total", "engine", "count", "requests preempted (counter)", 0, 1e15),
+            Metric("prefix_cache_hit_ratio", "engine", "ratio", "prefix-cache hit ratio", 0, 1),
+            Metric("seq", "collector", "", "report sequence number", 1, INT64_MAX),
+            Metric("gpu_count", "collector", "GPUs", "GPUs in the report", 0, 64),
+            Metric("gpus_on_pci_bus", "collector", "GPUs", "NVIDIA GPUs on the PCI bus (sysfs)", 0, 1024),
+            Metric("interval_s", "collector", "s", "the collector's sampling interval", 0, 3600),
+            Metric(
+                "reports_dropped_total",
+                "collector",
+                "reports",
+                "reports the collector dropped (buffer full)",
+                0,
+                INT64_MAX,
+            ),
+            Metric(
+                "reports_rejected_total",
+                "collector",
+                "reports",
+                "reports the aggregator rejected",
+                0,
+                INT64_MAX,
+            ),
+            Metric(
+                "unacked_reports", "collector", "reports", "reports awaiting acknowledgement", 0, INT64_MAX
+            ),
+            Metric("reconnects_total", "collector", "count", "collector reconnects", 0, INT64_MAX),
+            Metric("sample_errors_total", "collector", "count", "NVML calls that failed", 0, INT64_MAX),
+            Metric(
+                "nvml_calls_hung_total", "collector", "count", "NVML calls past the deadline", 0, INT64_MAX
+            ),
+            Metric("sample_duration_s", "collector", "s", "time to sample all GPUs", 0, 3600),
+            Metric(
+                "kmsg_lines_unparsed_total",
+                "collector",
+                "lines",
+                "kernel-log XID lines that did not parse",
+                0,
+                INT64_MAX,
+            ),
+            Metric(
+                "xid_unknown_gpu_total",
+                "collector",
+                "count",
+                "XIDs for a bus id that is no known GPU",
+                0,
+                INT64_MAX,
+            ),
+            Metric(
+                "xid_duplicates_total",
+                "collector",
+                "count",
+                "XIDs seen by NVML and kmsg, sent once",
+                0,
+                INT64_MAX,
+            ),
+            Metric(
+                "engine_scrapes_failed_total", "collector", "count", "unreadable engine scrapes", 0, INT64_MAX
+            ),
+            Metric(
+                "xid_folded_total", "collector", "count", "identical XIDs folded into a count", 0, INT64_MAX
+            ),
+            Metric(
+                "kmsg_records_caught_up_total",
+                "collector",
+                "count",
+                "XIDs logged before the collector started, reported at start",
+                0,
+                INT64_MAX,
+            ),
+        ]
+    },
 }
 
 # Each measurement's tags: what history can filter and group by (roll-ups keep their source's).

@@ -1,0 +1,137 @@
+"""The signal catalog: one entry per GPU signal a collector reports (a GpuSample field), and
+everything the parts say about it derived from that entry (docs/architecture.md "The signal
+catalog"): the collector's /metrics family (name, type, help, base unit), the stored field's
+unit, help and plausible range (aggregator/ingest/schema.py, which the wire rules and
+`gpufleet metrics` read), and the label and rounding the dashboard's node table shows.
+
+Adding a GPU signal: its `optional` field in telemetry.proto (regenerated), one entry here, its
+reader (collector/sources/nvml.py) and the stand-in's answer (collector/simnvml/).
+tests/project/test_signal_catalog.py fails when a GpuSample field has no entry.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from gpufleet.protos import telemetry_pb2
+
+_TIB = 1 << 40
+_GIB = 1 << 30
+INT64_MAX = 2**63 - 1
+
+
+@dataclass(frozen=True)
+class Signal:
+    field: str  # the GpuSample field, which is also the stored field's name
+    unit: str  # the unit it is reported and stored in ("%", "W", "bytes", "bool", ...)
+    help: str  # one line: what it is
+    low: float  # the plausible range (what no real device reports is outside it), for the wire
+    high: float  # rules; not a health threshold
+    prometheus: str  # the /metrics name after gpufleet_gpu_ (a counter's without _total)
+    prometheus_scale: float = 1.0  # to Prometheus's base unit (0.01: percent to ratio; 1e6: MHz to Hz)
+    counter: bool = False
+    label: str = ""  # the dashboard node table's column, unit in it ("": not a column)
+    label_scale: float = 1.0  # what the column shows per unit (1/GiB: bytes as GiB)
+    decimals: int = 0  # the column's rounding
+
+    @property
+    def prometheus_help(self) -> str:
+        if self.prometheus_scale == 0.01:
+            shown = ", 0-1"
+        elif self.prometheus_scale == 1e6:
+            shown = ", in hertz"
+        else:
+            shown = ""
+        return f"{self.help}{shown} (gpufleet field {self.field}, {self.unit})"
+
+
+GPU_SIGNALS: dict[str, Signal] = {
+    s.field: s
+    for s in [
+        Signal("util_gpu_pct", "%", "GPU (SM) utilization: time a kernel ran, not work", 0, 100,
+               "utilization_ratio", 0.01, label="GPU util %"),
+        Signal("util_mem_pct", "%", "memory-controller utilization", 0, 100,
+               "memory_utilization_ratio", 0.01, label="memory util %"),
+        Signal("hbm_used_bytes", "bytes", "HBM in use", 0, 16 * _TIB, "hbm_used_bytes",
+               label="HBM used GiB", label_scale=1 / _GIB, decimals=1),
+        Signal("hbm_total_bytes", "bytes", "HBM size", 0, 16 * _TIB, "hbm_total_bytes",
+               label="HBM total GiB", label_scale=1 / _GIB, decimals=1),
+        Signal("temp_gpu_c", "°C", "GPU core temperature", -40, 150, "temperature_celsius", label="temp °C"),
+        Signal("temp_mem_c", "°C", "HBM temperature", -40, 150, "memory_temperature_celsius",
+               label="HBM temp °C"),
+        Signal("power_w", "W", "board power draw", 0, 5000, "power_watts", label="power W"),
+        Signal("power_limit_w", "W", "enforced power limit", 0, 5000, "power_limit_watts",
+               label="power limit W"),
+        Signal("lost", "bool", "1 when NVML answered GPU_IS_LOST", 0, 1, "lost"),
+        Signal("clock_sm_mhz", "MHz", "SM clock", 0, 10_000, "sm_clock_hertz", 1e6, label="SM clock MHz"),
+        Signal("clock_mem_mhz", "MHz", "memory clock", 0, 50_000, "memory_clock_hertz", 1e6),
+        Signal("clock_event_reasons", "bitmask", "NVML clock-event (throttle) reason bitmask", 0, INT64_MAX,
+               "clock_event_reasons"),
+        Signal("throttle_thermal", "bool", "1 while a thermal slowdown is active", 0, 1, "thermal_slowdown"),
+        Signal("throttle_power", "bool", "1 while a power cap or power brake slowdown is active", 0, 1,
+               "power_slowdown"),
+        Signal("ecc_sbe_volatile", "errors", "corrected ECC errors since driver load", 0, INT64_MAX,
+               "ecc_corrected_volatile", counter=True),
+        Signal("ecc_dbe_volatile", "errors", "uncorrected ECC errors since driver load", 0, INT64_MAX,
+               "ecc_uncorrected_volatile", counter=True),
+        Signal("ecc_sbe_aggregate", "errors", "corrected ECC errors, lifetime", 0, INT64_MAX,
+               "ecc_corrected_aggregate", counter=True),
+        Signal("ecc_dbe_aggregate", "errors", "uncorrected ECC errors, lifetime", 0, INT64_MAX,
+               "ecc_uncorrected_aggregate", counter=True),
+        Signal("retired_pages_sbe", "pages", "pages retired for single-bit errors", 0, 2**32,
+               "retired_pages_single_bit"),
+        Signal("retired_pages_dbe", "pages", "pages retired for double-bit errors", 0, 2**32,
+               "retired_pages_double_bit"),
+        Signal("retired_pages_pending", "bool", "1 while a page retirement waits for a reset", 0, 1,
+               "retired_pages_pending"),
+        Signal("remap_correctable", "rows", "rows remapped for correctable errors", 0, 2**32,
+               "remapped_rows_correctable"),
+        Signal("remap_uncorrectable", "rows", "rows remapped for uncorrectable errors", 0, 2**32,
+               "remapped_rows_uncorrectable"),
+        Signal("remap_pending", "bool", "1 while a row remap waits for a GPU reset", 0, 1,
+               "remapped_rows_pending"),
+        Signal("remap_failure", "bool", "1 if a row remap failed", 0, 1, "remapped_rows_failure"),
+        Signal("pcie_replay_total", "count", "PCIe replays", 0, INT64_MAX, "pcie_replays", counter=True),
+        Signal("nvlink_links_active", "links", "NVLink links up", 0, 64, "nvlink_links_active"),
+        Signal("nvlink_links_inactive", "links", "NVLink links down", 0, 64, "nvlink_links_inactive"),
+        Signal("nvlink_replay_total", "count", "NVLink replay errors, all links", 0, INT64_MAX,
+               "nvlink_replay_errors", counter=True),
+        Signal("nvlink_recovery_total", "count", "NVLink recovery errors, all links", 0, INT64_MAX,
+               "nvlink_recovery_errors", counter=True),
+        Signal("nvlink_crc_total", "count", "NVLink CRC errors, all links", 0, INT64_MAX,
+               "nvlink_crc_errors", counter=True),
+        Signal("process_count", "processes", "compute processes on the GPU", 0, 100_000, "compute_processes"),
+        Signal("driver_unresponsive", "bool", "1 while an NVML call outlives the collector's deadline", 0, 1,
+               "driver_unresponsive"),
+        Signal("driver_unresponsive_s", "s", "how long the stuck NVML call has waited", 0, 1e9,
+               "driver_unresponsive_seconds"),
+        Signal("recovery_action", "code", "NVML recovery action: 0 none, 1 reset, 2 reboot", 0, 255,
+               "recovery_action"),
+        Signal("pcie_link_gen", "gen", "PCIe link generation now", 0, 16, "pcie_link_generation"),
+        Signal("pcie_link_gen_max", "gen", "most PCIe link generation GPU and slot reach", 0, 16,
+               "pcie_link_generation_max"),
+        Signal("pcie_link_width", "lanes", "PCIe link width now", 0, 64, "pcie_link_width_lanes"),
+        Signal("pcie_link_width_max", "lanes", "PCIe link width the GPU and slot can reach", 0, 64,
+               "pcie_link_width_max_lanes"),
+        Signal("fabric_state", "state", "NVLink fabric state: 1 not started, 2 in progress, 3 completed",
+               0, 16, "fabric_state"),
+        Signal("fabric_status", "code", "NVLink fabric probe's NVML return code (0: success)", 0, 2**32 - 1,
+               "fabric_status"),
+        Signal("ecc_sbe_rate_per_s", "errors/s", "corrected ECC errors per second", 0, 1e12,
+               "ecc_corrected_rate"),
+        Signal("clock_sm_target_mhz", "MHz", "SM clock the clocks policy targets", 0, 10_000,
+               "sm_clock_target_hertz", 1e6, label="target clock MHz"),
+        Signal("sm_active_pct", "%", "share of SMs busy over the sample interval (GPM)", 0, 100,
+               "sm_active_ratio", 0.01, label="SMs active %"),
+        Signal("tensor_active_pct", "%", "share of time the SMs ran tensor-core work (GPM)", 0, 100,
+               "tensor_active_ratio", 0.01, label="tensor active %"),
+    ]
+}  # fmt: skip
+
+# GpuSample fields that are not signals: who the GPU is, why its fields are absent, its processes.
+NOT_SIGNALS = frozenset({"index", "uuid", "model", "pci_bus_id", "driver_unresponsive_call", "processes"})
+
+
+def reported(sample: telemetry_pb2.GpuSample, field: str) -> bool:
+    """Whether the sample carries the signal (`lost`, the one that is not optional, always)."""
+    return field == "lost" or sample.HasField(field)

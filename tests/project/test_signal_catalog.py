@@ -1,0 +1,77 @@
+"""The signal catalog (protos/signals.py) is the one description of each GPU signal: every
+GpuSample field is in it (or named as not a signal), and what the collector's /metrics, the
+store's schema and the dashboard's node table say of a signal is the catalog's entry."""
+
+from __future__ import annotations
+
+import re
+
+import pandas as pd
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+
+from gpufleet.aggregator.ingest.schema import METRICS
+from gpufleet.collector.metrics_endpoint import GpuMetrics
+from gpufleet.dashboard.data import GPU_TABLE_HELP, NODE_GPU_COLUMNS, node_gpus_table
+from gpufleet.protos import fleet_pb2, telemetry_pb2
+from gpufleet.protos.signals import GPU_SIGNALS, NOT_SIGNALS
+
+
+def test_every_gpu_sample_field_has_a_catalog_entry_and_every_entry_a_field() -> None:
+    fields = {f.name for f in telemetry_pb2.GpuSample.DESCRIPTOR.fields}
+    missing = fields - set(GPU_SIGNALS) - NOT_SIGNALS
+    assert not missing, f"GpuSample fields with no entry in protos/signals.py: {sorted(missing)}"
+    assert set(GPU_SIGNALS) | NOT_SIGNALS == fields
+    assert not set(GPU_SIGNALS) & NOT_SIGNALS
+
+
+def test_entries_are_well_formed() -> None:
+    names = [s.prometheus for s in GPU_SIGNALS.values()]
+    assert len(names) == len(set(names)), "two signals with one Prometheus name"
+    for s in GPU_SIGNALS.values():
+        assert re.fullmatch(r"[a-z][a-z0-9_]*", s.prometheus) and not s.prometheus.endswith("_total"), s
+        assert s.low < s.high and s.help and s.unit, s
+        if s.prometheus_scale == 0.01:
+            assert s.unit == "%" and s.prometheus.endswith("_ratio"), s
+        if s.prometheus_scale == 1e6:
+            assert s.unit == "MHz" and s.prometheus.endswith("_hertz"), s
+
+
+def test_the_store_schema_and_the_node_table_take_the_catalogs_words() -> None:
+    for s in GPU_SIGNALS.values():
+        m = METRICS[s.field]
+        assert (m.measurement, m.unit, m.help, m.low, m.high) == ("gpu", s.unit, s.help, s.low, s.high)
+        if s.label:
+            assert s.label in NODE_GPU_COLUMNS and GPU_TABLE_HELP.get(s.label), s
+
+
+def test_metrics_has_one_family_per_signal_the_gpu_reports_in_base_units() -> None:
+    gpu = telemetry_pb2.GpuSample(
+        index=0, uuid="GPU-0", model="H100", util_gpu_pct=50.0, clock_sm_mhz=1980.0, hbm_used_bytes=1 << 30
+    )
+    report = telemetry_pb2.NodeReport(node="n1", cluster="c", gpus=[gpu])
+    registry = CollectorRegistry()
+    registry.register(GpuMetrics(lambda: report))
+    text = generate_latest(registry).decode()
+    families = {f.name: f for f in text_string_to_metric_families(text)}
+    for s in GPU_SIGNALS.values():
+        family = families[f"gpufleet_gpu_{s.prometheus}"]
+        assert family.documentation == s.prometheus_help
+        assert family.type == ("counter" if s.counter else "gauge")
+    gpu_families = [f for f in families.values() if f.name.startswith("gpufleet_gpu_")]
+    values = {f.name: sample.value for f in gpu_families for sample in f.samples}
+    # Only what the GPU reported (and `lost`, which is never absent), each in its base unit.
+    assert values == {
+        "gpufleet_gpu_utilization_ratio": 0.5,
+        "gpufleet_gpu_sm_clock_hertz": 1.98e9,
+        "gpufleet_gpu_hbm_used_bytes": float(1 << 30),
+        "gpufleet_gpu_lost": 0.0,
+    }
+
+
+def test_the_node_table_shows_a_signal_in_its_columns_unit_and_an_absent_one_empty() -> None:
+    gpu = telemetry_pb2.GpuSample(index=0, hbm_used_bytes=3 * (1 << 30) + (1 << 28), sm_active_pct=88.4)
+    table = node_gpus_table(fleet_pb2.NodeSummary(node="n1", gpus=[gpu]))
+    row = table.iloc[0]
+    assert row["HBM used GiB"] == 3.2 and row["SMs active %"] == 88.0
+    assert pd.isna(row[GPU_SIGNALS["power_w"].label])  # not reported: empty, never 0
