@@ -8,13 +8,15 @@ from dataclasses import asdict, dataclass, field
 
 from gpufleet.protos import fleet_pb2, telemetry_pb2, vocabulary_pb2
 from gpufleet.protos.names import action_value
+from gpufleet.repair.health import Step
 
 SEVERITIES = {
     "info": vocabulary_pb2.SEVERITY_INFO,
     "warning": vocabulary_pb2.SEVERITY_WARNING,
     "critical": vocabulary_pb2.SEVERITY_CRITICAL,
 }
-LADDER_STEPS = ("reset_gpu", "reboot", "ticket")  # the Step values a ladder may hold
+LADDER_STEPS = (Step.RESET_GPU, Step.REBOOT, Step.TICKET)  # the steps a ladder may hold, in order
+DEFAULT_LADDER = LADDER_STEPS  # a cordoning table's ladder when it names none
 
 
 @dataclass
@@ -45,7 +47,7 @@ class Finding:
     reason: str
     evidence: str
     window_s: float = 0.0
-    ladder: tuple[str, ...] = ()
+    ladder: tuple[Step, ...] = ()
     seen_ns: int = 0  # when the signal was observed (event time; sample time)
     # The drain for it may wait for serving capacity (docs/repair.md "Serving-aware repair");
     # false (urgent): it drains at once whatever the node serves.
@@ -80,4 +82,5 @@ class Finding:
 
     @classmethod
     def from_json(cls, d: dict[str, object]) -> Finding:
-        return cls(**{**d, "ladder": tuple(d.get("ladder", ()))})  # type: ignore[arg-type]
+        ladder = tuple(Step(s) for s in d.get("ladder", ()))  # type: ignore[attr-defined]
+        return cls(**{**d, "ladder": ladder})  # type: ignore[arg-type]

@@ -15,7 +15,8 @@ from typing import Any
 
 from gpufleet.protos.names import ACTIONS
 from gpufleet.repair import xid_catalog
-from gpufleet.repair.model import LADDER_STEPS, SEVERITIES, Finding
+from gpufleet.repair.health import Step
+from gpufleet.repair.model import DEFAULT_LADDER, LADDER_STEPS, SEVERITIES, Finding
 from gpufleet.repair.serving import ServingFloor
 
 
@@ -74,7 +75,7 @@ class Entry:
     action: str
     cordon: bool
     reason: str
-    ladder: tuple[str, ...] = ()
+    ladder: tuple[Step, ...] = ()
     window_s: float = 0.0
     threshold: float = 0.0
     enabled: bool = True
@@ -204,7 +205,7 @@ def _entry(where: str, raw: Any, base: Entry | None, fixed_action: str | None) -
         merged["action"],
         merged["cordon"],
         merged["reason"],
-        tuple(merged["ladder"]),
+        tuple(Step(s) for s in merged["ladder"]),
         float(merged["window_s"]),
         float(merged["threshold"]),
         merged["enabled"],
@@ -226,7 +227,8 @@ def _check_entry(where: str, merged: dict[str, Any]) -> None:
     if not isinstance(ladder, list | tuple) or any(step not in LADDER_STEPS for step in ladder):
         raise PolicyError(f"{where}: ladder = {ladder!r}; steps are {', '.join(LADDER_STEPS)}")
     if merged["cordon"] and not ladder:
-        raise PolicyError(f'{where}: cordon = true needs a ladder (e.g. ["reset_gpu", "reboot", "ticket"])')
+        example = ", ".join(f'"{s}"' for s in DEFAULT_LADDER)
+        raise PolicyError(f"{where}: cordon = true needs a ladder (e.g. [{example}])")
     for key in ("window_s", "threshold"):
         value = merged[key]
         if isinstance(value, bool) or not isinstance(value, int | float) or value < 0 or value != value:
@@ -317,7 +319,7 @@ def _apply_xids(policy: Policy, table: dict[str, Any], source: str) -> None:
             raise PolicyError(f"{source}: [xid.{key}]: XID must be a number from 1 to 999") from None
         base = policy.xids.get(xid) or policy.xid_entry(xid)[0]
         if "action" in raw and "ladder" not in raw and raw.get("cordon", base.cordon):
-            raw = {**raw, "ladder": list(base.ladder or ("reset_gpu", "reboot", "ticket"))}
+            raw = {**raw, "ladder": list(base.ladder or DEFAULT_LADDER)}
         policy.xids[xid] = _entry(f"{source}: [xid.{xid}]", raw, base, None)
 
 

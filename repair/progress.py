@@ -93,7 +93,7 @@ class WorkflowSteps:
             self.desk.audit(wf, "quarantine", "every repair step was tried", OK, now)
             self._move(wf, Health.QUARANTINED, "repair steps exhausted; a person decides")
             return
-        step = Step(wf.ladder[wf.step])
+        step = wf.ladder[wf.step]
         key = f"{wf.incident_id}:{wf.step}:{step}"
         outcome = self.state.action_outcome(key)
         if outcome is None:

@@ -66,7 +66,7 @@ class Workflow:
     node: str
     state: Health = Health.HEALTHY
     incident_id: str = ""
-    ladder: list[str] = field(default_factory=list)
+    ladder: list[Step] = field(default_factory=list)
     step: int = 0  # index into ladder of the step in progress (or next)
     step_key: str = ""  # ledger key of the step in progress; "" when none is
     step_started_ns: int = 0
@@ -94,6 +94,7 @@ class Workflow:
     def from_json(cls, text: str) -> Workflow:
         d = json.loads(text)
         d["state"] = Health(d.get("state", Health.HEALTHY))
+        d["ladder"] = [Step(s) for s in d.get("ladder", [])]
         held = d.get("held")
         # A hold written before holds were typed was a string: it is audited once more, harmlessly.
         d["held"] = HeldStep(Step(held["step"]), HoldKind(held["kind"])) if isinstance(held, dict) else None

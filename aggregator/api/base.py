@@ -5,14 +5,11 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import grpc
 
 from gpufleet.common.redact import redact
-
-if TYPE_CHECKING:
-    pass
 
 log = logging.getLogger("gpufleet.aggregator.fleet")
 

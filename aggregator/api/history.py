@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import grpc
 
@@ -17,10 +17,6 @@ from gpufleet.aggregator.ingest.schema import METRICS, TAGS
 from gpufleet.aggregator.store import HistoryQuery, StoreError
 from gpufleet.protos import fleet_pb2
 from gpufleet.protos.names import aggregate_name
-
-if TYPE_CHECKING:
-    pass
-
 
 MAX_BUCKETS = 20_000
 _NICE_STEPS_S = [1, 5, 10, 15, 30, 60, 120, 300, 600, 900, 1800, 3600, 7200, 21600, 43200, 86400]

@@ -8,7 +8,7 @@ import json
 import logging
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, TypeVar
 
 import grpc
 
@@ -28,9 +28,6 @@ from gpufleet.repair.replay.engine import replay
 from gpufleet.repair.replay.report import compare, summarize
 from gpufleet.repair.serving import ServingFloor
 from gpufleet.repair.state import AuditRecord, Incident, RepairState, StateError, Workflow
-
-if TYPE_CHECKING:
-    pass
 
 log = logging.getLogger("gpufleet.aggregator.fleet")
 T = TypeVar("T")

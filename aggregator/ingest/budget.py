@@ -108,7 +108,3 @@ class NodeBudgets:
             series[key] = now
         budget.last_keys[kind] = (keys, now)
         return ""
-
-    def series_count(self, node: str) -> int:
-        budget = self._nodes.get(node)
-        return len(budget.series) if budget else 0

@@ -45,7 +45,6 @@ class SchedulerNames:
                 ) from exc
         self._replace = replace
         self._table = dict(table or {})
-        self._reverse: dict[str, str] = {v: k for k, v in self._table.items()}
         clashes = sorted(name for name, n in Counter(self._table.values()).items() if n > 1)
         if clashes:
             raise NameMapError(
@@ -84,14 +83,8 @@ class SchedulerNames:
         if mapped is not None:
             return mapped
         if self._pattern is not None and self._pattern.fullmatch(node):
-            name = self._pattern.sub(self._replace, node, count=1)
-            self._reverse.setdefault(name, node)
-            return name
+            return self._pattern.sub(self._replace, node, count=1)
         return node
-
-    def to_collector(self, scheduler_node: str) -> str:
-        """The collector name a scheduler name was made from (itself when none was)."""
-        return self._reverse.get(scheduler_node, scheduler_node)
 
 
 def _check_template(pattern: re.Pattern[str], replace: str) -> None:

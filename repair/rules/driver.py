@@ -9,7 +9,8 @@ import dataclasses
 import pynvml
 
 from gpufleet.protos import telemetry_pb2
-from gpufleet.repair.model import Finding, NodeSnapshot
+from gpufleet.repair.health import Step
+from gpufleet.repair.model import LADDER_STEPS, Finding, NodeSnapshot
 from gpufleet.repair.policy import Entry, Policy
 from gpufleet.repair.rules.base import GpuCheck, Rule
 
@@ -26,9 +27,9 @@ class DriverUnresponsive(GpuCheck):
 
 
 # nvmlGpuRecoveryAction_t -> (name, the catalog action, where on the ladder the repair starts).
-_RESET = ("reset_gpu", "reboot", "ticket")
-_REBOOT = ("reboot", "ticket")
-RECOVERY_ACTIONS: dict[int, tuple[str, str, tuple[str, ...]]] = {
+_RESET = LADDER_STEPS
+_REBOOT = (Step.REBOOT, Step.TICKET)
+RECOVERY_ACTIONS: dict[int, tuple[str, str, tuple[Step, ...]]] = {
     pynvml.NVML_GPU_RECOVERY_ACTION_GPU_RESET: ("GPU reset", "RESET_GPU", _RESET),
     pynvml.NVML_GPU_RECOVERY_ACTION_NODE_REBOOT: ("node reboot", "RESTART_BM", _REBOOT),
     pynvml.NVML_GPU_RECOVERY_ACTION_DRAIN_P2P: ("drain peer-to-peer traffic", "DRAIN_AND_RESET", _RESET),
@@ -36,7 +37,7 @@ RECOVERY_ACTIONS: dict[int, tuple[str, str, tuple[str, ...]]] = {
     pynvml.NVML_GPU_RECOVERY_ACTION_RECOVER_IMEX_DOMAIN: (
         "recover the IMEX domain",
         "CONTACT_SUPPORT",
-        ("ticket",),
+        (Step.TICKET,),
     ),
     pynvml.NVML_GPU_RECOVERY_ACTION_BUS_RESET: ("PCIe bus reset", "RESTART_BM", _REBOOT),
     pynvml.NVML_GPU_RECOVERY_ACTION_SYSTEM_REBOOT: ("system reboot", "RESTART_BM", _REBOOT),
