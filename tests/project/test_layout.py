@@ -120,3 +120,17 @@ def test_tests_share_helpers_through_the_harness_only() -> None:
         if name.split(".")[0] == "conftest" or name.split(".")[0].startswith("test_")
     ]
     assert not found, "\n".join(found)
+
+
+def test_docs_architecture_lists_every_module_and_only_modules_that_exist() -> None:
+    """docs/architecture.md's module index is written from the tree (scripts/gen_module_index.py):
+    a module added, moved or renamed without rewriting it fails here."""
+    check = subprocess.run(
+        [sys.executable, str(REPO / "scripts" / "gen_module_index.py"), "--check"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert check.returncode == 0, check.stderr
+    listed = set(re.findall(r"^\| `([^`]+\.py)` \|", (REPO / "docs" / "architecture.md").read_text(), re.M))
+    assert listed and all((REPO / path).is_file() for path in listed)
