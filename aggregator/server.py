@@ -21,7 +21,7 @@ from gpufleet.aggregator.http_endpoints import serve as serve_http
 from gpufleet.aggregator.ingest.fanout import Fanout
 from gpufleet.aggregator.ingest.service import IngestLimits, IngestService
 from gpufleet.aggregator.ingest.spool import Spool, adopt_orphans
-from gpufleet.aggregator.ingest.workers import WorkerPool
+from gpufleet.aggregator.ingest.worker_pool import WorkerPool
 from gpufleet.aggregator.ingest.writer import GroupCommitWriter
 from gpufleet.aggregator.listen import Bound, add_port, reachable, server_options, split_address
 from gpufleet.aggregator.loops import BackgroundLoops

@@ -14,7 +14,7 @@ where it stood until the rail lets it go. A person's cordon or uncordon always w
 the scheduler's view, and checked again by the backend right before it acts.
 
 Incidents, the audit log and alerts are repair/incidents.py; the ladder's non-idempotent steps
-(through the action ledger, never repeated after a restart) are repair/ladder.py."""
+(through the action ledger, never repeated after a restart) are repair/step_runner.py."""
 
 from __future__ import annotations
 
@@ -32,16 +32,16 @@ from gpufleet.repair.evaluator import Evaluator, finding_id
 from gpufleet.repair.health import OUT_OF_SERVICE, WATCHED, Health, Step
 from gpufleet.repair.hooks import HookRunner, run_hook
 from gpufleet.repair.incidents import AUTOMATION, IncidentDesk
-from gpufleet.repair.ladder import Hooks, StepRunner
 from gpufleet.repair.model import Finding, NodeSnapshot
 from gpufleet.repair.observe import SchedulerWatch
 from gpufleet.repair.outcome import Outcome
-from gpufleet.repair.people import PersonActions, RepairRefused
+from gpufleet.repair.person_actions import PersonActions, RepairRefused
 from gpufleet.repair.policy import Policy
-from gpufleet.repair.progress import WorkflowSteps
 from gpufleet.repair.rails import Breaker, Gate, Rails, SchedulerView
 from gpufleet.repair.serving import ReplicaReading
 from gpufleet.repair.state import Fenced, HeldStep, RepairState, StateError, Workflow
+from gpufleet.repair.step_runner import Hooks, StepRunner
+from gpufleet.repair.workflow_steps import WorkflowSteps
 
 log = logging.getLogger("gpufleet.repair")
 _YIELD_EVERY = 64  # nodes evaluated between two returns to the event loop in one pass

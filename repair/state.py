@@ -32,10 +32,10 @@ from typing import Any
 
 from gpufleet.common.redact import redact
 from gpufleet.repair.health import Health, HoldKind, Step
+from gpufleet.repair.kept_values import KeptValues
 from gpufleet.repair.migrations import MIGRATIONS
 from gpufleet.repair.model import Finding
 from gpufleet.repair.outcome import STARTED, Outcome
-from gpufleet.repair.state_kept import KeptValues
 
 
 class StateError(Exception):

@@ -60,7 +60,7 @@ def main() -> int:
     new = rewritten(text)
     if args.check:
         if new != text:
-            print(f"{DOC} module index is out of date: run python scripts/gen_module_index.py", file=sys.stderr)
+            print(f"{DOC}: the module index is out of date; run scripts/gen_module_index.py", file=sys.stderr)
             return 1
         return 0
     DOC.write_text(new)

@@ -24,7 +24,6 @@ from gpufleet.aggregator.fleet.state import FleetState
 from gpufleet.aggregator.ingest.budget import NodeBudgets
 from gpufleet.aggregator.ingest.commands import CommandBook
 from gpufleet.aggregator.ingest.fanout import Fanout
-from gpufleet.aggregator.ingest.hello import StreamOpening
 from gpufleet.aggregator.ingest.reports import ReportHandling
 from gpufleet.aggregator.ingest.session import (
     End,
@@ -36,8 +35,9 @@ from gpufleet.aggregator.ingest.session import (
     decode_collector_message,
     peer_host,
 )
+from gpufleet.aggregator.ingest.stream_opening import StreamOpening
 from gpufleet.aggregator.ingest.validation import Checker
-from gpufleet.aggregator.ingest.workers import WorkerPool
+from gpufleet.aggregator.ingest.worker_pool import WorkerPool
 from gpufleet.aggregator.ingest.writer import GroupCommitWriter
 from gpufleet.aggregator.metrics import AggregatorMetrics
 from gpufleet.common.version import __version__
@@ -77,7 +77,7 @@ class IngestService(StreamOpening, ReportHandling):
         # view, the health watch and the repair controller never run on the ack path.
         self.fanout = fanout
         # With ingest workers, each report's checks and its store write happen in a worker
-        # process (aggregator/ingest/workers.py); this process keeps the streams.
+        # process (aggregator/ingest/worker_pool.py); this process keeps the streams.
         self._pool = pool
         self._next_stream_id = 0
 

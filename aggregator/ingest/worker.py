@@ -1,6 +1,6 @@
 """An ingest worker process (docs/architecture.md "Ingest on several cores").
 
-Started by the aggregator's main process (aggregator/ingest/workers.py) with one end of a socket pair.
+Started by the aggregator's main process (aggregator/ingest/worker_pool.py) with one end of a socket pair.
 The first frame is the aggregator's configuration (JSON); then ToWorker batches come in and
 FromWorker batches go out. For every report: decode, the complete validation
 (aggregator/ingest/validation.py, the same code as in one process), conversion to points and the

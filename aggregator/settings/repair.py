@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from gpufleet.aggregator.settings import require, setting
 from gpufleet.repair.backends import BACKENDS
 from gpufleet.repair.backends import described as described_backends
-from gpufleet.repair.backends.names import NameMapError, SchedulerNames
+from gpufleet.repair.backends.scheduler_names import NameMapError, SchedulerNames
 
 
 @dataclass

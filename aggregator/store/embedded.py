@@ -118,7 +118,7 @@ class EmbeddedStore(EmbeddedReads, Store):
         # lookup, not a tuple of their tags (the write path runs for every GPU sample).
         self._shared: dict[int, tuple[SharedTags, str, int]] = {}
         self._sql: dict[tuple[str, tuple[str, ...], int], str] = {}
-        # Other processes may write the same file (ingest workers: aggregator/ingest/workers.py): the
+        # Other processes may write the same file (ingest workers: aggregator/ingest/worker_pool.py): the
         # series they add and the columns they create are read in before each read or write.
         self._max_series_id = 0
         # Columns per measurement: the writer's view (changed inside its transactions) and the

@@ -9,8 +9,8 @@ from typing import Any
 from gpufleet.repair.backends.base import Backend
 from gpufleet.repair.backends.hook import HookBackend
 from gpufleet.repair.backends.kubernetes import KubernetesBackend
-from gpufleet.repair.backends.names import MappedBackend, SchedulerNames
 from gpufleet.repair.backends.none import NoBackend
+from gpufleet.repair.backends.scheduler_names import MappedBackend, SchedulerNames
 from gpufleet.repair.backends.slurm import SlurmBackend
 
 BACKENDS: dict[str, type[Backend]] = {

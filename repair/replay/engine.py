@@ -47,7 +47,6 @@ from gpufleet.repair.alerts.dispatcher import AlertDispatcher
 from gpufleet.repair.backends.none import NoBackend
 from gpufleet.repair.controller import RepairController
 from gpufleet.repair.health import OUT_OF_SERVICE, Health, HoldKind
-from gpufleet.repair.ladder import Hooks
 from gpufleet.repair.model import NodeSnapshot
 from gpufleet.repair.outcome import Status
 from gpufleet.repair.policy import Policy
@@ -58,6 +57,7 @@ from gpufleet.repair.replay.world import SimulatedWorld
 from gpufleet.repair.rules import TIME_DEPENDENT
 from gpufleet.repair.state import RepairState
 from gpufleet.repair.state_sqlite import SqliteState
+from gpufleet.repair.step_runner import Hooks
 
 TECHNICIAN = "replay-technician"
 OPERATOR = "replay-operator"

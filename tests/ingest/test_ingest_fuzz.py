@@ -209,7 +209,7 @@ def _env(
 
 
 # Both stores, and both ingest paths: in the main process, and through two ingest worker
-# processes (aggregator/ingest/workers.py), where the same checks and writer run in another process.
+# processes (aggregator/ingest/worker_pool.py), where the same checks and writer run in another process.
 @pytest.fixture(
     scope="module",
     # The fast subset keeps one (the embedded store in-process); the others are slow.

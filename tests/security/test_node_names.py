@@ -165,7 +165,7 @@ def test_no_name_reaches_a_backend_unless_it_matches_the_grammar(places: Places,
         else:
             word = f"NodeName={name}" if label == "slurm" else name
             assert any(word in json.loads(c) for c in made), (label, made)
-    # The reboot and ticket hooks are run the same way (repair/ladder.py).
+    # The reboot and ticket hooks are run the same way (repair/step_runner.py).
     before = len(places.hook_calls())
     result = places.loop.run_until_complete(
         run_hook(f"{places.hook} reboot {{node}}", 30, node=name, reason="r")

@@ -9,11 +9,11 @@ import logging
 from gpufleet.protos import vocabulary_pb2
 from gpufleet.repair.backends.base import AUTOMATION_PREFIX, BackendError, NotOurs
 from gpufleet.repair.health import Health, Step
-from gpufleet.repair.ladder import reset_target
 from gpufleet.repair.model import Finding, NodeSnapshot
 from gpufleet.repair.outcome import OK, STARTED, Outcome, Status, failed
 from gpufleet.repair.rails import SchedulerView
 from gpufleet.repair.state import Workflow
+from gpufleet.repair.step_runner import reset_target
 
 log = logging.getLogger("gpufleet.repair")
 

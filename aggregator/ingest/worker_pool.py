@@ -41,7 +41,7 @@ from gpufleet.aggregator.store.base import PointsRefused, StoreError, StoreUnava
 from gpufleet.aggregator.supervise import Supervisor
 from gpufleet.protos import ingest_pb2, worker_pb2
 
-log = logging.getLogger("gpufleet.aggregator.ingest.workers")
+log = logging.getLogger("gpufleet.aggregator.ingest.worker_pool")
 
 Outcome = worker_pb2.ReportOutcome
 # done(None): durable; done(Rejection | PointsRefused): refused; done(StoreError): not durable.
