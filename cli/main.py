@@ -433,24 +433,26 @@ LOCAL_COMMANDS = {
 
 
 def _run_revoke(client: FleetClient, args: argparse.Namespace) -> None:
+    from gpufleet.client.rpcs import FleetRpc
     from gpufleet.protos import fleet_pb2
 
     answer = client.call(
-        "RevokeCollectorToken",
+        FleetRpc.RevokeCollectorToken,
         fleet_pb2.RevokeTokenRequest(token_id=args.token_id, node=args.node, reason=args.reason),
     )
-    state = "revoked" if answer.newly_revoked else "was already revoked"  # type: ignore[attr-defined]
-    print(f"collector token {args.token_id} {state}; {answer.revoked_total} on the revocation list")  # type: ignore[attr-defined]
+    state = "revoked" if answer.newly_revoked else "was already revoked"
+    print(f"collector token {args.token_id} {state}; {answer.revoked_total} on the revocation list")
 
 
 def _run_whoami(client: FleetClient, args: argparse.Namespace) -> None:
+    from gpufleet.client.rpcs import FleetRpc
     from gpufleet.protos import fleet_pb2
 
-    me = client.call("WhoAmI", fleet_pb2.WhoAmIRequest())
+    me = client.call(FleetRpc.WhoAmI, fleet_pb2.WhoAmIRequest())
     if args.json:
-        print(json.dumps({"name": me.name, "role": me.role, "fleet": client.settings.fleet}))  # type: ignore[attr-defined]
+        print(json.dumps({"name": me.name, "role": me.role, "fleet": client.settings.fleet}))
         return
-    print(f"{me.name} ({me.role}) at {client.settings.fleet}")  # type: ignore[attr-defined]
+    print(f"{me.name} ({me.role}) at {client.settings.fleet}")
 
 
 def _run_fleet_command(args: argparse.Namespace) -> None:

@@ -11,6 +11,7 @@ from typing import Any
 from tabulate import tabulate
 
 from gpufleet.client.fleet import FleetClient
+from gpufleet.client.rpcs import FleetRpc
 from gpufleet.client.timeparse import iso
 from gpufleet.protos import fleet_pb2
 from gpufleet.protos.names import action_name, health_name, outcome_status_name, severity_name
@@ -168,15 +169,15 @@ def _print_status(st: fleet_pb2.RepairStatus) -> None:
 
 def run(client: FleetClient, args: argparse.Namespace) -> None:
     if args.command in ("cordon", "uncordon", "proceed"):
-        method = args.command.capitalize()
-        resp = client.call(method, fleet_pb2.CordonRequest(node=args.node, reason=args.reason))
+        rpc = {"cordon": FleetRpc.Cordon, "uncordon": FleetRpc.Uncordon, "proceed": FleetRpc.Proceed}
+        resp = client.call(rpc[args.command], fleet_pb2.CordonRequest(node=args.node, reason=args.reason))
         if args.json:
             print(json.dumps({"node": args.node, "state": health_name(resp.state), "detail": resp.detail}))
         else:
             print(f"{args.node}: {health_name(resp.state)}" + (f" ({resp.detail})" if resp.detail else ""))
     elif args.command == "incidents":
         resp = client.call(
-            "ListIncidents",
+            FleetRpc.ListIncidents,
             fleet_pb2.ListIncidentsRequest(open_only=not args.all, node=args.node, limit=args.limit),
         )
         rows = [_incident_json(i) for i in resp.incidents]
@@ -205,7 +206,7 @@ def run(client: FleetClient, args: argparse.Namespace) -> None:
                 )
             )
     elif args.command == "audit":
-        resp = client.call("ListAudit", fleet_pb2.ListAuditRequest(node=args.node, limit=args.limit))
+        resp = client.call(FleetRpc.ListAudit, fleet_pb2.ListAuditRequest(node=args.node, limit=args.limit))
         rows = [_audit_json(e) for e in resp.entries]
         if args.json:
             print(json.dumps(rows, indent=2))
@@ -223,9 +224,9 @@ def run(client: FleetClient, args: argparse.Namespace) -> None:
             )
     elif args.command == "breaker":
         if args.action == "reset":
-            st = client.call("ResetBreaker", fleet_pb2.ResetBreakerRequest(reason=args.reason))
+            st = client.call(FleetRpc.ResetBreaker, fleet_pb2.ResetBreakerRequest(reason=args.reason))
         else:
-            st = client.call("GetRepairStatus", fleet_pb2.RepairStatusRequest())
+            st = client.call(FleetRpc.GetRepairStatus, fleet_pb2.RepairStatusRequest())
         if args.json:
             print(json.dumps(_status_json(st), indent=2))
         else:

@@ -157,6 +157,7 @@ def _spread(args: argparse.Namespace) -> int:
 
 
 def _remote(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, Any] | None]:
+    from gpufleet.client.rpcs import FleetRpc
     from gpufleet.protos import fleet_pb2
 
     now = time.time_ns()
@@ -172,11 +173,11 @@ def _remote(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, Any] | 
     )
     try:
         print("replaying the store's history on the aggregator ...", file=sys.stderr)
-        reply = client.call("ReplayPolicy", request, timeout_s=600.0)
+        reply = client.call(FleetRpc.ReplayPolicy, request, timeout_s=600.0)
     finally:
         client.close()
-    other = json.loads(reply.compare_json) if reply.compare_json else None  # type: ignore[attr-defined]
-    return json.loads(reply.report_json), other  # type: ignore[attr-defined]
+    other = json.loads(reply.compare_json) if reply.compare_json else None
+    return json.loads(reply.report_json), other
 
 
 def _read(path: str) -> str:

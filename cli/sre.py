@@ -35,6 +35,7 @@ from gpufleet.client.present import (
     series_label,
     varying_tags,
 )
+from gpufleet.client.rpcs import FleetRpc
 from gpufleet.client.timeparse import iso, parse_duration_ns, parse_time_ns
 from gpufleet.protos import fleet_pb2, telemetry_pb2, vocabulary_pb2
 from gpufleet.protos.names import aggregate_name
@@ -541,26 +542,27 @@ def run(client: FleetClient, args: Any) -> None:
     if args.command == "nodes":
         print_nodes(client.list_nodes(fleet_pb2.ListNodesRequest(clusters=args.cluster or [])), args.json)
     elif args.command == "node":
-        detail = client.call("GetNode", fleet_pb2.GetNodeRequest(node=args.name))
+        detail = client.call(FleetRpc.GetNode, fleet_pb2.GetNodeRequest(node=args.name))
         stored = client.call(
-            "QueryEvents", fleet_pb2.EventsRequest(nodes=[args.name], start_unix_ns=parse_time_ns("24h"))
+            FleetRpc.QueryEvents,
+            fleet_pb2.EventsRequest(nodes=[args.name], start_unix_ns=parse_time_ns("24h")),
         )
         print_node(detail, stored, args.json)
     elif args.command == "history":
-        resp = client.call("QueryHistory", history_request(args))
+        resp = client.call(FleetRpc.QueryHistory, history_request(args))
         if not resp.series and args.node:
             _known_nodes(client, args.node)
         print_history(resp, _output(args))
     elif args.command == "events":
-        print_events(client.call("QueryEvents", events_request(args)), _output(args))
+        print_events(client.call(FleetRpc.QueryEvents, events_request(args)), _output(args))
     elif args.command == "status":
-        print_status(client.call("GetStatus", fleet_pb2.StatusRequest()), args.json)
+        print_status(client.call(FleetRpc.GetStatus, fleet_pb2.StatusRequest()), args.json)
     elif args.command == "pools":
         request = fleet_pb2.ListPoolsRequest(
             clusters=args.cluster or [], model=args.model, replicas=args.json
         )
-        print_pools(client.call("ListPools", request), args.json)
+        print_pools(client.call(FleetRpc.ListPools, request), args.json)
     elif args.command == "engines":
-        print_engines(client.call("ListPools", fleet_pb2.ListPoolsRequest(replicas=True)), args.json)
+        print_engines(client.call(FleetRpc.ListPools, fleet_pb2.ListPoolsRequest(replicas=True)), args.json)
     elif args.command == "metrics":
-        print_metrics(client.call("ListMetrics", fleet_pb2.ListMetricsRequest()), args.json)
+        print_metrics(client.call(FleetRpc.ListMetrics, fleet_pb2.ListMetricsRequest()), args.json)

@@ -24,8 +24,9 @@ from pathlib import Path
 import grpc
 
 from gpufleet.client.exits import Exit
+from gpufleet.client.rpcs import FleetRpc, Req, Resp, Rpc
 from gpufleet.common.net import dial_host, is_loopback
-from gpufleet.protos import fleet_pb2_grpc
+from gpufleet.protos import fleet_pb2, fleet_pb2_grpc
 
 DEFAULT_FLEET = "127.0.0.1:7711"
 
@@ -121,32 +122,33 @@ class FleetClient:
             self._channel = grpc.insecure_channel(settings.fleet)
         self._stub = fleet_pb2_grpc.FleetStub(self._channel)
 
-    def call(self, method: str, request: object, timeout_s: float | None = None) -> object:
+    def call(self, rpc: Rpc[Req, Resp], request: Req, timeout_s: float | None = None) -> Resp:
+        """One Fleet API call (client/rpcs.py names each with its request and answer types)."""
+        if not isinstance(request, rpc.request):
+            raise TypeError(f"{rpc.name} takes a {rpc.request.__name__}, not a {type(request).__name__}")
         metadata = (("authorization", f"Bearer {self.settings.token}"),) if self.settings.token else ()
         try:
-            return getattr(self._stub, method)(
+            return getattr(self._stub, rpc.name)(  # type: ignore[no-any-return]
                 request, metadata=metadata, timeout=timeout_s or self.timeout_s
             )
         except grpc.RpcError as exc:
             raise self._explain(exc) from None
 
-    def list_nodes(self, request: object | None = None) -> object:
+    def list_nodes(self, request: fleet_pb2.ListNodesRequest | None = None) -> fleet_pb2.ListNodesResponse:
         """Every node, as one ListNodesResponse: the Fleet API answers a page at a time (so no
         fleet makes one answer too big), and this asks for each page in turn."""
-        from gpufleet.protos import fleet_pb2
-
         page = fleet_pb2.ListNodesRequest()
         if request is not None:
-            page.CopyFrom(request)  # type: ignore[arg-type]
+            page.CopyFrom(request)
         merged = fleet_pb2.ListNodesResponse()
         while True:
-            answer = self.call("ListNodes", page)
-            merged.nodes.extend(answer.nodes)  # type: ignore[attr-defined]
-            merged.server_time_unix_ns = merged.server_time_unix_ns or answer.server_time_unix_ns  # type: ignore[attr-defined]
-            merged.total_nodes = answer.total_nodes  # type: ignore[attr-defined]
-            if not answer.next_page_token:  # type: ignore[attr-defined]
+            answer = self.call(FleetRpc.ListNodes, page)
+            merged.nodes.extend(answer.nodes)
+            merged.server_time_unix_ns = merged.server_time_unix_ns or answer.server_time_unix_ns
+            merged.total_nodes = answer.total_nodes
+            if not answer.next_page_token:
                 return merged
-            page.page_token = answer.next_page_token  # type: ignore[attr-defined]
+            page.page_token = answer.next_page_token
 
     def _explain(self, exc: grpc.RpcError) -> ClientError:
         code, details = exc.code(), exc.details()  # type: ignore[attr-defined]

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import streamlit as st
 
+from gpufleet.client.rpcs import FleetRpc
 from gpufleet.dashboard.fleet import try_call, whoami
 from gpufleet.protos import fleet_pb2
 from gpufleet.protos.names import OUT_OF_SERVICE_STATES, health_name
@@ -37,8 +38,8 @@ def render(node: str, state: str) -> None:
             elif not confirmed:
                 st.error("Tick the confirmation first.")
             else:
-                method = "Cordon" if action == "cordon" else "Uncordon"
-                answer, error = try_call(method, fleet_pb2.CordonRequest(node=node, reason=reason.strip()))
+                rpc = FleetRpc.Cordon if action == "cordon" else FleetRpc.Uncordon
+                answer, error = try_call(rpc, fleet_pb2.CordonRequest(node=node, reason=reason.strip()))
                 if error:
                     st.error(f"{action} refused: {error}")
                 else:

@@ -13,6 +13,7 @@ from collections.abc import Callable
 
 import streamlit as st
 
+from gpufleet.client.rpcs import FleetRpc
 from gpufleet.dashboard import links
 from gpufleet.dashboard.fleet import client, try_call
 from gpufleet.dashboard.views import history, inference, node, overview, repairs, whatif
@@ -33,7 +34,7 @@ _BY_LABEL = {label: slug for slug, (label, _, _) in PAGES.items()}
 
 def health_banner() -> None:
     """The aggregator's watchdog, on every page: why it is unhealthy (e.g. not acknowledging)."""
-    status, error = try_call("GetStatus", fleet_pb2.StatusRequest())
+    status, error = try_call(FleetRpc.GetStatus, fleet_pb2.StatusRequest())
     if error or status is None:
         return
     if status.replica_id and not status.leader:
@@ -70,7 +71,7 @@ def main() -> None:
         # Another page chosen in the sidebar: its address, without the last page's parameters.
         st.query_params.clear()
         st.query_params["page"] = chosen
-    me, error = try_call("WhoAmI", fleet_pb2.WhoAmIRequest())
+    me, error = try_call(FleetRpc.WhoAmI, fleet_pb2.WhoAmIRequest())
     if error:
         st.error(error)
         return

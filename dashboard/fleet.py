@@ -3,11 +3,10 @@ shown as plain messages on the page instead of tracebacks."""
 
 from __future__ import annotations
 
-from typing import Any
-
 import streamlit as st
 
 from gpufleet.client.fleet import ClientError, FleetClient, resolve_client
+from gpufleet.client.rpcs import FleetRpc, Req, Resp, Rpc
 from gpufleet.protos import fleet_pb2
 
 
@@ -16,19 +15,20 @@ def client() -> FleetClient:
     return FleetClient(resolve_client(None, None, None))
 
 
-def call(method: str, request: object, timeout_s: float | None = None) -> Any:
+def call(rpc: Rpc[Req, Resp], request: Req, timeout_s: float | None = None) -> Resp:
     """Call the Fleet API; on failure show what to do and stop this page's run."""
-    answer, error = try_call(method, request, timeout_s)
-    if error:
+    answer, error = try_call(rpc, request, timeout_s)
+    if answer is None:
         st.error(error)
         st.stop()
+        raise RuntimeError(error)  # st.stop() ends the run; this line is for the type checker
     return answer
 
 
-def try_call(method: str, request: object, timeout_s: float | None = None) -> tuple[Any, str]:
+def try_call(rpc: Rpc[Req, Resp], request: Req, timeout_s: float | None = None) -> tuple[Resp | None, str]:
     """Call the Fleet API; (answer, "") or (None, the error in plain words)."""
     try:
-        return client().call(method, request, timeout_s), ""
+        return client().call(rpc, request, timeout_s), ""
     except ClientError as exc:
         return None, str(exc)
 
@@ -36,7 +36,7 @@ def try_call(method: str, request: object, timeout_s: float | None = None) -> tu
 def list_nodes(request: fleet_pb2.ListNodesRequest | None = None) -> fleet_pb2.ListNodesResponse:
     """Every node (the Fleet API's pages, asked for in turn); on failure the page says why."""
     try:
-        return client().list_nodes(request)  # type: ignore[return-value]
+        return client().list_nodes(request)
     except ClientError as exc:
         st.error(str(exc))
         st.stop()
@@ -45,5 +45,5 @@ def list_nodes(request: fleet_pb2.ListNodesRequest | None = None) -> fleet_pb2.L
 
 def whoami() -> fleet_pb2.WhoAmIResponse:
     if "whoami" not in st.session_state:
-        st.session_state["whoami"] = call("WhoAmI", fleet_pb2.WhoAmIRequest())
+        st.session_state["whoami"] = call(FleetRpc.WhoAmI, fleet_pb2.WhoAmIRequest())
     return st.session_state["whoami"]

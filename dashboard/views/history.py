@@ -11,6 +11,7 @@ import streamlit as st
 
 from gpufleet.client.colours import SERIES_PALETTE
 from gpufleet.client.present import AGGREGATES, history_csv
+from gpufleet.client.rpcs import FleetRpc
 from gpufleet.client.timeparse import parse_duration_ns, parse_time_ns
 from gpufleet.dashboard import links, look
 from gpufleet.dashboard.data import band_frame, history_frame, top_series
@@ -52,7 +53,7 @@ def auto_grouping(
 
 def render() -> None:
     st.header("History explorer")
-    metrics = call("ListMetrics", fleet_pb2.ListMetricsRequest()).metrics
+    metrics = call(FleetRpc.ListMetrics, fleet_pb2.ListMetricsRequest()).metrics
     listed = list(list_nodes().nodes)
     names = [n.node for n in listed]
     c1, c2, c3, c4 = st.columns(4)
@@ -119,7 +120,7 @@ def render() -> None:
     except ValueError as exc:
         st.error(str(exc))
         return
-    resp = call("QueryHistory", request)
+    resp = call(FleetRpc.QueryHistory, request)
     frame = history_frame(resp)
     if frame.empty:
         st.info("No data for this query: widen the range or drop a filter.")
@@ -168,8 +169,8 @@ def render() -> None:
         )
     if group_by and band:
         # The spread inside each drawn group: its smallest and largest value per step.
-        low = call("QueryHistory", _with_aggregate(request, fleet_pb2.AGGREGATE_MIN))
-        high = call("QueryHistory", _with_aggregate(request, fleet_pb2.AGGREGATE_MAX))
+        low = call(FleetRpc.QueryHistory, _with_aggregate(request, fleet_pb2.AGGREGATE_MIN))
+        high = call(FleetRpc.QueryHistory, _with_aggregate(request, fleet_pb2.AGGREGATE_MAX))
         spread = band_frame(low, high)
         spread = spread[spread["series"].isin(drawn)]
         if not spread.empty:

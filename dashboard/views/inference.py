@@ -10,6 +10,7 @@ import pandas as pd
 import streamlit as st
 
 from gpufleet.client import colours
+from gpufleet.client.rpcs import FleetRpc
 from gpufleet.client.timeparse import parse_time_ns
 from gpufleet.dashboard import look
 from gpufleet.dashboard.data import (
@@ -28,7 +29,7 @@ CLASS_COLOURS = [colours.VERMILLION, colours.BLUE, colours.GREY, colours.LIGHT_G
 
 def render() -> None:
     st.header("Inference")
-    answer = call("ListPools", fleet_pb2.ListPoolsRequest(replicas=True))
+    answer = call(FleetRpc.ListPools, fleet_pb2.ListPoolsRequest(replicas=True))
     replicas = replicas_frame(answer)
     st.markdown(answer.load_class_rule)
     if replicas.empty:
@@ -47,7 +48,7 @@ def render() -> None:
         "within the floor (negative: replicas short of it)."
     )
     look.table(pools_frame(answer))
-    waiting = waiting_frame(call("GetRepairStatus", fleet_pb2.RepairStatusRequest()))
+    waiting = waiting_frame(call(FleetRpc.GetRepairStatus, fleet_pb2.RepairStatusRequest()))
     if waiting.empty:
         st.caption("No repair waits for serving capacity.")
     else:
@@ -61,7 +62,7 @@ def render() -> None:
     since = st.selectbox("range", ["15m", "1h", "6h", "24h"], index=1, key="pools-range")
     pressure = history_frame(
         call(
-            "QueryHistory",
+            FleetRpc.QueryHistory,
             fleet_pb2.HistoryRequest(
                 metric="kv_cache_usage_ratio",
                 start_unix_ns=parse_time_ns(since),

@@ -10,6 +10,7 @@ import streamlit as st
 
 from gpufleet.client import colours
 from gpufleet.client.present import GIB
+from gpufleet.client.rpcs import FleetRpc
 from gpufleet.client.timeparse import parse_duration_ns, parse_time_ns
 from gpufleet.dashboard import actions, links, look
 from gpufleet.dashboard.data import (
@@ -96,7 +97,7 @@ def render() -> None:
         name = st.selectbox("node", names, index=default, key="node_select")
     st.session_state["node"] = name
     links.keep(node=name)
-    detail = call("GetNode", fleet_pb2.GetNodeRequest(node=name))
+    detail = call(FleetRpc.GetNode, fleet_pb2.GetNodeRequest(node=name))
     s = detail.summary
     cols = st.columns(4)
     cols[0].metric("state", display_state(s))
@@ -118,10 +119,12 @@ def render() -> None:
     since = c2.selectbox("range", ["15m", "1h", "6h", "24h", "7d"], index=0)
     metric, factor = GPU_SERIES[label]
     start = parse_time_ns(since)
-    hist = call("QueryHistory", fleet_pb2.HistoryRequest(metric=metric, nodes=[name], start_unix_ns=start))
+    hist = call(
+        FleetRpc.QueryHistory, fleet_pb2.HistoryRequest(metric=metric, nodes=[name], start_unix_ns=start)
+    )
     frame = in_unit(history_frame(hist), metric, factor, label)
     events = events_frame(
-        list(call("QueryEvents", fleet_pb2.EventsRequest(nodes=[name], start_unix_ns=start)).events)
+        list(call(FleetRpc.QueryEvents, fleet_pb2.EventsRequest(nodes=[name], start_unix_ns=start)).events)
     )
     if frame.empty:
         st.info(f"No {label} history for this node in the last {since}.")
@@ -164,7 +167,7 @@ def render() -> None:
         emetric, efactor = ENGINE_SERIES[elabel]
         ehist = history_frame(
             call(
-                "QueryHistory",
+                FleetRpc.QueryHistory,
                 fleet_pb2.HistoryRequest(
                     metric=emetric,
                     nodes=[name],
@@ -181,7 +184,7 @@ def render() -> None:
 
     st.subheader("Incidents")
     incidents = incidents_frame(
-        list(call("ListIncidents", fleet_pb2.ListIncidentsRequest(node=name)).incidents)
+        list(call(FleetRpc.ListIncidents, fleet_pb2.ListIncidentsRequest(node=name)).incidents)
     )
     if incidents.empty:
         st.caption("No incidents on this node.")

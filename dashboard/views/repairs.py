@@ -7,6 +7,7 @@ import altair as alt
 import pandas as pd
 import streamlit as st
 
+from gpufleet.client.rpcs import FleetRpc
 from gpufleet.client.timeparse import iso
 from gpufleet.dashboard import links, look
 from gpufleet.dashboard.data import audit_frame, display_state_of, incidents_frame, queue_frame
@@ -17,7 +18,7 @@ from gpufleet.protos.names import action_name, severity_name
 
 def render() -> None:
     st.header("Failures and repairs")
-    status = call("GetRepairStatus", fleet_pb2.RepairStatusRequest())
+    status = call(FleetRpc.GetRepairStatus, fleet_pb2.RepairStatusRequest())
     if status.breaker_tripped:
         st.error(
             f"Repair breaker TRIPPED at {iso(status.breaker_tripped_unix_ns)}: {status.breaker_reason}. "
@@ -28,7 +29,7 @@ def render() -> None:
     cols = st.columns(3)
     cols[0].metric("out of service", status.out_of_service)
     cols[1].metric("cap", status.out_of_service_cap)
-    incidents = call("ListIncidents", fleet_pb2.ListIncidentsRequest(limit=500)).incidents
+    incidents = call(FleetRpc.ListIncidents, fleet_pb2.ListIncidentsRequest(limit=500)).incidents
     frame = incidents_frame(list(incidents))
     cols[2].metric("open incidents", int((frame["state"] != "closed").sum()) if not frame.empty else 0)
 
@@ -97,7 +98,7 @@ def render() -> None:
         look.table(audit_frame(list(incident.actions)))
 
     st.subheader("Audit log")
-    audit = audit_frame(list(call("ListAudit", fleet_pb2.ListAuditRequest(limit=200)).entries))
+    audit = audit_frame(list(call(FleetRpc.ListAudit, fleet_pb2.ListAuditRequest(limit=200)).entries))
     if audit.empty:
         st.caption("Nothing has been done yet.")
     else:

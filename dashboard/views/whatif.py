@@ -12,6 +12,7 @@ import pandas as pd
 import streamlit as st
 
 from gpufleet.client.present import NA
+from gpufleet.client.rpcs import FleetRpc
 from gpufleet.client.timeparse import parse_time_ns
 from gpufleet.dashboard import look
 from gpufleet.dashboard.fleet import call
@@ -84,7 +85,7 @@ def render() -> None:
         st.error(str(exc))
         return
     with st.spinner("replaying the store's history ..."):
-        reply = call("ReplayPolicy", request, timeout_s=600.0)
+        reply = call(FleetRpc.ReplayPolicy, request, timeout_s=600.0)
     current, other = json.loads(reply.report_json), json.loads(reply.compare_json)
     difference = json.loads(reply.difference_json)
     frame = out_of_service_frame({"current": current, "proposed": other})

@@ -7,6 +7,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
+from gpufleet.client.fleet import FleetClient
+from gpufleet.client.rpcs import FleetRpc, every_rpc
+from gpufleet.protos import fleet_pb2
 from harness.paths import REPO
 
 SCRIPT = REPO / "scripts" / "gen_protos.py"
@@ -52,3 +57,15 @@ def test_every_fleet_rpc_is_served_by_our_code_not_the_generated_placeholder() -
     assert len(methods) == 17
     missing = [m for m in methods if getattr(FleetService, m) is getattr(fleet_pb2_grpc.FleetServicer, m)]
     assert missing == []
+
+
+def test_the_clients_typed_rpcs_are_the_fleet_service() -> None:
+    """client/rpcs.py names every Fleet RPC with the request and answer types fleet.proto gives it,
+    and the client refuses a request of the wrong type before sending it."""
+    service = fleet_pb2.DESCRIPTOR.services_by_name["Fleet"]
+    declared = {m.name: (m.input_type.full_name, m.output_type.full_name) for m in service.methods}
+    typed = {r.name: (r.request.DESCRIPTOR.full_name, r.response.DESCRIPTOR.full_name) for r in every_rpc()}
+    assert typed == declared
+    client = FleetClient.__new__(FleetClient)  # no channel: the type is checked before any is used
+    with pytest.raises(TypeError, match="GetNode takes a GetNodeRequest, not a StatusRequest"):
+        client.call(FleetRpc.GetNode, fleet_pb2.StatusRequest())  # type: ignore[arg-type]
