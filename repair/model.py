@@ -35,6 +35,24 @@ class NodeSnapshot:
     sample_time_ns: int = 0  # the newest report's time
     gpus_on_pci_bus: int | None = None  # NVIDIA GPUs the node's PCI bus shows (None: not counted)
 
+    @classmethod
+    def reporting(
+        cls, node: str, gpus: list[telemetry_pb2.GpuSample], sample_time_ns: int, cluster: str = "c"
+    ) -> NodeSnapshot:
+        """A node reporting now, connected, with these GPU samples of one time (a generated
+        fleet's input to a rule: repair/replay/spread.py, and the rule tests')."""
+        return cls(
+            node,
+            cluster,
+            vocabulary_pb2.LIVENESS_REPORTING,
+            0.5,
+            "boot",
+            True,
+            len(gpus),
+            gpus={g.index: g for g in gpus},
+            sample_time_ns=sample_time_ns,
+        )
+
 
 @dataclass(frozen=True)
 class Finding:

@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy
 
-from gpufleet.protos import telemetry_pb2, vocabulary_pb2
+from gpufleet.protos import telemetry_pb2
 from gpufleet.repair.model import NodeSnapshot
 from gpufleet.repair.policy import Policy
 from gpufleet.repair.rules import RULES
@@ -131,18 +131,7 @@ class SpreadFleet:
 
     def snapshot(self, name: str, t: float) -> NodeSnapshot:
         """The node as the controller sees it at t: reporting, its GPUs' samples of time t."""
-        gpus = self.step(name, t)
-        return NodeSnapshot(
-            name,
-            "generated",
-            vocabulary_pb2.LIVENESS_REPORTING,
-            0.5,
-            "boot",
-            True,
-            len(gpus),
-            gpus={g.index: g for g in gpus},
-            sample_time_ns=int(t * 1e9),
-        )
+        return NodeSnapshot.reporting(name, self.step(name, t), int(t * 1e9), cluster="generated")
 
 
 @dataclass

@@ -3,19 +3,9 @@ input (repair/model.py NodeSnapshot): reporting, connected, its GPUs' samples at
 
 from __future__ import annotations
 
-from gpufleet.protos import telemetry_pb2, vocabulary_pb2
+from gpufleet.protos import telemetry_pb2
 from gpufleet.repair.model import NodeSnapshot
 
 
 def reporting(node: str, gpus: list[telemetry_pb2.GpuSample], sample_time_ns: int = 1) -> NodeSnapshot:
-    return NodeSnapshot(
-        node,
-        "c",
-        vocabulary_pb2.LIVENESS_REPORTING,
-        0.5,
-        "boot",
-        True,
-        len(gpus),
-        gpus={g.index: g for g in gpus},
-        sample_time_ns=sample_time_ns,
-    )
+    return NodeSnapshot.reporting(node, gpus, sample_time_ns)
