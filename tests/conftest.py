@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from harness.influx import InfluxServer
-from harness.processes import Cluster
+from harness.processes import Cluster, stop_left_running
 from harness.slurm import SLURM_NODES
 
 # The longest tests, measured (docs/testing.md, the 50 slowest): collected first, so that the
@@ -78,6 +78,14 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
         for proc in running.procs:
             tail = proc.log().splitlines()[-LOG_LINES_ON_FAILURE:]
             report.sections.append((f"log of {proc.name} (last {len(tail)} lines)", "\n".join(tail)))
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """No gpufleet process outlives the run: one a fixture left (its set-up failed before its
+    teardown was armed) is stopped here and named."""
+    left = stop_left_running()
+    if left:
+        print(f"\nstopped {len(left)} process(es) a test left running: {', '.join(left)}")
 
 
 def pytest_terminal_summary(terminalreporter: Any) -> None:

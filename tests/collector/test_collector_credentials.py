@@ -35,17 +35,17 @@ def k8s(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Cluster, Agg
         kube.add_pod("gpufleet", f"collector-{node}", node, owner_kind="DaemonSet")
     kube.add_pod("default", "intruder", "gpu-b")
     cluster = Cluster(tmp)
-    agg = cluster.aggregator(
-        "aggregator",
-        0,
-        0,
-        None,
-        "--collector-auth",
-        "kubernetes",
-        "--collector-k8s-kubeconfig",
-        str(kube.kubeconfig(tmp / "kubeconfig")),
-    )
     try:
+        agg = cluster.aggregator(
+            "aggregator",
+            0,
+            0,
+            None,
+            "--collector-auth",
+            "kubernetes",
+            "--collector-k8s-kubeconfig",
+            str(kube.kubeconfig(tmp / "kubeconfig")),
+        )
         yield cluster, agg, kube
     finally:
         cluster.stop_all()

@@ -143,6 +143,20 @@ class AggregatorHandle:
         return total
 
 
+# Every process a Cluster started in this pytest process: what a fixture whose set-up failed
+# before its teardown was armed would leave running is stopped at the session's end
+# (tests/conftest.py pytest_sessionfinish), and named.
+STARTED: list[Proc] = []
+
+
+def stop_left_running() -> list[str]:
+    """Stop every started process still running; their names."""
+    left = [p for p in STARTED if p.alive()]
+    for proc in left:
+        proc.stop(signal.SIGTERM, timeout_s=10)
+    return [p.name for p in left]
+
+
 class Cluster:
     """Starts real gpufleet processes for one test and stops them afterwards."""
 
@@ -162,6 +176,7 @@ class Cluster:
             )
         proc = Proc(name, popen, log_path)
         self.procs.append(proc)
+        STARTED.append(proc)
         return proc
 
     def aggregator(
@@ -207,12 +222,16 @@ class Cluster:
             assert proc.alive(), f"aggregator exited: {proc.log()}"
             return json.loads(ready.read_text()) if ready.exists() else None
 
-        bound = wait_until(
-            is_ready,
-            30,
-            "the aggregator to serve",
-            context=lambda: f"the aggregator's log (its end):\n{proc.log()[-4000:]}",
-        )
+        try:
+            bound = wait_until(
+                is_ready,
+                30,
+                "the aggregator to serve",
+                context=lambda: f"the aggregator's log (its end):\n{proc.log()[-4000:]}",
+            )
+        except AssertionError:
+            proc.stop()  # not left running when its caller's teardown never comes (a fixture's set-up)
+            raise
         return AggregatorHandle(proc, bound["ingest"], bound["fleet"], bound["metrics"], data_dir)
 
     def collector(self, node: str, ingest: str, *extra: str, token: str | None = None) -> Proc:
