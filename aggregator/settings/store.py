@@ -6,11 +6,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from gpufleet.aggregator.settings import require, setting
+from gpufleet.aggregator.store import BACKENDS
 
 
 @dataclass
 class StoreSettings:
-    store: str = setting("embedded", "history store backend: embedded or influxdb")
+    store: str = setting("embedded", f"history store backend: {' or '.join(BACKENDS)}")
     influx_url: str = setting("http://127.0.0.1:8086", "InfluxDB URL (with store = influxdb)")
     influx_database: str = setting("gpufleet", "InfluxDB 1.x database, or the 2.x/3.x bucket mapped to it")
     influx_retention_policy: str = setting("", "InfluxDB retention policy to write to (empty: the default)")
@@ -35,6 +36,7 @@ class StoreSettings:
     )
 
     def check_store(self) -> None:
+        require(self.store in BACKENDS, f"store={self.store!r}: use one of {', '.join(BACKENDS)}")
         require(
             self.retention_s >= 3600, f"retention_s={self.retention_s:g} must be at least 3600 (one hour)"
         )

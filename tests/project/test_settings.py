@@ -58,6 +58,9 @@ def test_bad_values_name_the_setting_and_the_fix(file_data: dict[str, object], m
 def test_aggregator_settings_are_checked_together() -> None:
     with pytest.raises(settings.ConfigError, match="tls_cert and tls_key must be given together"):
         settings.resolve(AggregatorConfig, "aggregator", None, {"GPUFLEET_AGGREGATOR_TLS_CERT": "c.pem"}, {})
+    # Plug-in choices come from their registry (the store's: aggregator/store BACKENDS).
+    with pytest.raises(settings.ConfigError, match="store='mongodb': use one of embedded, influxdb"):
+        settings.resolve(AggregatorConfig, "aggregator", None, {"GPUFLEET_AGGREGATOR_STORE": "mongodb"}, {})
 
 
 def test_reference_lists_every_setting_with_its_environment_variable() -> None:
