@@ -28,8 +28,8 @@ from gpufleet.repair.alerts.dispatcher import AlertDispatcher
 from gpufleet.repair.backends.base import Backend, Observed
 from gpufleet.repair.capacity import CapacityGuard
 from gpufleet.repair.engine_drain import EngineDrain
-from gpufleet.repair.evaluator import Evaluator, finding_id
-from gpufleet.repair.health import OUT_OF_SERVICE, WATCHED, Health, Step
+from gpufleet.repair.evaluator import Evaluator
+from gpufleet.repair.health import OUT_OF_SERVICE, WATCHED, Health
 from gpufleet.repair.hooks import HookRunner, run_hook
 from gpufleet.repair.incidents import AUTOMATION, IncidentDesk
 from gpufleet.repair.model import Finding, NodeSnapshot
@@ -39,8 +39,9 @@ from gpufleet.repair.person_actions import PersonActions, RepairRefused
 from gpufleet.repair.policy import Policy
 from gpufleet.repair.rails import Breaker, Gate, Rails, SchedulerView
 from gpufleet.repair.serving import ReplicaReading
-from gpufleet.repair.state import Fenced, HeldStep, RepairState, StateError, Workflow
+from gpufleet.repair.state import Fenced, RepairState, StateError, Workflow
 from gpufleet.repair.step_runner import Hooks, StepRunner
+from gpufleet.repair.workflow_moves import WorkflowMoves
 from gpufleet.repair.workflow_steps import WorkflowSteps
 
 log = logging.getLogger("gpufleet.repair")
@@ -49,7 +50,12 @@ _YIELD_EVERY = 64  # nodes evaluated between two returns to the event loop in on
 __all__ = ["AUTOMATION", "Hooks", "Rails", "RepairController", "RepairRefused"]
 
 
-class RepairController(PersonActions, WorkflowSteps):
+class RepairController:
+    """Runs the passes and is what the Fleet API and metrics read; its parts are objects given
+    what they use: the moves on a workflow (WorkflowMoves), the automation's steps
+    (WorkflowSteps), people's actions (PersonActions), the ladder's steps (StepRunner), incidents
+    and audit (IncidentDesk), the rails (Gate, Breaker), the scheduler's view (SchedulerWatch)."""
+
     def __init__(
         self,
         policy: Policy,
@@ -98,6 +104,30 @@ class RepairController(PersonActions, WorkflowSteps):
         self._wake = asyncio.Event()
         self._dirty: set[str] | None = set()  # nodes poked since the last pass; None: all
         self._lock = asyncio.Lock()
+        self.moves = WorkflowMoves(policy, state, self.desk, self.gate, self.workflows, snapshots)
+        self.workflow_steps = WorkflowSteps(
+            policy,
+            state,
+            backend,
+            self.desk,
+            self.breaker,
+            self.scheduler,
+            self.engines,
+            self.evaluator,
+            self.steps,
+            self.moves,
+        )
+        self.person_actions = PersonActions(
+            backend,
+            self.desk,
+            self.scheduler,
+            self.breaker,
+            self.moves,
+            self.findings,
+            self._lock,
+            clock,
+            self.poke,
+        )
         self.passes = 0
         self.pass_errors = 0  # passes that raised (logged with the traceback, counted)
         self._store_failing = False  # the last pass failed on the store (logged at the first)
@@ -284,7 +314,7 @@ class RepairController(PersonActions, WorkflowSteps):
         view: SchedulerView,
         now: int,
     ) -> None:
-        if seen is not None and self._person_acted(wf, seen, findings, now):
+        if seen is not None and self.person_actions.person_acted(wf, seen, findings, now):
             return
         if wf.state == Health.HUMAN_CORDONED:
             return
@@ -292,47 +322,21 @@ class RepairController(PersonActions, WorkflowSteps):
         ready = [f for f in cordon if self.evaluator.persisted(f, now)]
         notable = [f for f in findings if f.severity != "info" and self.evaluator.persisted(f, now)]
         if wf.state in (Health.HEALTHY, Health.SUSPECT, Health.WAITING):
-            await self._in_service(wf, cordon, ready, notable, view, now)
+            await self.workflow_steps.in_service(wf, cordon, ready, notable, view, now)
             return
         if wf.incident_id and notable:
             self.desk.note(wf, notable)  # add what else was found while out of service
-        await self._out_of_service(wf, snap, cordon, view, now)
+        await self.workflow_steps.out_of_service(wf, snap, cordon, view, now)
 
-    def _held(self, wf: Workflow, step: Step, view: SchedulerView, now: int, what: str) -> bool:
-        """Ask the rails; a held step is audited once (per step and rail) and said in detail."""
-        hold = self.gate.check(step, wf, self.workflows, view)
-        if hold is None:
-            wf.held = None
-            return False
-        key = HeldStep(step, hold.kind)
-        if wf.held != key:
-            wf.held = key
-            self.desk.audit(wf, step, what, hold.outcome, now)
-        wf.detail = hold.reason
-        return True
+    # --- a person's actions (Fleet API) ----------------------------------------------------
+    async def cordon(self, node: str, reason: str, actor: str) -> Workflow:
+        return await self.person_actions.cordon(node, reason, actor)
 
-    def _snapshot(self, node: str) -> NodeSnapshot | None:
-        return next(iter(self._snapshots({node})), None)
+    async def uncordon(self, node: str, reason: str, actor: str) -> Workflow:
+        return await self.person_actions.uncordon(node, reason, actor)
 
-    def _cancel(self, wf: Workflow, findings: list[Finding], outcome: str, now: int) -> None:
-        """A person returned the node to service: stop, and do not re-cordon for what they saw."""
-        # Findings already overridden stay so (they are not in `findings`: filtered out).
-        wf.suppressed = sorted(set(wf.suppressed) | {finding_id(f) for f in findings})
-        wf.cleared_before_ns = now
-        wf.cordoned_by_us = False
-        wf.held = None
-        self.desk.close(wf, outcome or "cancelled: a person returned the node to service", now)
-        self._move(wf, Health.HEALTHY, "")
+    async def proceed(self, node: str, reason: str, actor: str) -> Workflow:
+        return await self.person_actions.proceed(node, reason, actor)
 
-    def _move(self, wf: Workflow, state: Health, detail: str) -> None:
-        wf.detail = detail
-        if wf.state == state:
-            return
-        log.info("%s → %s %s", wf.state, state, detail, extra={"node": wf.node, "incident": wf.incident_id})
-        wf.state = state
-        self.desk.moved(wf)
-
-    # --- manual actions (Fleet API) ----------------------------------------------------------
-    def _save(self, wf: Workflow) -> None:
-        self.workflows[wf.node] = wf
-        self.state.save(wf)
+    async def reset_breaker(self, reason: str, actor: str) -> None:
+        await self.person_actions.reset_breaker(reason, actor)

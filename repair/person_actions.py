@@ -4,40 +4,72 @@ through gpufleet (audited under their name), and what a person did in the schedu
 
 from __future__ import annotations
 
+import asyncio
 import logging
+from collections.abc import Callable
 
-from gpufleet.repair.backends.base import BackendError, Observed
+from gpufleet.repair.backends.base import Backend, BackendError, Observed
 from gpufleet.repair.health import BY_AUTOMATION, Health, HoldKind
+from gpufleet.repair.incidents import IncidentDesk
 from gpufleet.repair.model import Finding
+from gpufleet.repair.observe import SchedulerWatch
 from gpufleet.repair.outcome import OK, failed
+from gpufleet.repair.rails import Breaker
 from gpufleet.repair.state import Workflow
+from gpufleet.repair.workflow_moves import WorkflowMoves
 
 log = logging.getLogger("gpufleet.repair")
 
 
 class PersonActions:
-    def _person_acted(self, wf: Workflow, seen: Observed, findings: list[Finding], now: int) -> bool:
+    """What people do through gpufleet (cordon, uncordon, proceed, reset the breaker: each
+    audited under their name, under the controller's lock so no pass runs meanwhile) and the
+    automation's answer to what they did in the scheduler outside it (`person_acted`)."""
+
+    def __init__(
+        self,
+        backend: Backend,
+        desk: IncidentDesk,
+        scheduler: SchedulerWatch,
+        breaker: Breaker,
+        moves: WorkflowMoves,
+        findings: dict[str, list[Finding]],
+        lock: asyncio.Lock,
+        clock: Callable[[], int],
+        poke: Callable[[str | None], None],
+    ) -> None:
+        self.backend = backend
+        self.desk = desk
+        self.scheduler = scheduler
+        self.breaker = breaker
+        self.moves = moves
+        self.findings = findings  # each node's findings at the last pass (the controller's)
+        self._lock = lock  # the controller's: a pass and a person's action never interleave
+        self.clock = clock
+        self.poke = poke
+
+    def person_acted(self, wf: Workflow, seen: Observed, findings: list[Finding], now: int) -> bool:
         """React to what people did in the scheduler; True when nothing else is to be done."""
         if wf.state in BY_AUTOMATION and wf.cordoned_by_us:
             if not seen.cordoned:
                 self.desk.observed(
                     wf, "uncordon", "a person returned the node to service outside gpufleet", now
                 )
-                self._cancel(wf, findings, "cancelled: a person uncordoned the node", now)
+                self.moves.cancel(wf, findings, "cancelled: a person uncordoned the node", now)
                 return True
             if not seen.ours:
-                self._handed_over(wf, seen.reason, now, f"a person re-cordoned it: {seen.reason}")
+                self.moves.handed_over(wf, seen.reason, now, f"a person re-cordoned it: {seen.reason}")
                 return True
             return False
         if wf.state == Health.HUMAN_CORDONED:
             if not seen.cordoned:
                 self.desk.observed(wf, "uncordon", "a person returned the node to service", now)
-                self._cancel(wf, findings, "", now)
+                self.moves.cancel(wf, findings, "", now)
                 return True
             wf.detail = seen.reason
             return True
         if seen.cordoned and not seen.ours:
-            self._handed_over(wf, seen.reason, now, f"cordoned by a person: {seen.reason}")
+            self.moves.handed_over(wf, seen.reason, now, f"cordoned by a person: {seen.reason}")
             return True
         if seen.cordoned and seen.ours and not wf.cordoned_by_us:
             # Ours, but this aggregator has no record of it: an earlier process cordoned it
@@ -58,18 +90,10 @@ class PersonActions:
             worst = max(cordon, key=lambda f: f.severity_rank)
             wf.ladder, wf.step, wf.step_key = list(worst.ladder), 0, ""
             wf.gpus = sorted({f.gpu for f in cordon if f.gpu is not None})
-            self._move(wf, Health.CORDONED, seen.reason)
+            self.moves.move(wf, Health.CORDONED, seen.reason)
         else:  # nothing wrong any more: validate it back into service
             wf.ladder, wf.step = [], 0
-            self._validating(wf, "adopted after a restart", now)
-
-    def _handed_over(self, wf: Workflow, reason: str, now: int, audit_reason: str) -> None:
-        """A person has the node: stop, close any incident as theirs, keep hands off."""
-        self.desk.observed(wf, "cordon", audit_reason, now)
-        self.desk.close(wf, f"taken over by a person: {reason}", now, handed_to_person=True)
-        wf.cordoned_by_us = False
-        wf.held = None
-        self._move(wf, Health.HUMAN_CORDONED, reason)
+            self.moves.validating(wf, "adopted after a restart", now)
 
     async def cordon(self, node: str, reason: str, actor: str) -> Workflow:
         async with self._lock:
@@ -88,8 +112,8 @@ class PersonActions:
                 self.desk.close(wf, f"taken over by {actor}: {reason}", now, handed_to_person=True)
             wf.cordoned_by_us = False
             wf.held = None
-            self._move(wf, Health.HUMAN_CORDONED, text)
-            self._save(wf)
+            self.moves.move(wf, Health.HUMAN_CORDONED, text)
+            self.moves.save(wf)
             return wf
 
     async def uncordon(self, node: str, reason: str, actor: str) -> Workflow:
@@ -104,8 +128,8 @@ class PersonActions:
             finally:
                 self.scheduler.forget(node)
             self.desk.audit(wf, "uncordon", reason, OK, now, actor=actor)
-            self._cancel(wf, self.findings.get(node, []), f"cancelled by {actor}: {reason}", now)
-            self._save(wf)
+            self.moves.cancel(wf, self.findings.get(node, []), f"cancelled by {actor}: {reason}", now)
+            self.moves.save(wf)
             return wf
 
     async def proceed(self, node: str, reason: str, actor: str) -> Workflow:
@@ -122,7 +146,7 @@ class PersonActions:
                 )
             wf.capacity_override = actor
             self.desk.audit(wf, "proceed", reason, OK, self.clock(), actor=actor)
-            self._save(wf)
+            self.moves.save(wf)
         self.poke(node)
         return wf
 
@@ -131,14 +155,15 @@ class PersonActions:
             now = self.clock()
             was = self.breaker.reset(now)
             self.desk.breaker_reset(actor, reason, was, now)
-        self.poke()
+        self.poke(None)
 
     def _known(self, node: str) -> Workflow:
-        if node not in self.workflows and not self._snapshots({node}):
+        wf = self.moves.known(node)
+        if wf is None:
             raise RepairRefused(
                 "not_found", f"node {node!r} is not known to this aggregator; `gpufleet nodes` lists them"
             )
-        return self.workflows.get(node) or Workflow(node)
+        return wf
 
 
 class RepairRefused(Exception):

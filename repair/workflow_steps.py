@@ -7,18 +7,51 @@ from __future__ import annotations
 import logging
 
 from gpufleet.protos import vocabulary_pb2
-from gpufleet.repair.backends.base import AUTOMATION_PREFIX, BackendError, NotOurs
+from gpufleet.repair.backends.base import AUTOMATION_PREFIX, Backend, BackendError, NotOurs
+from gpufleet.repair.engine_drain import EngineDrain
+from gpufleet.repair.evaluator import Evaluator
 from gpufleet.repair.health import Health, Step
+from gpufleet.repair.incidents import IncidentDesk
 from gpufleet.repair.model import Finding, NodeSnapshot
+from gpufleet.repair.observe import SchedulerWatch
 from gpufleet.repair.outcome import OK, STARTED, Outcome, Status, failed
-from gpufleet.repair.rails import SchedulerView
-from gpufleet.repair.state import Workflow
-from gpufleet.repair.step_runner import reset_target
+from gpufleet.repair.policy import Policy
+from gpufleet.repair.rails import Breaker, SchedulerView
+from gpufleet.repair.state import RepairState, Workflow
+from gpufleet.repair.step_runner import StepRunner, reset_target
+from gpufleet.repair.workflow_moves import WorkflowMoves
 
 log = logging.getLogger("gpufleet.repair")
 
 
 class WorkflowSteps:
+    """The automation's way through one node's workflow, a step a pass (the controller calls
+    in_service or out_of_service for each node it reconciles)."""
+
+    def __init__(
+        self,
+        policy: Policy,
+        state: RepairState,
+        backend: Backend,
+        desk: IncidentDesk,
+        breaker: Breaker,
+        scheduler: SchedulerWatch,
+        engines: EngineDrain,
+        evaluator: Evaluator,
+        steps: StepRunner,
+        moves: WorkflowMoves,
+    ) -> None:
+        self.policy = policy
+        self.state = state
+        self.backend = backend
+        self.desk = desk
+        self.breaker = breaker
+        self.scheduler = scheduler
+        self.engines = engines
+        self.evaluator = evaluator
+        self.steps = steps
+        self.moves = moves
+
     async def _take_out(self, wf: Workflow, ready: list[Finding], view: SchedulerView, now: int) -> None:
         incident = self.desk.note(wf, ready)
         if not self.breaker.tripped:
@@ -28,19 +61,19 @@ class WorkflowSteps:
         worst = max(ready, key=lambda f: f.severity_rank)
         where = f" on GPU {worst.gpu}" if worst.gpu is not None else ""
         reason = f"{AUTOMATION_PREFIX} {worst.code}{where}: {worst.reason} [{incident.id}]"
-        if self._held(wf, Step.CORDON, view, now, reason):
-            self._move(wf, Health.WAITING, wf.detail)
+        if self.moves.held(wf, Step.CORDON, view, now, reason):
+            self.moves.move(wf, Health.WAITING, wf.detail)
             return
         # Audited before the scheduler is changed: a process killed in between leaves a row.
         self.desk.audit(wf, Step.CORDON, reason, STARTED, now)
         try:
             await self.backend.cordon(wf.node, reason, automation=True)
         except NotOurs as exc:
-            self._handed_over(wf, exc.reason, now, f"cordoned by a person: {exc.reason}")
+            self.moves.handed_over(wf, exc.reason, now, f"cordoned by a person: {exc.reason}")
             return
         except BackendError as exc:
             self.desk.audit(wf, Step.CORDON, reason, failed(str(exc)), now)
-            self._move(wf, Health.WAITING, f"cordon failed, retrying: {exc}")
+            self.moves.move(wf, Health.WAITING, f"cordon failed, retrying: {exc}")
             return
         finally:
             self.scheduler.forget(wf.node)  # changed (or maybe changed): read it again
@@ -59,18 +92,18 @@ class WorkflowSteps:
             # A lemon node (docs/architecture.md "Lemon nodes"): its faults keep coming back, so
             # the ladder is not tried again; a person decides.
             self.desk.audit(wf, "quarantine", f"lemon node: {recent} incidents in {days:g} days", OK, now)
-            self._move(
+            self.moves.move(
                 wf,
                 Health.QUARANTINED,
                 f"lemon node: {recent} incidents in {days:g} days; a person decides",
             )
             return
-        self._move(wf, Health.CORDONED, reason)
+        self.moves.move(wf, Health.CORDONED, reason)
 
     async def _drain(self, wf: Workflow, view: SchedulerView, now: int) -> None:
         """One drain check; the rails were asked by the caller. Its engines first leave rotation
         and finish their requests (repair/engine_drain.py): nothing is evicted before."""
-        if not await self.engines.done(wf, self.workflows):
+        if not await self.engines.done(wf, self.moves.workflows):
             return
         try:
             progress = await self.backend.drain(wf.node)
@@ -85,20 +118,20 @@ class WorkflowSteps:
             wf.detail = progress.detail
             return
         self.desk.audit(wf, Step.DRAIN, progress.detail, OK, now)
-        self._move(wf, Health.REPAIRING, "drained")
-        await self._repair(wf, self._snapshot(wf.node), view, now)
+        self.moves.move(wf, Health.REPAIRING, "drained")
+        await self._repair(wf, self.moves.snapshot(wf.node), view, now)
 
     async def _repair(self, wf: Workflow, snap: NodeSnapshot | None, view: SchedulerView, now: int) -> None:
         if wf.step >= len(wf.ladder):
             self.desk.audit(wf, "quarantine", "every repair step was tried", OK, now)
-            self._move(wf, Health.QUARANTINED, "repair steps exhausted; a person decides")
+            self.moves.move(wf, Health.QUARANTINED, "repair steps exhausted; a person decides")
             return
         step = wf.ladder[wf.step]
         key = f"{wf.incident_id}:{wf.step}:{step}"
         outcome = self.state.action_outcome(key)
         if outcome is None:
             target = reset_target(wf) if step is Step.RESET_GPU else wf.node
-            if self._held(wf, step, view, now, target):
+            if self.moves.held(wf, step, view, now, target):
                 return
             self.steps.begin(wf, step, key, snap, now)
             return
@@ -106,7 +139,7 @@ class WorkflowSteps:
             self.steps.check_running(wf, step, key, now)
             return
         if step is Step.TICKET:
-            self._move(wf, Health.QUARANTINED, f"hardware ticket: {str(outcome)[:200]}")
+            self.moves.move(wf, Health.QUARANTINED, f"hardware ticket: {str(outcome)[:200]}")
             return
         if not outcome.ok:
             wf.step += 1
@@ -115,26 +148,15 @@ class WorkflowSteps:
             return
         if step is Step.REBOOT:
             if snap is not None and snap.boot_id != wf.boot_id_at_step and snap.connected:
-                self._start_validation(wf, f"node came back after reboot (boot {snap.boot_id})", now, view)
+                why = f"node came back after reboot (boot {snap.boot_id})"
+                self.moves.start_validation(wf, why, now, view)
             elif now - wf.step_started_ns > self.policy.workflow["reboot_timeout_s"] * 1e9:
                 self.desk.audit(wf, Step.REBOOT, "the collector did not come back", failed("timeout"), now)
                 wf.step += 1
             else:
                 wf.detail = "waiting for the node to come back from the reboot"
             return
-        self._start_validation(wf, f"{step} done", now, view)
-
-    def _start_validation(self, wf: Workflow, why: str, now: int, view: SchedulerView) -> None:
-        if not self._held(wf, Step.VALIDATE, view, now, why):
-            self._validating(wf, why, now)
-
-    def _validating(self, wf: Workflow, why: str, now: int) -> None:
-        wf.validate_since_ns = now
-        self._move(
-            wf,
-            Health.VALIDATING,
-            f"{why}; waiting {self.policy.workflow['validate_s']:g} s for clean signals",
-        )
+        self.moves.start_validation(wf, f"{step} done", now, view)
 
     async def _validate(
         self, wf: Workflow, snap: NodeSnapshot | None, cordon: list[Finding], view: SchedulerView, now: int
@@ -145,7 +167,7 @@ class WorkflowSteps:
             found = ", ".join(f"{f.code} ({f.evidence})" for f in bad)
             self.desk.audit(wf, Step.VALIDATE, f"after {step}: {found}", Outcome(Status.FAILED), now)
             wf.step += 1
-            self._move(wf, Health.REPAIRING, f"{step} did not fix it: {bad[0].code}")
+            self.moves.move(wf, Health.REPAIRING, f"{step} did not fix it: {bad[0].code}")
             return
         validate_ns = self.policy.workflow["validate_s"] * 1e9
         if snap is None or snap.liveness != vocabulary_pb2.LIVENESS_REPORTING:
@@ -154,13 +176,13 @@ class WorkflowSteps:
         if now - wf.validate_since_ns < validate_ns or snap.sample_time_ns < wf.validate_since_ns:
             return
         why = f"clean for {validate_ns / 1e9:g} s after {step}"
-        if self._held(wf, Step.UNCORDON, view, now, why):
+        if self.moves.held(wf, Step.UNCORDON, view, now, why):
             return
         self.desk.audit(wf, Step.UNCORDON, why, STARTED, now)
         try:
             await self.backend.uncordon(wf.node, automation=True)
         except NotOurs as exc:
-            self._handed_over(wf, exc.reason, now, f"a person re-cordoned it: {exc.reason}")
+            self.moves.handed_over(wf, exc.reason, now, f"a person re-cordoned it: {exc.reason}")
             return
         except BackendError as exc:
             wf.detail = f"uncordon failed, retrying: {exc}"
@@ -171,9 +193,9 @@ class WorkflowSteps:
         self.desk.audit(wf, Step.UNCORDON, why, OK, now)
         wf.cordoned_by_us = False
         self.desk.close(wf, f"repaired by {step}", now)
-        self._move(wf, Health.HEALTHY, "")
+        self.moves.move(wf, Health.HEALTHY, "")
 
-    async def _in_service(
+    async def in_service(
         self,
         wf: Workflow,
         cordon: list[Finding],
@@ -191,29 +213,29 @@ class WorkflowSteps:
         if cordon:
             worst = cordon[0]
             left = self.evaluator.left_s(worst, now)
-            self._move(wf, Health.SUSPECT, f"{worst.code} must persist {left:.0f} s more before action")
+            self.moves.move(wf, Health.SUSPECT, f"{worst.code} must persist {left:.0f} s more before action")
         elif notable:
             self.desk.note(wf, notable)
-            self._move(wf, Health.HEALTHY, f"watching: {', '.join(f.code for f in notable)}")
+            self.moves.move(wf, Health.HEALTHY, f"watching: {', '.join(f.code for f in notable)}")
         else:
             self.desk.close(wf, "cleared by itself", now)
-            self._move(wf, Health.HEALTHY, "")
+            self.moves.move(wf, Health.HEALTHY, "")
         # A node just cordoned drains from the next pass: every cordon due now goes out first.
 
-    async def _out_of_service(
+    async def out_of_service(
         self, wf: Workflow, snap: NodeSnapshot | None, cordon: list[Finding], view: SchedulerView, now: int
     ) -> None:
         """The next step of a node the automation took out: drain, repair, validate."""
         if wf.may_wait and any(not f.may_wait for f in cordon):
             wf.may_wait = False  # an urgent finding came while it waited: it waits no longer
         if wf.state == Health.CORDONED:
-            if self._held(wf, Step.DRAIN, view, now, "start moving workloads off"):
+            if self.moves.held(wf, Step.DRAIN, view, now, "start moving workloads off"):
                 return
             self.desk.audit(wf, Step.DRAIN, "start moving workloads off", STARTED, now)
-            self._move(wf, Health.DRAINING, "draining")
+            self.moves.move(wf, Health.DRAINING, "draining")
             await self._drain(wf, view, now)
         elif wf.state == Health.DRAINING:
-            if self._held(wf, Step.DRAIN, view, now, "move workloads off"):
+            if self.moves.held(wf, Step.DRAIN, view, now, "move workloads off"):
                 return
             await self._drain(wf, view, now)
         elif wf.state == Health.REPAIRING:

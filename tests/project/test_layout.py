@@ -134,3 +134,59 @@ def test_docs_architecture_lists_every_module_and_only_modules_that_exist() -> N
     assert check.returncode == 0, check.stderr
     listed = set(re.findall(r"^\| `([^`]+\.py)` \|", (REPO / "docs" / "architecture.md").read_text(), re.M))
     assert listed and all((REPO / path).is_file() for path in listed)
+
+
+# Classes still over 300 lines when their own base classes and mixins are counted with them
+# (issue 41: each to become an object given its collaborators, as RepairController did). The
+# list only shrinks: a class on it that is no longer over fails the test until it is removed.
+OVER_WITH_MIXINS = {
+    "CollectorAgent",
+    "SimulatedNvmlLibrary",
+    "SqliteState",
+    "PostgresState",
+    "RepairState",
+    "ReplayEngine",
+    "AggregatorConfig",
+    "Aggregator",
+    "FleetService",
+    "IngestService",
+    "ControlPlane",
+    "EmbeddedStore",
+}
+
+
+def _class_sizes() -> dict[str, tuple[int, list[str], str]]:
+    sizes: dict[str, tuple[int, list[str], str]] = {}
+    for path in REPO.glob("*/**/*.py"):
+        top = path.parts[len(REPO.parts)]
+        if top in ("tests", "bench", "scripts", ".venv") or path.name.endswith(("_pb2.py", "_pb2_grpc.py")):
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ClassDef):
+                bases = [b.id if isinstance(b, ast.Name) else getattr(b, "attr", "") for b in node.bases]
+                where = f"{path.relative_to(REPO)}:{node.lineno}"
+                sizes[node.name] = ((node.end_lineno or node.lineno) - node.lineno + 1, bases, where)
+    return sizes
+
+
+def test_no_class_is_over_300_lines_with_its_own_base_classes_and_mixins() -> None:
+    """A mixin shares one `self`: its lines are the class's. Counted together, no class of the
+    project is over 300 lines but those still listed in OVER_WITH_MIXINS."""
+    sizes = _class_sizes()
+
+    def total(name: str, seen: set[str]) -> int:
+        if name in seen or name not in sizes:
+            return 0  # not the project's (ABC, grpc's servicer, ...)
+        seen.add(name)
+        size, bases, _ = sizes[name]
+        return size + sum(total(b, seen) for b in bases)
+
+    over = {name: total(name, set()) for name in sizes if total(name, set()) > 300}
+    new = {
+        f"{sizes[n][2]} {n} ({lines} lines with its bases)"
+        for n, lines in over.items()
+        if n not in OVER_WITH_MIXINS
+    }
+    assert not new, "\n".join(sorted(new))
+    assert set(over) >= OVER_WITH_MIXINS, f"no longer over 300: remove {sorted(OVER_WITH_MIXINS - set(over))}"
+    assert "RepairController" in sizes and "RepairController" not in over
