@@ -18,7 +18,7 @@ from prometheus_client.registry import Collector
 
 from gpufleet.common.bounded_http import serve as serve_routes
 from gpufleet.protos import telemetry_pb2
-from gpufleet.protos.signals import GPU_SIGNALS, reported
+from gpufleet.protos.signals import ENGINE_SIGNALS, GPU_SIGNALS, reported
 
 _LABELS = ["node", "cluster", "gpu", "uuid", "model"]
 _ENGINE_LABELS = ["node", "cluster", "engine", "model", "port"]
@@ -28,14 +28,8 @@ _ENGINE_LABELS = ["node", "cluster", "engine", "model", "port"]
 # base unit are the catalog's.
 GPU_FIELDS = list(GPU_SIGNALS.values())
 
-# (EngineSample field, Prometheus name, help, counter?)
-ENGINE_FIELDS = [
-    ("kv_cache_usage_ratio", "kv_cache_usage_ratio", "KV-cache blocks in use, 0-1", False),
-    ("requests_running", "requests_running", "requests being decoded", False),
-    ("requests_waiting", "requests_waiting", "requests queued for a KV-cache slot or a batch", False),
-    ("preemptions_total", "preemptions", "requests preempted (KV cache full)", True),
-    ("prefix_cache_hit_ratio", "prefix_cache_hit_ratio", "prefix-cache hit ratio, 0-1", False),
-]
+# One family per engine signal, from the signal catalog too.
+ENGINE_FIELDS = list(ENGINE_SIGNALS.values())
 
 # (CollectorStats field, Prometheus name, help, counter?)
 SELF_FIELDS = [
@@ -122,12 +116,14 @@ class GpuMetrics(Collector):
         for engine, values in zip(report.engines, labels, strict=True):
             up.add_metric(values, float(engine.readable))
         yield up
-        for field, name, help_text, counter in ENGINE_FIELDS:
-            family_type = CounterMetricFamily if counter else GaugeMetricFamily
-            family = family_type(f"gpufleet_engine_{name}", help_text, labels=_ENGINE_LABELS)
+        for spec in ENGINE_FIELDS:
+            family_type = CounterMetricFamily if spec.counter else GaugeMetricFamily
+            family = family_type(
+                f"gpufleet_engine_{spec.prometheus}", spec.prometheus_help, labels=_ENGINE_LABELS
+            )
             for engine, values in zip(report.engines, labels, strict=True):
-                if engine.HasField(field):
-                    family.add_metric(values, float(getattr(engine, field)))
+                if engine.HasField(spec.field):
+                    family.add_metric(values, float(getattr(engine, spec.field)) * spec.prometheus_scale)
             yield family
 
 

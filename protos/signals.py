@@ -1,4 +1,4 @@
-"""The signal catalog: one entry per GPU signal a collector reports (a GpuSample field), and
+"""The signal catalog: one entry per signal a collector reports (a GpuSample or EngineSample field), and
 everything the parts say about it derived from that entry (docs/architecture.md "The signal
 catalog"): the collector's /metrics family (name, type, help, base unit), the stored field's
 unit, help and plausible range (aggregator/ingest/schema.py, which the wire rules and
@@ -130,6 +130,25 @@ GPU_SIGNALS: dict[str, Signal] = {
 
 # GpuSample fields that are not signals: who the GPU is, why its fields are absent, its processes.
 NOT_SIGNALS = frozenset({"index", "uuid", "model", "pci_bus_id", "driver_unresponsive_call", "processes"})
+
+# An inference engine's KV-cache pressure (EngineSample; /metrics names after gpufleet_engine_).
+ENGINE_SIGNALS: dict[str, Signal] = {
+    s.field: s
+    for s in [
+        Signal("kv_cache_usage_ratio", "ratio", "KV-cache blocks in use, 0-1", 0, 1, "kv_cache_usage_ratio"),
+        Signal("requests_running", "requests", "requests being decoded", 0, 1e7, "requests_running"),
+        Signal("requests_waiting", "requests", "requests queued for a KV-cache slot or a batch", 0, 1e9,
+               "requests_waiting"),
+        Signal("preemptions_total", "count", "requests preempted (KV cache full)", 0, 1e15, "preemptions",
+               counter=True),
+        Signal("prefix_cache_hit_ratio", "ratio", "prefix-cache hit ratio, 0-1", 0, 1,
+               "prefix_cache_hit_ratio"),
+    ]
+}  # fmt: skip
+# EngineSample fields that are not signals: which replica it is, where, and whether it was read.
+ENGINE_NOT_SIGNALS = frozenset(
+    {"engine", "model", "port", "endpoint", "gpu_indices", "readable", "unreadable_reason", "pool"}
+)
 
 
 def reported(sample: telemetry_pb2.GpuSample, field: str) -> bool:

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from gpufleet.aggregator.store.base import FieldValue, Point, SharedTags
 from gpufleet.protos import telemetry_pb2
 from gpufleet.protos.names import event_kind_name, event_source_name
-from gpufleet.protos.signals import GPU_SIGNALS, INT64_MAX
+from gpufleet.protos.signals import ENGINE_SIGNALS, GPU_SIGNALS, INT64_MAX
 
 
 @dataclass(frozen=True)
@@ -32,16 +32,12 @@ class Metric:
 # Bounds are sanity limits (what no real device reports), not health thresholds; none is past
 # what both stores can hold (SQLite and InfluxDB integers are int64).
 METRICS: dict[str, Metric] = {
-    # The GPU signals are the signal catalog's (protos/signals.py).
+    # The GPU and engine signals are the signal catalog's (protos/signals.py).
     **{s.field: Metric(s.field, "gpu", s.unit, s.help, s.low, s.high) for s in GPU_SIGNALS.values()},
+    **{s.field: Metric(s.field, "engine", s.unit, s.help, s.low, s.high) for s in ENGINE_SIGNALS.values()},
     **{
         m.name: m
         for m in [
-            Metric("kv_cache_usage_ratio", "engine", "ratio", "KV-cache blocks in use", 0, 1),
-            Metric("requests_running", "engine", "requests", "requests being decoded", 0, 1e7),
-            Metric("requests_waiting", "engine", "requests", "requests queued", 0, 1e9),
-            Metric("preemptions_total", "engine", "count", "requests preempted (counter)", 0, 1e15),
-            Metric("prefix_cache_hit_ratio", "engine", "ratio", "prefix-cache hit ratio", 0, 1),
             Metric("seq", "collector", "", "report sequence number", 1, INT64_MAX),
             Metric("gpu_count", "collector", "GPUs", "GPUs in the report", 0, 64),
             Metric("gpus_on_pci_bus", "collector", "GPUs", "NVIDIA GPUs on the PCI bus (sysfs)", 0, 1024),

@@ -14,7 +14,7 @@ from gpufleet.aggregator.ingest.schema import METRICS
 from gpufleet.collector.metrics_endpoint import GpuMetrics
 from gpufleet.dashboard.data import GPU_TABLE_HELP, NODE_GPU_COLUMNS, node_gpus_table
 from gpufleet.protos import fleet_pb2, telemetry_pb2
-from gpufleet.protos.signals import GPU_SIGNALS, NOT_SIGNALS
+from gpufleet.protos.signals import ENGINE_NOT_SIGNALS, ENGINE_SIGNALS, GPU_SIGNALS, NOT_SIGNALS
 
 
 def test_every_gpu_sample_field_has_a_catalog_entry_and_every_entry_a_field() -> None:
@@ -23,6 +23,27 @@ def test_every_gpu_sample_field_has_a_catalog_entry_and_every_entry_a_field() ->
     assert not missing, f"GpuSample fields with no entry in protos/signals.py: {sorted(missing)}"
     assert set(GPU_SIGNALS) | NOT_SIGNALS == fields
     assert not set(GPU_SIGNALS) & NOT_SIGNALS
+
+
+def test_every_engine_sample_field_has_a_catalog_entry() -> None:
+    fields = {f.name for f in telemetry_pb2.EngineSample.DESCRIPTOR.fields}
+    assert set(ENGINE_SIGNALS) | ENGINE_NOT_SIGNALS == fields and not set(ENGINE_SIGNALS) & ENGINE_NOT_SIGNALS
+    for s in ENGINE_SIGNALS.values():
+        m = METRICS[s.field]
+        assert (m.measurement, m.unit, m.help, m.low, m.high) == ("engine", s.unit, s.help, s.low, s.high)
+    report = telemetry_pb2.NodeReport(
+        node="n1",
+        cluster="c",
+        engines=[telemetry_pb2.EngineSample(engine="vllm", model="m", port=8000, kv_cache_usage_ratio=0.5)],
+    )
+    registry = CollectorRegistry()
+    registry.register(GpuMetrics(lambda: report))
+    families = {f.name: f for f in text_string_to_metric_families(generate_latest(registry).decode())}
+    for s in ENGINE_SIGNALS.values():
+        family = families[f"gpufleet_engine_{s.prometheus}"]
+        assert family.documentation == s.prometheus_help
+    assert [x.value for x in families["gpufleet_engine_kv_cache_usage_ratio"].samples] == [0.5]
+    assert families["gpufleet_engine_requests_running"].samples == []  # not read: absent, never 0
 
 
 def test_entries_are_well_formed() -> None:
