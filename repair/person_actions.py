@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
 from gpufleet.repair.backends.base import Backend, BackendError, Observed
 from gpufleet.repair.health import BY_AUTOMATION, Health, HoldKind
@@ -95,19 +95,28 @@ class PersonActions:
             wf.ladder, wf.step = [], 0
             self.moves.validating(wf, "adopted after a restart", now)
 
+    async def _in_scheduler(
+        self, wf: Workflow, verb: str, change: Awaitable[None], reason: str, actor: str, now: int
+    ) -> None:
+        """A person's cordon or uncordon in the scheduler, audited under their name whether it
+        was done or failed (a failure is refused to them); the node's view is read again."""
+        try:
+            await change
+        except BackendError as exc:
+            self.desk.audit(wf, verb, reason, failed(str(exc)), now, actor=actor)
+            raise RepairRefused("failed", f"{verb} {wf.node} failed: {exc}") from exc
+        finally:
+            self.scheduler.forget(wf.node)
+        self.desk.audit(wf, verb, reason, OK, now, actor=actor)
+
     async def cordon(self, node: str, reason: str, actor: str) -> Workflow:
         async with self._lock:
             wf = self._known(node)
             now = self.clock()
             text = f"gpufleet-manual [{actor}]: {reason}"
-            try:
-                await self.backend.cordon(node, text, automation=False)
-            except BackendError as exc:
-                self.desk.audit(wf, "cordon", reason, failed(str(exc)), now, actor=actor)
-                raise RepairRefused("failed", f"cordon {node} failed: {exc}") from exc
-            finally:
-                self.scheduler.forget(node)
-            self.desk.audit(wf, "cordon", reason, OK, now, actor=actor)
+            await self._in_scheduler(
+                wf, "cordon", self.backend.cordon(node, text, automation=False), reason, actor, now
+            )
             if wf.state in BY_AUTOMATION or wf.incident_id:
                 self.desk.close(wf, f"taken over by {actor}: {reason}", now, handed_to_person=True)
             wf.cordoned_by_us = False
@@ -120,14 +129,9 @@ class PersonActions:
         async with self._lock:
             wf = self._known(node)
             now = self.clock()
-            try:
-                await self.backend.uncordon(node, automation=False)
-            except BackendError as exc:
-                self.desk.audit(wf, "uncordon", reason, failed(str(exc)), now, actor=actor)
-                raise RepairRefused("failed", f"uncordon {node} failed: {exc}") from exc
-            finally:
-                self.scheduler.forget(node)
-            self.desk.audit(wf, "uncordon", reason, OK, now, actor=actor)
+            await self._in_scheduler(
+                wf, "uncordon", self.backend.uncordon(node, automation=False), reason, actor, now
+            )
             self.moves.cancel(wf, self.findings.get(node, []), f"cancelled by {actor}: {reason}", now)
             self.moves.save(wf)
             return wf

@@ -355,7 +355,7 @@ class SimulatedGpu:
     def _step_work(self, dt_s: float, job: _Job | None) -> None:
         """SM and tensor activity follow utilization: a kernel keeps most SMs busy under a real
         job, and the job decides how much of that is tensor-core work."""
-        self.sm_active_pct = _clamp(self.util_gpu_pct * 0.92, 0, 100)  # util carries the noise
+        self.sm_active_pct = self.util_gpu_pct * 0.92  # util (0-100) carries the noise
         self.tensor_active_pct = self.sm_active_pct * (job.tensor_share if job else 0.0)
         seconds, sm, tensor = self.work_integrals
         self.work_integrals = (
