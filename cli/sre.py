@@ -255,6 +255,7 @@ def print_history(resp: fleet_pb2.HistoryResponse, fmt_: str) -> None:
                     "metric": resp.metric,
                     "source": resp.measurement,  # raw measurement, or the roll-up tier answering
                     "unit": resp.unit,
+                    "help": resp.help,
                     "aggregate": agg,
                     "step_s": resp.step_ns / 1e9,
                     "start": iso(resp.start_unix_ns),
@@ -280,8 +281,9 @@ def print_history(resp: fleet_pb2.HistoryResponse, fmt_: str) -> None:
         )
         return
     varying = varying_tags([tags for tags, _ in series])
+    what = f"{resp.unit}: {resp.help}" if resp.help else resp.unit  # an older aggregator sends no help
     header = (
-        f"{resp.metric} ({resp.unit}), {agg} per {resp.step_ns / 1e9:g}s, "
+        f"{resp.metric} ({what}), {agg} per {resp.step_ns / 1e9:g}s, "
         f"{iso(resp.start_unix_ns)} .. {iso(resp.end_unix_ns)}, {len(series)} series"
     )
     print(header)

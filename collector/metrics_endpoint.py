@@ -18,7 +18,7 @@ from prometheus_client.registry import Collector
 
 from gpufleet.common.bounded_http import serve as serve_routes
 from gpufleet.protos import telemetry_pb2
-from gpufleet.protos.signals import ENGINE_SIGNALS, GPU_SIGNALS, reported
+from gpufleet.protos.signals import COLLECTOR_SIGNALS, ENGINE_SIGNALS, GPU_SIGNALS, reported
 
 _LABELS = ["node", "cluster", "gpu", "uuid", "model"]
 _ENGINE_LABELS = ["node", "cluster", "engine", "model", "port"]
@@ -31,32 +31,8 @@ GPU_FIELDS = list(GPU_SIGNALS.values())
 # One family per engine signal, from the signal catalog too.
 ENGINE_FIELDS = list(ENGINE_SIGNALS.values())
 
-# (CollectorStats field, Prometheus name, help, counter?)
-SELF_FIELDS = [
-    ("reports_dropped_total", "reports_dropped", "reports dropped because the replay buffer was full", True),
-    ("reports_rejected_total", "reports_rejected", "reports the aggregator rejected", True),
-    ("unacked_reports", "unacked_reports", "reports waiting for the aggregator's acknowledgement", False),
-    ("reconnects_total", "reconnects", "reconnects to the aggregator", True),
-    ("sample_errors_total", "nvml_errors", "NVML calls that failed (not counting NOT_SUPPORTED)", True),
-    ("nvml_calls_hung_total", "nvml_calls_hung", "NVML calls that outlived the call deadline", True),
-    ("sample_duration_s", "sample_duration_seconds", "time the last sample of all GPUs took", False),
-    ("kmsg_lines_unparsed_total", "kmsg_lines_unparsed", "kernel-log XID lines that did not parse", True),
-    ("xid_unknown_gpu_total", "xid_unknown_gpu", "XIDs for a PCI bus id that is no GPU of this node", True),
-    ("xid_duplicates_total", "xid_duplicates", "XIDs seen by NVML and the kernel log, sent once", True),
-    ("xid_folded_total", "xid_folded", "identical XIDs folded into another event's count (storms)", True),
-    (
-        "kmsg_records_caught_up_total",
-        "kmsg_xids_caught_up",
-        "XIDs logged before the collector started, reported at start",
-        True,
-    ),
-    (
-        "engine_scrapes_failed_total",
-        "engine_scrapes_failed",
-        "engine /metrics scrapes that were unreadable",
-        True,
-    ),
-]
+# The collector's own health, from the catalog as well.
+SELF_FIELDS = list(COLLECTOR_SIGNALS.values())
 
 
 # XIDs since the collector started: (GPU index, or "" for a bus id that is no GPU of this node;
@@ -99,10 +75,12 @@ class GpuMetrics(Collector):
             xids.add_metric([node, cluster, gpu, str(xid)], float(count))
         yield xids
         yield from self._engines(report)
-        for field, name, help_text, counter in SELF_FIELDS:
-            family_type = CounterMetricFamily if counter else GaugeMetricFamily
-            family = family_type(f"gpufleet_collector_{name}", help_text, labels=["node", "cluster"])
-            family.add_metric([node, cluster], float(getattr(report.stats, field)))
+        for spec in SELF_FIELDS:
+            family_type = CounterMetricFamily if spec.counter else GaugeMetricFamily
+            family = family_type(
+                f"gpufleet_collector_{spec.prometheus}", spec.prometheus_help, labels=["node", "cluster"]
+            )
+            family.add_metric([node, cluster], float(getattr(report.stats, spec.field)))
             yield family
 
     @staticmethod

@@ -29,11 +29,13 @@ from gpufleet.protos.names import (
 )
 from gpufleet.protos.signals import GPU_SIGNALS, Signal
 
+# The heat map's choices: the catalog's heat signals by their chart's label, and HBM in use as a
+# share of the GPU's (derived here, in gpus_frame).
+_HEAT_SIGNALS = [s for s in GPU_SIGNALS.values() if s.heat]
 HEAT_METRICS = {
-    "GPU utilization %": "util_gpu_pct",
+    **{s.chart_label: s.field for s in _HEAT_SIGNALS[:1]},
     "HBM used %": "hbm_used_pct",
-    "GPU temperature °C": "temp_gpu_c",
-    "Power W": "power_w",
+    **{s.chart_label: s.field for s in _HEAT_SIGNALS[1:]},
 }
 
 # The states every page colours nodes by (client/colours.py): the repair workflow's, folded for a
@@ -136,10 +138,8 @@ def gpus_frame(resp: fleet_pb2.ListNodesResponse) -> pd.DataFrame:
                     "model": g.model,
                     "uuid": g.uuid,
                     "lost": g.lost,
-                    "util_gpu_pct": opt(g, "util_gpu_pct"),
                     "hbm_used_pct": 100 * used / total if used is not None and total else None,
-                    "temp_gpu_c": opt(g, "temp_gpu_c"),
-                    "power_w": opt(g, "power_w"),
+                    **{s.field: opt(g, s.field) for s in _HEAT_SIGNALS},
                 }
             )
     return pd.DataFrame(

@@ -640,7 +640,7 @@ class Series(_message.Message):
     def __init__(self, tags: _Optional[_Mapping[str, str]] = ..., times_unix_ns: _Optional[_Iterable[int]] = ..., values: _Optional[_Iterable[float]] = ...) -> None: ...
 
 class HistoryResponse(_message.Message):
-    __slots__ = ("metric", "measurement", "unit", "aggregate", "step_ns", "start_unix_ns", "end_unix_ns", "series")
+    __slots__ = ("metric", "measurement", "unit", "aggregate", "step_ns", "start_unix_ns", "end_unix_ns", "series", "help")
     METRIC_FIELD_NUMBER: _ClassVar[int]
     MEASUREMENT_FIELD_NUMBER: _ClassVar[int]
     UNIT_FIELD_NUMBER: _ClassVar[int]
@@ -649,6 +649,7 @@ class HistoryResponse(_message.Message):
     START_UNIX_NS_FIELD_NUMBER: _ClassVar[int]
     END_UNIX_NS_FIELD_NUMBER: _ClassVar[int]
     SERIES_FIELD_NUMBER: _ClassVar[int]
+    HELP_FIELD_NUMBER: _ClassVar[int]
     metric: str
     measurement: str
     unit: str
@@ -657,7 +658,8 @@ class HistoryResponse(_message.Message):
     start_unix_ns: int
     end_unix_ns: int
     series: _containers.RepeatedCompositeFieldContainer[Series]
-    def __init__(self, metric: _Optional[str] = ..., measurement: _Optional[str] = ..., unit: _Optional[str] = ..., aggregate: _Optional[_Union[Aggregate, str]] = ..., step_ns: _Optional[int] = ..., start_unix_ns: _Optional[int] = ..., end_unix_ns: _Optional[int] = ..., series: _Optional[_Iterable[_Union[Series, _Mapping]]] = ...) -> None: ...
+    help: str
+    def __init__(self, metric: _Optional[str] = ..., measurement: _Optional[str] = ..., unit: _Optional[str] = ..., aggregate: _Optional[_Union[Aggregate, str]] = ..., step_ns: _Optional[int] = ..., start_unix_ns: _Optional[int] = ..., end_unix_ns: _Optional[int] = ..., series: _Optional[_Iterable[_Union[Series, _Mapping]]] = ..., help: _Optional[str] = ...) -> None: ...
 
 class EventsRequest(_message.Message):
     __slots__ = ("start_unix_ns", "end_unix_ns", "nodes", "gpus", "xids", "kinds", "clusters", "limit")

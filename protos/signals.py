@@ -18,6 +18,7 @@ from gpufleet.protos import telemetry_pb2
 _TIB = 1 << 40
 _GIB = 1 << 30
 INT64_MAX = 2**63 - 1
+_PHYSICAL_UNITS = frozenset({"%", "°C", "W", "MHz", "s"})
 
 
 @dataclass(frozen=True)
@@ -31,8 +32,24 @@ class Signal:
     prometheus_scale: float = 1.0  # to Prometheus's base unit (0.01: percent to ratio; 1e6: MHz to Hz)
     counter: bool = False
     label: str = ""  # the dashboard node table's column, unit in it ("": not a column)
-    label_scale: float = 1.0  # what the column shows per unit (1/GiB: bytes as GiB)
+    label_scale: float = 1.0  # what the column and the chart show per unit (1/GiB: bytes as GiB)
     decimals: int = 0  # the column's rounding
+    title: str = ""  # its chart: the node page's GPU series and Grafana's node panel ("": none)
+    heat: bool = False  # a choice of the fleet overview's heat map
+
+    @property
+    def shown_unit(self) -> str:
+        """The unit a chart of it reads in ("" for a count: its title says what is counted)."""
+        if self.label_scale == 1 / _GIB:
+            return "GiB"
+        if self.unit == "ratio" and self.label_scale == 100:
+            return "%"
+        return self.unit if self.unit in _PHYSICAL_UNITS else ""
+
+    @property
+    def chart_label(self) -> str:
+        """Its chart's name with the unit it reads in: "GPU utilization %", "HBM used GiB"."""
+        return f"{self.title} {self.shown_unit}".rstrip()
 
     @property
     def prometheus_help(self) -> str:
@@ -49,21 +66,24 @@ GPU_SIGNALS: dict[str, Signal] = {
     s.field: s
     for s in [
         Signal("util_gpu_pct", "%", "GPU (SM) utilization: time a kernel ran, not work", 0, 100,
-               "utilization_ratio", 0.01, label="GPU util %"),
+               "utilization_ratio", 0.01, label="GPU util %", title="GPU utilization", heat=True),
         Signal("util_mem_pct", "%", "memory-controller utilization", 0, 100,
                "memory_utilization_ratio", 0.01, label="memory util %"),
         Signal("hbm_used_bytes", "bytes", "HBM in use", 0, 16 * _TIB, "hbm_used_bytes",
-               label="HBM used GiB", label_scale=1 / _GIB, decimals=1),
+               label="HBM used GiB", label_scale=1 / _GIB, decimals=1, title="HBM used"),
         Signal("hbm_total_bytes", "bytes", "HBM size", 0, 16 * _TIB, "hbm_total_bytes",
                label="HBM total GiB", label_scale=1 / _GIB, decimals=1),
-        Signal("temp_gpu_c", "°C", "GPU core temperature", -40, 150, "temperature_celsius", label="temp °C"),
+        Signal("temp_gpu_c", "°C", "GPU core temperature", -40, 150, "temperature_celsius", label="temp °C",
+               title="GPU temperature", heat=True),
         Signal("temp_mem_c", "°C", "HBM temperature", -40, 150, "memory_temperature_celsius",
                label="HBM temp °C"),
-        Signal("power_w", "W", "board power draw", 0, 5000, "power_watts", label="power W"),
+        Signal("power_w", "W", "board power draw", 0, 5000, "power_watts", label="power W",
+               title="board power", heat=True),
         Signal("power_limit_w", "W", "enforced power limit", 0, 5000, "power_limit_watts",
                label="power limit W"),
         Signal("lost", "bool", "1 when NVML answered GPU_IS_LOST", 0, 1, "lost"),
-        Signal("clock_sm_mhz", "MHz", "SM clock", 0, 10_000, "sm_clock_hertz", 1e6, label="SM clock MHz"),
+        Signal("clock_sm_mhz", "MHz", "SM clock", 0, 10_000, "sm_clock_hertz", 1e6, label="SM clock MHz",
+               title="SM clock"),
         Signal("clock_mem_mhz", "MHz", "memory clock", 0, 50_000, "memory_clock_hertz", 1e6),
         Signal("clock_event_reasons", "bitmask", "NVML clock-event (throttle) reason bitmask", 0, INT64_MAX,
                "clock_event_reasons"),
@@ -71,9 +91,9 @@ GPU_SIGNALS: dict[str, Signal] = {
         Signal("throttle_power", "bool", "1 while a power cap or power brake slowdown is active", 0, 1,
                "power_slowdown"),
         Signal("ecc_sbe_volatile", "errors", "corrected ECC errors since driver load", 0, INT64_MAX,
-               "ecc_corrected_volatile", counter=True),
+               "ecc_corrected_volatile", counter=True, title="corrected ECC errors (volatile)"),
         Signal("ecc_dbe_volatile", "errors", "uncorrected ECC errors since driver load", 0, INT64_MAX,
-               "ecc_uncorrected_volatile", counter=True),
+               "ecc_uncorrected_volatile", counter=True, title="uncorrected ECC errors (volatile)"),
         Signal("ecc_sbe_aggregate", "errors", "corrected ECC errors, lifetime", 0, INT64_MAX,
                "ecc_corrected_aggregate", counter=True),
         Signal("ecc_dbe_aggregate", "errors", "uncorrected ECC errors, lifetime", 0, INT64_MAX,
@@ -87,7 +107,7 @@ GPU_SIGNALS: dict[str, Signal] = {
         Signal("remap_correctable", "rows", "rows remapped for correctable errors", 0, 2**32,
                "remapped_rows_correctable"),
         Signal("remap_uncorrectable", "rows", "rows remapped for uncorrectable errors", 0, 2**32,
-               "remapped_rows_uncorrectable"),
+               "remapped_rows_uncorrectable", title="remapped rows (uncorrectable)"),
         Signal("remap_pending", "bool", "1 while a row remap waits for a GPU reset", 0, 1,
                "remapped_rows_pending"),
         Signal("remap_failure", "bool", "1 if a row remap failed", 0, 1, "remapped_rows_failure"),
@@ -122,7 +142,7 @@ GPU_SIGNALS: dict[str, Signal] = {
         Signal("clock_sm_target_mhz", "MHz", "SM clock the clocks policy targets", 0, 10_000,
                "sm_clock_target_hertz", 1e6, label="target clock MHz"),
         Signal("sm_active_pct", "%", "share of SMs busy over the sample interval (GPM)", 0, 100,
-               "sm_active_ratio", 0.01, label="SMs active %"),
+               "sm_active_ratio", 0.01, label="SMs active %", title="SMs active"),
         Signal("tensor_active_pct", "%", "share of time the SMs ran tensor-core work (GPM)", 0, 100,
                "tensor_active_ratio", 0.01, label="tensor active %"),
     ]
@@ -135,12 +155,14 @@ NOT_SIGNALS = frozenset({"index", "uuid", "model", "pci_bus_id", "driver_unrespo
 ENGINE_SIGNALS: dict[str, Signal] = {
     s.field: s
     for s in [
-        Signal("kv_cache_usage_ratio", "ratio", "KV-cache blocks in use, 0-1", 0, 1, "kv_cache_usage_ratio"),
-        Signal("requests_running", "requests", "requests being decoded", 0, 1e7, "requests_running"),
+        Signal("kv_cache_usage_ratio", "ratio", "KV-cache blocks in use, 0-1", 0, 1, "kv_cache_usage_ratio",
+               label_scale=100, title="KV-cache usage"),
         Signal("requests_waiting", "requests", "requests queued for a KV-cache slot or a batch", 0, 1e9,
-               "requests_waiting"),
+               "requests_waiting", title="requests waiting"),
+        Signal("requests_running", "requests", "requests being decoded", 0, 1e7, "requests_running",
+               title="requests running"),
         Signal("preemptions_total", "count", "requests preempted (KV cache full)", 0, 1e15, "preemptions",
-               counter=True),
+               counter=True, title="preemptions"),
         Signal("prefix_cache_hit_ratio", "ratio", "prefix-cache hit ratio, 0-1", 0, 1,
                "prefix_cache_hit_ratio"),
     ]
@@ -149,6 +171,46 @@ ENGINE_SIGNALS: dict[str, Signal] = {
 ENGINE_NOT_SIGNALS = frozenset(
     {"engine", "model", "port", "endpoint", "gpu_indices", "readable", "unreadable_reason", "pool"}
 )
+
+
+# The collector's own health (CollectorStats, sent with every report; /metrics names after
+# gpufleet_collector_, stored in the `collector` measurement).
+COLLECTOR_SIGNALS: dict[str, Signal] = {
+    s.field: s
+    for s in [
+        Signal("reports_dropped_total", "reports", "reports dropped because the replay buffer was full", 0,
+               INT64_MAX, "reports_dropped", counter=True),
+        Signal("reports_rejected_total", "reports", "reports the aggregator rejected", 0, INT64_MAX,
+               "reports_rejected", counter=True),
+        Signal("unacked_reports", "reports", "reports waiting for the aggregator's acknowledgement", 0,
+               INT64_MAX, "unacked_reports"),
+        Signal("reconnects_total", "count", "reconnects to the aggregator", 0, INT64_MAX, "reconnects",
+               counter=True),
+        Signal("sample_errors_total", "count", "NVML calls that failed (not counting NOT_SUPPORTED)", 0,
+               INT64_MAX, "nvml_errors", counter=True),
+        Signal("nvml_calls_hung_total", "count", "NVML calls that outlived the call deadline", 0, INT64_MAX,
+               "nvml_calls_hung", counter=True),
+        Signal("sample_duration_s", "s", "time the last sample of all GPUs took", 0, 3600,
+               "sample_duration_seconds"),
+        Signal("kmsg_lines_unparsed_total", "lines", "kernel-log XID lines that did not parse", 0, INT64_MAX,
+               "kmsg_lines_unparsed", counter=True),
+        Signal("xid_unknown_gpu_total", "count", "XIDs for a PCI bus id that is no GPU of this node", 0,
+               INT64_MAX, "xid_unknown_gpu", counter=True),
+        Signal("xid_duplicates_total", "count", "XIDs seen by NVML and the kernel log, sent once", 0,
+               INT64_MAX, "xid_duplicates", counter=True),
+        Signal("xid_folded_total", "count", "identical XIDs folded into another event's count (storms)", 0,
+               INT64_MAX, "xid_folded", counter=True),
+        Signal("kmsg_records_caught_up_total", "count", "XIDs logged before the collector started, reported "
+               "at start", 0, INT64_MAX, "kmsg_xids_caught_up", counter=True),
+        Signal("engine_scrapes_failed_total", "count", "engine /metrics scrapes that were unreadable", 0,
+               INT64_MAX, "engine_scrapes_failed", counter=True),
+    ]
+}  # fmt: skip
+
+
+def charted(signals: dict[str, Signal]) -> dict[str, Signal]:
+    """The signals that have a chart, by their chart's label (the node page's series choices)."""
+    return {s.chart_label: s for s in signals.values() if s.title}
 
 
 def reported(sample: telemetry_pb2.GpuSample, field: str) -> bool:

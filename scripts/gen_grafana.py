@@ -23,6 +23,7 @@ from typing import Any
 
 from gpufleet.client.colours import GPU_HEALTH_COLOURS
 from gpufleet.protos import vocabulary_pb2
+from gpufleet.protos.signals import GPU_SIGNALS, charted
 
 OUT = Path(__file__).resolve().parent.parent / "deploy" / "grafana" / "dashboards"
 INFLUX = {"type": "influxdb", "uid": "${influxdb}"}
@@ -34,6 +35,8 @@ NODE = '"node" =~ /^$node$/'
 GPU_FILTER = f"$timeFilter AND {CLUSTER} AND {MODEL}"
 PROM_SEL = 'cluster=~"$cluster", node=~"$node", model=~"$model"'
 PROM_NODE_SEL = 'cluster=~"$cluster", node=~"$node"'
+# The signal catalog's units as Grafana's unit ids (a unit not here: a plain number).
+GRAFANA_UNITS = {"%": "percent", "bytes": "bytes", "°C": "celsius", "W": "watt", "MHz": "MHz", "s": "s"}
 
 
 @dataclass
@@ -344,16 +347,17 @@ def node_drilldown() -> dict[str, Any]:
         INFLUX,
         _influx_vars(node="node"),
         [
-            Panel("GPU utilization", [per_gpu("util_gpu_pct")], unit="percent", legend="GPU $tag_gpu"),
-            Panel("HBM in use", [per_gpu("hbm_used_bytes")], unit="bytes", legend="GPU $tag_gpu"),
-            Panel("GPU temperature", [per_gpu("temp_gpu_c", "max")], unit="celsius", legend="GPU $tag_gpu"),
-            Panel("Board power", [per_gpu("power_w")], unit="watt", legend="GPU $tag_gpu"),
-            Panel("SM clock", [per_gpu("clock_sm_mhz")], unit="MHz", legend="GPU $tag_gpu"),
-            Panel(
-                "SMs active (GPM: work, not time; Hopper and later)",
-                [per_gpu("sm_active_pct")],
-                unit="percent",
-                legend="GPU $tag_gpu",
+            # One panel per charted signal of the catalog (protos/signals.py), as the dashboard's
+            # node page charts them; a temperature's panel shows the interval's highest.
+            *(
+                Panel(
+                    s.title[:1].upper() + s.title[1:],
+                    [per_gpu(s.field, "max" if s.unit == "°C" else "mean")],
+                    unit=GRAFANA_UNITS.get(s.unit, "short"),
+                    legend="GPU $tag_gpu",
+                    description=s.help,
+                )
+                for s in charted(GPU_SIGNALS).values()
             ),
             Panel(
                 "KV-cache usage of this node's engines",

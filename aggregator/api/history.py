@@ -94,6 +94,7 @@ class HistoryApi:
             metric=metric.name,
             measurement=measurement,  # where the answer came from: raw, or a roll-up tier
             unit=metric.unit,
+            help=metric.help,
             aggregate=request.aggregate or fleet_pb2.AGGREGATE_MEAN,
             step_ns=step,
             start_unix_ns=start,

@@ -16,7 +16,13 @@ from dataclasses import dataclass
 from gpufleet.aggregator.store.base import FieldValue, Point, SharedTags
 from gpufleet.protos import telemetry_pb2
 from gpufleet.protos.names import event_kind_name, event_source_name
-from gpufleet.protos.signals import ENGINE_SIGNALS, GPU_SIGNALS, INT64_MAX
+from gpufleet.protos.signals import (
+    COLLECTOR_SIGNALS,
+    ENGINE_NOT_SIGNALS,
+    ENGINE_SIGNALS,
+    GPU_SIGNALS,
+    INT64_MAX,
+)
 
 
 @dataclass(frozen=True)
@@ -32,9 +38,14 @@ class Metric:
 # Bounds are sanity limits (what no real device reports), not health thresholds; none is past
 # what both stores can hold (SQLite and InfluxDB integers are int64).
 METRICS: dict[str, Metric] = {
-    # The GPU and engine signals are the signal catalog's (protos/signals.py).
+    # The GPU, engine and collector signals are the signal catalog's (protos/signals.py); the
+    # report's own fields below are not signals a collector measures.
     **{s.field: Metric(s.field, "gpu", s.unit, s.help, s.low, s.high) for s in GPU_SIGNALS.values()},
     **{s.field: Metric(s.field, "engine", s.unit, s.help, s.low, s.high) for s in ENGINE_SIGNALS.values()},
+    **{
+        s.field: Metric(s.field, "collector", s.unit, s.help, s.low, s.high)
+        for s in COLLECTOR_SIGNALS.values()
+    },
     **{
         m.name: m
         for m in [
@@ -42,69 +53,6 @@ METRICS: dict[str, Metric] = {
             Metric("gpu_count", "collector", "GPUs", "GPUs in the report", 0, 64),
             Metric("gpus_on_pci_bus", "collector", "GPUs", "NVIDIA GPUs on the PCI bus (sysfs)", 0, 1024),
             Metric("interval_s", "collector", "s", "the collector's sampling interval", 0, 3600),
-            Metric(
-                "reports_dropped_total",
-                "collector",
-                "reports",
-                "reports the collector dropped (buffer full)",
-                0,
-                INT64_MAX,
-            ),
-            Metric(
-                "reports_rejected_total",
-                "collector",
-                "reports",
-                "reports the aggregator rejected",
-                0,
-                INT64_MAX,
-            ),
-            Metric(
-                "unacked_reports", "collector", "reports", "reports awaiting acknowledgement", 0, INT64_MAX
-            ),
-            Metric("reconnects_total", "collector", "count", "collector reconnects", 0, INT64_MAX),
-            Metric("sample_errors_total", "collector", "count", "NVML calls that failed", 0, INT64_MAX),
-            Metric(
-                "nvml_calls_hung_total", "collector", "count", "NVML calls past the deadline", 0, INT64_MAX
-            ),
-            Metric("sample_duration_s", "collector", "s", "time to sample all GPUs", 0, 3600),
-            Metric(
-                "kmsg_lines_unparsed_total",
-                "collector",
-                "lines",
-                "kernel-log XID lines that did not parse",
-                0,
-                INT64_MAX,
-            ),
-            Metric(
-                "xid_unknown_gpu_total",
-                "collector",
-                "count",
-                "XIDs for a bus id that is no known GPU",
-                0,
-                INT64_MAX,
-            ),
-            Metric(
-                "xid_duplicates_total",
-                "collector",
-                "count",
-                "XIDs seen by NVML and kmsg, sent once",
-                0,
-                INT64_MAX,
-            ),
-            Metric(
-                "engine_scrapes_failed_total", "collector", "count", "unreadable engine scrapes", 0, INT64_MAX
-            ),
-            Metric(
-                "xid_folded_total", "collector", "count", "identical XIDs folded into a count", 0, INT64_MAX
-            ),
-            Metric(
-                "kmsg_records_caught_up_total",
-                "collector",
-                "count",
-                "XIDs logged before the collector started, reported at start",
-                0,
-                INT64_MAX,
-            ),
         ]
     },
 }
@@ -119,16 +67,7 @@ TAGS: dict[str, tuple[str, ...]] = {
 
 # Fields of the wire messages that are identity, not measurements.
 _GPU_IDENTITY = {"index", "uuid", "model", "pci_bus_id", "lost", "processes"}
-_ENGINE_IDENTITY = {
-    "engine",
-    "model",
-    "port",
-    "endpoint",
-    "gpu_indices",
-    "readable",
-    "unreadable_reason",
-    "pool",
-}
+_ENGINE_IDENTITY = ENGINE_NOT_SIGNALS  # which replica, where, whether it was read
 GPU_VALUE_FIELDS = [f.name for f in telemetry_pb2.GpuSample.DESCRIPTOR.fields if f.name not in _GPU_IDENTITY]
 ENGINE_VALUE_FIELDS = [
     f.name for f in telemetry_pb2.EngineSample.DESCRIPTOR.fields if f.name not in _ENGINE_IDENTITY

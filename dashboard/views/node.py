@@ -9,7 +9,6 @@ import pandas as pd
 import streamlit as st
 
 from gpufleet.client import colours
-from gpufleet.client.present import GIB
 from gpufleet.client.rpcs import FleetRpc
 from gpufleet.client.timeparse import parse_duration_ns, parse_time_ns
 from gpufleet.dashboard import actions, links, look
@@ -26,17 +25,12 @@ from gpufleet.dashboard.data import (
 from gpufleet.dashboard.fleet import call, list_nodes
 from gpufleet.protos import fleet_pb2
 from gpufleet.protos.names import health_name
+from gpufleet.protos.signals import ENGINE_SIGNALS, GPU_SIGNALS, charted
 
-# label (with its unit) -> the stored metric and what it is multiplied by to read in that unit
-GPU_SERIES = {
-    "GPU utilization %": ("util_gpu_pct", 1.0),
-    "HBM used GiB": ("hbm_used_bytes", 1 / GIB),
-    "GPU temperature °C": ("temp_gpu_c", 1.0),
-    "power W": ("power_w", 1.0),
-    "uncorrected ECC errors (volatile)": ("ecc_dbe_volatile", 1.0),
-    "corrected ECC errors (volatile)": ("ecc_sbe_volatile", 1.0),
-    "remapped rows (uncorrectable)": ("remap_uncorrectable", 1.0),
-}
+# The series a node's charts offer: the signal catalog's charted signals, by their chart's label
+# (protos/signals.py: title, unit, and what the chart shows per stored unit).
+GPU_SERIES = charted(GPU_SIGNALS)
+ENGINE_SERIES = charted(ENGINE_SIGNALS)
 # How each kind of stored event is marked on the chart (client/colours.py).
 EVENT_COLOURS = {
     "xid": colours.VERMILLION,
@@ -45,12 +39,6 @@ EVENT_COLOURS = {
     "engine_unreadable": colours.GREY,
     "health": colours.ORANGE,
     "repair": colours.BLUE,
-}
-ENGINE_SERIES = {
-    "KV-cache usage %": ("kv_cache_usage_ratio", 100.0),
-    "requests waiting": ("requests_waiting", 1.0),
-    "requests running": ("requests_running", 1.0),
-    "preemptions": ("preemptions_total", 1.0),
 }
 
 
@@ -117,7 +105,7 @@ def render() -> None:
     c1, c2 = st.columns(2)
     label = c1.selectbox("GPU series", list(GPU_SERIES))
     since = c2.selectbox("range", ["15m", "1h", "6h", "24h", "7d"], index=0)
-    metric, factor = GPU_SERIES[label]
+    metric, factor = GPU_SERIES[label].field, GPU_SERIES[label].label_scale
     start = parse_time_ns(since)
     hist = call(
         FleetRpc.QueryHistory, fleet_pb2.HistoryRequest(metric=metric, nodes=[name], start_unix_ns=start)
@@ -164,7 +152,7 @@ def render() -> None:
         for line in if_drained_lines(detail):
             (st.warning if "below the floor" in line else st.caption)(line)
         elabel = st.selectbox("engine series", list(ENGINE_SERIES))
-        emetric, efactor = ENGINE_SERIES[elabel]
+        emetric, efactor = ENGINE_SERIES[elabel].field, ENGINE_SERIES[elabel].label_scale
         ehist = history_frame(
             call(
                 FleetRpc.QueryHistory,

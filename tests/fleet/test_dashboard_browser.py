@@ -7,24 +7,20 @@ from __future__ import annotations
 
 import csv
 import io
-import os
 import signal
-import urllib.request
 from pathlib import Path
 
 import pytest
 
 from harness.alert_receiver import AlertReceiver
-from harness.browser import CHROMIUM_FLAGS, chromium_path, open_page, settled
+from harness.browser import CHROMIUM_FLAGS, SHOTS, chromium_path, open_page, serve_dashboard, settled
 from harness.fleets import fleet_of_200_nodes, fleet_with_a_quarantined_node
-from harness.paths import REPO
-from harness.processes import Cluster, free_port, gpufleet_argv
+from harness.processes import Cluster, free_port
 from harness.repair import repair_aggregator, xid_scenario
 from harness.waiting import wait_until
 
 sync_api = pytest.importorskip("playwright.sync_api")
 
-SHOTS = Path(os.environ.get("GPUFLEET_SCREENSHOTS") or REPO / "build" / "screenshots")
 # page label → text that must be on it once rendered
 PAGES = {
     "Fleet overview": ["GPUs in service", "GPUs out of service", "fleet mean utilization", "quarantined"],
@@ -33,24 +29,6 @@ PAGES = {
     "Node": ["workflow", "Inference engines", "Incidents", "need an operator token"],
     "History explorer": ["History explorer", "Download CSV"],
 }
-
-
-def serve_dashboard(cluster: Cluster, fleet: str, name: str = "dashboard", port: int = 0) -> str:
-    port = port or free_port()
-    cluster.spawn(
-        name,
-        gpufleet_argv(
-            "dashboard", "--port", str(port), "--fleet", fleet, "--token", cluster.secrets.tokens["viewer"]
-        ),
-    )
-    url = f"http://127.0.0.1:{port}"
-    wait_until(
-        lambda: urllib.request.urlopen(f"{url}/_stcore/health", timeout=2).status == 200,
-        60,
-        "the dashboard to serve",
-    )
-    SHOTS.mkdir(parents=True, exist_ok=True)
-    return url
 
 
 @pytest.mark.slow

@@ -17,7 +17,6 @@ pictures in the docs are made."""
 from __future__ import annotations
 
 import json
-import os
 import re
 import subprocess
 import urllib.request
@@ -31,6 +30,7 @@ import pytest
 
 from harness.browser import (
     CHROMIUM_FLAGS,
+    SHOTS,
     Received,
     chromium_path,
     drawn,
@@ -50,7 +50,6 @@ pytest.importorskip("streamlit")
 from gpufleet.client.colours import CLOSED, GPU_HEALTH_COLOURS, NODE_STATE_COLOURS  # noqa: E402
 from gpufleet.dashboard.views.history import MAX_LINES  # noqa: E402
 
-SHOTS = Path(os.environ.get("GPUFLEET_SCREENSHOTS") or REPO / "build" / "screenshots")
 SPEED_UP = 5  # the examples' fault times divided by this
 PAGES = ["Fleet overview", "Inference", "Failures and repairs", "Node", "History explorer", "Policy what-if"]
 ONE_COLOUR = {**NODE_STATE_COLOURS, **GPU_HEALTH_COLOURS, "closed": CLOSED}

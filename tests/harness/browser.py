@@ -8,14 +8,24 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import shutil
+import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
 import pytest
 from streamlit.proto.ForwardMsg_pb2 import ForwardMsg
+
+from harness.paths import REPO
+from harness.processes import Cluster, free_port, gpufleet_argv
+from harness.waiting import wait_until
+
+# Where a test saves what it saw (docs/components.md).
+SHOTS = Path(os.environ.get("GPUFLEET_SCREENSHOTS") or REPO / "build" / "screenshots")
 
 CHROMIUM_FLAGS = [
     "--no-sandbox",
@@ -33,6 +43,24 @@ def chromium_path() -> str:
     if chromium is None:
         pytest.fail("chromium is not installed: scripts/install-test-deps.sh installs Debian's chromium")
     return chromium
+
+
+def serve_dashboard(cluster: Cluster, fleet: str, name: str = "dashboard", port: int = 0) -> str:
+    port = port or free_port()
+    cluster.spawn(
+        name,
+        gpufleet_argv(
+            "dashboard", "--port", str(port), "--fleet", fleet, "--token", cluster.secrets.tokens["viewer"]
+        ),
+    )
+    url = f"http://127.0.0.1:{port}"
+    wait_until(
+        lambda: urllib.request.urlopen(f"{url}/_stcore/health", timeout=2).status == 200,
+        60,
+        "the dashboard to serve",
+    )
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    return url
 
 
 def open_page(page: Any, label: str) -> None:

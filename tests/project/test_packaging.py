@@ -100,9 +100,7 @@ def test_the_installed_wheel_runs_the_product(built: Path, tmp_path: Path) -> No
     venv = tmp_path / "venv"
     run([sys.executable, "-m", "venv", str(venv)], tmp_path)
     py, gpufleet = venv / "bin" / "python", venv / "bin" / "gpufleet"
-    run(
-        [str(py), "-m", "pip", "install", *PIP_FLAGS, f"{wheel}[{EXTRAS}]"], tmp_path
-    )
+    run([str(py), "-m", "pip", "install", *PIP_FLAGS, f"{wheel}[{EXTRAS}]"], tmp_path)
     # Every module imports from the installed package (the dashboard's app.py is the page
     # script `streamlit run` executes, not a module to import).
     walk = (

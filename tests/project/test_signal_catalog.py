@@ -1,9 +1,12 @@
-"""The signal catalog (protos/signals.py) is the one description of each GPU signal: every
-GpuSample field is in it (or named as not a signal), and what the collector's /metrics, the
-store's schema and the dashboard's node table say of a signal is the catalog's entry."""
+"""The signal catalog (protos/signals.py) is the one description of each signal: every
+GpuSample, EngineSample and CollectorStats field is in it (or named as not a signal), and what the
+collector's /metrics, the store's schema, the dashboard's node table and charts and Grafana's node
+panels say of a signal is the catalog's entry. test_catalog_only_signal.py changes one entry and
+finds the change on every surface a person reads."""
 
 from __future__ import annotations
 
+import json
 import re
 
 import pandas as pd
@@ -12,9 +15,18 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from gpufleet.aggregator.ingest.schema import METRICS
 from gpufleet.collector.metrics_endpoint import GpuMetrics
-from gpufleet.dashboard.data import GPU_TABLE_HELP, NODE_GPU_COLUMNS, node_gpus_table
+from gpufleet.dashboard.data import GPU_TABLE_HELP, HEAT_METRICS, NODE_GPU_COLUMNS, node_gpus_table
+from gpufleet.dashboard.views.node import ENGINE_SERIES, GPU_SERIES
 from gpufleet.protos import fleet_pb2, telemetry_pb2
-from gpufleet.protos.signals import ENGINE_NOT_SIGNALS, ENGINE_SIGNALS, GPU_SIGNALS, NOT_SIGNALS
+from gpufleet.protos.signals import (
+    COLLECTOR_SIGNALS,
+    ENGINE_NOT_SIGNALS,
+    ENGINE_SIGNALS,
+    GPU_SIGNALS,
+    NOT_SIGNALS,
+    charted,
+)
+from harness.paths import REPO
 
 
 def test_every_gpu_sample_field_has_a_catalog_entry_and_every_entry_a_field() -> None:
@@ -96,3 +108,38 @@ def test_the_node_table_shows_a_signal_in_its_columns_unit_and_an_absent_one_emp
     row = table.iloc[0]
     assert row["HBM used GiB"] == 3.2 and row["SMs active %"] == 88.0
     assert pd.isna(row[GPU_SIGNALS["power_w"].label])  # not reported: empty, never 0
+
+
+def test_every_collector_stats_field_has_a_catalog_entry_on_metrics_and_in_the_store() -> None:
+    fields = {f.name for f in telemetry_pb2.CollectorStats.DESCRIPTOR.fields}
+    assert set(COLLECTOR_SIGNALS) == fields
+    report = telemetry_pb2.NodeReport(
+        node="n1", cluster="c", stats=telemetry_pb2.CollectorStats(reconnects_total=3, sample_duration_s=0.25)
+    )
+    registry = CollectorRegistry()
+    registry.register(GpuMetrics(lambda: report))
+    families = {f.name: f for f in text_string_to_metric_families(generate_latest(registry).decode())}
+    for s in COLLECTOR_SIGNALS.values():
+        m = METRICS[s.field]
+        assert (m.measurement, m.unit, m.help, m.low, m.high) == ("collector", s.unit, s.help, s.low, s.high)
+        family = families[f"gpufleet_collector_{s.prometheus}"]
+        assert (family.documentation, family.type) == (s.prometheus_help, "counter" if s.counter else "gauge")
+    assert families["gpufleet_collector_reconnects"].samples[0].value == 3.0
+    assert families["gpufleet_collector_sample_duration_seconds"].samples[0].value == 0.25
+
+
+def test_the_charts_take_the_catalogs_titles_and_units() -> None:
+    # The node page's series, the heat map's choices and Grafana's node panels are the catalog's
+    # charted signals, each read in the unit its label says.
+    assert charted(GPU_SIGNALS) == GPU_SERIES and charted(ENGINE_SIGNALS) == ENGINE_SERIES
+    assert GPU_SERIES["HBM used GiB"].label_scale == 1 / (1 << 30)
+    assert ENGINE_SERIES["KV-cache usage %"].label_scale == 100
+    assert "uncorrected ECC errors (volatile)" in GPU_SERIES  # a count: no unit after it
+    assert {v for v in HEAT_METRICS.values()} == {s.field for s in GPU_SIGNALS.values() if s.heat} | {
+        "hbm_used_pct"
+    }
+    node = json.loads((REPO / "deploy" / "grafana" / "dashboards" / "gpufleet-node.json").read_text())
+    panels = {p["title"].lower(): p for p in node["panels"]}
+    for s in charted(GPU_SIGNALS).values():
+        panel = panels[s.title.lower()]
+        assert f'("{s.field}")' in panel["targets"][0]["query"] and panel["description"] == s.help

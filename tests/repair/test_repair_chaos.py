@@ -187,7 +187,7 @@ def test_chaos_rails_hold_under_kills_scheduler_faults_and_a_person(
     ):
         now = time.monotonic()
         every = slurm.states()
-        states = {n: every.get(n, (set(), '')) for n in nodes}
+        states = {n: every.get(n, (set(), "")) for n in nodes}
         looks += 1
         ours = [
             n for n, (words, reason) in states.items() if "DRAIN" in words and reason.startswith("gpufleet:")
