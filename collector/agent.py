@@ -12,30 +12,31 @@ import asyncio
 import contextlib
 import logging
 import time
-import uuid
-import zlib
 from collections.abc import Callable
 
-from gpufleet.collector.commands import CommandGuard
+from gpufleet.collector.commands import CommandGuard, run_command
 from gpufleet.collector.config import CollectorConfig
 from gpufleet.collector.keeping import Keeping
-from gpufleet.collector.replay_buffer import ReplayBuffer
+from gpufleet.collector.report_book import ReportBook
 from gpufleet.collector.sources.deadline import DeadlineSampler
 from gpufleet.collector.sources.engines.discovery import EngineDiscovery
 from gpufleet.collector.sources.engines.scrape import EngineScraper, parse_endpoints
 from gpufleet.collector.sources.nvml import NvmlSource
 from gpufleet.collector.sources.nvml_start import NvmlNotAnswering
 from gpufleet.collector.sources.pci_bus import count_nvidia_gpus
-from gpufleet.collector.sources.xid_kmsg import KernelLogXidWatcher
-from gpufleet.collector.streaming import Streaming
+from gpufleet.collector.streaming import PROTOCOL_VERSION, AggregatorStream
 from gpufleet.collector.xid_fold import XidFolder
+from gpufleet.common.version import __version__
 from gpufleet.protos import ingest_pb2, telemetry_pb2, vocabulary_pb2
 from gpufleet.protos.names import event_source_name
 
 log = logging.getLogger("gpufleet.collector")
 
 
-class CollectorAgent(Streaming, Keeping):
+class CollectorAgent:
+    """Samples on a schedule into the report book; its stream (streaming.py) sends the book's
+    reports and its keeping (keeping.py) carries them and the kernel-log cursor over a restart."""
+
     def __init__(
         self, config: CollectorConfig, source: NvmlSource | NvmlNotAnswering, simulated: bool
     ) -> None:
@@ -51,37 +52,17 @@ class CollectorAgent(Streaming, Keeping):
         self.last_tick_s = time.monotonic()  # when the sampling loop last finished a tick (/healthz)
         # Set by run_collector with --simulate: resets a simulated GPU when no reset_command is set.
         self.simulated_reset: Callable[[int], str] | None = None
-        self.boot_id = uuid.uuid4().hex
-        # Replicas: start at the address this node's name picks (the fleet spreads over them)
-        # and move to the next one whenever a stream breaks; the replay buffer covers the gap.
-        self._addresses = config.aggregator_addresses
-        self._address_index = zlib.crc32(config.node.encode()) % len(self._addresses)
-        self.token = config.resolve_token()
-        self.buffer = ReplayBuffer(config.buffer_reports)
-        self.seq = 0
-        self.reconnects_total = 0
-        self.ack_timeouts_total = (
-            0  # streams left because the aggregator stopped acknowledging (also reconnects)
+        self.book = ReportBook(config)
+        self.xid_fold = XidFolder(config.xid_storm_window_s)
+        self.keeping = Keeping(config, self.book, self.xid_fold)
+        self._sampling_stopped = asyncio.Event()
+        self.stream = AggregatorStream(
+            config, self.book, self.keeping, self._hello, self._answer_command, self._sampling_stopped
         )
-        self.connected = asyncio.Event()
         self._lost: set[int] = set()
         self._sample_duration_s = 0.0
-        self._welcomed = False
-        self._command_tasks: set[asyncio.Task[None]] = set()
         self.command_guard = CommandGuard(config.reset_min_interval_s)
-        self._write_lock = asyncio.Lock()
-        self._unsent_results: list[ingest_pb2.CommandResult] = []  # kept across a broken stream
-        self._sampling_stopped = asyncio.Event()
-        self.kmsg: KernelLogXidWatcher | None = None  # set when the kernel log is read
-        self.xid_fold = XidFolder(config.xid_storm_window_s)
-        # Kernel-log records handed on by the watcher and not yet in a report (added from its
-        # thread), and the oldest record in each unacknowledged report: what the kernel-log
-        # cursor may not pass (collector/kmsg_cursor.py).
-        self.kmsg_inflight: set[int] = set()
-        self._kmsg_unacked: dict[int, int] = {}
         self.last_sample: telemetry_pb2.NodeReport | None = None  # what /metrics shows
-        # XIDs reported since start, by (GPU, number), for /metrics (collector/metrics_endpoint.py).
-        self.xid_counts: dict[tuple[str, int], int] = {}
         endpoints = parse_endpoints(config.engines)
         # Simulated GPUs report made-up PIDs: discovery only looks at a real node's processes.
         self.discovery = (
@@ -91,7 +72,36 @@ class CollectorAgent(Streaming, Keeping):
             EngineScraper(endpoints, config.engine_timeout_s) if endpoints or self.discovery else None
         )
 
-    # --- sampling ------------------------------------------------------------------
+    def _hello(self) -> ingest_pb2.Hello:
+        """What this collector says of itself when a stream opens."""
+        return ingest_pb2.Hello(
+            protocol_version=PROTOCOL_VERSION,
+            node=self.config.node,
+            cluster=self.config.cluster,
+            boot_id=self.book.boot_id,
+            collector_version=__version__,
+            interval_s=self.config.interval_s,
+            gpus=self.source.inventory(),
+            driver_version=self.source.driver_version,
+            simulated=self.simulated,
+            columnar_gpus=self.config.columnar_gpus,
+        )
+
+    async def _answer_command(self, command: ingest_pb2.Command) -> ingest_pb2.CommandResult:
+        """A GPU reset the aggregator asked for: refused by the guard, or run."""
+        result = self.command_guard.refuse(command)
+        if result is not None:
+            return result
+        c = self.config
+        return await run_command(
+            command,
+            self.source.inventory(),
+            c.reset_command,
+            c.reset_timeout_s,
+            self.simulated_reset,
+            c.reset_socket,
+        )
+
     async def sample_once(self) -> telemetry_pb2.NodeReport:
         started_ns = time.time_ns()
         t0 = time.perf_counter()
@@ -127,31 +137,7 @@ class CollectorAgent(Streaming, Keeping):
         return {} if count is None else {"gpus_on_pci_bus": count}
 
     def _new_report(self, time_ns: int, **parts: object) -> telemetry_pb2.NodeReport:
-        """The next report of this boot (seq + 1), with parts, held for sending until acked."""
-        self.seq += 1
-        report = telemetry_pb2.NodeReport(
-            node=self.config.node,
-            cluster=self.config.cluster,
-            boot_id=self.boot_id,
-            seq=self.seq,
-            time_unix_ns=time_ns,
-            interval_s=self.config.interval_s,
-            stats=self._stats(),
-            **parts,
-        )
-        xids = [e for e in report.events if e.kind == vocabulary_pb2.EVENT_KIND_XID]
-        if xids:
-            # A new dict, swapped in whole: /metrics reads it from its own thread.
-            counts = dict(self.xid_counts)
-            for e in xids:
-                key = (str(e.gpu_index) if e.HasField("gpu_index") else "", e.xid)
-                counts[key] = counts.get(key, 0) + max(1, e.count)
-            self.xid_counts = counts
-        kmsg_seqs = [e.kmsg_seq for e in report.events if e.kmsg_seq]
-        if kmsg_seqs:
-            self._kmsg_unacked[report.seq] = min(kmsg_seqs)
-        self.buffer.add(report)
-        return report
+        return self.book.new(time_ns, self._stats(), **parts)
 
     def _folded_xids(self) -> list[telemetry_pb2.Event]:
         folded = self.xid_fold.flush()
@@ -184,23 +170,24 @@ class CollectorAgent(Streaming, Keeping):
                 )
         report = self._new_report(time.time_ns(), events=events)
         for event in events:
-            self.kmsg_inflight.discard(event.kmsg_seq)
+            self.book.kmsg_inflight.discard(event.kmsg_seq)
         return report
 
     def _stats(self) -> telemetry_pb2.CollectorStats:
+        buffer, kmsg = self.book.buffer, self.keeping.kmsg
         return telemetry_pb2.CollectorStats(
-            reports_dropped_total=self.buffer.dropped_total,
-            reports_rejected_total=self.buffer.rejected_total,
-            unacked_reports=len(self.buffer),
-            reconnects_total=self.reconnects_total,
+            reports_dropped_total=buffer.dropped_total,
+            reports_rejected_total=buffer.rejected_total,
+            unacked_reports=len(buffer),
+            reconnects_total=self.stream.reconnects_total,
             sample_errors_total=self.source.errors_total + self.sampler.failed_total,
             nvml_calls_hung_total=self.sampler.hung_total,
             sample_duration_s=self._sample_duration_s,
-            kmsg_lines_unparsed_total=self.kmsg.lines_unparsed_total if self.kmsg else 0,
-            xid_unknown_gpu_total=self.kmsg.xids_unknown_gpu_total if self.kmsg else 0,
+            kmsg_lines_unparsed_total=kmsg.lines_unparsed_total if kmsg else 0,
+            xid_unknown_gpu_total=kmsg.xids_unknown_gpu_total if kmsg else 0,
             xid_duplicates_total=self.xid_fold.duplicates_total,
             xid_folded_total=self.xid_fold.folded_total,
-            kmsg_records_caught_up_total=self.kmsg.caught_up_total if self.kmsg else 0,
+            kmsg_records_caught_up_total=kmsg.caught_up_total if kmsg else 0,
             engine_scrapes_failed_total=self.engines.failed_total if self.engines else 0,
         )
 
@@ -249,7 +236,6 @@ class CollectorAgent(Streaming, Keeping):
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), timeout=max(0.0, next_tick - time.monotonic()))
 
-    # --- streaming -----------------------------------------------------------------
     async def run(self, stop: asyncio.Event) -> None:
         log.info(
             "collector started: node %s, %d GPU(s)%s, interval %.3g s, aggregator %s",
@@ -257,13 +243,13 @@ class CollectorAgent(Streaming, Keeping):
             len(self.source.gpus),
             " (simulated)" if self.simulated else "",
             self.config.interval_s,
-            ", ".join(self._addresses),
-            extra={"boot_id": self.boot_id},
+            ", ".join(self.config.aggregator_addresses),
+            extra={"boot_id": self.book.boot_id},
         )
-        self._carry_in()
+        self.keeping.carry_in()
         sampler = asyncio.create_task(self._sample_loop(stop))
         try:
-            await self._stream_loop(stop)
+            await self.stream.run(stop)
         finally:
             stop.set()
             await sampler
@@ -271,5 +257,5 @@ class CollectorAgent(Streaming, Keeping):
             folded = self._folded_xids()
             if folded:
                 self._new_report(time.time_ns(), events=folded)
-            if not self._carry_out():
-                self.advance_kmsg_cursor()
+            if not self.keeping.carry_out():
+                self.keeping.advance_kmsg_cursor()

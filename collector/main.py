@@ -64,7 +64,7 @@ def serve_metrics(config: CollectorConfig, agent: CollectorAgent) -> None:
         port = serve(
             config.metrics_listen,
             lambda: agent.last_sample,
-            lambda: agent.xid_counts,
+            lambda: agent.book.xid_counts,
             {"/healthz": lambda: probes.healthz(agent), "/ready": lambda: probes.ready(agent)},
         )
     except OSError as exc:
@@ -108,7 +108,7 @@ async def run_collector(config: CollectorConfig) -> None:
         # Folded here, in the source's thread: a storm of 10,000 lines a second costs the
         # event loop nothing (collector/xid_fold.py).
         if agent.xid_fold.offer(event):
-            agent.kmsg_inflight.add(event.kmsg_seq)
+            agent.book.kmsg_inflight.add(event.kmsg_seq)
             loop.call_soon_threadsafe(agent.push_events, [event])
 
     started = {}
@@ -117,7 +117,9 @@ async def run_collector(config: CollectorConfig) -> None:
         if running is not None:
             started[name] = running
     kmsg = started.get("kmsg")
-    agent.kmsg = kmsg if isinstance(kmsg, KernelLogXidWatcher) else None  # its counters go in each report
+    agent.keeping.kmsg = (
+        kmsg if isinstance(kmsg, KernelLogXidWatcher) else None
+    )  # its counters go in each report
     if scenario:
         scenario.start()
     stop = asyncio.Event()
@@ -135,11 +137,11 @@ async def run_collector(config: CollectorConfig) -> None:
         _close_nvml(agent, source)
         log.info(
             "collector stopped after seq %d with %d unacknowledged report(s)",
-            agent.seq,
-            len(agent.buffer),
+            agent.book.seq,
+            len(agent.book.buffer),
             extra={
-                "last_seq": agent.seq,
-                "unacked": len(agent.buffer),
-                "dropped_total": agent.buffer.dropped_total,
+                "last_seq": agent.book.seq,
+                "unacked": len(agent.book.buffer),
+                "dropped_total": agent.book.buffer.dropped_total,
             },
         )

@@ -51,16 +51,16 @@ def ready(agent: CollectorAgent) -> Answer:
     code, _, _ = healthz(agent)
     hung = _hung(agent)
     body: dict[str, object] = {
-        "connected": agent.connected.is_set(),
-        "aggregator": agent.aggregator,
-        "unacked_reports": len(agent.buffer),
+        "connected": agent.stream.connected.is_set(),
+        "aggregator": agent.stream.aggregator,
+        "unacked_reports": len(agent.book.buffer),
         "driver_unresponsive": hung,
     }
     why = []
     if code != 200:
         why.append("the sampling loop is stalled")
-    if not agent.connected.is_set():
-        why.append(f"not connected to aggregator {agent.aggregator}")
+    if not agent.stream.connected.is_set():
+        why.append(f"not connected to aggregator {agent.stream.aggregator}")
     if hung:
         # Still ready: the hang is reported (and repaired) through the aggregator.
         body["note"] = "; ".join(

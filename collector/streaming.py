@@ -10,13 +10,16 @@ import contextlib
 import logging
 import random
 import time
+import zlib
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import grpc
 
-from gpufleet.collector.commands import run_command
+from gpufleet.collector.config import CollectorConfig
+from gpufleet.collector.keeping import Keeping
 from gpufleet.collector.replay_buffer import ReplayBuffer
-from gpufleet.common.version import __version__
+from gpufleet.collector.report_book import ReportBook
 from gpufleet.protos import columns, ingest_pb2, ingest_pb2_grpc, telemetry_pb2
 
 log = logging.getLogger("gpufleet.collector")
@@ -69,22 +72,40 @@ class _SentReports:
             self._sent.popleft()  # acknowledged (or rejected, or dropped from a full buffer)
 
 
-class Streaming:
-    def _hello(self) -> ingest_pb2.CollectorMessage:
-        return ingest_pb2.CollectorMessage(
-            hello=ingest_pb2.Hello(
-                protocol_version=PROTOCOL_VERSION,
-                node=self.config.node,
-                cluster=self.config.cluster,
-                boot_id=self.boot_id,
-                collector_version=__version__,
-                interval_s=self.config.interval_s,
-                gpus=self.source.inventory(),
-                driver_version=self.source.driver_version,
-                simulated=self.simulated,
-                columnar_gpus=self.config.columnar_gpus,
-            )
+class AggregatorStream:
+    """Keeps this node's one stream to an aggregator: sends what the book holds, forgets what is
+    acknowledged (moving the kernel-log cursor on), answers commands, and reconnects."""
+
+    def __init__(
+        self,
+        config: CollectorConfig,
+        book: ReportBook,
+        keeping: Keeping,
+        hello: Callable[[], ingest_pb2.Hello],
+        answer: Callable[[ingest_pb2.Command], Awaitable[ingest_pb2.CommandResult]],
+        sampling_stopped: asyncio.Event,
+    ) -> None:
+        self.config = config
+        self._book = book
+        self.buffer = book.buffer
+        self._keeping = keeping
+        self._hello_now = hello
+        self._answer = answer
+        self._sampling_stopped = sampling_stopped
+        # Replicas: start at the address this node's name picks (the fleet spreads over them)
+        # and move to the next one whenever a stream breaks; the replay buffer covers the gap.
+        self._addresses = config.aggregator_addresses
+        self._address_index = zlib.crc32(config.node.encode()) % len(self._addresses)
+        self.token = config.resolve_token()
+        self.reconnects_total = 0
+        self.ack_timeouts_total = (
+            0  # streams left because the aggregator stopped acknowledging (also reconnects)
         )
+        self.connected = asyncio.Event()
+        self._welcomed = False
+        self._command_tasks: set[asyncio.Task[None]] = set()
+        self._write_lock = asyncio.Lock()
+        self._unsent_results: list[ingest_pb2.CommandResult] = []  # kept across a broken stream
 
     @property
     def aggregator(self) -> str:
@@ -105,7 +126,7 @@ class Streaming:
             if self.token:
                 metadata.append(("authorization", f"Bearer {self.token}"))
             call = stub.Stream(metadata=tuple(metadata))
-            await call.write(self._hello())
+            await call.write(ingest_pb2.CollectorMessage(hello=self._hello_now()))
             first = await call.read()
             if first is grpc.aio.EOF or first.WhichOneof("body") != "welcome":
                 raise ConnectionError("aggregator did not answer the hello with a welcome")
@@ -116,7 +137,7 @@ class Streaming:
                 self.aggregator,
                 "as columns" if columnar else "per GPU",
                 len(self.buffer),
-                extra={"aggregator": self.aggregator, "boot_id": self.boot_id},
+                extra={"aggregator": self.aggregator, "boot_id": self._book.boot_id},
             )
             self.connected.set()
             self._welcomed = True
@@ -190,10 +211,10 @@ class Streaming:
             body = msg.WhichOneof("body")
             if body == "ack":
                 self.buffer.ack(list(msg.ack.seqs))
-                self.advance_kmsg_cursor()
+                self._keeping.advance_kmsg_cursor()
             elif body == "reject":
                 if self.buffer.reject(msg.reject.seq):
-                    self.advance_kmsg_cursor()
+                    self._keeping.advance_kmsg_cursor()
                     log.error(
                         "aggregator rejected report seq %d (%s): %s",
                         msg.reject.seq,
@@ -207,16 +228,7 @@ class Streaming:
                 task.add_done_callback(self._command_tasks.discard)
 
     async def _answer_command(self, call: grpc.aio.StreamStreamCall, command: ingest_pb2.Command) -> None:
-        result = self.command_guard.refuse(command)
-        if result is None:
-            result = await run_command(
-                command,
-                self.source.inventory(),
-                self.config.reset_command,
-                self.config.reset_timeout_s,
-                self.simulated_reset,
-                self.config.reset_socket,
-            )
+        result = await self._answer(command)
         try:
             await self._write(call, ingest_pb2.CollectorMessage(command_result=result))
         except (grpc.aio.AioRpcError, asyncio.InvalidStateError) as exc:
@@ -243,7 +255,8 @@ class Streaming:
                 self.config.shutdown_grace_s,
             )
 
-    async def _stream_loop(self, stop: asyncio.Event) -> None:
+    async def run(self, stop: asyncio.Event) -> None:
+        """Stream until stop (then drain what is unacknowledged, within shutdown_grace_s)."""
         backoff_s = 0.5
         while not stop.is_set():
             self._welcomed = False

@@ -9,12 +9,12 @@ from typing import Any
 import grpc
 
 from gpufleet.aggregator.api.answers import AnswerBytes
-from gpufleet.aggregator.api.base import Refused, rpc
+from gpufleet.aggregator.api.base import Refused, RpcGate, rpc
 from gpufleet.aggregator.auth.tokens import Principal
 from gpufleet.aggregator.fleet.events import DEFAULT_EVENTS, EVENT_KINDS, MAX_EVENTS, EventQuery, read_events
 from gpufleet.aggregator.fleet.rollups import read_as_stored, route
 from gpufleet.aggregator.ingest.schema import METRICS, TAGS
-from gpufleet.aggregator.store import HistoryQuery, StoreError
+from gpufleet.aggregator.store import HistoryQuery, Store, StoreError
 from gpufleet.protos import fleet_pb2
 from gpufleet.protos.names import aggregate_name
 
@@ -23,6 +23,12 @@ _NICE_STEPS_S = [1, 5, 10, 15, 30, 60, 120, 300, 600, 900, 1800, 3600, 7200, 216
 
 
 class HistoryApi:
+    """A metric's history and the stored events, read from the store."""
+
+    def __init__(self, gate: RpcGate, store: Store) -> None:
+        self._gate = gate
+        self._store = store
+
     @rpc("viewer")
     async def QueryHistory(self, request: fleet_pb2.HistoryRequest, principal: Principal) -> Any:
         metric = METRICS.get(request.metric)

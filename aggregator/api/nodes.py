@@ -7,14 +7,17 @@ import asyncio
 import hashlib
 import logging
 import time
+from collections.abc import Callable
 from typing import Any
 
 import grpc
 
 from gpufleet.aggregator.api.answers import AnswerBytes, clip_detail, clip_summary
-from gpufleet.aggregator.api.base import Refused, rpc
+from gpufleet.aggregator.api.base import Refused, RpcGate, rpc
+from gpufleet.aggregator.api.repair_view import RepairView
 from gpufleet.aggregator.auth.tokens import Principal
 from gpufleet.aggregator.fleet.pools import if_drained, list_pools, serving_readings
+from gpufleet.aggregator.fleet.state import FleetState
 from gpufleet.aggregator.ingest.schema import METRICS
 from gpufleet.protos import fleet_pb2
 from gpufleet.protos.credentials import TOKEN_ID_RE
@@ -27,6 +30,21 @@ NODES_PAGE_MAX = 2000  # ... and a page stops at ANSWER_BYTES (aggregator/api/an
 
 
 class NodesApi:
+    """The fleet view: who am I, the nodes, one node, the serving pools, the aggregator's status,
+    the metrics history knows, and revoking a collector's token."""
+
+    def __init__(
+        self,
+        gate: RpcGate,
+        fleet: FleetState,
+        view: RepairView,
+        status: Callable[[], fleet_pb2.AggregatorStatus],
+    ) -> None:
+        self._gate = gate
+        self._fleet = fleet
+        self._view = view
+        self._status = status
+
     @rpc("viewer")
     async def WhoAmI(self, request: fleet_pb2.WhoAmIRequest, principal: Principal) -> Any:
         return fleet_pb2.WhoAmIResponse(name=principal.name, role=principal.role)
@@ -42,7 +60,7 @@ class NodesApi:
             raise Refused(
                 grpc.StatusCode.INVALID_ARGUMENT, f"page_size {request.page_size} is over {NODES_PAGE_MAX}"
             )
-        await self._count_recent_incidents()  # before the walk: nothing awaits within it
+        await self._view.count_recent_incidents()  # before the walk: nothing awaits within it
         limit = request.page_size or NODES_PAGE
         now = time.time_ns()
         clusters = set(request.clusters)
@@ -70,7 +88,7 @@ class NodesApi:
 
     def _page_entry(self, live: Any, now_ns: int) -> fleet_pb2.NodeSummary:
         """A node's entry on a ListNodes page: as a viewer sees it, within its share."""
-        return clip_summary(self._with_health(self._viewer_summary(self._fleet.summary(live, now_ns))))
+        return clip_summary(self._view.with_health(self._viewer_summary(self._fleet.summary(live, now_ns))))
 
     @staticmethod
     def _viewer_summary(summary: fleet_pb2.NodeSummary, processes: bool = False) -> fleet_pb2.NodeSummary:
@@ -93,18 +111,25 @@ class NodesApi:
                 f"({len(self._fleet.nodes)} nodes are); `gpufleet nodes` lists them",
             )
         detail = self._fleet.detail(live)
-        await self._count_recent_incidents()
-        self._with_health(self._viewer_summary(detail.summary, processes=True))
+        await self._view.count_recent_incidents()
+        self._view.with_health(self._viewer_summary(detail.summary, processes=True))
         if live.engines:
             detail.if_drained.extend(
-                if_drained(live.node, serving_readings(self._fleet), self._workflows(), self._serving_floor())
+                if_drained(
+                    live.node,
+                    serving_readings(self._fleet),
+                    self._view.workflows(),
+                    self._view.serving_floor(),
+                )
             )
         return clip_detail(detail)
 
     @rpc("viewer")
     async def ListPools(self, request: fleet_pb2.ListPoolsRequest, principal: Principal) -> Any:
         """The serving pools (aggregator/fleet/pools.py), each from its own replicas' readings."""
-        return list_pools(serving_readings(self._fleet), self._workflows(), self._serving_floor(), request)
+        return list_pools(
+            serving_readings(self._fleet), self._view.workflows(), self._view.serving_floor(), request
+        )
 
     @rpc("viewer")
     async def GetStatus(self, request: fleet_pb2.StatusRequest, principal: Principal) -> Any:
@@ -130,7 +155,7 @@ class NodesApi:
             )
         if not request.reason.strip():
             raise Refused(grpc.StatusCode.INVALID_ARGUMENT, "a revocation needs a reason (--reason TEXT)")
-        records = self._repair_records()
+        records = self._view.repair_records()
         try:
             added = await asyncio.to_thread(
                 records.revoke_collector_token,

@@ -1,5 +1,6 @@
-"""The Fleet API's repair: incidents, the audit log, repair status, a person's cordon and uncordon,
-the breaker, a policy replay, and forwarding what only the repair leader does to it."""
+"""The Fleet API's repair: incidents, the audit log, repair status, a person's cordon, uncordon and
+proceed, the breaker, and a policy replay (what only the repair leader does is forwarded to it:
+leader.py)."""
 
 from __future__ import annotations
 
@@ -7,192 +8,43 @@ import asyncio
 import json
 import logging
 import time
-from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any
 
 import grpc
 
-from gpufleet.aggregator.api.base import Refused, rpc
+from gpufleet.aggregator.api.base import Refused, RpcGate, rpc
+from gpufleet.aggregator.api.repair_view import RepairView
 from gpufleet.aggregator.auth.tokens import Principal
 from gpufleet.aggregator.fleet.replay_source import history_from_store
 from gpufleet.aggregator.loop_thread import LoopClosed
-from gpufleet.aggregator.store import StoreError
-from gpufleet.common.net import is_loopback
-from gpufleet.protos import fleet_pb2, fleet_pb2_grpc
+from gpufleet.aggregator.store import Store, StoreError
+from gpufleet.protos import fleet_pb2
 from gpufleet.protos.names import health_value
 from gpufleet.repair.controller import RepairController, RepairRefused
-from gpufleet.repair.gpu_health import gpu_states
 from gpufleet.repair.health import Health
 from gpufleet.repair.policy import Policy, PolicyError, load_policy_text
 from gpufleet.repair.replay.engine import replay
 from gpufleet.repair.replay.report import compare, summarize
-from gpufleet.repair.serving import ServingFloor
-from gpufleet.repair.state import AuditRecord, Incident, RepairState, StateError, Workflow
+from gpufleet.repair.state import AuditRecord, Incident, RepairState, StateError
+
+if TYPE_CHECKING:
+    from gpufleet.aggregator.repair_wiring import RepairWiring
 
 log = logging.getLogger("gpufleet.aggregator.fleet")
-T = TypeVar("T")
-
-_TERM_LOAD_WAIT_S = 10.0  # how long a repair call waits for a new term to load its state
-_FORWARDED = "x-gpufleet-forwarded-by"  # set on a repair call a replica passed to the leader
 
 
 class RepairApi:
+    """Incidents, the audit log, repair status, people's actions, the breaker, a policy replay."""
+
+    def __init__(self, gate: RpcGate, view: RepairView, store: Store) -> None:
+        self._gate = gate
+        self._view = view
+        self._store = store
+        self._replay_lock = asyncio.Lock()
+
     @property
-    def _repair(self) -> RepairController | None:
-        """The repair controller running here: on one box always; with replicas, only on the
-        leader (the other replicas forward repair actions to it: `_on_leader`). It runs on its
-        term's thread (aggregator/repair_term.py): what is read of it here is its view as of
-        now, and what changes it is sent to that thread (`_manual`)."""
-        return self._wiring.controller if self._wiring else None
-
-    def workflows(self) -> dict[str, Workflow]:
-        """Every node's repair workflow as this replica knows it now (the leader's own; a
-        follower's as last synced from the control plane)."""
-        return self._workflows()
-
-    def _workflows(self) -> dict[str, Workflow]:
-        if self._repair is not None:
-            return self._repair.workflows
-        return self._shared.workflows if self._shared else {}
-
-    def _serving_floor(self) -> ServingFloor:
-        """The policy's serving floor (the shipped one where repair is not wired)."""
-        return self._wiring.policy.serving if self._wiring is not None else ServingFloor()
-
-    def _with_health(self, summary: fleet_pb2.NodeSummary) -> fleet_pb2.NodeSummary:
-        wf = self._workflows().get(summary.node)
-        summary.health = health_value(wf.state if wf else Health.HEALTHY)
-        summary.health_detail = wf.detail if wf else ""
-        # The findings live where the controller runs (one box, or the leading replica); another
-        # replica has the shared workflow, so a GPU in an open incident still never reads "ok".
-        findings = self._repair.findings.get(summary.node, []) if self._repair is not None else []
-        summary.gpu_states.extend(gpu_states(summary.gpus, findings, wf))
-        recent, lemon_at = self._recent_incidents()
-        summary.recent_incidents = recent.get(summary.node, 0)
-        summary.lemon = bool(lemon_at) and summary.recent_incidents >= lemon_at
-        if self._shared is not None and not summary.replica:
-            summary.replica = self._shared.replica
-        if self._wiring is not None and self._wiring.config_backend != "none":
-            scheduler_node = self._wiring.scheduler_names.to_scheduler(summary.node)
-            summary.scheduler_node = scheduler_node if scheduler_node != summary.node else ""
-        return summary
-
-    def _recent_incidents(self) -> tuple[dict[str, int], int]:
-        """Incidents per node within the policy's repeat_offender_days, and how many make a lemon
-        node (0: repair is off), as last counted (`_count_recent_incidents`)."""
-        return self._lemon_counts
-
-    async def _count_recent_incidents(self) -> None:
-        """Count the recent incidents again if the last count is over 5 s old: one query for the
-        whole fleet, on a thread. One box: awaited (SQLite on this host). Replicas: in the
-        background, the count as last read used meanwhile, so ListNodes never waits on
-        PostgreSQL (docs/architecture.md "When the control plane hangs")."""
-        now = time.monotonic()
-        if now - self._lemon_read_at < 5.0:
-            return
-        self._lemon_read_at = now
-        if self._wiring is None:
-            self._lemon_counts = ({}, 0)
-            return
-        workflow = self._wiring.policy.workflow
-        since = time.time_ns() - int(workflow["repeat_offender_days"] * 86400e9)
-        lemon_at = int(workflow["repeat_offender_incidents"])
-
-        def count(records: RepairState) -> None:
-            try:
-                counts = records.incident_counts_since(since)
-            except StateError as exc:
-                log.warning("cannot count recent incidents for the lemon-node flag: %s", exc)
-                counts = {}
-            self._lemon_counts = (counts, lemon_at)
-
-        try:
-            records = self._shared.reads if self._shared is not None else self._repair_records()
-        except Refused:
-            self._lemon_counts = ({}, lemon_at)
-            return
-        counting = asyncio.ensure_future(asyncio.to_thread(count, records))
-        if self._shared is None:
-            await counting
-            return
-        self._lemon_counting = counting
-        self._lemon_counts = (self._lemon_counts[0], lemon_at)
-
-    async def _read_records(self, read: Callable[[RepairState], T]) -> T:
-        """Incidents and audit for the Fleet API, on a thread: with replicas, on the control
-        plane's read connection (a hung PostgreSQL fails the call after its call timeout and
-        holds nothing else); on one box, the controller's SQLite (whose transaction the
-        term's thread may hold for an fsync)."""
-        records = self._shared.reads if self._shared is not None else self._repair_records()
-        try:
-            return await asyncio.to_thread(read, records)
-        except StateError as exc:
-            raise Refused(grpc.StatusCode.UNAVAILABLE, f"the control plane: {exc}") from exc
-
-    async def _controller(self) -> RepairController:
-        """The controller, once its term has loaded its state (at a start or a new term: a
-        moment; with the control plane down, until it answers)."""
-        if self._wiring is None or self._wiring.term is None:
-            raise Refused(grpc.StatusCode.UNIMPLEMENTED, "repair is not running in this aggregator")
-        repair = await self._wiring.wait_controller(_TERM_LOAD_WAIT_S)
-        if repair is None:
-            raise Refused(
-                grpc.StatusCode.UNAVAILABLE,
-                f"the repair controller is still loading its state from "
-                f"{self._wiring.term.state.describe()} "
-                f"after {_TERM_LOAD_WAIT_S:g} s (the control plane is slow or down): try again shortly",
-            )
-        return repair
-
-    def _repair_records(self) -> RepairState:
-        """Incidents and audit: the running term's store, or (on a replica that does not lead)
-        the shared store's, which hold the same."""
-        term = self._wiring.term if self._wiring is not None else None
-        if term is not None:
-            return term.state
-        if self._shared is not None:
-            return self._shared.state
-        raise Refused(grpc.StatusCode.UNIMPLEMENTED, "repair is not running in this aggregator")
-
-    async def _on_leader(self, name: str, request: Any, context: grpc.aio.ServicerContext) -> Any | None:
-        """On a replica that does not lead: the answer of the leader to the same call, with the
-        caller's credentials (every replica shares the secrets file). None: this one leads."""
-        if self._shared is None or (self._wiring is not None and self._wiring.term is not None):
-            return None
-        holder, address = self._shared.leader_address()
-        if any(k == _FORWARDED for k, _ in context.invocation_metadata()):
-            raise Refused(
-                grpc.StatusCode.UNAVAILABLE,
-                f"replica {self._shared.replica} was forwarded a repair call but is not the leader "
-                f"(the lease is moving); try again in a few seconds",
-            )
-        if not address:
-            raise Refused(
-                grpc.StatusCode.UNAVAILABLE,
-                f"no repair leader right now (the lease is "
-                f"{self._shared.lease_info.describe() if self._shared.lease_info else 'unknown'}); "
-                f"a replica takes it within leader_lease_s: try again in a few seconds",
-            )
-        if (
-            self._tls_ca is None
-            and not self._shared.allow_plaintext
-            and not is_loopback(address.rpartition(":")[0])
-        ):
-            raise Refused(
-                grpc.StatusCode.UNAVAILABLE,
-                f"the repair leader {holder} is at {address}, another host, and this replica has no TLS: "
-                "the caller's token is not sent there in clear (set tls_cert, or allow_plaintext)",
-            )
-        metadata = [(k, v) for k, v in context.invocation_metadata() if k == "authorization"]
-        metadata.append((_FORWARDED, self._shared.replica))
-        try:
-            async with _channel(address, self._tls_ca, self._shared.tls_server_name) as channel:
-                stub = fleet_pb2_grpc.FleetStub(channel)
-                return await getattr(stub, name)(request, metadata=metadata, timeout=60)
-        except grpc.aio.AioRpcError as exc:
-            raise Refused(
-                exc.code(), f"{exc.details()} (answered by the repair leader {holder} at {address})"
-            ) from exc
+    def _wiring(self) -> RepairWiring | None:
+        return self._view.wiring
 
     @rpc("viewer")
     async def ReplayPolicy(self, request: fleet_pb2.ReplayRequest, principal: Principal) -> Any:
@@ -251,16 +103,16 @@ class RepairApi:
             incidents = records.incidents(request.open_only, request.node, request.limit or 100)
             return [_incident_pb(i, records.audit_log(incident_id=i.id, limit=100)) for i in incidents]
 
-        return fleet_pb2.ListIncidentsResponse(incidents=await self._read_records(read))
+        return fleet_pb2.ListIncidentsResponse(incidents=await self._view.read_records(read))
 
     @rpc("viewer")
     async def ListAudit(self, request: fleet_pb2.ListAuditRequest, principal: Principal) -> Any:
-        entries = await self._read_records(lambda r: r.audit_log(request.node, request.limit or 200))
+        entries = await self._view.read_records(lambda r: r.audit_log(request.node, request.limit or 200))
         return fleet_pb2.ListAuditResponse(entries=[_audit_pb(e) for e in entries])
 
     @rpc("viewer", forward=True)
     async def GetRepairStatus(self, request: fleet_pb2.RepairStatusRequest, principal: Principal) -> Any:
-        return self._repair_status(await self._controller())
+        return self._repair_status(await self._view.controller())
 
     def _repair_status(self, repair: RepairController) -> fleet_pb2.RepairStatus:
         nodes = []
@@ -291,7 +143,7 @@ class RepairApi:
         )
 
     async def _manual(self, action: str, request: fleet_pb2.CordonRequest, principal: Principal) -> Any:
-        repair = await self._controller()
+        repair = await self._view.controller()
         if not request.node:
             raise Refused(grpc.StatusCode.INVALID_ARGUMENT, f"{action} needs a node name")
         if not request.reason.strip():
@@ -329,7 +181,7 @@ class RepairApi:
     async def ResetBreaker(self, request: fleet_pb2.ResetBreakerRequest, principal: Principal) -> Any:
         if not request.reason.strip():
             raise Refused(grpc.StatusCode.INVALID_ARGUMENT, "breaker reset needs a reason (--reason TEXT)")
-        repair = await self._controller()
+        repair = await self._view.controller()
         try:
             await self._wiring.on_term(repair.reset_breaker(request.reason.strip(), principal.name))
         except (StateError, LoopClosed) as exc:
@@ -363,10 +215,3 @@ def _incident_pb(i: Incident, actions: list[AuditRecord]) -> fleet_pb2.Incident:
         actions=[_audit_pb(a) for a in actions],
         attempts=i.attempts,
     )
-
-
-def _channel(address: str, tls_ca: bytes | None, server_name: str = "") -> grpc.aio.Channel:
-    if tls_ca is not None:
-        options = [("grpc.ssl_target_name_override", server_name)] if server_name else []
-        return grpc.aio.secure_channel(address, grpc.ssl_channel_credentials(tls_ca), options=options)
-    return grpc.aio.insecure_channel(address)

@@ -10,8 +10,14 @@ import time
 
 import grpc
 
-from gpufleet.aggregator.ingest.session import End, Session
-from gpufleet.aggregator.ingest.validation import Rejection
+from gpufleet.aggregator.ingest.budget import NodeBudgets
+from gpufleet.aggregator.ingest.commands import CommandBook
+from gpufleet.aggregator.ingest.fanout import Fanout
+from gpufleet.aggregator.ingest.session import End, IngestLimits, OncePer, Session
+from gpufleet.aggregator.ingest.validation import Checker, Rejection
+from gpufleet.aggregator.ingest.worker_pool import WorkerPool
+from gpufleet.aggregator.ingest.writer import GroupCommitWriter
+from gpufleet.aggregator.metrics import AggregatorMetrics
 from gpufleet.aggregator.store import StoreError
 from gpufleet.aggregator.store.base import PointsRefused
 from gpufleet.protos import ingest_pb2, telemetry_pb2
@@ -20,7 +26,31 @@ log = logging.getLogger("gpufleet.aggregator.ingest.service")
 
 
 class ReportHandling:
-    async def _pace(self, node: str, report: telemetry_pb2.NodeReport, size: int | None = None) -> None:
+    """What a stream's reports and command results become: durable, then acknowledged (or
+    rejected alone), and told to the fanout."""
+
+    def __init__(
+        self,
+        checker: Checker,
+        budgets: NodeBudgets,
+        limits: IngestLimits,
+        writer: GroupCommitWriter,
+        pool: WorkerPool | None,
+        commands: CommandBook,
+        fanout: Fanout,
+        metrics: AggregatorMetrics,
+    ) -> None:
+        self._checker = checker
+        self._budgets = budgets
+        self._limits = limits
+        self._writer = writer
+        self._pool = pool
+        self._commands = commands
+        self._fanout = fanout
+        self._metrics = metrics
+        self._throttle_logged = OncePer(60.0)
+
+    async def pace(self, node: str, report: telemetry_pb2.NodeReport, size: int | None = None) -> None:
         """Hold the stream back while the node sends faster than its budget (node_budget.py)."""
         wait_s = self._budgets.pace(node, report.ByteSize() if size is None else size)
         if wait_s <= 0:
@@ -37,7 +67,7 @@ class ReportHandling:
             )
         await asyncio.sleep(wait_s)  # rate limiting, not synchronisation: the stream waits its turn
 
-    def _command_result(self, session: Session, msg: ingest_pb2.CollectorMessage) -> None:
+    def command_result(self, session: Session, msg: ingest_pb2.CollectorMessage) -> None:
         node, result = session.hello.node, msg.command_result
         try:
             self._checker.check_message(msg, f"node {node!r}: command result")
@@ -46,7 +76,7 @@ class ReportHandling:
             self._metrics.reject(r.reason, r.code.name)
             log.warning("ignored command result: %s", r.message, extra={"node": node, "reason": r.reason})
             return
-        why = self.commands.answer(node, result.id, session.hello.boot_id)
+        why = self._commands.answer(node, result.id, session.hello.boot_id)
         if why:
             self._metrics.command_results_refused.inc()
             self._metrics.reject("command_not_ours", grpc.StatusCode.PERMISSION_DENIED.name)
@@ -61,7 +91,7 @@ class ReportHandling:
             result.detail,
             extra={"node": node},
         )
-        self.fanout.command_result(node, result)
+        self._fanout.command_result(node, result)
 
     def _reject(self, session: Session, seq: int, r: Rejection) -> None:
         self._metrics.reject(r.reason, r.code.name)
@@ -71,7 +101,7 @@ class ReportHandling:
             extra={"node": session.hello.node, "seq": seq, "reason": r.reason},
         )
         if not session.closed:
-            self._send_acks(session)  # in order: what was durable before this refusal first
+            self.send_acks(session)  # in order: what was durable before this refusal first
             session.out.put_nowait(
                 ingest_pb2.AggregatorMessage(
                     # seq as sent, clamped to the field: a Reject for an out-of-range seq still encodes
@@ -79,7 +109,7 @@ class ReportHandling:
                 )
             )
 
-    async def _accept(
+    async def accept(
         self, session: Session, report: telemetry_pb2.NodeReport, raw: bytes | None = None
     ) -> None:
         """Check, store and acknowledge one report; raw: its bytes as they came, if known (a
@@ -148,7 +178,7 @@ class ReportHandling:
             return
         if error is not None:
             # Not acknowledged: the collector keeps the report and replays it on reconnect.
-            self._send_acks(session)
+            self.send_acks(session)
             session.out.put_nowait(
                 End(
                     grpc.StatusCode.UNAVAILABLE,
@@ -157,17 +187,17 @@ class ReportHandling:
                 )
             )
             return
-        self.fanout.report(report, time.time_ns(), session.stream_id)
+        self._fanout.report(report, time.time_ns(), session.stream_id)
         self._metrics.reports_accepted.inc()
         self._metrics.gpu_samples.inc(len(report.gpus) or report.gpu_columns.count)
         if not session.closed:
             # Every report of this stream made durable in this turn of the event loop (a group
             # commit completes many at once) goes out in one Ack: one gRPC write, not one each.
             if not session.acks:
-                asyncio.get_running_loop().call_soon(self._send_acks, session)
+                asyncio.get_running_loop().call_soon(self.send_acks, session)
             session.acks.append(report.seq)
 
-    def _send_acks(self, session: Session) -> None:
+    def send_acks(self, session: Session) -> None:
         if session.acks and not session.closed:
             session.out.put_nowait(ingest_pb2.AggregatorMessage(ack=ingest_pb2.Ack(seqs=session.acks)))
         session.acks = []

@@ -24,13 +24,12 @@ from gpufleet.aggregator.fleet.state import FleetState
 from gpufleet.aggregator.ingest.budget import NodeBudgets
 from gpufleet.aggregator.ingest.commands import CommandBook
 from gpufleet.aggregator.ingest.fanout import Fanout
+from gpufleet.aggregator.ingest.refusals import Refusals
 from gpufleet.aggregator.ingest.reports import ReportHandling
 from gpufleet.aggregator.ingest.session import (
     End,
     IngestLimits,
     Malformed,
-    OncePer,
-    Received,
     Session,
     decode_collector_message,
     peer_host,
@@ -46,9 +45,14 @@ from gpufleet.protos import ingest_pb2
 log = logging.getLogger("gpufleet.aggregator.ingest.service")
 
 SERVICE = "gpufleet.v1.Ingest"
+UNAUTHENTICATED = grpc.StatusCode.UNAUTHENTICATED
 
 
-class IngestService(StreamOpening, ReportHandling):
+class IngestService:
+    """The Ingest servicer: admits a stream (the per-peer and total limits), opens it
+    (stream_opening.py), reads its messages and hands reports and command results to the report
+    handling (reports.py), and writes what the stream is sent."""
+
     def __init__(
         self,
         auth: CollectorAuth,
@@ -60,26 +64,31 @@ class IngestService(StreamOpening, ReportHandling):
         pool: WorkerPool | None = None,
     ) -> None:
         self._auth = auth
-        self._writer = writer
         self._fleet = fleet
         self._metrics = metrics
         self._limits = limits
         self._streams: dict[str, Session] = {}
-        self._checker = Checker(limits.max_report_bytes, limits.retention_s, limits.max_clock_skew_s)
-        self._budgets = NodeBudgets(limits.budget)
+        checker = Checker(limits.max_report_bytes, limits.retention_s, limits.max_clock_skew_s)
+        budgets = NodeBudgets(limits.budget)
+        self._refusals = Refusals(metrics)
         self.commands = CommandBook()
-        self._open_total = 0  # streams in the handler now, authenticated or not
-        self._open_by_peer: dict[str, int] = {}
-        self._throttle_logged = OncePer(60.0)
-        self._unknown_logged = OncePer(60.0)
-        self._awaiting_hello: dict[str, int] = {}  # node -> its streams not past their Hello yet
         # Told of every durable report and every command result, from its own task: the fleet
         # view, the health watch and the repair controller never run on the ack path.
         self.fanout = fanout
         # With ingest workers, each report's checks and its store write happen in a worker
         # process (aggregator/ingest/worker_pool.py); this process keeps the streams.
         self._pool = pool
-        self._next_stream_id = 0
+        self._opening = StreamOpening(
+            auth, checker, budgets, limits, self._streams, fleet, pool, self._refusals
+        )
+        self._reports = ReportHandling(checker, budgets, limits, writer, pool, self.commands, fanout, metrics)
+        self._open_total = 0  # streams in the handler now, authenticated or not
+        self._open_by_peer: dict[str, int] = {}
+
+    def end_invalid_streams(self) -> int:
+        """End every stream whose credential has expired or been revoked since it opened (called
+        when the revocation list changes); how many were ended."""
+        return self._opening.end_invalid_streams()
 
     @property
     def streams_open(self) -> int:
@@ -109,29 +118,6 @@ class IngestService(StreamOpening, ReportHandling):
         )
         return grpc.method_handlers_generic_handler(SERVICE, {"Stream": method})
 
-    def _note_unknown(self, node: str, received: Received) -> None:
-        """Bytes of fields the schema does not name were dropped: counted, logged once a minute
-        a node (a newer collector, or one probing what the aggregator keeps)."""
-        if not received.unknown_bytes:
-            return
-        self._metrics.unknown_fields_dropped.inc()
-        self._metrics.unknown_bytes_dropped.inc(received.unknown_bytes)
-        if self._unknown_logged.due(node):
-            log.warning(
-                "dropped %d bytes of fields the schema does not name from a %s (a newer collector "
-                "than this aggregator, or a crafted message); the rest is taken; logged once a minute",
-                received.unknown_bytes,
-                received.message.WhichOneof("body") or "message",
-                extra={"node": node},
-            )
-
-    def _refuse(self, reason: str, code: grpc.StatusCode, message: str, node: str = "") -> End:
-        self._metrics.reject(reason, code.name)
-        log.warning(
-            "refused collector stream: %s", message, extra={"node": node, "reason": reason, "code": code.name}
-        )
-        return End(code, message)
-
     async def stream(
         self, requests: AsyncIterator[object], context: grpc.aio.ServicerContext
     ) -> AsyncIterator[ingest_pb2.AggregatorMessage]:
@@ -139,7 +125,7 @@ class IngestService(StreamOpening, ReportHandling):
         if self._open_total >= self._limits.max_streams or (
             self._open_by_peer.get(peer, 0) >= self._limits.max_streams_per_peer
         ):
-            end = self._refuse(
+            end = self._refusals.refuse(
                 "stream_limit",
                 grpc.StatusCode.RESOURCE_EXHAUSTED,
                 f"too many collector streams: {self._open_by_peer.get(peer, 0)} open from {peer} "
@@ -151,7 +137,7 @@ class IngestService(StreamOpening, ReportHandling):
         self._open_total += 1
         self._open_by_peer[peer] = self._open_by_peer.get(peer, 0) + 1
         try:
-            opened = await self._open(requests, context)
+            opened = await self._opening.open(requests, context)
         except BaseException:
             self._close_slot(peer)
             raise
@@ -222,7 +208,9 @@ class IngestService(StreamOpening, ReportHandling):
                 loop.call_later(1.0, expire)
                 return
             session.out.put_nowait(
-                self._refuse("unauthenticated", grpc.StatusCode.UNAUTHENTICATED, why, session.hello.node)
+                self._refusals.refuse(
+                    "unauthenticated", grpc.StatusCode.UNAUTHENTICATED, why, session.hello.node
+                )
             )
 
         delay_s = max(0.0, (expires_ns - time.time_ns()) / 1e9) + 0.01
@@ -237,7 +225,7 @@ class IngestService(StreamOpening, ReportHandling):
                 received = decode_collector_message(data)
                 if isinstance(received, Malformed):
                     session.out.put_nowait(
-                        self._refuse(
+                        self._refusals.refuse(
                             "malformed",
                             grpc.StatusCode.INVALID_ARGUMENT,
                             f"node {node!r}: a {received.size}-byte message is not a gpufleet.v1."
@@ -246,28 +234,30 @@ class IngestService(StreamOpening, ReportHandling):
                         )
                     )
                     return
-                self._note_unknown(node, received)
+                self._refusals.note_unknown(node, received)
                 msg = received.message
                 body = msg.WhichOneof("body")
                 expired = self._auth.still_valid(session.identity)
                 if expired:
                     session.out.put_nowait(
-                        self._refuse("unauthenticated", grpc.StatusCode.UNAUTHENTICATED, expired, node)
+                        self._refusals.refuse(
+                            "unauthenticated", grpc.StatusCode.UNAUTHENTICATED, expired, node
+                        )
                     )
                     return
                 try:
                     if body == "report":
                         raw = received.report_bytes
-                        await self._pace(node, msg.report, len(raw) if raw is not None else None)
-                        await self._accept(session, msg.report, raw)
+                        await self._reports.pace(node, msg.report, len(raw) if raw is not None else None)
+                        await self._reports.accept(session, msg.report, raw)
                         continue
                     if body == "command_result":
-                        self._command_result(session, msg)
+                        self._reports.command_result(session, msg)
                         continue
                 except Exception as exc:  # a bug: this stream ends INTERNAL, every other goes on
                     log.exception("ingest failed on a %s", body, extra={"node": node})
                     session.out.put_nowait(
-                        self._refuse(
+                        self._refusals.refuse(
                             "internal",
                             grpc.StatusCode.INTERNAL,
                             f"node {node!r}: the aggregator failed on a {body} ({exc!r}); reconnect "
@@ -277,7 +267,7 @@ class IngestService(StreamOpening, ReportHandling):
                     )
                     return
                 session.out.put_nowait(
-                    self._refuse(
+                    self._refusals.refuse(
                         "protocol",
                         grpc.StatusCode.INVALID_ARGUMENT,
                         f"node {node!r}: unexpected {body or 'empty'} message after the hello",
@@ -293,8 +283,14 @@ class IngestService(StreamOpening, ReportHandling):
         if session.inflight:
             session.drained.clear()
             await session.drained.wait()
-        self._send_acks(session)
+        self._reports.send_acks(session)
         session.out.put_nowait(None)
+
+    def _close_slot(self, peer: str) -> None:
+        self._open_total -= 1
+        left = self._open_by_peer.pop(peer) - 1
+        if left:
+            self._open_by_peer[peer] = left
 
 
 def _raw(data: bytes) -> bytes:

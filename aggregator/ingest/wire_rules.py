@@ -130,6 +130,7 @@ _GPU_METRICS = [
     f.name for f in telemetry_pb2.GpuSample.DESCRIPTOR.fields if f.name in METRICS and f.name != "lost"
 ]
 _ENGINE_METRICS = [f.name for f in telemetry_pb2.EngineSample.DESCRIPTOR.fields if f.name in METRICS]
+_STATS_METRICS = [f.name for f in telemetry_pb2.CollectorStats.DESCRIPTOR.fields]  # each in METRICS
 _COUNTER = Num(0, INT64_MAX)
 
 # The one table. Keys are `Message.field` of every message reachable from CollectorMessage.
@@ -241,20 +242,8 @@ RULES: dict[str, Rule] = {
     "Event.first_time_unix_ns": Num(0, INT64_MAX, "ns"),  # checked against time_unix_ns in validation
     "Event.kmsg_seq": _COUNTER,
     "Event.kernel_boot_id": Text(64),
-    # CollectorStats
-    "CollectorStats.reports_dropped_total": _COUNTER,
-    "CollectorStats.reports_rejected_total": _COUNTER,
-    "CollectorStats.unacked_reports": _COUNTER,
-    "CollectorStats.reconnects_total": _COUNTER,
-    "CollectorStats.sample_errors_total": _COUNTER,
-    "CollectorStats.sample_duration_s": Num(0, 3600, "s"),
-    "CollectorStats.kmsg_lines_unparsed_total": _COUNTER,
-    "CollectorStats.xid_unknown_gpu_total": _COUNTER,
-    "CollectorStats.xid_duplicates_total": _COUNTER,
-    "CollectorStats.engine_scrapes_failed_total": _COUNTER,
-    "CollectorStats.xid_folded_total": _COUNTER,
-    "CollectorStats.kmsg_records_caught_up_total": _COUNTER,
-    "CollectorStats.nvml_calls_hung_total": _COUNTER,
+    # CollectorStats: the collector's own health, every field a metric
+    **_metric_rules("CollectorStats", _STATS_METRICS),
     # CommandResult
     "CommandResult.id": Text(64, tag=True),
     "CommandResult.outcome": Known(),

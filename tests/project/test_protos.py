@@ -48,15 +48,37 @@ def test_check_fails_when_a_proto_changes_without_regenerating(tmp_path: Path) -
 
 def test_every_fleet_rpc_is_served_by_our_code_not_the_generated_placeholder() -> None:
     """protoc's FleetServicer answers every method with NotImplementedError (generated code,
-    kept as generated); FleetService must override each one the .proto declares."""
-    from gpufleet.aggregator.api.service import FleetService
-    from gpufleet.protos import fleet_pb2, fleet_pb2_grpc
+    kept as generated); each RPC the .proto declares is served by exactly one of FleetService's
+    groups, and a group that served none, or two serving one, stops the service's start."""
+    from gpufleet.aggregator.api import service
+    from gpufleet.aggregator.api.base import rpc
+    from gpufleet.protos import fleet_pb2_grpc
 
     methods = [m.name for m in fleet_pb2.DESCRIPTOR.services_by_name["Fleet"].methods]
     # the first waves' twelve, ReplayPolicy, QueryEvents, RevokeCollectorToken, Proceed, ListPools
     assert len(methods) == 17
-    missing = [m for m in methods if getattr(FleetService, m) is getattr(fleet_pb2_grpc.FleetServicer, m)]
-    assert missing == []
+    served = service.rpcs_by_group()
+    assert set(served) == set(methods)
+    for name, group in served.items():
+        assert getattr(group, name) is not getattr(fleet_pb2_grpc.FleetServicer, name, None)
+
+    class Twice:
+        @rpc("viewer")
+        async def GetNode(self, request: object, principal: object) -> None: ...
+
+    class Lacking:
+        pass
+
+    original = service.GROUPS
+    try:
+        service.GROUPS = (*original, Twice)  # type: ignore[assignment]
+        with pytest.raises(TypeError, match="GetNode is served by NodesApi and Twice"):
+            service.rpcs_by_group()
+        service.GROUPS = (Lacking, *original[1:])  # type: ignore[assignment]
+        with pytest.raises(TypeError, match=r"no group serves: .*GetNode"):
+            service.rpcs_by_group()
+    finally:
+        service.GROUPS = original
 
 
 def test_the_clients_typed_rpcs_are_the_fleet_service() -> None:
