@@ -6,10 +6,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from gpufleet.aggregator.settings import require
 from gpufleet.aggregator.settings.ingest import IngestSettings
+from gpufleet.aggregator.settings.plugins import PluginSettings
 from gpufleet.aggregator.settings.repair import RepairSettings
 from gpufleet.aggregator.settings.replicas import ReplicaSettings
 from gpufleet.aggregator.settings.serving import ServingSettings
@@ -19,19 +19,22 @@ from gpufleet.repair.alerts import open_sinks
 
 
 # Fields come in the reverse order of the bases (dataclasses collect the last base's first):
-# serving, ingest, store, repair, replicas, as `gpufleet config reference` lists them.
+# serving, ingest, store, repair, the plug-ins', replicas, as `gpufleet config reference` lists them.
 @dataclass
-class AggregatorConfig(ReplicaSettings, RepairSettings, StoreSettings, IngestSettings, ServingSettings):
+class AggregatorConfig(
+    ReplicaSettings, PluginSettings, RepairSettings, StoreSettings, IngestSettings, ServingSettings
+):
     def __post_init__(self) -> None:
         self.check_serving()
         self.check_ingest()
         self.check_store()
         self.check_repair()
+        self.check_plugins(self.store, self.repair_backend)
         self.check_replicas()
         # The alert sinks, opened once here so a token file that cannot be read (or any other
         # bad sink setting) stops the start with its setting named, not the first repair term.
         try:
-            open_sinks(self.section("alert_"))
+            open_sinks(self)
         except ValueError as exc:
             require(False, str(exc))
         require(
@@ -46,19 +49,9 @@ class AggregatorConfig(ReplicaSettings, RepairSettings, StoreSettings, IngestSet
             self.store,
             self.data_path,
             self.retention_s,
+            self,  # the store's own settings (influx_*) are among these
             rollup_retention={"_1m": self.rollup_1m_retention_s, "_1h": self.rollup_1h_retention_s},
-            # The influx_* settings are the InfluxDB store's; no other store takes them.
-            **(
-                {k: v for k, v in vars(self).items() if k.startswith("influx_")}
-                if self.store == "influxdb"
-                else {}
-            ),
         )
-
-    def section(self, prefix: str) -> dict[str, Any]:
-        """The settings that start with prefix, the prefix taken off: what a plug-in's
-        from_settings reads (repair_ for backends, alert_ for alert sinks)."""
-        return {k.removeprefix(prefix): v for k, v in vars(self).items() if k.startswith(prefix)}
 
     @property
     def data_path(self) -> Path:

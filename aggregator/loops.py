@@ -7,10 +7,18 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
+from gpufleet.aggregator.auth.tokens import Revocations
 from gpufleet.aggregator.fleet import rollups
-from gpufleet.aggregator.store import StoreError
+from gpufleet.aggregator.fleet.state import FleetState
+from gpufleet.aggregator.store import Store, StoreError
 from gpufleet.repair.state import RepairState, StateError
+
+if TYPE_CHECKING:
+    from gpufleet.aggregator.config import AggregatorConfig
+    from gpufleet.aggregator.ingest.service import IngestService
 
 log = logging.getLogger("gpufleet.aggregator")
 
@@ -19,10 +27,27 @@ REVOCATIONS_EVERY_S = 5.0
 
 
 class BackgroundLoops:
+    def __init__(
+        self,
+        config: AggregatorConfig,
+        store: Store,
+        fleet: FleetState,
+        revocations: Revocations,
+        ingest: IngestService,
+        open_control_plane: Callable[[str], RepairState],
+    ) -> None:
+        self._config = config
+        self._store = store
+        self._fleet = fleet
+        self._revocations = revocations
+        self._ingest = ingest
+        self._open_control_plane = open_control_plane
+        self.restored = self._restore()  # the live view seeded from the store (else: restore_loop)
+
     def _restore(self) -> bool:
         """Seed the live view from the store; False (logged) if the store is unreachable now."""
         try:
-            self.fleet.restore(self.store.latest("collector"), self.store.latest("gpu"))
+            self._fleet.restore(self._store.latest("collector"), self._store.latest("gpu"))
         except StoreError as exc:
             log.warning(
                 "cannot read the last known state of the fleet from the store (%s); starting "
@@ -36,26 +61,26 @@ class BackgroundLoops:
         """Recompute the roll-ups' trailing windows every rollup_interval_s (see rollups.py)."""
         while not stop.is_set():
             try:
-                written = await asyncio.to_thread(rollups.run_once, self.store)
+                written = await asyncio.to_thread(rollups.run_once, self._store)
                 log.debug("roll-ups: %d points written", written)
             except Exception as exc:  # the store is down, or refused a value: the next pass catches up
                 log.warning("roll-up pass failed: %s", exc)
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), self.config.rollup_interval_s)
+                await asyncio.wait_for(stop.wait(), self._config.rollup_interval_s)
 
     async def restore_loop(self, stop: asyncio.Event) -> None:
         """Retry the start-up restore until the store answers (the spool covers writes)."""
         delay_s = 2.0
-        while not self._restored and not stop.is_set():
+        while not self.restored and not stop.is_set():
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), delay_s)  # a retry delay, stoppable
-            self._restored = await asyncio.to_thread(self._restore)
+            self.restored = await asyncio.to_thread(self._restore)
             delay_s = min(60.0, delay_s * 2)
 
     async def retention_loop(self, stop: asyncio.Event) -> None:
         while not stop.is_set():
             try:
-                await asyncio.to_thread(self.store.apply_retention, time.time_ns())
+                await asyncio.to_thread(self._store.apply_retention, time.time_ns())
             except Exception:  # keep serving; the next pass tries again
                 log.exception("retention pass failed")
             with contextlib.suppress(TimeoutError):
@@ -72,9 +97,9 @@ class BackgroundLoops:
                     if state is None:
                         state = await asyncio.to_thread(self._open_control_plane, "revocations")
                     revoked = await asyncio.to_thread(state.revoked_collector_tokens)
-                    if revoked != self.revocations.ids:
-                        self.revocations.update(revoked)
-                        ended = self.ingest.end_invalid_streams()
+                    if revoked != self._revocations.ids:
+                        self._revocations.update(revoked)
+                        ended = self._ingest.end_invalid_streams()
                         log.info(
                             "collector token revocation list: %d token(s); %d open stream(s) ended",
                             len(revoked),

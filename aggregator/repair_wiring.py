@@ -257,9 +257,9 @@ class RepairWiring:
         self._main = main
         config = self._config
         fleet = self._fleet
-        backend = open_backend(config.repair_backend, self.scheduler_names, **config.section("repair_"))
+        backend = open_backend(config.repair_backend, config, self.scheduler_names)
         dispatcher = AlertDispatcher(
-            open_sinks(config.section("alert_")),
+            open_sinks(config),
             group_wait_s=config.alert_group_wait_s,
             max_age_s=config.alert_max_age_s,
             count=lambda sink, outcome: self._alert_count.labels(sink=sink, outcome=outcome).inc(),

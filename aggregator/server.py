@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import json
 import logging
 import os
@@ -28,7 +27,7 @@ from gpufleet.aggregator.loops import BackgroundLoops
 from gpufleet.aggregator.metrics import AggregatorMetrics
 from gpufleet.aggregator.repair_wiring import RepairWiring
 from gpufleet.aggregator.replication.control_plane import ControlPlane, register_metrics
-from gpufleet.aggregator.status import StatusReports
+from gpufleet.aggregator.status import Lifecycle, StatusReports
 from gpufleet.aggregator.store import Store
 from gpufleet.aggregator.supervise import Supervisor
 from gpufleet.common.bounded_http import BoundedHTTPServer
@@ -39,7 +38,11 @@ log = logging.getLogger("gpufleet.aggregator")
 WORKER_START_S = 30.0  # how long a start waits for the ingest workers' first word
 
 
-class Aggregator(StatusReports, BackgroundLoops):
+class Aggregator:
+    """The aggregator's parts, built here and given what each uses; started and stopped here.
+    What it says of itself is its StatusReports' (status.py), its periodic work its
+    BackgroundLoops' (loops.py)."""
+
     def __init__(self, config: AggregatorConfig) -> None:
         self.config = config
         config.data_path.mkdir(parents=True, exist_ok=True)
@@ -49,7 +52,6 @@ class Aggregator(StatusReports, BackgroundLoops):
         self.auth = Authenticator.from_file(config.secrets_path, self.revocations)
         self.store: Store = config.open_store()
         self.fleet = FleetState(config.stale_after_intervals, config.silent_after_intervals)
-        self._restored = self._restore()
         self.spool = Spool(config.data_path / "spool", config.spool_max_bytes, config.spool_warn_ratio)
         # Batches spooled by ingest workers that this configuration no longer runs drain from here.
         adopt_orphans(config.data_path, config.ingest_workers, self.spool)
@@ -59,11 +61,6 @@ class Aggregator(StatusReports, BackgroundLoops):
             if config.ingest_workers
             else None
         )
-        self.metrics.watch_spool(self.spool_status, self.store)
-        self.register_status_gauges(self.metrics.registry)
-        # Who makes reports durable: the worker processes, or this process's writer. The
-        # watchdog and the status read it the same way.
-        self.sink: GroupCommitWriter | WorkerPool = self.pool or self.writer
         self.fanout = Fanout(self.metrics)
         self.fanout.on_report("fleet_view", self.fleet.on_report)
         self.ingest = IngestService(
@@ -99,8 +96,33 @@ class Aggregator(StatusReports, BackgroundLoops):
         self.repair_state = self.control_plane.state if self.control_plane else open_control_plane()
         if self.control_plane is not None:
             register_metrics(self.control_plane, self.metrics.registry)
+        self.loops = BackgroundLoops(
+            config, self.store, self.fleet, self.revocations, self.ingest, open_control_plane
+        )
+        self.lifecycle = Lifecycle()
+        self.reports = StatusReports(
+            config,
+            self.fleet,
+            self.store,
+            self.spool,
+            self.writer,
+            self.pool,
+            self.fanout,
+            self.ingest,
+            self.supervisor,
+            self.control_plane,
+            self.lifecycle,
+        )
+        self.metrics.watch_spool(self.reports.spool_status, self.store)
+        self.reports.register_status_gauges(self.metrics.registry)
         self.fleet_service = FleetService(
-            self.auth, self.fleet, self.store, self.metrics, self.status, self.repair, self.control_plane
+            self.auth,
+            self.fleet,
+            self.store,
+            self.metrics,
+            self.reports.status,
+            self.repair,
+            self.control_plane,
         )
         register_pool_metrics(
             self.metrics.registry,
@@ -110,11 +132,8 @@ class Aggregator(StatusReports, BackgroundLoops):
         )
         self._servers: list[grpc.aio.Server] = []
         self._http: BoundedHTTPServer | None = None
-        # Watched: one that ends is unhealthy (the repair term is a future of its own thread).
-        self._tasks: dict[str, asyncio.Task[None] | concurrent.futures.Future[None]] = {}
+        self._tasks = self.lifecycle.tasks  # watched by the status's watchdog
         self._loops: list[asyncio.Task[None]] = []
-        self._stopping = False
-        self._started = False
 
     def _open_control_plane(self, purpose: str = "repair") -> RepairState:
         # A connect attempt is bounded well inside the lease, and no call waits for an answer
@@ -162,7 +181,7 @@ class Aggregator(StatusReports, BackgroundLoops):
             for task in self.pool.start(self.supervisor):
                 self._tasks[task.get_name()] = task
         self._tasks["fanout"] = self.supervisor.start("fanout", self.fanout.run)
-        self._started = True
+        self.lifecycle.started = True
         for server in self._servers:
             await server.start()
         if self.pool is not None:
@@ -179,7 +198,7 @@ class Aggregator(StatusReports, BackgroundLoops):
         metrics_addr = ""
         if self.config.metrics_listen:
             host, port = split_address(self.config.metrics_listen)
-            self._http = serve_http(host, port, self.metrics.registry, self.unhealthy)
+            self._http = serve_http(host, port, self.metrics.registry, self.reports.unhealthy)
             metrics_addr = f"{host or '0.0.0.0'}:{self._http.server_port}"
         bound = Bound(ingest_addr, fleet_addr, metrics_addr)
         if self.control_plane is not None:
@@ -215,13 +234,13 @@ class Aggregator(StatusReports, BackgroundLoops):
         """The aggregator's periodic loops, each supervised (a crash is logged, counted and the
         loop restarted; a loop that ends early shows in the watchdog)."""
         loops = {
-            "retention": lambda: self.retention_loop(stop),
-            "restore": lambda: self.restore_loop(stop),
-            "rollups": lambda: self.rollup_loop(stop),
-            "revocations": lambda: self.revocation_loop(stop),
+            "retention": lambda: self.loops.retention_loop(stop),
+            "restore": lambda: self.loops.restore_loop(stop),
+            "rollups": lambda: self.loops.rollup_loop(stop),
+            "revocations": lambda: self.loops.revocation_loop(stop),
         }
         if self.control_plane is not None:
-            loops["control-plane-lease"] = lambda: self.control_plane.lease_loop(stop)  # type: ignore[union-attr]
+            loops["control-plane-lease"] = lambda: self.control_plane.leadership.lease_loop(stop)  # type: ignore[union-attr]
             loops["control-plane-sync"] = lambda: self.control_plane.sync_loop(stop)  # type: ignore[union-attr]
         for name, body in loops.items():
             task = self.supervisor.start(name, body)
@@ -241,12 +260,12 @@ class Aggregator(StatusReports, BackgroundLoops):
 
     async def wait_loops(self, timeout_s: float = 60.0) -> None:
         """After stop is set: let each loop finish its pass (a repair step is not cut short)."""
-        self._stopping = True
+        self.lifecycle.stopping = True
         if self._loops:
             await asyncio.wait(self._loops, timeout=timeout_s)
 
     async def stop(self, grace_s: float = 5.0) -> None:
-        self._stopping = True
+        self.lifecycle.stopping = True
         await asyncio.gather(*(s.stop(grace_s) for s in self._servers))
         if self.pool is not None:
             await self.pool.close()

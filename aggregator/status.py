@@ -3,20 +3,64 @@ GetStatus, `gpufleet status` and the dashboard) and the status the Fleet API ser
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
 import time
-from typing import Any
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry, Gauge
 
-from gpufleet.aggregator.ingest.spool import SpoolStatus
+from gpufleet.aggregator.fleet.state import FleetState
+from gpufleet.aggregator.ingest.fanout import Fanout
+from gpufleet.aggregator.ingest.spool import Spool, SpoolStatus
+from gpufleet.aggregator.ingest.worker_pool import WorkerPool
+from gpufleet.aggregator.ingest.writer import GroupCommitWriter
+from gpufleet.aggregator.store import Store
+from gpufleet.aggregator.supervise import Supervisor
 from gpufleet.common.redact import redact
 from gpufleet.common.version import __version__
 from gpufleet.protos import fleet_pb2
 from gpufleet.protos.names import LIVENESS_NAMES
 from gpufleet.repair.state import LeaseInfo
 
+if TYPE_CHECKING:
+    from gpufleet.aggregator.config import AggregatorConfig
+    from gpufleet.aggregator.ingest.service import IngestService
+    from gpufleet.aggregator.replication.control_plane import ControlPlane
 
+
+@dataclass
+class Lifecycle:
+    """How far the aggregator's start and stop have come, and its watched tasks (one that ends
+    while not stopping makes it unhealthy; the repair term is a future of its own thread)."""
+
+    started: bool = False
+    stopping: bool = False
+    tasks: dict[str, asyncio.Task[None] | concurrent.futures.Future[None]] = field(default_factory=dict)
+
+
+@dataclass
 class StatusReports:
+    """Reads the aggregator's parts; changes none of them."""
+
+    config: AggregatorConfig
+    fleet: FleetState
+    store: Store
+    spool: Spool
+    writer: GroupCommitWriter
+    pool: WorkerPool | None
+    fanout: Fanout
+    ingest: IngestService
+    supervisor: Supervisor
+    control_plane: ControlPlane | None
+    lifecycle: Lifecycle
+
+    @property
+    def sink(self) -> GroupCommitWriter | WorkerPool:
+        """Who makes reports durable: the worker processes, or this process's writer."""
+        return self.pool or self.writer
+
     def register_status_gauges(self, registry: CollectorRegistry) -> None:
         """Gauges read at scrape time for the aggregator's own alert rules
         (deploy/prometheus/gpufleet-alerts.yml): ready or not, and the nodes it knows by
@@ -56,13 +100,13 @@ class StatusReports:
         lag = self.fanout.lag_s()
         if lag > self.config.ack_watchdog_s:
             reasons.append(f"the fleet view and repair listeners are {lag:.0f} s behind the acks")
-        if self.pool is not None and self._started:
+        if self.pool is not None and self.lifecycle.started:
             reasons += self.pool.not_running()
         reasons += self.supervisor.looping()
         if self.control_plane is not None:
             reasons += self.control_plane.unhealthy()
-        for name, task in self._tasks.items():
-            if task.done() and not self._stopping:
+        for name, task in self.lifecycle.tasks.items():
+            if task.done() and not self.lifecycle.stopping:
                 reasons.append(f"background task {name} has ended")
         return reasons
 

@@ -42,7 +42,7 @@ def run(args: argparse.Namespace) -> int:
     config = settings.resolve(
         AggregatorConfig, "aggregator", args, os.environ, settings.load_file(path), str(path)
     )
-    sinks = open_sinks(config.section("alert_"))
+    sinks = open_sinks(config)
     if not sinks:
         print(
             "gpufleet alert test: no alert sink is configured (alert_webhooks, alert_slack_url, "

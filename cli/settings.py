@@ -135,23 +135,31 @@ def resolve(
 
 
 def reference(sections: Mapping[str, type]) -> str:
-    """A Markdown table of every setting: name, environment variable, default, meaning."""
+    """A Markdown table of every setting: name, environment variable, default, meaning. A
+    plug-in's own settings (common/registry.py) follow in a table of their own, under the
+    choice that uses them ("repair_backend = slurm")."""
     lines = []
     for section, cls in sections.items():
         hints = typing.get_type_hints(cls)
-        lines += [
-            f"### `[{section}]`",
-            "",
-            "| setting | flag / environment | type | default | meaning |",
-            "|---|---|---|---|---|",
-        ]
+        groups: dict[str, list[dataclasses.Field[Any]]] = {}
         for f in dataclasses.fields(cls):
-            default = "(hostname)" if f.name == "node" else repr(f.default)
-            lines.append(
-                f"| `{f.name}` | `{flag_name(f.name)}` / `{env_name(section, f.name)}` | "
-                f"{hints[f.name].__name__} | `{default}` | {f.metadata.get('help', '')} |"
-            )
-        lines.append("")
+            owner = next(k for k in cls.__mro__ if f.name in vars(k).get("__annotations__", {}))
+            groups.setdefault(vars(owner).get("chosen_by", ""), []).append(f)
+        for chosen_by, fields in sorted(groups.items(), key=lambda g: g[0] != ""):
+            title = f"### `[{section}]`" if not chosen_by else f"#### `[{section}]`, with {chosen_by}"
+            lines += [
+                title,
+                "",
+                "| setting | flag / environment | type | default | meaning |",
+                "|---|---|---|---|---|",
+            ]
+            for f in fields:
+                default = "(hostname)" if f.name == "node" else repr(f.default)
+                lines.append(
+                    f"| `{f.name}` | `{flag_name(f.name)}` / `{env_name(section, f.name)}` | "
+                    f"{hints[f.name].__name__} | `{default}` | {f.metadata.get('help', '')} |"
+                )
+            lines.append("")
     return "\n".join(lines)
 
 

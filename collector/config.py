@@ -104,7 +104,7 @@ class CollectorConfig:
     engines: str = _setting(
         "",
         "inference-engine /metrics endpoints, ';'-separated, each 'URL [gpus=0,1] [pool=NAME]' "
-        f"({', '.join(p.name for p in ENGINE_PARSERS)})",
+        f"({', '.join(ENGINE_PARSERS)})",
     )
     engine_discovery: bool = _setting(
         True,

@@ -112,8 +112,8 @@ async def run_collector(config: CollectorConfig) -> None:
             loop.call_soon_threadsafe(agent.push_events, [event])
 
     started = {}
-    for name, open_source_ in EVENT_SOURCES.items():
-        running = open_source_(SourceContext(config, source, push))
+    for name, kind in EVENT_SOURCES.items():
+        running = kind.start(SourceContext(config, source, push))
         if running is not None:
             started[name] = running
     kmsg = started.get("kmsg")

@@ -13,7 +13,7 @@ from gpufleet.repair.alerts.dispatcher import AlertDispatcher
 from gpufleet.repair.evaluator import finding_id
 from gpufleet.repair.health import Health
 from gpufleet.repair.model import Finding
-from gpufleet.repair.outcome import OK, Outcome, Status
+from gpufleet.repair.outcome import OK, IncidentOutcome, Outcome, Status
 from gpufleet.repair.state import AuditRecord, Incident, RepairState, Workflow
 
 log = logging.getLogger("gpufleet.repair")
@@ -77,7 +77,7 @@ class IncidentDesk:
             self._state.put_incident(incident)
         return incident
 
-    def close(self, wf: Workflow, outcome: str, now: int, handed_to_person: bool = False) -> None:
+    def close(self, wf: Workflow, outcome: IncidentOutcome, now: int, handed_to_person: bool = False) -> None:
         if not wf.incident_id:
             return
         if wf.capacity_alert:
@@ -116,7 +116,7 @@ class IncidentDesk:
     def alert(self, incident: Incident, status: str, wf: Workflow) -> None:
         worst = max(incident.findings, key=lambda f: f.severity_rank, default=None)
         if status == "resolved":
-            summary = incident.outcome
+            summary = str(incident.outcome or "")
         elif worst:
             where = f" on GPU {worst.gpu}" if worst.gpu is not None else ""
             summary = f"{worst.code}{where}: {worst.reason}"
@@ -134,7 +134,8 @@ class IncidentDesk:
                 details={
                     "findings": [f.to_json() for f in incident.findings],
                     "detail": wf.detail,
-                    "outcome": incident.outcome,
+                    "outcome": str(incident.outcome or ""),
+                    "closure": incident.outcome.closure.value if incident.outcome else "",
                     "opened_unix_ns": incident.opened_ns,
                 },
             )

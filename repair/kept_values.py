@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import time
 
+from gpufleet.repair.outcome import Outcome
+
 _NO_GPU = -1  # first_seen.gpu for a finding about the whole node
 
 
@@ -75,9 +77,9 @@ class KeptValues:
             )
         return int(rows[0][0])
 
-    def finish_alert(self, seq: int, outcome: str) -> None:
+    def finish_alert(self, seq: int, outcome: Outcome) -> None:
         with self._write(f"alert delivery {seq}: {outcome}"):
-            self._execute("UPDATE alert_outbox SET outcome = ? WHERE seq = ?", (outcome, seq))
+            self._execute("UPDATE alert_outbox SET outcome = ? WHERE seq = ?", (str(outcome.trimmed()), seq))
 
     def queued_alerts(self) -> list[tuple[int, str, str]]:
         """(seq, sink, body) of alerts not yet delivered, oldest first."""

@@ -13,7 +13,7 @@ from gpufleet.repair.health import BY_AUTOMATION, Health, HoldKind
 from gpufleet.repair.incidents import IncidentDesk
 from gpufleet.repair.model import Finding
 from gpufleet.repair.observe import SchedulerWatch
-from gpufleet.repair.outcome import OK, failed
+from gpufleet.repair.outcome import OK, cancelled, failed, taken_over
 from gpufleet.repair.rails import Breaker
 from gpufleet.repair.state import Workflow
 from gpufleet.repair.workflow_moves import WorkflowMoves
@@ -55,7 +55,7 @@ class PersonActions:
                 self.desk.observed(
                     wf, "uncordon", "a person returned the node to service outside gpufleet", now
                 )
-                self.moves.cancel(wf, findings, "cancelled: a person uncordoned the node", now)
+                self.moves.cancel(wf, findings, cancelled("a person uncordoned the node"), now)
                 return True
             if not seen.ours:
                 self.moves.handed_over(wf, seen.reason, now, f"a person re-cordoned it: {seen.reason}")
@@ -64,7 +64,7 @@ class PersonActions:
         if wf.state == Health.HUMAN_CORDONED:
             if not seen.cordoned:
                 self.desk.observed(wf, "uncordon", "a person returned the node to service", now)
-                self.moves.cancel(wf, findings, "", now)
+                self.moves.cancel(wf, findings, None, now)
                 return True
             wf.detail = seen.reason
             return True
@@ -118,7 +118,7 @@ class PersonActions:
                 wf, "cordon", self.backend.cordon(node, text, automation=False), reason, actor, now
             )
             if wf.state in BY_AUTOMATION or wf.incident_id:
-                self.desk.close(wf, f"taken over by {actor}: {reason}", now, handed_to_person=True)
+                self.desk.close(wf, taken_over(reason, by=actor), now, handed_to_person=True)
             wf.cordoned_by_us = False
             wf.held = None
             self.moves.move(wf, Health.HUMAN_CORDONED, text)
@@ -132,7 +132,7 @@ class PersonActions:
             await self._in_scheduler(
                 wf, "uncordon", self.backend.uncordon(node, automation=False), reason, actor, now
             )
-            self.moves.cancel(wf, self.findings.get(node, []), f"cancelled by {actor}: {reason}", now)
+            self.moves.cancel(wf, self.findings.get(node, []), cancelled(reason, by=actor), now)
             self.moves.save(wf)
             return wf
 

@@ -35,7 +35,7 @@ from gpufleet.repair.health import Health, HoldKind, Step
 from gpufleet.repair.kept_values import KeptValues
 from gpufleet.repair.migrations import MIGRATIONS
 from gpufleet.repair.model import Finding
-from gpufleet.repair.outcome import STARTED, Outcome
+from gpufleet.repair.outcome import STARTED, IncidentOutcome, Outcome
 
 
 class StateError(Exception):
@@ -108,7 +108,7 @@ class Incident:
     opened_ns: int
     closed_ns: int = 0
     state: str = "suspect"
-    outcome: str = ""
+    outcome: IncidentOutcome | None = None  # None while open
     attempts: int = 0
     findings: list[Finding] = field(default_factory=list)
     alerted: bool = False
@@ -118,12 +118,15 @@ class Incident:
         return not self.closed_ns
 
     def body(self) -> str:
-        return json.dumps(asdict(self))  # findings, dataclasses too, become dicts
+        d = asdict(self)  # findings, dataclasses too, become dicts
+        d["outcome"] = self.outcome.to_json() if self.outcome else None
+        return json.dumps(d)
 
     @classmethod
     def from_body(cls, text: str) -> Incident:
         d = json.loads(text)
         d["findings"] = [Finding.from_json(f) for f in d["findings"]]
+        d["outcome"] = IncidentOutcome.from_json(d["outcome"]) if d.get("outcome") else None
         return cls(**d)
 
 

@@ -13,6 +13,7 @@ from gpufleet.repair.evaluator import finding_id
 from gpufleet.repair.health import Health, Step
 from gpufleet.repair.incidents import IncidentDesk
 from gpufleet.repair.model import Finding, NodeSnapshot
+from gpufleet.repair.outcome import IncidentOutcome, cancelled, taken_over
 from gpufleet.repair.policy import Policy
 from gpufleet.repair.rails import Gate, SchedulerView
 from gpufleet.repair.state import HeldStep, RepairState, Workflow
@@ -58,20 +59,22 @@ class WorkflowMoves:
         wf.detail = hold.reason
         return True
 
-    def cancel(self, wf: Workflow, findings: list[Finding], outcome: str, now: int) -> None:
+    def cancel(
+        self, wf: Workflow, findings: list[Finding], outcome: IncidentOutcome | None, now: int
+    ) -> None:
         """A person returned the node to service: stop, and do not re-cordon for what they saw."""
         # Findings already overridden stay so (they are not in `findings`: filtered out).
         wf.suppressed = sorted(set(wf.suppressed) | {finding_id(f) for f in findings})
         wf.cleared_before_ns = now
         wf.cordoned_by_us = False
         wf.held = None
-        self.desk.close(wf, outcome or "cancelled: a person returned the node to service", now)
+        self.desk.close(wf, outcome or cancelled("a person returned the node to service"), now)
         self.move(wf, Health.HEALTHY, "")
 
     def handed_over(self, wf: Workflow, reason: str, now: int, audit_reason: str) -> None:
         """A person has the node: stop, close any incident as theirs, keep hands off."""
         self.desk.observed(wf, "cordon", audit_reason, now)
-        self.desk.close(wf, f"taken over by a person: {reason}", now, handed_to_person=True)
+        self.desk.close(wf, taken_over(reason), now, handed_to_person=True)
         wf.cordoned_by_us = False
         wf.held = None
         self.move(wf, Health.HUMAN_CORDONED, reason)

@@ -14,7 +14,7 @@ from gpufleet.repair.health import Health, Step
 from gpufleet.repair.incidents import IncidentDesk
 from gpufleet.repair.model import Finding, NodeSnapshot
 from gpufleet.repair.observe import SchedulerWatch
-from gpufleet.repair.outcome import OK, STARTED, Outcome, Status, failed
+from gpufleet.repair.outcome import CLEARED, OK, STARTED, Outcome, Status, failed, repaired
 from gpufleet.repair.policy import Policy
 from gpufleet.repair.rails import Breaker, SchedulerView
 from gpufleet.repair.state import RepairState, Workflow
@@ -192,7 +192,7 @@ class WorkflowSteps:
             self.scheduler.forget(wf.node)
         self.desk.audit(wf, Step.UNCORDON, why, OK, now)
         wf.cordoned_by_us = False
-        self.desk.close(wf, f"repaired by {step}", now)
+        self.desk.close(wf, repaired(step), now)
         self.moves.move(wf, Health.HEALTHY, "")
 
     async def in_service(
@@ -218,7 +218,7 @@ class WorkflowSteps:
             self.desk.note(wf, notable)
             self.moves.move(wf, Health.HEALTHY, f"watching: {', '.join(f.code for f in notable)}")
         else:
-            self.desk.close(wf, "cleared by itself", now)
+            self.desk.close(wf, CLEARED, now)
             self.moves.move(wf, Health.HEALTHY, "")
         # A node just cordoned drains from the next pass: every cordon due now goes out first.
 

@@ -210,7 +210,7 @@ def _incident_pb(i: Incident, actions: list[AuditRecord]) -> fleet_pb2.Incident:
         state=health_value(i.state),
         opened_unix_ns=i.opened_ns,
         closed_unix_ns=i.closed_ns,
-        outcome=i.outcome,
+        outcome=str(i.outcome or ""),
         findings=[f.to_proto() for f in i.findings],
         actions=[_audit_pb(a) for a in actions],
         attempts=i.attempts,

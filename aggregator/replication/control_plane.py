@@ -69,7 +69,7 @@ class _SyncResult:
     lease: LeaseInfo | None = None
 
 
-class ControlPlane(Leadership):
+class ControlPlane:
     def __init__(
         self,
         config: AggregatorConfig,
@@ -101,23 +101,48 @@ class ControlPlane(Leadership):
         # delays a renewal, and asyncio's default executor (shared) never delays either.
         self._threads = ThreadPoolExecutor(max_workers=2, thread_name_prefix="control-plane")
         self._check_name_free()
-        self.epoch: int | None = None
-        self.lease_info: LeaseInfo | None = None
-        self._lease_read_at = time.monotonic()  # this process's clock when lease_info was asked for
         self.replicas: list[ReplicaInfo] = []
         self.workflows: dict[str, Workflow] = {}  # as the leader last saved them (for followers)
         self.addresses: dict[str, str] = {}  # this replica's fleet and ingest addresses
-        self._valid_until = 0.0
         self._cursor = LiveViewCursor()  # where the next read of the live view starts
-        self._result_cursor = 0
         self._syncs = 0
         self.last_sync_monotonic = time.monotonic()  # the last sync that reached the store
         self.sync_errors_total = 0
-        self.lease_errors_total = 0
-        self.terms_total = 0
+        self.leadership = Leadership(
+            self.replica,
+            self.url,
+            self._lease_s,
+            self.state,
+            self._lease_state,
+            repair,
+            supervisor,
+            self._call,
+            lambda: self.replicas,
+        )
         self._results_out: list[tuple[str, ingest_pb2.CommandResult]] = []  # for the leader, next sync
         repair.remote_command = self._queue_command
         ingest.fanout.on_command_result("control_plane", self._on_command_result)
+
+    # Who leads: the leadership's (leadership.py), read here by the status, the Fleet API and metrics.
+    @property
+    def epoch(self) -> int | None:
+        return self.leadership.epoch
+
+    @property
+    def leader(self) -> bool:
+        return self.leadership.leader
+
+    @property
+    def lease_info(self) -> LeaseInfo | None:
+        return self.leadership.lease_info
+
+    def leader_address(self) -> tuple[str, str]:
+        return self.leadership.leader_address()
+
+    async def _call(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """A control-plane call on the loops' own threads (not asyncio's default executor, which
+        other work shares): each returns within the call timeout (repair/state_postgres.py)."""
+        return await asyncio.get_running_loop().run_in_executor(self._threads, fn, *args)
 
     def _check_name_free(self) -> None:
         """Two live replicas with one name would share a lease: refuse to start as the second."""
@@ -194,7 +219,7 @@ class ControlPlane(Leadership):
         out.remote = records.live_rows(0 if full else self._cursor.after())
         out.commands = records.take_commands(self.replica, held, COMMAND_MAX_AGE_S)
         if leader:
-            out.results = records.command_results(self._result_cursor)
+            out.results = records.command_results(self.leadership.result_cursor)
         else:
             out.workflows = s.workflows()
         out.replicas = records.replicas(max_age_s=3 * self._lease_s)
@@ -224,7 +249,7 @@ class ControlPlane(Leadership):
                     ),
                 )
         for seq, node, body in got.results:
-            self._result_cursor = max(self._result_cursor, seq)
+            self.leadership.result_cursor = max(self.leadership.result_cursor, seq)
             if self.leader:
                 self._repair.on_command_result(node, ingest_pb2.CommandResult.FromString(body))
         if got.workflows is not None:
@@ -236,7 +261,7 @@ class ControlPlane(Leadership):
             if live.replica and live.replica not in alive:
                 live.connected = False
         self.replicas = got.replicas
-        self._saw_lease(got.lease, asked_monotonic)
+        self.leadership.saw_lease(got.lease, asked_monotonic)
 
     def _queue_command(self, state: RepairState, node: str, command: ingest_pb2.Command) -> bool:
         """The leader's command for a node whose stream another replica holds (fenced: the
@@ -285,20 +310,16 @@ class ControlPlane(Leadership):
 
 def register_metrics(plane: ControlPlane, registry: CollectorRegistry) -> None:
     """This replica's control-plane gauges, read at scrape time."""
+    lead = plane.leadership
     for name, text, read in (
-        (
-            "gpufleet_control_plane_sync_errors",
-            "control-plane syncs that failed (each logged)",
-            "sync_errors_total",
-        ),
-        (
-            "gpufleet_control_plane_lease_errors",
-            "lease reads or renewals that failed",
-            "lease_errors_total",
-        ),
-        ("gpufleet_repair_leader_terms", "times this replica became the repair leader", "terms_total"),
-    ):
-        Gauge(name, text, registry=registry).set_function(lambda read=read: float(getattr(plane, read)))
+        ("gpufleet_control_plane_sync_errors", "control-plane syncs that failed (each logged)",
+         lambda: plane.sync_errors_total),
+        ("gpufleet_control_plane_lease_errors", "lease reads or renewals that failed",
+         lambda: lead.lease_errors_total),
+        ("gpufleet_repair_leader_terms", "times this replica became the repair leader",
+         lambda: lead.terms_total),
+    ):  # fmt: skip
+        Gauge(name, text, registry=registry).set_function(lambda read=read: float(read()))
     Gauge(
         "gpufleet_control_plane_call_timeouts",
         "control-plane calls that had no answer within the call timeout (PostgreSQL hung or cut off)",

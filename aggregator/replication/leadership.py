@@ -1,8 +1,9 @@
 """The repair leader's lease, this replica's side of it (docs/architecture.md "Control plane
 and replicas", "When the control plane hangs"): take it when free, renew it every third of
 the lease, stop acting when trust runs out whatever a renewal is doing, act only after a
-first renewal, and wake just after the holder's lease would run out. A part of ControlPlane
-(aggregator/replication/control_plane.py), which sets the attributes declared here."""
+first renewal, and wake just after the holder's lease would run out. ControlPlane
+(aggregator/replication/control_plane.py) makes one, on the lease's own connection, and reads
+who leads from it."""
 
 from __future__ import annotations
 
@@ -10,8 +11,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from gpufleet.aggregator.repair_wiring import RepairWiring
@@ -26,25 +26,36 @@ LEASE_TRUST = 0.8  # a leader acts for this fraction of its lease after a renewa
 
 
 class Leadership:
-    replica: str
-    url: str
-    state: RepairState
-    epoch: int | None
-    lease_info: LeaseInfo | None
-    replicas: list[ReplicaInfo]
-    terms_total: int
-    lease_errors_total: int
-    _lease_s: float
-    _lease_state: RepairState
-    _lease: ReplicaRecords
-    _lease_read_at: float
-    _valid_until: float
-    _result_cursor: int
-    _threads: ThreadPoolExecutor
-    _repair: RepairWiring
-    _supervisor: Supervisor
+    def __init__(
+        self,
+        replica: str,
+        url: str,
+        lease_s: float,
+        term_state: RepairState,
+        lease_state: RepairState,
+        repair: RepairWiring,
+        supervisor: Supervisor,
+        call: Callable[..., Awaitable[Any]],
+        replicas: Callable[[], list[ReplicaInfo]],
+    ) -> None:
+        self.replica = replica
+        self._url = url
+        self._lease_s = lease_s
+        self._term_state = term_state  # what a term is given, fenced by its epoch
+        self._lease_state = lease_state
+        self._lease = ReplicaRecords(lease_state)
+        self._repair = repair
+        self._supervisor = supervisor
+        self._call = call  # a control-plane call on the control plane's own threads
+        self._replicas = replicas  # the replicas as the sync loop last read them
+        self.epoch: int | None = None
+        self.lease_info: LeaseInfo | None = None
+        self._lease_read_at = time.monotonic()  # this process's clock when lease_info was asked for
+        self._valid_until = 0.0
+        self.result_cursor = 0  # the last command result the leader has taken
+        self.terms_total = 0
+        self.lease_errors_total = 0
 
-    # --- leadership -------------------------------------------------------------------------
     @property
     def leader(self) -> bool:
         return self.epoch is not None
@@ -54,15 +65,10 @@ class Leadership:
         lease = self.lease_info
         if lease is None or not lease.live:
             return "", ""
-        for r in self.replicas:
+        for r in self._replicas():
             if r.replica == lease.holder:
                 return r.replica, str(r.info.get("fleet", ""))
         return lease.holder, ""
-
-    async def _call(self, fn: Callable[..., Any], *args: Any) -> Any:
-        """A control-plane call on the loops' own threads (not asyncio's default executor, which
-        other work shares): each returns within the call timeout (repair/state_postgres.py)."""
-        return await asyncio.get_running_loop().run_in_executor(self._threads, fn, *args)
 
     async def lease_loop(self, stop: asyncio.Event) -> None:
         while not stop.is_set():
@@ -84,7 +90,7 @@ class Leadership:
                     lost = await self._call(self._lease_state.lease)
                     await self._deposed(f"the repair lease is {lost.describe()}", lease=lost)
                 asked = time.monotonic()
-                self._saw_lease(await self._call(self._lease_state.lease), asked)
+                self.saw_lease(await self._call(self._lease_state.lease), asked)
             except StateError as exc:
                 self.lease_errors_total += 1
                 log.warning("repair lease: %s", exc, extra={"replica": self.replica})
@@ -137,7 +143,7 @@ class Leadership:
             return period / 4
         return min(period, left_s + 0.05)
 
-    def _saw_lease(self, lease: LeaseInfo | None, asked_monotonic: float) -> None:
+    def saw_lease(self, lease: LeaseInfo | None, asked_monotonic: float) -> None:
         if lease is not None:
             self.lease_info, self._lease_read_at = lease, asked_monotonic
 
@@ -145,16 +151,16 @@ class Leadership:
         self.epoch = epoch
         self.terms_total += 1
         with contextlib.suppress(StateError):
-            self._result_cursor = await self._call(self._lease.last_command_result_seq)
+            self.result_cursor = await self._call(self._lease.last_command_result_seq)
         log.warning(
             "this replica is the repair leader now (epoch %d); its repair term loads workflows, ledger "
             "and breaker from %s",
             epoch,
-            self.url,
+            self._url,
             extra={"replica": self.replica, "epoch": epoch},
         )
         await self._audit("leader_elected", f"epoch {epoch}; lease {self._lease_s:g} s", epoch)
-        self._repair.start_term(self.state.fenced(self.replica, epoch), self._supervisor)
+        self._repair.start_term(self._term_state.fenced(self.replica, epoch), self._supervisor)
 
     async def _deposed(self, why: str, level: int = logging.ERROR, lease: LeaseInfo | None = None) -> None:
         epoch, self.epoch = self.epoch, None

@@ -1,5 +1,6 @@
-"""Repair: the policy, the safety rails, the scheduler backend and its names, the hooks, alerts,
-and how far back a replay may read."""
+"""Repair: the policy, the safety rails, the scheduler backend (its own settings are the
+backend's: repair/backends/) and its names, the hooks, alerts (each sink's settings are the
+sink's: repair/alerts/), and how far back a replay may read."""
 
 from __future__ import annotations
 
@@ -7,13 +8,12 @@ from dataclasses import dataclass
 
 from gpufleet.aggregator.settings import require, setting
 from gpufleet.repair.backends import BACKENDS
-from gpufleet.repair.backends import described as described_backends
 from gpufleet.repair.backends.scheduler_names import NameMapError, SchedulerNames
 
 
 @dataclass
 class RepairSettings:
-    repair_backend: str = setting("none", f"where cordons go: {described_backends()}")
+    repair_backend: str = setting("none", f"where cordons go: {BACKENDS.described()}")
     repair_dry_run: bool = setting(False, "decide and audit, but cordon, drain, reset and reboot nothing")
     repair_policy_file: str = setting(
         "", "local health-policy overrides on top of the shipped defaults (`gpufleet policy check`)"
@@ -41,21 +41,6 @@ class RepairSettings:
         "", "command that reboots a node ({node}, {incident}, {gpus}, {reason}); empty: skip reboots"
     )
     repair_ticket_command: str = setting("", "command that opens a hardware ticket (same placeholders)")
-    repair_hook_timeout_s: float = setting(600.0, "longest a repair hook or scheduler call may run")
-    repair_slurm_scontrol: str = setting("scontrol", "the scontrol program (repair_backend = slurm)")
-    repair_slurm_conf: str = setting("", "SLURM_CONF for scontrol (empty: Slurm's default)")
-    repair_kubeconfig: str = setting(
-        "", "kubeconfig for the kubernetes backend (empty: the in-cluster service account)"
-    )
-    repair_drain_engine_command: str = setting(
-        "",
-        "slurm and hook backends: command that takes one inference engine out of rotation before a "
-        "drain ({node}, {port}; once per replica); empty: drains do not wait for engines to finish "
-        "(Kubernetes uses the pods' gpufleet.io/in-rotation label instead)",
-    )
-    repair_hook_cordon: str = setting("", "hook backend: command to cordon ({node}, {reason})")
-    repair_hook_uncordon: str = setting("", "hook backend: command to uncordon ({node})")
-    repair_hook_drain: str = setting("", "hook backend: command that exits 0 once {node} is drained")
     scheduler_name_regex: str = setting(
         "",
         "collector node names the scheduler knows by another name: a regular expression matching the "
@@ -70,30 +55,10 @@ class RepairSettings:
         "TOML file whose [nodes] table maps collector node names to scheduler node names (wins over "
         "the pattern); used for every Slurm, Kubernetes and hook call",
     )
-    alert_webhooks: str = setting("", "comma-separated URLs that get every alert as JSON (POST)")
-    alert_webhook_token_file: str = setting(
-        "", "file holding a bearer token sent to the webhooks (Authorization: Bearer ...); empty: none"
-    )
-    alert_alertmanager_url: str = setting(
-        "", "Alertmanager to send every incident to (its v2 API), e.g. http://alertmanager:9093"
-    )
-    alert_alertmanager_token_file: str = setting(
-        "", "file holding a bearer token for Alertmanager (behind an authenticating proxy); empty: none"
-    )
-    alert_alertmanager_refresh_s: float = setting(
-        60.0,
-        "a firing incident is sent to Alertmanager again this often (it resolves one that stops "
-        "coming after a few of these)",
-    )
     dashboard_url: str = setting(
         "",
         "the dashboard's address as people open it, e.g. https://gpufleet.example: every alert "
         "links its incident's and node's page; empty: no links",
-    )
-    alert_slack_url: str = setting("", "Slack (or Mattermost) incoming-webhook URL")
-    alert_pagerduty_routing_key: str = setting("", "PagerDuty Events API v2 routing key")
-    alert_pagerduty_url: str = setting(
-        "https://events.pagerduty.com/v2/enqueue", "PagerDuty Events API v2 endpoint"
     )
     alert_group_wait_s: float = setting(
         10.0, "a new incident's first alert waits this long, so a storm folds into one breaker alert"
@@ -106,12 +71,8 @@ class RepairSettings:
             f"dashboard_url={self.dashboard_url!r} must start with http:// or https://",
         )
         require(
-            10.0 <= self.alert_alertmanager_refresh_s <= 3600.0,
-            f"alert_alertmanager_refresh_s={self.alert_alertmanager_refresh_s:g} must be 10..3600",
-        )
-        require(
             self.repair_backend in BACKENDS,
-            f"repair_backend={self.repair_backend!r}: use one of {', '.join(BACKENDS)}",
+            f"repair_backend={self.repair_backend!r}: use one of {BACKENDS.described()}",
         )
         require(
             self.repair_max_out_of_service >= 1 and 0 < self.repair_max_out_of_service_fraction <= 1,
@@ -135,10 +96,6 @@ class RepairSettings:
             0 <= self.repair_observe_interval_s <= 3600,
             f"repair_observe_interval_s={self.repair_observe_interval_s:g} must be between 0 and 3600 "
             "(seconds between whole-fleet scheduler reads)",
-        )
-        require(
-            self.repair_backend != "hook" or bool(self.repair_hook_cordon and self.repair_hook_uncordon),
-            "repair_backend=hook needs repair_hook_cordon and repair_hook_uncordon",
         )
         try:
             # Read and checked once, here; the repair wiring uses this one.

@@ -1,23 +1,18 @@
-"""The history store: which one, InfluxDB's connection, the spool that rides out its outages,
-and how long history and its roll-ups are kept."""
+"""The history store: which one (its own settings, InfluxDB's connection, are the store's:
+aggregator/store/__init__.py), the spool that rides out its outages, and how long history and
+its roll-ups are kept."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 from gpufleet.aggregator.settings import require, setting
-from gpufleet.aggregator.store import BACKENDS
+from gpufleet.aggregator.store import STORES
 
 
 @dataclass
 class StoreSettings:
-    store: str = setting("embedded", f"history store backend: {' or '.join(BACKENDS)}")
-    influx_url: str = setting("http://127.0.0.1:8086", "InfluxDB URL (with store = influxdb)")
-    influx_database: str = setting("gpufleet", "InfluxDB 1.x database, or the 2.x/3.x bucket mapped to it")
-    influx_retention_policy: str = setting("", "InfluxDB retention policy to write to (empty: the default)")
-    influx_token: str = setting("", "InfluxDB 2.x/3.x token (sent as 'Authorization: Token ...')")
-    influx_username: str = setting("", "InfluxDB 1.x user")
-    influx_password: str = setting("", "InfluxDB 1.x password (prefer the environment variable)")
+    store: str = setting("embedded", f"history store: {STORES.described()}")
     spool_max_bytes: int = setting(
         1 << 30, "on-disk spool for batches the store cannot take; at this size acknowledgements stop"
     )
@@ -36,7 +31,7 @@ class StoreSettings:
     )
 
     def check_store(self) -> None:
-        require(self.store in BACKENDS, f"store={self.store!r}: use one of {', '.join(BACKENDS)}")
+        require(self.store in STORES, f"store={self.store!r}: use one of {STORES.described()}")
         require(
             self.retention_s >= 3600, f"retention_s={self.retention_s:g} must be at least 3600 (one hour)"
         )

@@ -2,74 +2,88 @@
 
 from __future__ import annotations
 
-import inspect
-from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, ClassVar
 
 from gpufleet.aggregator.store.base import HistoryQuery, Point, Series, Store, StoreError
 from gpufleet.aggregator.store.embedded import EmbeddedStore
+from gpufleet.common.registry import Registry, UnknownPlugin
+from gpufleet.common.settings import setting
 
 
-def _embedded(data_dir: Path, retention_s: float, rollup_retention: dict[str, float] | None = None) -> Store:
-    return EmbeddedStore(data_dir / "store.sqlite3", retention_s, retention_by_suffix=rollup_retention)
+class EmbeddedKind:
+    name = "embedded"
+    help = "SQLite in data_dir: one box, nothing to install"
+    settings = None
+
+    @staticmethod
+    def open(settings: Any, data_dir: Path, retention_s: float, rollup_retention: dict[str, float]) -> Store:
+        return EmbeddedStore(data_dir / "store.sqlite3", retention_s, retention_by_suffix=rollup_retention)
 
 
-def _influxdb(
-    influx_url: str,
-    influx_database: str,
-    influx_retention_policy: str = "",
-    influx_token: str = "",
-    influx_username: str = "",
-    influx_password: str = "",
-    rollup_retention: dict[str, float] | None = None,
-    data_dir: Path | None = None,
-    retention_s: float | None = None,
-) -> Store:
-    # data_dir and retention_s are not InfluxDB's to use: the database and its retention
-    # policies are the operator's (roll-up tiers get policies of their own).
-    from gpufleet.aggregator.store.influx import InfluxStore
-
-    policies = {
-        suffix: (f"gpufleet{suffix}", seconds) for suffix, seconds in (rollup_retention or {}).items()
-    }
-    return InfluxStore(
-        influx_url,
-        influx_database,
-        influx_retention_policy,
-        influx_token,
-        influx_username,
-        influx_password,
-        rollup_policies=policies,
-    )
+@dataclass
+class InfluxSettings:
+    chosen_by: ClassVar[str] = "store = influxdb"
+    influx_url: str = setting("http://127.0.0.1:8086", "InfluxDB URL (with store = influxdb)")
+    influx_database: str = setting("gpufleet", "InfluxDB 1.x database, or the 2.x/3.x bucket mapped to it")
+    influx_retention_policy: str = setting("", "InfluxDB retention policy to write to (empty: the default)")
+    influx_token: str = setting("", "InfluxDB 2.x/3.x token (sent as 'Authorization: Token ...')")
+    influx_username: str = setting("", "InfluxDB 1.x user")
+    influx_password: str = setting("", "InfluxDB 1.x password (prefer the environment variable)")
 
 
-BACKENDS: dict[str, Callable[..., Store]] = {
-    "embedded": _embedded,
-    "influxdb": _influxdb,
-}
+class InfluxKind:
+    name = "influxdb"
+    help = "InfluxDB 1.x, 2.x or 3.x (its v1 API): shared by replicas"
+    settings = InfluxSettings
 
+    @staticmethod
+    def open(
+        settings: InfluxSettings, data_dir: Path, retention_s: float, rollup_retention: dict[str, float]
+    ) -> Store:
+        # data_dir and retention_s are not InfluxDB's to use: the database and its retention
+        # policies are the operator's (roll-up tiers get policies of their own).
+        from gpufleet.aggregator.store.influx import InfluxStore
 
-def open_store(kind: str, data_dir: Path, retention_s: float, **options: object) -> Store:
-    """The store named kind, with the options it takes; an option it does not take is an
-    error (a setting meant for another store is a misconfiguration, not something to ignore)."""
-    try:
-        factory = BACKENDS[kind]
-    except KeyError:
-        raise StoreError(f"unknown store {kind!r}; choose one of {', '.join(BACKENDS)}") from None
-    takes = inspect.signature(factory).parameters
-    unknown = sorted(set(options) - set(takes))
-    if unknown:
-        raise StoreError(
-            f"store {kind!r} does not take {', '.join(unknown)}; it takes "
-            f"{', '.join(sorted(set(takes) - {'data_dir', 'retention_s'}))}"
+        policies = {suffix: (f"gpufleet{suffix}", seconds) for suffix, seconds in rollup_retention.items()}
+        return InfluxStore(
+            settings.influx_url,
+            settings.influx_database,
+            settings.influx_retention_policy,
+            settings.influx_token,
+            settings.influx_username,
+            settings.influx_password,
+            rollup_policies=policies,
         )
-    return factory(data_dir=data_dir, retention_s=retention_s, **options)
+
+
+STORES: Registry[Any] = Registry("store", (EmbeddedKind, InfluxKind))
+
+
+def open_store(
+    kind: str,
+    data_dir: Path,
+    retention_s: float,
+    settings: Any = None,
+    rollup_retention: dict[str, float] | None = None,
+) -> Store:
+    """The store named kind, from the settings it declares (the aggregator's settings include
+    them; None: its defaults)."""
+    try:
+        plugin = STORES[kind]
+    except UnknownPlugin as exc:
+        raise StoreError(str(exc)) from None
+    if settings is None and plugin.settings is not None:
+        settings = plugin.settings()
+    return plugin.open(settings, data_dir, retention_s, rollup_retention or {})
 
 
 __all__ = [
-    "BACKENDS",
+    "STORES",
     "EmbeddedStore",
     "HistoryQuery",
+    "InfluxSettings",
     "Point",
     "Series",
     "Store",

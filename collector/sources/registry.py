@@ -1,8 +1,8 @@
-"""The collector's event sources, registered by name: what pushes an event (an XID) the moment
-it is seen, rather than at the next sampling tick. One interface: a factory that, given the
-collector's settings, its NVML source and the push callback, returns the started source, or
-None when it does not apply on this node (and says why in the log). A new source is a module
-with its watcher and a line in EVENT_SOURCES; the sampled fields are the NVML source's
+"""The collector's event sources, registered by name (common/registry.py): what pushes an event
+(an XID) the moment it is seen, rather than at the next sampling tick. One interface: a start
+function that, given the collector's settings, its NVML source and the push callback, returns the
+started source, or None when it does not apply on this node (and says why in the log). A new
+source is a module with its watcher and a line in EVENT_SOURCES; the sampled fields are the NVML source's
 (collector/sources/nvml.py), the inference engines the engine parsers' (sources/engines/)."""
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from gpufleet.collector.kmsg_cursor import KmsgCursor, cursor_path, read_boot_id
 from gpufleet.collector.sources.nvml import NvmlSource
 from gpufleet.collector.sources.xid_kmsg import KernelLogXidWatcher
 from gpufleet.collector.sources.xid_nvml import NvmlXidWatcher
+from gpufleet.common.registry import Registry
 from gpufleet.protos import telemetry_pb2
 
 log = logging.getLogger("gpufleet.collector")
@@ -64,7 +65,17 @@ def kernel_log(ctx: SourceContext) -> EventSource | None:
     return watcher if watcher.start() else None
 
 
-EVENT_SOURCES: dict[str, Callable[[SourceContext], EventSource | None]] = {
-    "nvml_xid": nvml_xids,
-    "kmsg": kernel_log,
-}
+@dataclass(frozen=True)
+class EventSourceKind:
+    name: str
+    help: str
+    start: Callable[[SourceContext], EventSource | None]
+
+
+EVENT_SOURCES: Registry[EventSourceKind] = Registry(
+    "event source",
+    (
+        EventSourceKind("nvml_xid", "NVML's XID event set", nvml_xids),
+        EventSourceKind("kmsg", "the kernel log's XID lines, caught up after a restart", kernel_log),
+    ),
+)

@@ -14,10 +14,11 @@ for an Alertmanager behind an authenticating proxy."""
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
+from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, ClassVar
 
+from gpufleet.common.settings import require, setting
 from gpufleet.repair.alerts.base import Alert, Request, Sink, read_token
 
 RUNBOOK = "docs/runbooks.md#gpufleet-incidents"
@@ -31,17 +32,42 @@ def _iso(unix_ns: float) -> str:
     )
 
 
+@dataclass
+class AlertmanagerSettings:
+    chosen_by: ClassVar[str] = "alert sink alertmanager"
+    alert_alertmanager_url: str = setting(
+        "", "Alertmanager to send every incident to (its v2 API), e.g. http://alertmanager:9093"
+    )
+    alert_alertmanager_token_file: str = setting(
+        "", "file holding a bearer token for Alertmanager (behind an authenticating proxy); empty: none"
+    )
+    alert_alertmanager_refresh_s: float = setting(
+        60.0,
+        "a firing incident is sent to Alertmanager again this often (it resolves one that stops "
+        "coming after a few of these)",
+    )
+
+
 class AlertmanagerSink(Sink):
     name = "alertmanager"
+    help = "Alertmanager's v2 API: one alert per incident, refreshed while it fires"
+    settings = AlertmanagerSettings
 
     @classmethod
-    def from_settings(cls, settings: Mapping[str, Any]) -> list[Sink]:
-        url = str(settings.get("alertmanager_url", "")).strip()
+    def check_settings(cls, settings: Any, chosen: bool) -> None:
+        require(
+            10.0 <= settings.alert_alertmanager_refresh_s <= 3600.0,
+            f"alert_alertmanager_refresh_s={settings.alert_alertmanager_refresh_s:g} must be 10..3600",
+        )
+
+    @classmethod
+    def from_settings(cls, settings: AlertmanagerSettings) -> list[Sink]:
+        url = settings.alert_alertmanager_url.strip()
         if not url:
             return []
-        token_file = str(settings.get("alertmanager_token_file", ""))
+        token_file = settings.alert_alertmanager_token_file
         token = read_token(token_file, "alert_alertmanager_token_file") if token_file else ""
-        return [cls(url, float(settings.get("alertmanager_refresh_s", 60.0)), token)]
+        return [cls(url, settings.alert_alertmanager_refresh_s, token)]
 
     def __init__(self, url: str, refresh_s: float = 60.0, bearer_token: str = "") -> None:
         self._url = url.rstrip("/") + "/api/v2/alerts"

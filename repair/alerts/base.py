@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import abc
 import urllib.parse
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 
 @dataclass
@@ -79,15 +78,22 @@ class Request:
 
 class Sink(abc.ABC):
     name = ""
+    help = ""  # one line for people: the settings reference says it
+    settings: ClassVar[type | None] = None  # its own settings dataclass (common/registry.py)
     # How often a firing alert is sent again (0: only when it changes). Alertmanager resolves an
     # alert that is not sent again within its resolve_timeout, as it does for Prometheus.
     refresh_s = 0.0
 
     @classmethod
     @abc.abstractmethod
-    def from_settings(cls, settings: Mapping[str, Any]) -> list[Sink]:
-        """The sinks of this kind the aggregator's alert settings (alert_* without the prefix)
-        configure: none when its settings are empty."""
+    def from_settings(cls, settings: Any) -> list[Sink]:
+        """The sinks of this kind the aggregator's settings (which include this kind's settings
+        dataclass) configure: none when its settings are empty."""
+
+    @classmethod
+    def check_settings(cls, settings: Any, chosen: bool) -> None:
+        """ValueError naming the setting when its settings cannot work; nothing by default."""
+        return None
 
     @abc.abstractmethod
     def request(self, alert: Alert) -> Request:

@@ -25,6 +25,7 @@ from dataclasses import asdict
 from typing import Protocol
 
 from gpufleet.repair.alerts.base import Alert, Request, Sink, links
+from gpufleet.repair.outcome import OK, Outcome, Status
 from gpufleet.repair.state import StateError
 
 log = logging.getLogger("gpufleet.repair.alerts")
@@ -39,7 +40,7 @@ class AlertStore(Protocol):
     def put_alert_identity(self, key: str, status: str, body: str) -> None: ...
     def drop_alert_identity(self, key: str) -> None: ...
     def queue_alert(self, sink: str, body: str) -> int: ...
-    def finish_alert(self, seq: int, outcome: str) -> None: ...
+    def finish_alert(self, seq: int, outcome: Outcome) -> None: ...
     def queued_alerts(self) -> list[tuple[int, str, str]]: ...
 
 
@@ -138,7 +139,7 @@ class AlertDispatcher:
             if sink_name in self._queues:
                 self._queues[sink_name].put_nowait((seq, _alert(body_text)))
             elif store is not None:  # the sink was removed from the configuration meanwhile
-                store.finish_alert(seq, "dropped: the sink is no longer configured")
+                store.finish_alert(seq, Outcome(Status.SKIPPED, "the sink is no longer configured"))
         loop = asyncio.get_running_loop()
         for key in list(self._waiting):  # restored ones (a second flush of a key is a no-op)
             loop.call_later(self._group_wait_s, self._flush, key)
@@ -256,7 +257,8 @@ class AlertDispatcher:
                 except StateError as exc:  # delivered; the outbox row is finished by a later leader
                     self._store_refused(f"alert {alert.key}'s delivery to {sink.name} recorded", exc)
 
-    async def _deliver(self, sink: Sink, alert: Alert) -> str:
+    async def _deliver(self, sink: Sink, alert: Alert) -> Outcome:
+        """Sent (OK), or FAILED: dropped after max_age_s of failed attempts (each counted)."""
         request = sink.request(alert)
         delay_s, first = 1.0, time.monotonic()
         while True:
@@ -271,7 +273,7 @@ class AlertDispatcher:
                     sink.name,
                     extra={"node": alert.node},
                 )
-                return "sent"
+                return OK
             self._count(sink.name, "failed_attempt")
             if time.monotonic() - first + delay_s > self._max_age_s:
                 self._count(sink.name, "dropped")
@@ -283,7 +285,7 @@ class AlertDispatcher:
                     error,
                     extra={"node": alert.node},
                 )
-                return f"dropped: {error}"
+                return Outcome(Status.FAILED, f"dropped after {time.monotonic() - first:.0f} s: {error}")
             log.warning(
                 "alert %s to %s failed (%s); retrying in %.0f s",
                 alert.key,

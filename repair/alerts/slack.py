@@ -2,20 +2,29 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any
+from dataclasses import dataclass
+from typing import ClassVar
 
+from gpufleet.common.settings import setting
 from gpufleet.repair.alerts.base import Alert, Request, Sink
 
 _ICON = {"critical": ":red_circle:", "warning": ":warning:", "info": ":information_source:"}
 
 
+@dataclass
+class SlackSettings:
+    chosen_by: ClassVar[str] = "alert sink slack"
+    alert_slack_url: str = setting("", "Slack (or Mattermost) incoming-webhook URL")
+
+
 class SlackSink(Sink):
     name = "slack"
+    help = "a message per change to an incoming webhook"
+    settings = SlackSettings
 
     @classmethod
-    def from_settings(cls, settings: Mapping[str, Any]) -> list[Sink]:
-        return [cls(settings["slack_url"])] if settings.get("slack_url") else []
+    def from_settings(cls, settings: SlackSettings) -> list[Sink]:
+        return [cls(settings.alert_slack_url)] if settings.alert_slack_url else []
 
     def __init__(self, url: str) -> None:
         self._url = url

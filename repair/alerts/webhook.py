@@ -4,19 +4,31 @@ in a file, not in the URL)."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any
+from dataclasses import dataclass
+from typing import ClassVar
 
+from gpufleet.common.settings import setting
 from gpufleet.repair.alerts.base import Alert, Request, Sink, read_token
+
+
+@dataclass
+class WebhookSettings:
+    chosen_by: ClassVar[str] = "alert sink webhook"
+    alert_webhooks: str = setting("", "comma-separated URLs that get every alert as JSON (POST)")
+    alert_webhook_token_file: str = setting(
+        "", "file holding a bearer token sent to the webhooks (Authorization: Bearer ...); empty: none"
+    )
 
 
 class WebhookSink(Sink):
     name = "webhook"
+    help = "the alert as JSON, POSTed to each URL"
+    settings = WebhookSettings
 
     @classmethod
-    def from_settings(cls, settings: Mapping[str, Any]) -> list[Sink]:
-        urls = [u.strip() for u in str(settings.get("webhooks", "")).split(",") if u.strip()]
-        token_file = str(settings.get("webhook_token_file", ""))
+    def from_settings(cls, settings: WebhookSettings) -> list[Sink]:
+        urls = [u.strip() for u in settings.alert_webhooks.split(",") if u.strip()]
+        token_file = settings.alert_webhook_token_file
         token = read_token(token_file, "alert_webhook_token_file") if urls and token_file else ""
         sinks: list[Sink] = []
         for i, url in enumerate(urls):

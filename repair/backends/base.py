@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import abc
-from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
+from gpufleet.common.settings import setting
 from gpufleet.protos.credentials import node_name_problem
 from gpufleet.repair.hooks import run_hook
 
@@ -85,17 +85,38 @@ class EngineCommand:
         return f"{len(ports)} engine(s) out of rotation by repair_drain_engine_command"
 
 
+@dataclass
+class BackendSettings:
+    """What the backends that call a scheduler or run a command share."""
+
+    chosen_by: ClassVar[str] = "repair_backend = slurm, kubernetes or hook"
+    repair_hook_timeout_s: float = setting(600.0, "longest a repair hook or scheduler call may run")
+    repair_drain_engine_command: str = setting(
+        "",
+        "slurm and hook backends: command that takes one inference engine out of rotation before a "
+        "drain ({node}, {port}; once per replica); empty: drains do not wait for engines to finish "
+        "(Kubernetes uses the pods' gpufleet.io/in-rotation label instead)",
+    )
+
+
 class Backend(abc.ABC):
     name = ""
     help = ""  # one line for people: the settings reference and errors say it
+    settings: ClassVar[type | None] = None  # its own settings dataclass (common/registry.py)
     # True when observe() sees the scheduler's real state (cordons made by people outside
     # gpufleet included); False when gpufleet's own records are the only truth.
     observes = True
 
     @classmethod
-    def from_settings(cls, settings: Mapping[str, Any]) -> Backend:
-        """This backend from the aggregator's repair settings (repair_* without the prefix)."""
+    def from_settings(cls, settings: Any) -> Backend:
+        """This backend from the aggregator's settings (which include its settings dataclass)."""
         return cls()
+
+    @classmethod
+    def check_settings(cls, settings: Any, chosen: bool) -> None:
+        """ValueError naming the setting when its settings cannot work (chosen: it is the
+        repair_backend); nothing to check by default."""
+        return None
 
     @abc.abstractmethod
     async def observe(self, nodes: list[str], whole_fleet: bool = True) -> dict[str, Observed]:

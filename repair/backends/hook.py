@@ -9,12 +9,14 @@ command gpufleet's own records are the truth."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, ClassVar
 
+from gpufleet.common.settings import require, setting
 from gpufleet.repair.backends.base import (
     Backend,
     BackendError,
+    BackendSettings,
     DrainProgress,
     EngineCommand,
     Observed,
@@ -23,19 +25,35 @@ from gpufleet.repair.backends.base import (
 from gpufleet.repair.hooks import run_hook
 
 
+@dataclass
+class HookSettings(BackendSettings):
+    chosen_by: ClassVar[str] = "repair_backend = hook"
+    repair_hook_cordon: str = setting("", "hook backend: command to cordon ({node}, {reason})")
+    repair_hook_uncordon: str = setting("", "hook backend: command to uncordon ({node})")
+    repair_hook_drain: str = setting("", "hook backend: command that exits 0 once {node} is drained")
+
+
 class HookBackend(Backend):
     name = "hook"
     help = "commands of yours (repair_hook_cordon, _uncordon, _drain)"
+    settings = HookSettings
     observes = False
 
     @classmethod
-    def from_settings(cls, settings: Mapping[str, Any]) -> Backend:
+    def from_settings(cls, settings: HookSettings) -> Backend:
         return cls(
-            settings["hook_cordon"],
-            settings["hook_uncordon"],
-            settings["hook_drain"],
-            settings["hook_timeout_s"],
-            settings.get("drain_engine_command", ""),
+            settings.repair_hook_cordon,
+            settings.repair_hook_uncordon,
+            settings.repair_hook_drain,
+            settings.repair_hook_timeout_s,
+            settings.repair_drain_engine_command,
+        )
+
+    @classmethod
+    def check_settings(cls, settings: Any, chosen: bool) -> None:
+        require(
+            not chosen or bool(settings.repair_hook_cordon and settings.repair_hook_uncordon),
+            "repair_backend=hook needs repair_hook_cordon and repair_hook_uncordon",
         )
 
     def __init__(

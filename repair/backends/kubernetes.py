@@ -32,13 +32,15 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
-from collections.abc import Mapping
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, ClassVar
 
+from gpufleet.common.settings import setting
 from gpufleet.repair.backends.base import (
     AUTOMATION_PREFIX,
     Backend,
     BackendError,
+    BackendSettings,
     DrainProgress,
     NotOurs,
     Observed,
@@ -74,13 +76,22 @@ def _client() -> Any:
     return kubernetes
 
 
+@dataclass
+class KubernetesSettings(BackendSettings):
+    chosen_by: ClassVar[str] = "repair_backend = kubernetes"
+    repair_kubeconfig: str = setting(
+        "", "kubeconfig for the kubernetes backend (empty: the in-cluster service account)"
+    )
+
+
 class KubernetesBackend(Backend):
     name = "kubernetes"
     help = "unschedulable, a taint and a condition; evictions"
+    settings = KubernetesSettings
 
     @classmethod
-    def from_settings(cls, settings: Mapping[str, Any]) -> Backend:
-        return cls(settings["kubeconfig"], settings["hook_timeout_s"])
+    def from_settings(cls, settings: KubernetesSettings) -> Backend:
+        return cls(settings.repair_kubeconfig, settings.repair_hook_timeout_s)
 
     def __init__(self, kubeconfig: str = "", timeout_s: float = 30.0) -> None:
         k8s = _client()

@@ -20,13 +20,15 @@ from __future__ import annotations
 import asyncio
 import os
 import re
-from collections.abc import Mapping
-from typing import Any
+from dataclasses import dataclass
+from typing import ClassVar
 
+from gpufleet.common.settings import setting
 from gpufleet.repair.backends.base import (
     AUTOMATION_PREFIX,
     Backend,
     BackendError,
+    BackendSettings,
     DrainProgress,
     EngineCommand,
     NotOurs,
@@ -53,17 +55,25 @@ def parse_nodes(text: str) -> dict[str, tuple[set[str], str]]:
     return nodes
 
 
+@dataclass
+class SlurmSettings(BackendSettings):
+    chosen_by: ClassVar[str] = "repair_backend = slurm"
+    repair_slurm_scontrol: str = setting("scontrol", "the scontrol program (repair_backend = slurm)")
+    repair_slurm_conf: str = setting("", "SLURM_CONF for scontrol (empty: Slurm's default)")
+
+
 class SlurmBackend(Backend):
     name = "slurm"
     help = "scontrol DRAIN and RESUME"
+    settings = SlurmSettings
 
     @classmethod
-    def from_settings(cls, settings: Mapping[str, Any]) -> Backend:
+    def from_settings(cls, settings: SlurmSettings) -> Backend:
         return cls(
-            settings["slurm_scontrol"],
-            settings["slurm_conf"],
-            settings["hook_timeout_s"],
-            settings.get("drain_engine_command", ""),
+            settings.repair_slurm_scontrol,
+            settings.repair_slurm_conf,
+            settings.repair_hook_timeout_s,
+            settings.repair_drain_engine_command,
         )
 
     def __init__(

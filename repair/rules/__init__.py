@@ -1,10 +1,9 @@
-"""Health rules, registered by name. A new rule: one file with a Rule subclass, one line here,
-and its defaults in default_policy.toml."""
+"""Health rules, registered by name (common/registry.py: each Rule subclass names itself). A new
+rule: one file with a Rule subclass, one line here, and its defaults in default_policy.toml."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
+from gpufleet.common.registry import Registry
 from gpufleet.repair.rules.base import Rule
 from gpufleet.repair.rules.driver import DriverUnresponsive, GpuMissingFromDriver, RecoveryActionPending
 from gpufleet.repair.rules.ecc import EccUncorrected
@@ -20,30 +19,33 @@ from gpufleet.repair.rules.throttle import PowerSlowdown, ThermalSlowdown
 from gpufleet.repair.rules.xid import Xid
 
 # Every rule but xid has a [rules.NAME] table in the policy; xid reads [buckets], [xid], [[xid_workflow]].
-RULES: dict[str, Callable[[], Rule]] = {
-    "xid": Xid,
-    "ecc_uncorrected": EccUncorrected,
-    "remap_pending": RemapPending,
-    "remap_failure": RemapFailure,
-    "retired_pages": RetiredPages,
-    "retired_pages_pending": RetiredPagesPending,
-    "nvlink_errors": NvlinkErrors,
-    "nvlink_down": NvlinkDown,
-    "pcie_replays": PcieReplays,
-    "thermal_slowdown": ThermalSlowdown,
-    "power_slowdown": PowerSlowdown,
-    "gpu_lost": GpuLost,
-    "gpu_missing": GpuMissing,
-    "collector_silent": CollectorSilent,
-    # Failures the driver hides (docs/repair.md).
-    "driver_unresponsive": DriverUnresponsive,
-    "recovery_action": RecoveryActionPending,
-    "pcie_downtrained": PcieDowntrained,
-    "fabric_down": FabricDown,
-    "gpu_missing_from_driver": GpuMissingFromDriver,
-    "ecc_corrected_storm": EccCorrectedStorm,
-    "gpu_slow": GpuSlow,
-}
+RULES: Registry[type[Rule]] = Registry(
+    "policy rule",
+    (
+        Xid,
+        EccUncorrected,
+        RemapPending,
+        RemapFailure,
+        RetiredPages,
+        RetiredPagesPending,
+        NvlinkErrors,
+        NvlinkDown,
+        PcieReplays,
+        ThermalSlowdown,
+        PowerSlowdown,
+        GpuLost,
+        GpuMissing,
+        CollectorSilent,
+        # Failures the driver hides (docs/repair.md).
+        DriverUnresponsive,
+        RecoveryActionPending,
+        PcieDowntrained,
+        FabricDown,
+        GpuMissingFromDriver,
+        EccCorrectedStorm,
+        GpuSlow,
+    ),
+)
 
 # Rules whose findings change with time alone (rates): derived, as everything else, from RULES.
 TIME_DEPENDENT: frozenset[str] = frozenset(

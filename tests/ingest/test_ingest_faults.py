@@ -149,7 +149,7 @@ def test_a_listener_that_raises_never_delays_an_ack(tmp_path: Path, caplog: pyte
         assert view.last_seq >= 20
         logged = [r for r in caplog.records if "listener broken failed" in r.getMessage()]
         assert logged and logged[0].node == "listened-node" and logged[0].exc_info is not None  # type: ignore[attr-defined]
-        assert agg.aggregator.unhealthy() == []
+        assert agg.aggregator.reports.unhealthy() == []
     finally:
         agg.close()
 

@@ -58,9 +58,55 @@ def test_bad_values_name_the_setting_and_the_fix(file_data: dict[str, object], m
 def test_aggregator_settings_are_checked_together() -> None:
     with pytest.raises(settings.ConfigError, match="tls_cert and tls_key must be given together"):
         settings.resolve(AggregatorConfig, "aggregator", None, {"GPUFLEET_AGGREGATOR_TLS_CERT": "c.pem"}, {})
-    # Plug-in choices come from their registry (the store's: aggregator/store BACKENDS).
-    with pytest.raises(settings.ConfigError, match="store='mongodb': use one of embedded, influxdb"):
+    # Plug-in choices come from their registry (the store's: aggregator/store STORES).
+    with pytest.raises(settings.ConfigError, match=r"store='mongodb': use one of embedded \(.*\), influxdb"):
         settings.resolve(AggregatorConfig, "aggregator", None, {"GPUFLEET_AGGREGATOR_STORE": "mongodb"}, {})
+
+
+@pytest.mark.parametrize(
+    "env,message",
+    [
+        # A plug-in checks its own settings, and only where they are used (a hook backend's
+        # commands are needed when it is the backend, and not otherwise).
+        ({"REPAIR_BACKEND": "hook"}, "repair_backend=hook needs repair_hook_cordon and repair_hook_uncordon"),
+        ({"ALERT_ALERTMANAGER_REFRESH_S": "5"}, "alert_alertmanager_refresh_s=5 must be 10..3600"),
+        ({"REPAIR_BACKEND": "nomad"}, "repair_backend='nomad': use one of none (gpufleet's own records"),
+    ],
+)
+def test_a_plugin_checks_its_own_settings(env: dict[str, str], message: str) -> None:
+    environ = {f"GPUFLEET_AGGREGATOR_{k}": v for k, v in env.items()}
+    with pytest.raises(settings.ConfigError) as info:
+        settings.resolve(AggregatorConfig, "aggregator", None, environ, {})
+    assert message in str(info.value)
+    hook_unused = {"GPUFLEET_AGGREGATOR_REPAIR_HOOK_CORDON": ""}  # not the backend: not needed
+    assert settings.resolve(AggregatorConfig, "aggregator", None, hook_unused, {}).repair_backend == "none"
+
+
+def test_every_registry_has_one_shape_and_the_settings_take_each_plugins_own() -> None:
+    """Backends, sinks, stores, event sources, rules and engine parsers: each a Registry of
+    named plug-ins; each plug-in's settings dataclass is part of the aggregator's settings and
+    listed in the reference under the choice that uses it."""
+    import dataclasses
+
+    from gpufleet.aggregator.store import STORES
+    from gpufleet.collector.sources.engines import REGISTRY as ENGINES
+    from gpufleet.collector.sources.registry import EVENT_SOURCES
+    from gpufleet.common.registry import Registry
+    from gpufleet.repair.alerts import SINKS
+    from gpufleet.repair.backends import BACKENDS
+    from gpufleet.repair.rules import RULES
+
+    registries = (STORES, BACKENDS, SINKS, EVENT_SOURCES, RULES, ENGINES)
+    assert all(isinstance(r, Registry) for r in registries)
+    assert list(BACKENDS) == ["none", "slurm", "kubernetes", "hook"] and "gpu_slow" in RULES
+    fields = {f.name for f in dataclasses.fields(AggregatorConfig)}
+    reference = settings.reference({"aggregator": AggregatorConfig})
+    for registry in (STORES, BACKENDS, SINKS):
+        for declared in registry.settings_classes():
+            own = {f.name for f in dataclasses.fields(declared)}
+            assert own <= fields, declared
+            assert f"#### `[aggregator]`, with {declared.chosen_by}" in reference
+    assert "`repair_slurm_scontrol`" in reference.split("with repair_backend = slurm\n")[1].split("####")[0]
 
 
 def test_reference_lists_every_setting_with_its_environment_variable() -> None:

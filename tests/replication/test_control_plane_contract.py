@@ -15,7 +15,7 @@ from gpufleet.aggregator.replication.records import LiveViewCursor
 from gpufleet.aggregator.replication.records import ReplicaRecords as R
 from gpufleet.repair.migrations import MIGRATIONS
 from gpufleet.repair.model import Finding
-from gpufleet.repair.outcome import OK, STARTED, Outcome, Status, failed
+from gpufleet.repair.outcome import OK, STARTED, Outcome, Status, failed, repaired
 from gpufleet.repair.state import AuditRecord, Fenced, RepairState, StateError, Workflow, open_state
 from harness.waiting import wait_until
 
@@ -56,10 +56,10 @@ def test_workflows_incidents_audit_and_ledger_round_trip(make_state: Any) -> Non
 
     finding = Finding("n1", 3, "xid_79", "critical", "reset_gpu", True, "fell off the bus", "XID 79")
     incident = state.open_incident("n1", [finding], "suspect")
-    incident.closed_ns, incident.outcome = 5, "repaired"
+    incident.closed_ns, incident.outcome = 5, repaired("reset_gpu")
     state.put_incident(incident)
     got = other.incident(incident.id)
-    assert got is not None and got.outcome == "repaired" and got.findings[0].gpu == 3
+    assert got is not None and got.outcome == repaired("reset_gpu") and got.findings[0].gpu == 3
     assert [i.id for i in other.incidents(node="n1")] == [incident.id]
     assert other.incidents(open_only=True) == []
     assert other.incidents_since("n1", 0) == 1
@@ -91,7 +91,7 @@ def test_windows_alerts_and_breaker_values(make_state: Any) -> None:
     state.drop_alert_identity("inc-2")
     assert make_state().alert_identities() == [("inc-1", "sent", "{}")]
     a, b = state.queue_alert("slack", "a"), state.queue_alert("hook", "b")
-    state.finish_alert(a, "sent")
+    state.finish_alert(a, OK)
     assert make_state().queued_alerts() == [(b, "hook", "b")]
 
     state.put("breaker", '{"tripped": true}')

@@ -69,7 +69,7 @@ class EngineDiscovery:
                 names = {s.name for f in text_string_to_metric_families(text) for s in f.samples}
             except (Unreadable, ValueError, IndexError, TypeError):
                 continue
-            if any(parser.matches(names) for parser in REGISTRY):
+            if any(parser.matches(names) for parser in REGISTRY.values()):
                 return url
         return None
 

@@ -138,7 +138,7 @@ class EngineScraper:
         except (ValueError, IndexError, TypeError) as exc:
             raise Unreadable(f"{url} answered text that is not Prometheus exposition format: {exc}") from exc
         names = {f.name for f in families} | {s.name for f in families for s in f.samples}
-        parser = next((p for p in REGISTRY if p.matches(names)), None)
+        parser = next((p for p in REGISTRY.values() if p.matches(names)), None)
         if parser is None:
             known = ", ".join(p for parser in REGISTRY for p in parser.prefixes)
             raise Unreadable(f"{url} exposes no metrics of a known engine (names starting {known})")
