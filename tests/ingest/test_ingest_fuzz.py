@@ -25,7 +25,8 @@ from hypothesis.control import currently_in_test_context
 
 from gpufleet.aggregator.ingest.schema import ENGINE_VALUE_FIELDS, GPU_VALUE_FIELDS
 from gpufleet.aggregator.store.influx import InfluxStore
-from gpufleet.protos import ingest_pb2, telemetry_pb2, vocabulary_pb2
+from gpufleet.protos import ingest_pb2, telemetry_pb2
+from gpufleet.protos.names import event_kind_name, event_source_name
 from harness.influx import influx_flags
 from harness.processes import AggregatorHandle, Cluster
 from harness.stored import read_points
@@ -96,7 +97,11 @@ def _tags(tags: dict[str, str]) -> dict[str, str]:
 
 def expected_points(case: Case) -> dict[str, list[tuple[dict[str, str], dict[str, Any]]]]:
     """What the store must hold of an acknowledged report: for a columnar one, the GPU samples its
-    columns were made from, value for value."""
+    columns were made from, value for value. Written from the storage contract
+    (docs/components.md's measurements and tags), not by calling aggregator/ingest/schema.py's
+    converter: a test that asked the converter what it should have stored would pass whatever it
+    stored. The vocabulary (which fields are values, the events' kind and source names) is the
+    product's, read from where it is defined."""
     r = case.report
     samples = case.gpu_samples()
     gpus = []
@@ -126,8 +131,8 @@ def expected_points(case: Case) -> dict[str, list[tuple[dict[str, str], dict[str
         tags = {
             "node": r.node,
             "cluster": r.cluster,
-            "kind": vocabulary_pb2.EventKind.Name(ev.kind).removeprefix("EVENT_KIND_").lower(),
-            "source": vocabulary_pb2.EventSource.Name(ev.source).removeprefix("EVENT_SOURCE_").lower(),
+            "kind": event_kind_name(ev.kind),
+            "source": event_source_name(ev.source),
         }
         if ev.HasField("gpu_index"):
             tags["gpu"] = str(ev.gpu_index)
