@@ -357,8 +357,8 @@ def print_metrics(resp: fleet_pb2.ListMetricsResponse, as_json: bool) -> None:
         return
     print(
         tabulate(
-            [[m.name, m.measurement, m.unit, m.help] for m in resp.metrics],
-            headers=["METRIC", "MEASUREMENT", "UNIT", "MEANING"],
+            [[m.name, m.measurement, m.unit, m.help, m.source] for m in resp.metrics],
+            headers=["METRIC", "MEASUREMENT", "UNIT", "MEANING", "READ FROM"],
         )
     )
 

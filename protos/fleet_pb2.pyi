@@ -579,16 +579,18 @@ class ListMetricsRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class MetricInfo(_message.Message):
-    __slots__ = ("name", "measurement", "unit", "help")
+    __slots__ = ("name", "measurement", "unit", "help", "source")
     NAME_FIELD_NUMBER: _ClassVar[int]
     MEASUREMENT_FIELD_NUMBER: _ClassVar[int]
     UNIT_FIELD_NUMBER: _ClassVar[int]
     HELP_FIELD_NUMBER: _ClassVar[int]
+    SOURCE_FIELD_NUMBER: _ClassVar[int]
     name: str
     measurement: str
     unit: str
     help: str
-    def __init__(self, name: _Optional[str] = ..., measurement: _Optional[str] = ..., unit: _Optional[str] = ..., help: _Optional[str] = ...) -> None: ...
+    source: str
+    def __init__(self, name: _Optional[str] = ..., measurement: _Optional[str] = ..., unit: _Optional[str] = ..., help: _Optional[str] = ..., source: _Optional[str] = ...) -> None: ...
 
 class ListMetricsResponse(_message.Message):
     __slots__ = ("metrics",)

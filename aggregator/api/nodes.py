@@ -139,7 +139,9 @@ class NodesApi:
     async def ListMetrics(self, request: fleet_pb2.ListMetricsRequest, principal: Principal) -> Any:
         return fleet_pb2.ListMetricsResponse(
             metrics=[
-                fleet_pb2.MetricInfo(name=m.name, measurement=m.measurement, unit=m.unit, help=m.help)
+                fleet_pb2.MetricInfo(
+                    name=m.name, measurement=m.measurement, unit=m.unit, help=m.help, source=m.source
+                )
                 for m in METRICS.values()
             ]
         )

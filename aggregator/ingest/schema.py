@@ -33,6 +33,7 @@ class Metric:
     help: str
     low: float
     high: float
+    source: str = ""  # a GPU signal's NVML source (the signal catalog's)
 
 
 # Bounds are sanity limits (what no real device reports), not health thresholds; none is past
@@ -40,7 +41,7 @@ class Metric:
 METRICS: dict[str, Metric] = {
     # The GPU, engine and collector signals are the signal catalog's (protos/signals.py); the
     # report's own fields below are not signals a collector measures.
-    **{s.field: Metric(s.field, "gpu", s.unit, s.help, s.low, s.high) for s in GPU_SIGNALS.values()},
+    **{s.field: Metric(s.field, "gpu", s.unit, s.help, s.low, s.high, s.nvml) for s in GPU_SIGNALS.values()},
     **{s.field: Metric(s.field, "engine", s.unit, s.help, s.low, s.high) for s in ENGINE_SIGNALS.values()},
     **{
         s.field: Metric(s.field, "collector", s.unit, s.help, s.low, s.high)

@@ -143,3 +143,21 @@ def test_the_charts_take_the_catalogs_titles_and_units() -> None:
     for s in charted(GPU_SIGNALS).values():
         panel = panels[s.title.lower()]
         assert f'("{s.field}")' in panel["targets"][0]["query"] and panel["description"] == s.help
+
+
+def test_every_gpu_signal_names_its_nvml_source_and_the_reader_and_stand_in_use_it() -> None:
+    """A GPU signal's entry says where it is read (shown by `gpufleet metrics`): the NVML call
+    its reader makes, which the reader does make and the stand-in NVML library answers; or what
+    the collector derives it from."""
+    from gpufleet.collector.simnvml.library import SimulatedNvmlLibrary
+
+    reader = (REPO / "collector" / "sources" / "nvml.py").read_text()
+    for s in GPU_SIGNALS.values():
+        assert s.nvml, f"{s.field} has no NVML source"
+        if s.nvml.startswith("collector: "):
+            continue
+        assert f"pynvml.{s.nvml}(" in reader, f"{s.field}: the reader makes no {s.nvml} call"
+        # The stand-in is NVML's C library: pynvml's wrapper may call a versioned symbol (_v3).
+        symbols = [n for n in dir(SimulatedNvmlLibrary) if n == s.nvml or n.startswith(f"{s.nvml}_v")]
+        assert symbols, f"{s.field}: the stand-in has no {s.nvml}"
+        assert METRICS[s.field].source == s.nvml
