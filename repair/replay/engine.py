@@ -37,12 +37,9 @@ import itertools
 import logging
 import threading
 import time
-from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
-from google.protobuf.descriptor import FieldDescriptor
-
-from gpufleet.protos import ingest_pb2, telemetry_pb2, vocabulary_pb2
+from gpufleet.protos import ingest_pb2, vocabulary_pb2
 from gpufleet.repair.alerts.dispatcher import AlertDispatcher
 from gpufleet.repair.backends.none import NoBackend
 from gpufleet.repair.controller import RepairController
@@ -50,10 +47,9 @@ from gpufleet.repair.health import OUT_OF_SERVICE, Health, HoldKind
 from gpufleet.repair.model import NodeSnapshot
 from gpufleet.repair.outcome import Status
 from gpufleet.repair.policy import Policy
-from gpufleet.repair.rails import Rails
 from gpufleet.repair.replay.history import FaultHistory, FaultInput
 from gpufleet.repair.replay.serving import ReplayServing, ServingFigures
-from gpufleet.repair.replay.world import SimulatedWorld
+from gpufleet.repair.replay.world import ReplayConfig, SimulatedWorld
 from gpufleet.repair.rules import TIME_DEPENDENT
 from gpufleet.repair.state import RepairState
 from gpufleet.repair.state_sqlite import SqliteState
@@ -61,48 +57,6 @@ from gpufleet.repair.step_runner import Hooks
 
 TECHNICIAN = "replay-technician"
 OPERATOR = "replay-operator"
-# What a GPU reset (and a reboot) clears on a GPU: the sampled signals that only last until one.
-_BOOL, _DOUBLE = FieldDescriptor.TYPE_BOOL, FieldDescriptor.TYPE_DOUBLE
-_FIELDS = telemetry_pb2.GpuSample.DESCRIPTOR.fields_by_name
-
-
-@dataclass
-class ReplayConfig:
-    rails: Rails = field(default_factory=Rails)
-    # Reboot and ticket commands: simulated as configured (True), or these (the aggregator's
-    # own, replaying its store: an empty one is skipped, as live).
-    simulate_hooks: bool = True
-    hooks: Hooks = field(default_factory=Hooks)
-    from_store: bool = False  # the history is recorded: a repair's effect is in it already
-    tick_s: float = 1.0  # the live controller's repair_interval_s
-    held_retry_s: float = 3600.0  # a backstop: a held node is woken when the rail lets go
-    reset_s: float = 5.0
-    reboot_s: float = 300.0
-    technician_s: float = 48 * 3600.0
-    breaker_reset_s: float = 3600.0
-
-    def __post_init__(self) -> None:
-        for name in ("tick_s", "held_retry_s", "reset_s", "reboot_s"):
-            if not 0 < getattr(self, name) <= 86400 * 30:
-                raise ValueError(
-                    f"replay {name}={getattr(self, name)} must be more than 0 and at most 30 days"
-                )
-        for name in ("technician_s", "breaker_reset_s"):
-            if not 0 <= getattr(self, name) <= 86400 * 365:
-                raise ValueError(f"replay {name}={getattr(self, name)} must be 0 (never) to 365 days")
-
-
-@dataclass
-class _Node:
-    gpus: dict[int, telemetry_pb2.GpuSample]
-    events: deque[telemetry_pb2.Event] = field(default_factory=lambda: deque(maxlen=100))
-    boot: int = 0
-    reporting: bool = True
-    silent_since_ns: int = 0
-    on_pci_bus: int | None = None  # NVIDIA GPUs its PCI bus shows (None: not counted)
-    nvml_gpus: int | None = None  # GPUs NVML lists, when a history said (None: every GPU)
-    # Its engine replicas: served model -> what the trace says it carries with its pool whole.
-    engines: dict[str, dict[str, float]] = field(default_factory=dict)
 
 
 @dataclass
@@ -134,14 +88,13 @@ for _name in ("gpufleet.repair", "gpufleet.repair.alerts"):
     logging.getLogger(_name).addFilter(_FILTER)
 
 
-class ReplayEngine(SimulatedWorld):
+class ReplayEngine:
     def __init__(self, policy: Policy, history: FaultHistory, config: ReplayConfig | None = None) -> None:
         self.policy, self.history = policy, history
         self.config = config or ReplayConfig()
         self.now = history.start_ns
         self.state = SqliteState(":memory:")
         self.state.migrate()
-        self._nodes: dict[str, _Node] = {}
         self._heap: list[tuple[int, int, str, object]] = []
         self._order = itertools.count()
         self._wake_at: dict[str, int] = {}
@@ -151,12 +104,9 @@ class ReplayEngine(SimulatedWorld):
         self._was: dict[str, Health] = {}  # each node's state after its last pass
         self._breaker_reset_due = False
         self._serving: ReplayServing | None = None  # with engine readings in the history
-        # Replaying the store: each GPU's recorded inputs, to see when a reset's effect shows.
-        self._by_gpu: dict[tuple[str, int], list[FaultInput]] = {}
-        if self.config.from_store:
-            for i in history.inputs:
-                if i.gpu is not None and i.signal:
-                    self._by_gpu.setdefault((i.node, i.gpu), []).append(i)
+        # What the controller acts on: the nodes, their faults, and what its actions do to them.
+        self.world = SimulatedWorld(policy, history, self.config, self._push, lambda: self.now)
+        self._nodes = self.world.nodes
         hooks = (
             Hooks("replay-reboot {node}", "replay-ticket {node}", 600.0)
             if self.config.simulate_hooks
@@ -171,11 +121,11 @@ class ReplayEngine(SimulatedWorld):
             hooks,
             dispatcher,
             self._snapshots,
-            self._send_command,
+            self.world.send_command,
             serving=lambda: self._serving.replicas() if self._serving else [],
             liveness=dict,
             clock=lambda: self.now,
-            hook_runner=self._run_hook,
+            hook_runner=self.world.run_hook,
         )
         self.controller.gate.fleet_size = len(history.nodes)
         if any(i.model for i in history.inputs):
@@ -183,15 +133,7 @@ class ReplayEngine(SimulatedWorld):
                 policy.serving, self._nodes, self.controller.workflows, lambda: self.now
             )
 
-    # --- the simulated world -------------------------------------------------------------------
-    def _node(self, name: str) -> _Node:
-        node = self._nodes.get(name)
-        if node is None:
-            count = self.history.gpu_count(name)
-            gpus = {i: telemetry_pb2.GpuSample(index=i, uuid=f"GPU-{name}-{i}") for i in range(count)}
-            node = self._nodes[name] = _Node(gpus)
-        return node
-
+    # --- what the controller sees ------------------------------------------------------------
     def _snapshots(self, only: set[str] | None) -> list[NodeSnapshot]:
         names = self._nodes if only is None else [n for n in only if n in self._nodes]
         out = []
@@ -354,10 +296,10 @@ class ReplayEngine(SimulatedWorld):
         assert isinstance(payload, FaultInput)
         if payload.model:
             # A pool's pressure moved: a drain waiting for capacity is looked at again now.
-            self._apply(payload)
+            self.world.apply(payload)
             self._release_held(HoldKind.CAPACITY)
         elif payload.visible:
-            self._apply(payload)
+            self.world.apply(payload)
             dirty.add(payload.node)
 
     async def _on_wake(self, payload: object, dirty: set[str]) -> None:
@@ -369,7 +311,7 @@ class ReplayEngine(SimulatedWorld):
     async def _on_reset(self, payload: object, dirty: set[str]) -> None:
         node, command_id, gpu, ok, detail = payload  # type: ignore[misc]
         if ok and not self.config.from_store:
-            self._clear(self._node(node), [gpu])
+            self.world.clear(self.world.node(node), [gpu])
         outcome = vocabulary_pb2.COMMAND_OUTCOME_SUCCEEDED if ok else vocabulary_pb2.COMMAND_OUTCOME_FAILED
         self.controller.on_command_result(
             node, ingest_pb2.CommandResult(id=command_id, outcome=outcome, detail=detail)
@@ -378,10 +320,10 @@ class ReplayEngine(SimulatedWorld):
 
     async def _on_rebooted(self, payload: object, dirty: set[str]) -> None:
         assert isinstance(payload, str)
-        sim = self._node(payload)
+        sim = self.world.node(payload)
         sim.boot += 1
         if not self.config.from_store:
-            self._clear(sim, list(sim.gpus), reboot=True)
+            self.world.clear(sim, list(sim.gpus), reboot=True)
             sim.reporting = True
         dirty.add(payload)
 
@@ -390,9 +332,9 @@ class ReplayEngine(SimulatedWorld):
         self._technician_due.discard(payload)
         wf = self.controller.workflows.get(payload)
         if wf is not None and wf.state == Health.QUARANTINED:
-            sim = self._node(payload)
+            sim = self.world.node(payload)
             if not self.config.from_store:
-                self._clear(sim, list(sim.gpus), reboot=True)  # the part was replaced
+                self.world.clear(sim, list(sim.gpus), reboot=True)  # the part was replaced
                 for gpu in sim.gpus.values():
                     gpu.remap_failure = False
             await self.controller.uncordon(payload, "replay: repaired by a technician", TECHNICIAN)
