@@ -253,7 +253,7 @@ class CNvmlLibrary:
         self.lib = ctypes.CDLL(str(so_path))
         self._converters = [[_converter(k) for k in kinds] for _, kinds, _, _ in SYMBOLS]
         self._methods = [getattr(answers, name) for name, _, _, _ in SYMBOLS]
-        self._gpu_by_address = answers._gpu_by_address
+        self._devices = answers.devices
         # Kept referenced: the C library holds only their addresses.
         self._dispatch = _DISPATCH(self._answer)
         self._hang_for = _HANG_FOR(self._hang)
@@ -282,7 +282,7 @@ class CNvmlLibrary:
         """Whether this call hangs (taken off the machine's hangs: a hang is one call), and how."""
         name = SYMBOLS[symbol][0]
         if device:
-            gpu = self._gpu_by_address.get(device)
+            gpu = self._devices.by_address(device)
             hang = gpu.take_hang(name) if gpu is not None else None
         else:
             hang = self.answers.node.take_hang(name)

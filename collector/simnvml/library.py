@@ -9,7 +9,6 @@ NVML_ERROR_FUNCTION_NOT_FOUND — exactly what an old driver does.
 
 from __future__ import annotations
 
-import ctypes
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -17,11 +16,12 @@ from typing import Any
 import pynvml
 
 from gpufleet.collector.simnvml.args import arg_target, arg_value
-from gpufleet.collector.simnvml.machine import SimulatedGpu, SimulatedNode
-from gpufleet.collector.simnvml.symbols_events import EventSymbols, _EventSet
+from gpufleet.collector.simnvml.devices import Devices
+from gpufleet.collector.simnvml.machine import SimulatedNode
+from gpufleet.collector.simnvml.symbols_events import EventSymbols
 from gpufleet.collector.simnvml.symbols_health import HealthSymbols
 from gpufleet.collector.simnvml.symbols_hidden import HiddenFailureSymbols
-from gpufleet.collector.simnvml.symbols_work import WorkSymbols, _GpmSample
+from gpufleet.collector.simnvml.symbols_work import WorkSymbols
 
 _ERROR_STRINGS = {
     pynvml.NVML_SUCCESS: b"Success",
@@ -50,93 +50,57 @@ def _symbol(method: Callable[..., int]) -> Callable[..., int]:
     return fn
 
 
-class SimulatedNvmlLibrary(HealthSymbols, HiddenFailureSymbols, EventSymbols, WorkSymbols):
-    """Answers pynvml's NVML calls from a SimulatedNode."""
+class CoreSymbols:
+    """The library itself, the devices' identity, their samples and clocks."""
 
-    def __init__(self, node: SimulatedNode) -> None:
-        self.node = node
-        self.calls: dict[str, int] = {}
-        self._initialized = 0
-        self._handles = [pynvml.struct_c_nvmlDevice_t() for _ in node.gpus]
-        self._event_sets: dict[int, _EventSet] = {}
-        self._gpm_samples: dict[int, _GpmSample] = {}
-        self._gpu_by_address = {
-            ctypes.addressof(h): gpu for h, gpu in zip(self._handles, node.gpus, strict=True)
-        }
-        for name in dir(self):
-            if name.startswith("nvml"):
-                setattr(self, name, _symbol(getattr(self, name)))
-
-    # --- helpers -------------------------------------------------------------------
-    def _gpu(self, handle: Any, symbol: str) -> tuple[SimulatedGpu | None, int]:
-        """Resolve a device handle; return (gpu, NVML_SUCCESS) or (None, error code)."""
-        self.calls[symbol] = self.calls.get(symbol, 0) + 1
-        if not self._initialized:
-            return None, pynvml.NVML_ERROR_UNINITIALIZED
-        try:
-            gpu = self._gpu_by_address[ctypes.addressof(handle.contents)]
-        except (KeyError, ValueError, AttributeError):
-            return None, pynvml.NVML_ERROR_INVALID_ARGUMENT
-        gpu.wait_if_hung(symbol)  # a call stuck in the driver, as on a degrading GPU
-        if gpu.lost:
-            return None, pynvml.NVML_ERROR_GPU_IS_LOST
-        if symbol in gpu.fail_symbols:
-            return None, gpu.fail_symbols[symbol]
-        self.node.advance()
-        return gpu, pynvml.NVML_SUCCESS
-
-    @staticmethod
-    def _write_string(buffer: Any, size: Any, text: str) -> int:
-        data = text.encode()
-        if len(data) + 1 > arg_value(size):
-            return pynvml.NVML_ERROR_INSUFFICIENT_SIZE
-        buffer.value = data
-        return pynvml.NVML_SUCCESS
+    def __init__(self, devices: Devices) -> None:
+        self._devices = devices
+        self.node = devices.node
 
     # --- library -------------------------------------------------------------------
     def nvmlInitWithFlags(self, flags: Any) -> int:
         self.node.wait_if_hung("nvmlInitWithFlags")
-        self._initialized += 1
+        self._devices.initialized += 1
         return pynvml.NVML_SUCCESS
 
     def nvmlShutdown(self) -> int:
-        if not self._initialized:
+        if not self._devices.initialized:
             return pynvml.NVML_ERROR_UNINITIALIZED
-        self._initialized -= 1
+        self._devices.initialized -= 1
         return pynvml.NVML_SUCCESS
 
     def nvmlErrorString(self, code: Any) -> bytes:
         return _ERROR_STRINGS.get(arg_value(code), b"Unknown Error")
 
     def nvmlSystemGetDriverVersion(self, buffer: Any, size: Any) -> int:
-        return self._write_string(buffer, size, self.node.driver_version)
+        return self._devices.write_string(buffer, size, self.node.driver_version)
 
     def nvmlDeviceGetCount_v2(self, count_ref: Any) -> int:
-        if not self._initialized:
+        if not self._devices.initialized:
             return pynvml.NVML_ERROR_UNINITIALIZED
         arg_target(count_ref).value = len(self.node.gpus)
         return pynvml.NVML_SUCCESS
 
     def nvmlDeviceGetHandleByIndex_v2(self, index: Any, handle_ref: Any) -> int:
-        if not self._initialized:
+        if not self._devices.initialized:
             return pynvml.NVML_ERROR_UNINITIALIZED
         i = arg_value(index)
-        if not 0 <= i < len(self._handles):
+        if not 0 <= i < len(self._devices.handles):
             return pynvml.NVML_ERROR_INVALID_ARGUMENT
-        arg_target(handle_ref).contents = self._handles[i]
+        arg_target(handle_ref).contents = self._devices.handles[i]
         return pynvml.NVML_SUCCESS
 
     # --- identity ------------------------------------------------------------------
     def nvmlDeviceGetUUID(self, handle: Any, buffer: Any, size: Any) -> int:
-        gpu, rc = self._gpu(handle, "nvmlDeviceGetUUID")
-        return rc if gpu is None else self._write_string(buffer, size, gpu.uuid)
+        gpu, rc = self._devices.gpu(handle, "nvmlDeviceGetUUID")
+        return rc if gpu is None else self._devices.write_string(buffer, size, gpu.uuid)
 
     def nvmlDeviceGetName(self, handle: Any, buffer: Any, size: Any) -> int:
-        gpu, rc = self._gpu(handle, "nvmlDeviceGetName")
-        return rc if gpu is None else self._write_string(buffer, size, gpu.profile.name)
+        gpu, rc = self._devices.gpu(handle, "nvmlDeviceGetName")
+        return rc if gpu is None else self._devices.write_string(buffer, size, gpu.profile.name)
 
     def nvmlDeviceGetPciInfo_v3(self, handle: Any, info_ref: Any) -> int:
-        gpu, rc = self._gpu(handle, "nvmlDeviceGetPciInfo_v3")
+        gpu, rc = self._devices.gpu(handle, "nvmlDeviceGetPciInfo_v3")
         if gpu is None:
             return rc
         info = arg_target(info_ref)
@@ -151,7 +115,7 @@ class SimulatedNvmlLibrary(HealthSymbols, HiddenFailureSymbols, EventSymbols, Wo
 
     # --- samples -------------------------------------------------------------------
     def nvmlDeviceGetUtilizationRates(self, handle: Any, util_ref: Any) -> int:
-        gpu, rc = self._gpu(handle, "nvmlDeviceGetUtilizationRates")
+        gpu, rc = self._devices.gpu(handle, "nvmlDeviceGetUtilizationRates")
         if gpu is None:
             return rc
         util = arg_target(util_ref)
@@ -160,7 +124,7 @@ class SimulatedNvmlLibrary(HealthSymbols, HiddenFailureSymbols, EventSymbols, Wo
         return pynvml.NVML_SUCCESS
 
     def nvmlDeviceGetMemoryInfo(self, handle: Any, mem_ref: Any) -> int:
-        gpu, rc = self._gpu(handle, "nvmlDeviceGetMemoryInfo")
+        gpu, rc = self._devices.gpu(handle, "nvmlDeviceGetMemoryInfo")
         if gpu is None:
             return rc
         mem = arg_target(mem_ref)
@@ -170,7 +134,7 @@ class SimulatedNvmlLibrary(HealthSymbols, HiddenFailureSymbols, EventSymbols, Wo
         return pynvml.NVML_SUCCESS
 
     def nvmlDeviceGetTemperature(self, handle: Any, sensor: Any, temp_ref: Any) -> int:
-        gpu, rc = self._gpu(handle, "nvmlDeviceGetTemperature")
+        gpu, rc = self._devices.gpu(handle, "nvmlDeviceGetTemperature")
         if gpu is None:
             return rc
         if arg_value(sensor) != pynvml.NVML_TEMPERATURE_GPU:
@@ -179,14 +143,14 @@ class SimulatedNvmlLibrary(HealthSymbols, HiddenFailureSymbols, EventSymbols, Wo
         return pynvml.NVML_SUCCESS
 
     def nvmlDeviceGetPowerUsage(self, handle: Any, milliwatts_ref: Any) -> int:
-        gpu, rc = self._gpu(handle, "nvmlDeviceGetPowerUsage")
+        gpu, rc = self._devices.gpu(handle, "nvmlDeviceGetPowerUsage")
         if gpu is None:
             return rc
         arg_target(milliwatts_ref).value = round(gpu.power_w * 1000)
         return pynvml.NVML_SUCCESS
 
     def nvmlDeviceGetEnforcedPowerLimit(self, handle: Any, milliwatts_ref: Any) -> int:
-        gpu, rc = self._gpu(handle, "nvmlDeviceGetEnforcedPowerLimit")
+        gpu, rc = self._devices.gpu(handle, "nvmlDeviceGetEnforcedPowerLimit")
         if gpu is None:
             return rc
         arg_target(milliwatts_ref).value = round(gpu.enforced_power_limit_w() * 1000)
@@ -194,7 +158,7 @@ class SimulatedNvmlLibrary(HealthSymbols, HiddenFailureSymbols, EventSymbols, Wo
 
     # --- clocks and clock-event reasons ---------------------------------------------
     def nvmlDeviceGetClockInfo(self, handle: Any, clock_type: Any, mhz_ref: Any) -> int:
-        gpu, rc = self._gpu(handle, "nvmlDeviceGetClockInfo")
+        gpu, rc = self._devices.gpu(handle, "nvmlDeviceGetClockInfo")
         if gpu is None:
             return rc
         kind = arg_value(clock_type)
@@ -207,7 +171,7 @@ class SimulatedNvmlLibrary(HealthSymbols, HiddenFailureSymbols, EventSymbols, Wo
         return pynvml.NVML_SUCCESS
 
     def nvmlDeviceGetCurrentClocksEventReasons(self, handle: Any, reasons_ref: Any) -> int:
-        gpu, rc = self._gpu(handle, "nvmlDeviceGetCurrentClocksEventReasons")
+        gpu, rc = self._devices.gpu(handle, "nvmlDeviceGetCurrentClocksEventReasons")
         if gpu is None:
             return rc
         arg_target(reasons_ref).value = gpu.clock_event_reasons()
@@ -217,6 +181,29 @@ class SimulatedNvmlLibrary(HealthSymbols, HiddenFailureSymbols, EventSymbols, Wo
     # --- interconnect ----------------------------------------------------------------
     # --- processes -------------------------------------------------------------------
     # --- events ----------------------------------------------------------------------
+
+
+class SimulatedNvmlLibrary:
+    """Answers pynvml's NVML calls from a SimulatedNode: each symbol is one of its groups'
+    (the core, health, hidden failures, events, work), each group given the devices."""
+
+    GROUPS = (CoreSymbols, HealthSymbols, HiddenFailureSymbols, EventSymbols, WorkSymbols)
+
+    def __init__(self, node: SimulatedNode) -> None:
+        self.node = node
+        self.devices = Devices(node)
+        self.calls = self.devices.calls
+        groups = [g(self.devices) for g in self.GROUPS]
+        self.work = next(g for g in groups if isinstance(g, WorkSymbols))  # its GPM samples, for tests
+        for group in groups:
+            for name in dir(group):
+                if name.startswith("nvml"):
+                    setattr(self, name, _symbol(getattr(group, name)))
+
+    @classmethod
+    def symbol_names(cls) -> set[str]:
+        """The NVML C symbols the stand-in answers."""
+        return {name for g in cls.GROUPS for name in dir(g) if name.startswith("nvml")}
 
 
 def install(library: SimulatedNvmlLibrary) -> None:

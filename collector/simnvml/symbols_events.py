@@ -9,12 +9,17 @@ from typing import Any
 import pynvml
 
 from gpufleet.collector.simnvml.args import arg_target, arg_value
+from gpufleet.collector.simnvml.devices import Devices
 from gpufleet.collector.simnvml.machine import SimulatedGpu
 
 
 class EventSymbols:
+    def __init__(self, devices: Devices) -> None:
+        self._devices = devices
+        self._event_sets: dict[int, _EventSet] = {}
+
     def nvmlDeviceGetComputeRunningProcesses_v3(self, handle: Any, count_ref: Any, infos: Any) -> int:
-        gpu, rc = self._gpu(handle, "nvmlDeviceGetComputeRunningProcesses_v3")
+        gpu, rc = self._devices.gpu(handle, "nvmlDeviceGetComputeRunningProcesses_v3")
         if gpu is None:
             return rc
         count = arg_target(count_ref)
@@ -44,7 +49,7 @@ class EventSymbols:
             return None
 
     def nvmlDeviceRegisterEvents(self, handle: Any, types: Any, set_ptr: Any) -> int:
-        gpu, rc = self._gpu(handle, "nvmlDeviceRegisterEvents")
+        gpu, rc = self._devices.gpu(handle, "nvmlDeviceRegisterEvents")
         if gpu is None:
             return rc
         event_set = self._event_set(set_ptr)
@@ -66,7 +71,7 @@ class EventSymbols:
         except queue.Empty:
             return pynvml.NVML_ERROR_TIMEOUT
         data = arg_target(data_ref)
-        data.device = ctypes.pointer(self._handles[gpu.index])
+        data.device = ctypes.pointer(self._devices.handles[gpu.index])
         data.eventType = pynvml.nvmlEventTypeXidCriticalError
         data.eventData = xid
         return pynvml.NVML_SUCCESS

@@ -9,14 +9,18 @@ from typing import Any
 import pynvml
 
 from gpufleet.collector.simnvml.args import arg_target, arg_value
+from gpufleet.collector.simnvml.devices import Devices
 from gpufleet.collector.simnvml.machine import SimulatedGpu
 
 
 class HealthSymbols:
+    def __init__(self, devices: Devices) -> None:
+        self._devices = devices
+
     def nvmlDeviceGetTotalEccErrors(
         self, handle: Any, error_type: Any, counter_type: Any, count_ref: Any
     ) -> int:
-        gpu, rc = self._gpu(handle, "nvmlDeviceGetTotalEccErrors")
+        gpu, rc = self._devices.gpu(handle, "nvmlDeviceGetTotalEccErrors")
         if gpu is None:
             return rc
         uncorrected = arg_value(error_type) == pynvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED
@@ -30,7 +34,7 @@ class HealthSymbols:
         return pynvml.NVML_SUCCESS
 
     def nvmlDeviceGetRetiredPages(self, handle: Any, cause: Any, count_ref: Any, pages: Any) -> int:
-        gpu, rc = self._gpu(handle, "nvmlDeviceGetRetiredPages")
+        gpu, rc = self._devices.gpu(handle, "nvmlDeviceGetRetiredPages")
         if gpu is None:
             return rc
         if gpu.profile.row_remapping:
@@ -47,7 +51,7 @@ class HealthSymbols:
         return pynvml.NVML_SUCCESS
 
     def nvmlDeviceGetRetiredPagesPendingStatus(self, handle: Any, pending_ref: Any) -> int:
-        gpu, rc = self._gpu(handle, "nvmlDeviceGetRetiredPagesPendingStatus")
+        gpu, rc = self._devices.gpu(handle, "nvmlDeviceGetRetiredPagesPendingStatus")
         if gpu is None:
             return rc
         if gpu.profile.row_remapping:
@@ -56,7 +60,7 @@ class HealthSymbols:
         return pynvml.NVML_SUCCESS
 
     def nvmlDeviceGetRemappedRows(self, handle: Any, corr: Any, unc: Any, pending: Any, failure: Any) -> int:
-        gpu, rc = self._gpu(handle, "nvmlDeviceGetRemappedRows")
+        gpu, rc = self._devices.gpu(handle, "nvmlDeviceGetRemappedRows")
         if gpu is None:
             return rc
         if not gpu.profile.row_remapping:
@@ -68,14 +72,14 @@ class HealthSymbols:
         return pynvml.NVML_SUCCESS
 
     def nvmlDeviceGetPcieReplayCounter(self, handle: Any, count_ref: Any) -> int:
-        gpu, rc = self._gpu(handle, "nvmlDeviceGetPcieReplayCounter")
+        gpu, rc = self._devices.gpu(handle, "nvmlDeviceGetPcieReplayCounter")
         if gpu is None:
             return rc
         arg_target(count_ref).value = gpu.pcie_replay_total
         return pynvml.NVML_SUCCESS
 
     def _link(self, handle: Any, link: Any, symbol: str) -> tuple[SimulatedGpu | None, int]:
-        gpu, rc = self._gpu(handle, symbol)
+        gpu, rc = self._devices.gpu(handle, symbol)
         if gpu is None:
             return None, rc
         if not gpu.profile.nvlink_links:
@@ -99,7 +103,7 @@ class HealthSymbols:
         return pynvml.NVML_SUCCESS
 
     def nvmlDeviceGetFieldValues(self, handle: Any, count: Any, values_ref: Any) -> int:
-        gpu, rc = self._gpu(handle, "nvmlDeviceGetFieldValues")
+        gpu, rc = self._devices.gpu(handle, "nvmlDeviceGetFieldValues")
         if gpu is None:
             return rc
         values = arg_target(values_ref)

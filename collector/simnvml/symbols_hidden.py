@@ -8,11 +8,15 @@ from typing import Any
 import pynvml
 
 from gpufleet.collector.simnvml.args import arg_target
+from gpufleet.collector.simnvml.devices import Devices
 
 
 class HiddenFailureSymbols:
+    def __init__(self, devices: Devices) -> None:
+        self._devices = devices
+
     def _link_value(self, handle: Any, out_ref: Any, symbol: str, value: Any) -> int:
-        gpu, rc = self._gpu(handle, symbol)  # type: ignore[attr-defined]
+        gpu, rc = self._devices.gpu(handle, symbol)
         if gpu is None:
             return rc
         arg_target(out_ref).value = value(gpu)
@@ -39,7 +43,7 @@ class HiddenFailureSymbols:
         )
 
     def nvmlDeviceGetGpuFabricInfo(self, handle: Any, info_ref: Any) -> int:
-        gpu, rc = self._gpu(handle, "nvmlDeviceGetGpuFabricInfo")  # type: ignore[attr-defined]
+        gpu, rc = self._devices.gpu(handle, "nvmlDeviceGetGpuFabricInfo")
         if gpu is None:
             return rc
         if not gpu.profile.fabric:

@@ -12,6 +12,7 @@ from typing import Any
 import pynvml
 
 from gpufleet.collector.simnvml.args import arg_target, arg_value
+from gpufleet.collector.simnvml.devices import Devices
 
 
 @dataclass
@@ -32,8 +33,16 @@ _GPM_METRICS = {pynvml.NVML_GPM_METRIC_SM_UTIL: 1, pynvml.NVML_GPM_METRIC_ANY_TE
 
 
 class WorkSymbols:
+    def __init__(self, devices: Devices) -> None:
+        self._devices = devices
+        self._gpm_samples: dict[int, _GpmSample] = {}
+
+    def samples_held(self) -> int:
+        """GPM samples allocated and not yet freed."""
+        return len(self._gpm_samples)
+
     def nvmlDeviceGetClock(self, handle: Any, clock_type: Any, clock_id: Any, mhz_ref: Any) -> int:
-        gpu, rc = self._gpu(handle, "nvmlDeviceGetClock")  # type: ignore[attr-defined]
+        gpu, rc = self._devices.gpu(handle, "nvmlDeviceGetClock")
         if gpu is None:
             return rc
         if arg_value(clock_type) != pynvml.NVML_CLOCK_SM:
@@ -50,7 +59,7 @@ class WorkSymbols:
         return pynvml.NVML_SUCCESS
 
     def nvmlGpmQueryDeviceSupport(self, handle: Any, support_ref: Any) -> int:
-        gpu, rc = self._gpu(handle, "nvmlGpmQueryDeviceSupport")  # type: ignore[attr-defined]
+        gpu, rc = self._devices.gpu(handle, "nvmlGpmQueryDeviceSupport")
         if gpu is None:
             return rc
         support = arg_target(support_ref)
@@ -61,34 +70,34 @@ class WorkSymbols:
 
     def nvmlGpmSampleAlloc(self, sample_ref: Any) -> int:
         sample = _GpmSample(pynvml.struct_c_nvmlGpmSample_t())
-        self._gpm_samples[ctypes.addressof(sample.struct)] = sample  # type: ignore[attr-defined]
+        self._gpm_samples[ctypes.addressof(sample.struct)] = sample
         arg_target(sample_ref).contents = sample.struct
         return pynvml.NVML_SUCCESS
 
     def nvmlGpmSampleFree(self, pointer: Any) -> int:
-        if self._gpm_samples.pop(_address(pointer), None) is None:  # type: ignore[attr-defined]
+        if self._gpm_samples.pop(_address(pointer), None) is None:
             return pynvml.NVML_ERROR_INVALID_ARGUMENT
         return pynvml.NVML_SUCCESS
 
     def nvmlGpmSampleGet(self, handle: Any, pointer: Any) -> int:
-        gpu, rc = self._gpu(handle, "nvmlGpmSampleGet")  # type: ignore[attr-defined]
+        gpu, rc = self._devices.gpu(handle, "nvmlGpmSampleGet")
         if gpu is None:
             return rc
         if not gpu.profile.gpm:
             return pynvml.NVML_ERROR_NOT_SUPPORTED
-        sample = self._gpm_samples.get(_address(pointer))  # type: ignore[attr-defined]
+        sample = self._gpm_samples.get(_address(pointer))
         if sample is None:
             return pynvml.NVML_ERROR_INVALID_ARGUMENT
         sample.gpu_index, sample.integrals = gpu.index, gpu.work_integrals
         return pynvml.NVML_SUCCESS
 
     def nvmlGpmMetricsGet(self, request_ref: Any) -> int:
-        self.calls["nvmlGpmMetricsGet"] = self.calls.get("nvmlGpmMetricsGet", 0) + 1  # type: ignore[attr-defined]
+        self._devices.calls["nvmlGpmMetricsGet"] = self._devices.calls.get("nvmlGpmMetricsGet", 0) + 1
         request = arg_target(request_ref)
         if request.version != pynvml.NVML_GPM_METRICS_GET_VERSION:
             return pynvml.NVML_ERROR_ARGUMENT_VERSION_MISMATCH
-        first = self._gpm_samples.get(_address(request.sample1))  # type: ignore[attr-defined]
-        second = self._gpm_samples.get(_address(request.sample2))  # type: ignore[attr-defined]
+        first = self._gpm_samples.get(_address(request.sample1))
+        second = self._gpm_samples.get(_address(request.sample2))
         if first is None or second is None or first.gpu_index < 0 or first.gpu_index != second.gpu_index:
             return pynvml.NVML_ERROR_INVALID_ARGUMENT
         seconds = second.integrals[0] - first.integrals[0]

@@ -124,5 +124,5 @@ def test_a_hang_that_holds_the_driver_lock_makes_every_gpu_unresponsive_not_sile
 def test_every_symbol_the_collector_calls_is_in_the_library() -> None:
     """A symbol the collector calls that the library lacks would answer FUNCTION_NOT_FOUND and
     hide a field: the library's table names every symbol the Python stand-in answers."""
-    python_symbols = {name for name in dir(SimulatedNvmlLibrary) if name.startswith("nvml")}
+    python_symbols = SimulatedNvmlLibrary.symbol_names()
     assert python_symbols - {"nvmlErrorString"} == {name for name, *_ in SYMBOLS}

@@ -93,7 +93,7 @@ def test_closing_frees_every_gpm_sample(opened: callable) -> None:
     o = opened("H100")
     o.tick()
     o.tick()
-    assert len(o.answers._gpm_samples) == 16  # two per GPU, filled in turn
+    assert o.answers.work.samples_held() == 16  # two per GPU, filled in turn
     o.source.close()
-    assert o.answers._gpm_samples == {}
+    assert o.answers.work.samples_held() == 0
     o.source.gpus.clear()  # closed: the fixture's close has nothing left to free
