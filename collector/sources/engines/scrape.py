@@ -140,7 +140,7 @@ class EngineScraper:
         names = {f.name for f in families} | {s.name for f in families for s in f.samples}
         parser = next((p for p in REGISTRY.values() if p.matches(names)), None)
         if parser is None:
-            known = ", ".join(p for parser in REGISTRY for p in parser.prefixes)
+            known = ", ".join(p for parser in REGISTRY.values() for p in parser.prefixes)
             raise Unreadable(f"{url} exposes no metrics of a known engine (names starting {known})")
         try:
             reading = parser.parse(families)
