@@ -96,7 +96,7 @@ class BackgroundLoops:
                 try:
                     if state is None:
                         state = await asyncio.to_thread(self._open_control_plane, "revocations")
-                    revoked = await asyncio.to_thread(state.revoked_collector_tokens)
+                    revoked = await asyncio.to_thread(state.kept.revoked_collector_tokens)
                     if revoked != self._revocations.ids:
                         self._revocations.update(revoked)
                         ended = self._ingest.end_invalid_streams()

@@ -263,7 +263,7 @@ class RepairWiring:
             group_wait_s=config.alert_group_wait_s,
             max_age_s=config.alert_max_age_s,
             count=lambda sink, outcome: self._alert_count.labels(sink=sink, outcome=outcome).inc(),
-            store=state,
+            store=state.kept,
             dashboard_url=config.dashboard_url,
         )
         controller = RepairController(
@@ -283,6 +283,7 @@ class RepairWiring:
             serving=lambda: call_on(main, serving_readings, fleet, False),  # the guard needs no GPU figures
         )
         dispatcher.start(spawn)
+        controller.desk.resolve_closed(controller.workflows)  # a close the last process did not page
         exporter = None
         write = self._write_points
         if write is not None:

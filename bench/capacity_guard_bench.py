@@ -93,7 +93,7 @@ def controller(tmp: Path, fleet: FleetState, policy_text: str) -> RepairControll
         NoBackend(),
         Rails(max_out_of_service=1000, max_out_of_service_fraction=1, breaker_nodes=1000),
         Hooks(),
-        AlertDispatcher([], store=state),
+        AlertDispatcher([], store=state.kept),
         lambda only: snapshots(fleet, only),
         lambda node, command: False,
         serving=lambda: serving_readings(fleet, gpu_util=False),  # as aggregator/repair_wiring.py

@@ -90,12 +90,12 @@ class RepairController:
         self._full_pass_s = observe_interval_s
         self._seen_liveness: dict[str, int] = {}  # as each node's last evaluation saw it
         self.desk = IncidentDesk(state, dispatcher, on_action, clock)
-        self.breaker = Breaker(state, rails)
+        self.breaker = Breaker(state.kept, rails)
         self.scheduler = SchedulerWatch(backend, observe_interval_s)
         self.capacity = CapacityGuard(policy.serving, serving, self.desk, clock)
         self.gate = Gate(rails, self.breaker, self.scheduler.cordoned, self.capacity)
         self.engines = EngineDrain(policy.serving, backend, self.desk, self.capacity, clock)
-        self.evaluator = Evaluator(policy, state)
+        self.evaluator = Evaluator(policy, state.kept)
         self.steps = StepRunner(policy, state, hooks, self.desk, send_command, self.poke, clock, hook_runner)
         dispatcher.restore_breaker(self.breaker.tripped)
         self.workflows: dict[str, Workflow] = state.workflows()

@@ -7,10 +7,11 @@ and a finding older than the node's last closed incident is already dealt with."
 
 from __future__ import annotations
 
+from gpufleet.repair.kept_values import KeptValues
 from gpufleet.repair.model import Finding, NodeSnapshot
 from gpufleet.repair.policy import Policy
 from gpufleet.repair.rules import RULES
-from gpufleet.repair.state import RepairState, Workflow
+from gpufleet.repair.state import Workflow
 
 
 def finding_id(f: Finding) -> str:
@@ -19,7 +20,7 @@ def finding_id(f: Finding) -> str:
 
 
 class Evaluator:
-    def __init__(self, policy: Policy, state: RepairState) -> None:
+    def __init__(self, policy: Policy, state: KeptValues) -> None:
         self.policy = policy
         self._state = state
         self.rules = {name: factory() for name, factory in RULES.items()}

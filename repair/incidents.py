@@ -14,7 +14,7 @@ from gpufleet.repair.evaluator import finding_id
 from gpufleet.repair.health import Health
 from gpufleet.repair.model import Finding
 from gpufleet.repair.outcome import OK, IncidentOutcome, Outcome, Status
-from gpufleet.repair.state import AuditRecord, Incident, RepairState, Workflow
+from gpufleet.repair.state import AuditRecord, Incident, RepairState, StateError, Workflow
 
 log = logging.getLogger("gpufleet.repair")
 
@@ -98,6 +98,32 @@ class IncidentDesk:
             "incident %s closed: %s", incident.id, outcome, extra={"node": wf.node, "incident": incident.id}
         )
         self.alert(incident, "resolved", wf)
+
+    def resolve_closed(self, workflows: dict[str, Workflow]) -> list[str]:
+        """After a start: resolve the alerts still out for incidents that are closed. Closing an
+        incident and queueing its resolve are two writes; a process killed between them left
+        the page open (a chaos run found it). Run once the dispatcher is started (a resolve is
+        queued in each sink's outbox); the keys resolved."""
+        resolved = []
+        try:
+            for key in sorted(self.alerts.outstanding()):
+                incident_id, _, part = key.partition("/")
+                incident = self._state.incident(incident_id)  # None: the breaker's own alert
+                if incident is None or incident.open:
+                    continue
+                if part:  # the incident's serving-capacity alert
+                    summary = f"incident closed: {incident.outcome or ''}"
+                    details = {"incident": incident_id, "kind": "serving_capacity"}
+                    node, state, when = incident.node, incident.state, self._clock()
+                    self.alerts.notify(Alert(key, "resolved", node, state, "warning", summary, when, details))
+                else:
+                    self.alert(incident, "resolved", workflows.get(incident.node) or Workflow(incident.node))
+                resolved.append(key)
+        except StateError as exc:  # the next start looks again
+            log.warning("cannot look for closed incidents with alerts still out: %s", exc)
+        for key in resolved:
+            log.warning("alert %s resolved at start: its incident closed before the last stop", key)
+        return resolved
 
     def moved(self, wf: Workflow) -> None:
         """The workflow changed state: its open incident follows, and its alert says so."""

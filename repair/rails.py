@@ -24,8 +24,9 @@ from dataclasses import dataclass
 
 from gpufleet.repair.capacity import CapacityGuard
 from gpufleet.repair.health import OUT_OF_SERVICE, SCHEDULER_STEPS, Health, HoldKind, Step
+from gpufleet.repair.kept_values import KeptValues
 from gpufleet.repair.outcome import Outcome, Status
-from gpufleet.repair.state import RepairState, Workflow
+from gpufleet.repair.state import Workflow
 
 
 @dataclass
@@ -52,7 +53,7 @@ class Breaker:
     """Trips when breaker_nodes distinct nodes fail within breaker_window_s; kept in the repair
     state, so a restart comes back tripped."""
 
-    def __init__(self, state: RepairState, rails: Rails) -> None:
+    def __init__(self, state: KeptValues, rails: Rails) -> None:
         self._state, self._rails = state, rails
         saved = json.loads(state.get("breaker") or "{}")
         self.tripped: bool = saved.get("tripped", False)

@@ -3,9 +3,9 @@
 What the repair controller remembers — each node's workflow, incidents, the audit log, the
 ledger of actions taken, the breaker, alert delivery — and what replicas of the aggregator
 share — the leader lease, the replicas, every node's live summary, commands on their way to a
-node's stream and their results. Two implementations: SQLite (one box, the default:
+node's stream and their results. Two databases under it: SQLite (one box, the default:
 repair/state_sqlite.py) and PostgreSQL (replicas: repair/state_postgres.py). Both run the
-same SQL here; they differ in connection, placeholders, types, locking and clock. One
+same SQL here; they differ in connection, placeholders, types, locking and clock (`Database`). One
 contract test suite runs on both (tests/replication/test_control_plane_contract.py).
 
 Every change is committed before the action it describes is carried out, so an aggregator
@@ -24,11 +24,10 @@ from __future__ import annotations
 import json
 import time
 import uuid
-from abc import ABC, abstractmethod
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from gpufleet.common.redact import redact
 from gpufleet.repair.health import Health, HoldKind, Step
@@ -196,77 +195,96 @@ class QueuedCommand:
     epoch: int  # the leader's epoch that queued it
 
 
-class RepairState(KeptValues, ABC):
-    """The contract. Subclasses give a connection, a transaction, placeholders and a clock."""
+class Database(Protocol):
+    """What a store's engine gives the state (repair/state_sqlite.py, repair/state_postgres.py):
+    a connection, a transaction, "?" placeholders, its locking and its clock."""
 
-    dialect: str = ""
-    _holder: str = ""
-    _epoch: int | None = None  # set on a fenced view: every write checks the lease first
+    dialect: str
 
-    # --- what each implementation provides -------------------------------------------------
-    @abstractmethod
-    def _execute(self, sql: str, args: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
+    def execute(self, sql: str, args: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
         """Run one statement ("?" placeholders) in the current transaction, or in its own."""
+        ...
 
-    @abstractmethod
-    def _execute_many(self, sql: str, rows: Sequence[Sequence[Any]]) -> None:
+    def execute_many(self, sql: str, rows: Sequence[Sequence[Any]]) -> None:
         """One statement for many rows, in one transaction."""
+        ...
 
-    @abstractmethod
-    def _transaction(self, lock_lease: bool = False) -> Any:
-        """A context manager: one transaction; with lock_lease, the lease row is locked for
-        update from its start (SQLite: BEGIN IMMEDIATE; PostgreSQL: SELECT ... FOR UPDATE)."""
+    def transaction(self, lock_lease: bool = False) -> AbstractContextManager[None]:
+        """One transaction; with lock_lease, the lease row is locked for update from its start
+        (SQLite: BEGIN IMMEDIATE; PostgreSQL: SELECT ... FOR UPDATE)."""
+        ...
 
-    @abstractmethod
-    def _store_now_ns(self) -> int:
+    def store_now_ns(self) -> int:
         """The store's clock (the lease is timed by it, so replicas' clocks do not matter)."""
+        ...
 
-    @abstractmethod
-    def _read_lease_for_share(self) -> tuple[str, int, int, int]:
+    def read_lease_for_share(self) -> tuple[str, int, int, int]:
         """(holder, epoch, expires_ns, now_ns) inside the current transaction, locked so that a
         takeover waits for it to end."""
+        ...
 
-    @abstractmethod
-    def close(self) -> None: ...
+    def lock_migrations(self) -> None:
+        """Serialise migrations between processes (inside the migration's transaction)."""
+        ...
 
-    @abstractmethod
+    def next_version_sql(self) -> str:
+        """SQL for the next version number of a live-view row."""
+        ...
+
     def describe(self) -> str:
         """Where this store is, for people (a PostgreSQL URL without its password)."""
+        ...
 
-    @abstractmethod
+    def close(self) -> None: ...
+
+
+class RepairState:
+    """The contract, on a Database: the same SQL on both engines. A fenced view is the same
+    Database with a leader's holder and epoch (`fenced`); the small values it keeps (first-seen
+    times, alert delivery, the breaker, revoked tokens) are its `kept` (repair/kept_values.py)."""
+
+    def __init__(self, db: Database, holder: str = "", epoch: int | None = None) -> None:
+        self.db = db
+        self._holder = holder
+        self._epoch = epoch  # set on a fenced view: every write checks the lease first
+        self.kept = KeptValues(db, self._write)
+
     def fenced(self, holder: str, epoch: int) -> RepairState:
         """A view on the same connection whose writes carry this leader's epoch."""
+        return RepairState(self.db, holder, epoch)
+
+    def describe(self) -> str:
+        return self.db.describe()
+
+    def close(self) -> None:
+        self.db.close()
 
     # --- schema ---------------------------------------------------------------------------
     def migrate(self) -> list[int]:
         """Apply every migration not yet applied, in order, in one transaction (replicas that
         start together wait for each other: `_lock_migrations`); the versions applied now."""
         applied = []
-        with self._transaction():
-            self._lock_migrations()
-            self._execute(
+        with self.db.transaction():
+            self.db.lock_migrations()
+            self.db.execute(
                 "CREATE TABLE IF NOT EXISTS schema_migrations "
                 "(version INTEGER PRIMARY KEY, description TEXT NOT NULL, applied_ns BIGINT NOT NULL)"
             )
-            done = {int(v) for (v,) in self._execute("SELECT version FROM schema_migrations")}
+            done = {int(v) for (v,) in self.db.execute("SELECT version FROM schema_migrations")}
             for m in MIGRATIONS:
                 if m.version in done:
                     continue
-                for statement in m.statements(self.dialect):
-                    self._execute(statement)
-                self._execute(
+                for statement in m.statements(self.db.dialect):
+                    self.db.execute(statement)
+                self.db.execute(
                     "INSERT INTO schema_migrations VALUES (?, ?, ?)",
                     (m.version, m.description, time.time_ns()),
                 )
                 applied.append(m.version)
         return applied
 
-    @abstractmethod
-    def _lock_migrations(self) -> None:
-        """Serialise migrations between processes (inside the migration's transaction)."""
-
     def schema_version(self) -> int:
-        rows = self._execute("SELECT COALESCE(MAX(version), 0) FROM schema_migrations")
+        rows = self.db.execute("SELECT COALESCE(MAX(version), 0) FROM schema_migrations")
         return int(rows[0][0])
 
     def pending_migrations(self) -> list[int]:
@@ -281,12 +299,12 @@ class RepairState(KeptValues, ABC):
     def _write(self, what: str) -> Iterator[None]:
         """One write of the controller's, fenced when this is a leader's view."""
         if self._epoch is None:
-            with self._transaction():
+            with self.db.transaction():
                 yield
             return
         refused: LeaseInfo | None = None
-        with self._transaction():
-            holder, epoch, expires_ns, now_ns = self._read_lease_for_share()
+        with self.db.transaction():
+            holder, epoch, expires_ns, now_ns = self.db.read_lease_for_share()
             current = LeaseInfo(holder, epoch, expires_ns, now_ns)
             if holder != self._holder or epoch != self._epoch or expires_ns <= now_ns:
                 refused = current
@@ -294,7 +312,7 @@ class RepairState(KeptValues, ABC):
                 yield
         if refused is not None:
             # The refusal itself is recorded (not fenced: it claims no authority).
-            self._execute(
+            self.db.execute(
                 "INSERT INTO audit (time_ns, actor, node, action, reason, outcome, incident_id) "
                 "VALUES (?, ?, '', 'fenced', ?, ?, '')",
                 (
@@ -317,50 +335,25 @@ class RepairState(KeptValues, ABC):
         with self._write(what):
             pass
 
-    # --- what extensions of the contract run on (aggregator/replication/records.py) --------
-    def execute(self, sql: str, args: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
-        """One statement ("?" placeholders), in the current transaction or its own."""
-        return self._execute(sql, args)
-
-    def execute_many(self, sql: str, rows: Sequence[Sequence[Any]]) -> None:
-        self._execute_many(sql, rows)
-
-    def transaction(self, lock_lease: bool = False) -> Any:
-        """One transaction (lock_lease: the lease row locked from its start)."""
-        return self._transaction(lock_lease)
-
-    def fenced_write(self, what: str) -> Any:
-        """One write, refused (Fenced) unless this view's leader still holds the lease."""
+    def fenced_write(self, what: str) -> AbstractContextManager[None]:
+        """One write, refused (Fenced) unless this view's leader still holds the lease (what
+        extensions of the contract write through: aggregator/replication/records.py)."""
         return self._write(what)
 
-    def store_now_ns(self) -> int:
-        return self._store_now_ns()
-
-    def lease_for_share(self) -> tuple[str, int, int, int]:
-        """(holder, epoch, expires_ns, now_ns), inside the current transaction."""
-        return self._read_lease_for_share()
-
-    def next_version_sql(self) -> str:
-        """SQL for the next version number of a live-view row (a sequence on PostgreSQL)."""
-        return self._next_version_sql()
-
-    def _next_version_sql(self) -> str:
-        return "(SELECT COALESCE(MAX(version), 0) + 1 FROM node_live)"
-
     def lease(self) -> LeaseInfo:
-        holder, epoch, expires_ns = self._execute(
+        holder, epoch, expires_ns = self.db.execute(
             "SELECT holder, epoch, expires_ns FROM leader_lease WHERE id = 1"
         )[0]
-        return LeaseInfo(str(holder), int(epoch), int(expires_ns), self._store_now_ns())
+        return LeaseInfo(str(holder), int(epoch), int(expires_ns), self.db.store_now_ns())
 
     # --- collector credentials -----------------------------------------------------------------
     # --- workflows -------------------------------------------------------------------------
     def workflows(self) -> dict[str, Workflow]:
-        return {n: Workflow.from_json(b) for n, b in self._execute("SELECT node, body FROM workflow")}
+        return {n: Workflow.from_json(b) for n, b in self.db.execute("SELECT node, body FROM workflow")}
 
     def save(self, wf: Workflow) -> None:
         with self._write(f"save the workflow of {wf.node} ({wf.state})"):
-            self._execute(
+            self.db.execute(
                 "INSERT INTO workflow VALUES (?, ?) ON CONFLICT (node) DO UPDATE SET body = excluded.body",
                 (wf.node, json.dumps(asdict(wf))),
             )
@@ -373,20 +366,20 @@ class RepairState(KeptValues, ABC):
         day = time.strftime("%Y%m%d", time.gmtime(now / 1e9))
         incident = Incident(f"inc-{day}-{uuid.uuid4().hex[:8]}", node, now, state=state, findings=findings)
         with self._write(f"open an incident on {node}"):
-            self._execute(
+            self.db.execute(
                 "INSERT INTO incident VALUES (?, ?, ?, 0, ?)", (incident.id, node, now, incident.body())
             )
         return incident
 
     def put_incident(self, incident: Incident) -> None:
         with self._write(f"update incident {incident.id}"):
-            self._execute(
+            self.db.execute(
                 "UPDATE incident SET closed_ns = ?, body = ? WHERE id = ?",
                 (incident.closed_ns, incident.body(), incident.id),
             )
 
     def incident(self, incident_id: str) -> Incident | None:
-        rows = self._execute("SELECT body FROM incident WHERE id = ?", (incident_id,))
+        rows = self.db.execute("SELECT body FROM incident WHERE id = ?", (incident_id,))
         return Incident.from_body(rows[0][0]) if rows else None
 
     def incidents(self, open_only: bool = False, node: str = "", limit: int = 100) -> list[Incident]:
@@ -399,26 +392,26 @@ class RepairState(KeptValues, ABC):
             args.append(node)
         sql += " ORDER BY opened_ns DESC LIMIT ?"
         args.append(limit)
-        return [Incident.from_body(b) for (b,) in self._execute(sql, args)]
+        return [Incident.from_body(b) for (b,) in self.db.execute(sql, args)]
 
     def incidents_open_or_opened_since(self, since_ns: int, limit: int = 1000) -> list[Incident]:
         """Every open incident and those opened since since_ns, newest first (the history
         export's read: aggregator/fleet/export.py)."""
-        rows = self._execute(
+        rows = self.db.execute(
             "SELECT body FROM incident WHERE closed_ns = 0 OR opened_ns >= ? ORDER BY opened_ns DESC LIMIT ?",
             (since_ns, limit),
         )
         return [Incident.from_body(b) for (b,) in rows]
 
     def incidents_since(self, node: str, since_ns: int) -> int:
-        rows = self._execute(
+        rows = self.db.execute(
             "SELECT COUNT(*) FROM incident WHERE node = ? AND opened_ns >= ?", (node, since_ns)
         )
         return int(rows[0][0])
 
     def incident_counts_since(self, since_ns: int) -> dict[str, int]:
         """Incidents opened since then, per node (the lemon-node flag of every node at once)."""
-        rows = self._execute(
+        rows = self.db.execute(
             "SELECT node, COUNT(*) FROM incident WHERE opened_ns >= ? GROUP BY node", (since_ns,)
         )
         return {str(node): int(n) for node, n in rows}
@@ -426,7 +419,7 @@ class RepairState(KeptValues, ABC):
     # --- audit ------------------------------------------------------------------------------
     def audit(self, record: AuditRecord) -> None:
         with self._write(f"{record.action} {record.node or 'the fleet'}: {record.outcome}"):
-            self._execute(
+            self.db.execute(
                 "INSERT INTO audit (time_ns, actor, node, action, reason, outcome, incident_id) "
                 "VALUES (?, ?, ?, ?, ?, ?, ?)",
                 (
@@ -451,12 +444,12 @@ class RepairState(KeptValues, ABC):
             args.append(incident_id)
         sql += " ORDER BY seq DESC LIMIT ?"
         args.append(limit)
-        return [AuditRecord.from_row(row) for row in reversed(self._execute(sql, args))]
+        return [AuditRecord.from_row(row) for row in reversed(self.db.execute(sql, args))]
 
     def audit_after(self, seq: int, limit: int = 1000) -> list[tuple[int, AuditRecord]]:
         """(seq, record) of the audit rows after seq, oldest first: a reader that keeps the last
         seq it handled reads each row once (the history export, aggregator/fleet/export.py)."""
-        rows = self._execute(
+        rows = self.db.execute(
             "SELECT seq, time_ns, actor, node, action, reason, outcome, incident_id FROM audit "
             "WHERE seq > ? ORDER BY seq LIMIT ?",
             (seq, limit),
@@ -468,7 +461,7 @@ class RepairState(KeptValues, ABC):
         """Record that an action is about to be carried out. False if it was begun before (by
         this or an earlier aggregator process, or another replica): the caller must not do it again."""
         with self._write(f"begin action {key}"):
-            rows = self._execute(
+            rows = self.db.execute(
                 "INSERT INTO action VALUES (?, ?, NULL) ON CONFLICT (key) DO NOTHING RETURNING key",
                 (key, time.time_ns()),
             )
@@ -476,12 +469,12 @@ class RepairState(KeptValues, ABC):
 
     def finish_action(self, key: str, outcome: Outcome) -> None:
         with self._write(f"finish action {key}"):
-            self._execute("UPDATE action SET outcome = ? WHERE key = ?", (str(outcome), key))
+            self.db.execute("UPDATE action SET outcome = ? WHERE key = ?", (str(outcome), key))
 
     def action_outcome(self, key: str) -> Outcome | None:
         """None: not begun; STARTED: begun, its outcome not known yet (or never learned: the
         aggregator died meanwhile); else what became of it."""
-        rows = self._execute("SELECT outcome FROM action WHERE key = ?", (key,))
+        rows = self.db.execute("SELECT outcome FROM action WHERE key = ?", (key,))
         if not rows:
             return None
         return Outcome.parse(rows[0][0]) if rows[0][0] else STARTED
@@ -505,17 +498,17 @@ def open_state(
     shows in pg_stat_activity as application_name unless the URL names one."""
     if url.startswith(("postgresql://", "postgres://")):
         try:
-            from gpufleet.repair.state_postgres import PostgresState
+            from gpufleet.repair.state_postgres import postgres_state
         except ImportError as exc:
             raise StateError(
                 f"control plane {redact(url)} needs psycopg: pip install 'gpufleet[postgresql]' ({exc})"
             ) from exc
 
-        state: RepairState = PostgresState(url, connect_timeout_s, call_timeout_s, application_name)
+        state = postgres_state(url, connect_timeout_s, call_timeout_s, application_name)
     elif url in ("", "sqlite"):
-        from gpufleet.repair.state_sqlite import SqliteState
+        from gpufleet.repair.state_sqlite import sqlite_state
 
-        state = SqliteState(sqlite_path)
+        state = sqlite_state(sqlite_path)
     else:
         raise ValueError(f"control plane {url!r}: use sqlite or a postgresql://user@host/db URL")
     if migrate:

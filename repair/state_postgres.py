@@ -161,7 +161,17 @@ class _Link:
             conn.close()
 
 
-class PostgresState(RepairState):
+def postgres_state(
+    url: str,
+    connect_timeout_s: float = 10.0,
+    call_timeout_s: float = 10.0,
+    application_name: str = "gpufleet",
+) -> RepairState:
+    """The control-plane state in the PostgreSQL database at url (connected now)."""
+    return RepairState(PostgresDatabase(url, connect_timeout_s, call_timeout_s, application_name))
+
+
+class PostgresDatabase:
     dialect = "postgresql"
 
     def __init__(
@@ -170,11 +180,7 @@ class PostgresState(RepairState):
         connect_timeout_s: float = 10.0,
         call_timeout_s: float = 10.0,
         application_name: str = "gpufleet",
-        _shared: PostgresState | None = None,
     ) -> None:
-        if _shared is not None:  # a fenced view on the same connection
-            self._link, self._sql = _shared._link, _shared._sql
-            return
         self._link = _Link(url, connect_timeout_s, call_timeout_s, application_name)
         self._sql: dict[str, str] = {}  # "?" statements → psycopg's "%s"
         self._link.connect_now()  # fail now, with a clear message, if the server cannot be reached
@@ -184,18 +190,13 @@ class PostgresState(RepairState):
         """Calls that had no answer within the call timeout (each closed its connection)."""
         return self._link.timeouts_total
 
-    def fenced(self, holder: str, epoch: int) -> RepairState:
-        view = PostgresState("", _shared=self)
-        view._holder, view._epoch = holder, epoch
-        return view
-
     def describe(self) -> str:
         return redact(self._link.url)
 
     def close(self) -> None:
         self._link.close()
 
-    def _execute(self, sql: str, args: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
+    def execute(self, sql: str, args: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
         text = self._sql.get(sql)
         if text is None:
             text = self._sql[sql] = sql.replace("?", "%s")
@@ -208,8 +209,8 @@ class PostgresState(RepairState):
             except psycopg.Error as exc:
                 raise link.failed(exc) from exc
 
-    def _execute_many(self, sql: str, rows: Sequence[Sequence[Any]]) -> None:
-        with self._transaction():
+    def execute_many(self, sql: str, rows: Sequence[Sequence[Any]]) -> None:
+        with self.transaction():
             try:
                 # psycopg pipelines executemany: one round trip for the lot, not one per row.
                 self._link.connection().cursor().executemany(sql.replace("?", "%s"), [tuple(r) for r in rows])
@@ -217,29 +218,29 @@ class PostgresState(RepairState):
                 raise self._link.failed(exc) from exc
 
     @contextmanager
-    def _transaction(self, lock_lease: bool = False) -> Iterator[None]:
+    def transaction(self, lock_lease: bool = False) -> Iterator[None]:
         link = self._link
         with link.lock:
             conn = link.connection()
             try:
                 with conn.transaction():
                     if lock_lease:
-                        self._execute("SELECT 1 FROM leader_lease WHERE id = 1 FOR UPDATE")
+                        self.execute("SELECT 1 FROM leader_lease WHERE id = 1 FOR UPDATE")
                     yield
             except psycopg.Error as exc:  # the commit itself failed
                 raise link.failed(exc) from exc
 
-    def _store_now_ns(self) -> int:
-        return int(self._execute(f"SELECT {_NOW_NS}")[0][0])
+    def store_now_ns(self) -> int:
+        return int(self.execute(f"SELECT {_NOW_NS}")[0][0])
 
-    def _read_lease_for_share(self) -> tuple[str, int, int, int]:
-        holder, epoch, expires_ns, now_ns = self._execute(
+    def read_lease_for_share(self) -> tuple[str, int, int, int]:
+        holder, epoch, expires_ns, now_ns = self.execute(
             f"SELECT holder, epoch, expires_ns, {_NOW_NS} FROM leader_lease WHERE id = 1 FOR SHARE"
         )[0]
         return str(holder), int(epoch), int(expires_ns), int(now_ns)
 
-    def _lock_migrations(self) -> None:
-        self._execute("SELECT pg_advisory_xact_lock(7710014)")  # released at the transaction's end
+    def lock_migrations(self) -> None:
+        self.execute("SELECT pg_advisory_xact_lock(7710014)")  # released at the transaction's end
 
-    def _next_version_sql(self) -> str:
+    def next_version_sql(self) -> str:
         return "nextval('node_live_version_seq')"

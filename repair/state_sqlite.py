@@ -16,26 +16,22 @@ from typing import Any
 from gpufleet.repair.state import RepairState, StateError
 
 
-class SqliteState(RepairState):
+def sqlite_state(path: str | Path) -> RepairState:
+    """The control-plane state in the SQLite file at path (":memory:": in memory)."""
+    return RepairState(SqliteDatabase(path))
+
+
+class SqliteDatabase:
     dialect = "sqlite"
 
-    def __init__(self, path: str | Path, _shared: SqliteState | None = None) -> None:
-        if _shared is not None:  # a fenced view on the same connection
-            self._db, self._lock, self._depth = _shared._db, _shared._lock, _shared._depth
-            self._path = _shared._path
-            return
+    def __init__(self, path: str | Path) -> None:
         self._path = Path(path)
         self._path.parent.mkdir(parents=True, exist_ok=True)
         self._db = sqlite3.connect(self._path, isolation_level=None, check_same_thread=False, timeout=30.0)
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA synchronous=FULL")
         self._lock = threading.RLock()  # one transaction at a time on the shared connection
-        self._depth = [0]  # transaction nesting on this connection (shared with fenced views)
-
-    def fenced(self, holder: str, epoch: int) -> RepairState:
-        view = SqliteState(self._path, _shared=self)
-        view._holder, view._epoch = holder, epoch
-        return view
+        self._depth = [0]  # transaction nesting on this connection (fenced views share it)
 
     def describe(self) -> str:
         return f"sqlite {self._path}"
@@ -43,22 +39,22 @@ class SqliteState(RepairState):
     def close(self) -> None:
         self._db.close()
 
-    def _execute(self, sql: str, args: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
+    def execute(self, sql: str, args: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
         try:
             with self._lock:
                 return self._db.execute(sql, tuple(args)).fetchall()
         except sqlite3.Error as exc:
             raise StateError(f"control-plane store {self._path}: {exc}") from exc
 
-    def _execute_many(self, sql: str, rows: Sequence[Sequence[Any]]) -> None:
-        with self._transaction():
+    def execute_many(self, sql: str, rows: Sequence[Sequence[Any]]) -> None:
+        with self.transaction():
             try:
                 self._db.executemany(sql, [tuple(r) for r in rows])
             except sqlite3.Error as exc:
                 raise StateError(f"control-plane store {self._path}: {exc}") from exc
 
     @contextmanager
-    def _transaction(self, lock_lease: bool = False) -> Iterator[None]:
+    def transaction(self, lock_lease: bool = False) -> Iterator[None]:
         with self._lock:
             outer = self._depth[0] == 0
             if outer:
@@ -80,14 +76,17 @@ class SqliteState(RepairState):
             if outer:
                 self._db.execute("COMMIT")
 
-    def _lock_migrations(self) -> None:
+    def lock_migrations(self) -> None:
         """BEGIN IMMEDIATE, which opened the transaction, already holds SQLite's write lock."""
 
-    def _store_now_ns(self) -> int:
+    def store_now_ns(self) -> int:
         return time.time_ns()  # one box: its clock is the store's
 
-    def _read_lease_for_share(self) -> tuple[str, int, int, int]:
-        holder, epoch, expires_ns = self._execute(
+    def read_lease_for_share(self) -> tuple[str, int, int, int]:
+        holder, epoch, expires_ns = self.execute(
             "SELECT holder, epoch, expires_ns FROM leader_lease WHERE id = 1"
         )[0]
         return str(holder), int(epoch), int(expires_ns), time.time_ns()
+
+    def next_version_sql(self) -> str:
+        return "(SELECT COALESCE(MAX(version), 0) + 1 FROM node_live)"

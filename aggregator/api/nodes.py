@@ -160,13 +160,13 @@ class NodesApi:
         records = self._view.repair_records()
         try:
             added = await asyncio.to_thread(
-                records.revoke_collector_token,
+                records.kept.revoke_collector_token,
                 request.token_id,
                 request.node,
                 principal.name,
                 request.reason.strip()[:300],
             )
-            revoked = await asyncio.to_thread(records.revoked_collector_tokens)
+            revoked = await asyncio.to_thread(records.kept.revoked_collector_tokens)
         except StateError as exc:
             raise Refused(grpc.StatusCode.UNAVAILABLE, f"revocation not recorded: {exc}") from exc
         log.warning(

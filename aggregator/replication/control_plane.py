@@ -298,7 +298,7 @@ class ControlPlane:
 
     def call_timeouts_total(self) -> int:
         return sum(
-            int(getattr(s, "call_timeouts_total", 0))
+            int(getattr(s.db, "call_timeouts_total", 0))
             for s in (self.state, self._lease_state, self._sync_state, self.reads)
         )
 

@@ -59,11 +59,11 @@ class ReplicaRecords:
         with the same replica id): the new epoch this holder leads with, or None if another
         holds it. Every acquisition is a new epoch, so whatever an earlier process of the same
         name still tries to write carries an old one and is refused. Keep it with renew_lease."""
-        with self.state.transaction(lock_lease=True):
-            cur_holder, epoch, expires_ns, now_ns = self.state.lease_for_share()
+        with self.state.db.transaction(lock_lease=True):
+            cur_holder, epoch, expires_ns, now_ns = self.state.db.read_lease_for_share()
             if cur_holder and cur_holder != holder and expires_ns > now_ns:
                 return None
-            self.state.execute(
+            self.state.db.execute(
                 "UPDATE leader_lease SET holder = ?, epoch = ?, expires_ns = ? WHERE id = 1",
                 (holder, epoch + 1, now_ns + int(lease_s * 1e9)),
             )
@@ -71,40 +71,40 @@ class ReplicaRecords:
 
     def renew_lease(self, holder: str, epoch: int, lease_s: float) -> bool:
         """Extend this holder's lease; False if it has lost it (expired and taken, or newer)."""
-        with self.state.transaction(lock_lease=True):
-            cur_holder, cur_epoch, expires_ns, now_ns = self.state.lease_for_share()
+        with self.state.db.transaction(lock_lease=True):
+            cur_holder, cur_epoch, expires_ns, now_ns = self.state.db.read_lease_for_share()
             if cur_holder != holder or cur_epoch != epoch or expires_ns <= now_ns:
                 return False
-            self.state.execute(
+            self.state.db.execute(
                 "UPDATE leader_lease SET expires_ns = ? WHERE id = 1", (now_ns + int(lease_s * 1e9),)
             )
             return True
 
     def release_lease(self, holder: str, epoch: int) -> None:
         """Give the lease up at once (a clean stop): another replica need not wait it out."""
-        with self.state.transaction(lock_lease=True):
-            cur_holder, cur_epoch, _, now_ns = self.state.lease_for_share()
+        with self.state.db.transaction(lock_lease=True):
+            cur_holder, cur_epoch, _, now_ns = self.state.db.read_lease_for_share()
             if cur_holder == holder and cur_epoch == epoch:
-                self.state.execute("UPDATE leader_lease SET expires_ns = ? WHERE id = 1", (now_ns,))
+                self.state.db.execute("UPDATE leader_lease SET expires_ns = ? WHERE id = 1", (now_ns,))
 
     # --- replicas -------------------------------------------------------------------------
     def heartbeat(self, replica: str, info: dict[str, Any]) -> None:
-        self.state.execute(
+        self.state.db.execute(
             "INSERT INTO replica VALUES (?, ?, ?) "
             "ON CONFLICT (id) DO UPDATE SET info = excluded.info, heard_ns = excluded.heard_ns",
-            (replica, json.dumps(info), self.state.store_now_ns()),
+            (replica, json.dumps(info), self.state.db.store_now_ns()),
         )
 
     def replicas(self, max_age_s: float = 3600.0) -> list[ReplicaInfo]:
-        now = self.state.store_now_ns()
-        rows = self.state.execute(
+        now = self.state.db.store_now_ns()
+        rows = self.state.db.execute(
             "SELECT id, info, heard_ns FROM replica WHERE heard_ns >= ? ORDER BY id",
             (now - int(max_age_s * 1e9),),
         )
         return [ReplicaInfo(r, json.loads(i), int(h), (now - int(h)) / 1e9) for r, i, h in rows]
 
     def forget_replica(self, replica: str) -> None:
-        self.state.execute("DELETE FROM replica WHERE id = ?", (replica,))
+        self.state.db.execute("DELETE FROM replica WHERE id = ?", (replica,))
 
     # --- the shared live view ----------------------------------------------------------------
     def put_live(self, replica: str, rows: Sequence[tuple[str, int, bool, bytes]]) -> None:
@@ -113,9 +113,9 @@ class ReplicaRecords:
         lost a node's stream never overwrites the one that holds it now."""
         if not rows:
             return
-        self.state.execute_many(
+        self.state.db.execute_many(
             "INSERT INTO node_live (node, replica, heard_ns, connected, version, body) "
-            f"VALUES (?, ?, ?, ?, {self.state.next_version_sql()}, ?) "
+            f"VALUES (?, ?, ?, ?, {self.state.db.next_version_sql()}, ?) "
             "ON CONFLICT (node) DO UPDATE SET replica = excluded.replica, "
             "heard_ns = excluded.heard_ns, connected = excluded.connected, "
             "version = excluded.version, body = excluded.body "
@@ -124,7 +124,7 @@ class ReplicaRecords:
         )
 
     def live_rows(self, after_version: int = 0) -> list[LiveRow]:
-        rows = self.state.execute(
+        rows = self.state.db.execute(
             "SELECT node, replica, heard_ns, connected, version, body FROM node_live "
             "WHERE version > ? ORDER BY version",
             (after_version,),
@@ -136,10 +136,10 @@ class ReplicaRecords:
         """A command (GPU reset) for the replica that holds the node's stream to send. Fenced:
         only the leader queues one. Queuing the same id twice is a no-op."""
         with self.state.fenced_write(f"queue command {command_id} for {node}"):
-            self.state.execute(
+            self.state.db.execute(
                 "INSERT INTO command (node, command_id, body, epoch, taken_by, queued_ns) "
                 "VALUES (?, ?, ?, ?, '', ?) ON CONFLICT (command_id) DO NOTHING",
-                (node, command_id, body, self.state.epoch or 0, self.state.store_now_ns()),
+                (node, command_id, body, self.state.epoch or 0, self.state.db.store_now_ns()),
             )
 
     def take_commands(
@@ -153,20 +153,20 @@ class ReplicaRecords:
         if not nodes:
             return []
         taken = []
-        with self.state.transaction():
+        with self.state.db.transaction():
             # Only commands of the leader that holds the lease now: a command a deposed leader
             # queued (or a row written into the table by anything else) is never relayed.
-            rows = self.state.execute(
+            rows = self.state.db.execute(
                 "SELECT seq, node, command_id, body, epoch FROM command "
                 "WHERE taken_by = '' AND queued_ns >= ? "
                 "AND epoch = (SELECT epoch FROM leader_lease WHERE id = 1) "
                 "ORDER BY seq",
-                (self.state.store_now_ns() - int(max_age_s * 1e9),),
+                (self.state.db.store_now_ns() - int(max_age_s * 1e9),),
             )
             wanted = set(nodes)
             for seq, node, command_id, body, epoch in rows:
                 if node in wanted:
-                    done = self.state.execute(
+                    done = self.state.db.execute(
                         "UPDATE command SET taken_by = ? WHERE seq = ? AND taken_by = '' RETURNING seq",
                         (replica, seq),
                     )
@@ -175,7 +175,7 @@ class ReplicaRecords:
         return taken
 
     def put_command_result(self, node: str, command_id: str, body: bytes) -> None:
-        self.state.execute(
+        self.state.db.execute(
             "INSERT INTO command_result (node, command_id, body) VALUES (?, ?, ?) "
             "ON CONFLICT (command_id) DO NOTHING",
             (node, command_id, body),
@@ -183,10 +183,10 @@ class ReplicaRecords:
 
     def command_results(self, after_seq: int = 0) -> list[tuple[int, str, bytes]]:
         """(seq, node, CommandResult bytes) written since after_seq, oldest first."""
-        rows = self.state.execute(
+        rows = self.state.db.execute(
             "SELECT seq, node, body FROM command_result WHERE seq > ? ORDER BY seq", (after_seq,)
         )
         return [(int(s), n, bytes(b)) for s, n, b in rows]
 
     def last_command_result_seq(self) -> int:
-        return int(self.state.execute("SELECT COALESCE(MAX(seq), 0) FROM command_result")[0][0])
+        return int(self.state.db.execute("SELECT COALESCE(MAX(seq), 0) FROM command_result")[0][0])

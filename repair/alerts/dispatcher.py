@@ -153,6 +153,10 @@ class AlertDispatcher:
     def held(self) -> int:
         return len(self._held)
 
+    def outstanding(self) -> set[str]:
+        """The alert identities still out or about to go: sent and firing, held, or waiting."""
+        return set(self._firing) | set(self._held) | set(self._waiting)
+
     def notify(self, alert: Alert) -> None:
         alert.links = links(alert, self._dashboard_url)
         key = alert.key

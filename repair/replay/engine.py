@@ -52,7 +52,7 @@ from gpufleet.repair.replay.serving import ReplayServing, ServingFigures
 from gpufleet.repair.replay.world import ReplayConfig, SimulatedWorld
 from gpufleet.repair.rules import TIME_DEPENDENT
 from gpufleet.repair.state import RepairState
-from gpufleet.repair.state_sqlite import SqliteState
+from gpufleet.repair.state_sqlite import sqlite_state
 from gpufleet.repair.step_runner import Hooks
 
 TECHNICIAN = "replay-technician"
@@ -93,7 +93,7 @@ class ReplayEngine:
         self.policy, self.history = policy, history
         self.config = config or ReplayConfig()
         self.now = history.start_ns
-        self.state = SqliteState(":memory:")
+        self.state = sqlite_state(":memory:")
         self.state.migrate()
         self._heap: list[tuple[int, int, str, object]] = []
         self._order = itertools.count()
@@ -112,7 +112,7 @@ class ReplayEngine:
             if self.config.simulate_hooks
             else self.config.hooks
         )
-        dispatcher = AlertDispatcher([], store=self.state)
+        dispatcher = AlertDispatcher([], store=self.state.kept)
         self.controller = RepairController(
             policy,
             self.state,

@@ -78,7 +78,7 @@ def controller(state: RepairState, fleet: Fleet, policy: Policy) -> RepairContro
         NoBackend(),
         Rails(max_out_of_service_fraction=1),
         Hooks(),
-        AlertDispatcher([], store=state),
+        AlertDispatcher([], store=state.kept),
         fleet.snapshots,
         lambda node, command: False,
         serving=fleet.readings,

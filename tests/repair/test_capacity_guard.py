@@ -24,7 +24,7 @@ def capacity_alerts(state: RepairState) -> dict[str, str]:
     resolved; still in its group wait here: no sink, no flush)."""
     return {
         key: json.loads(body)["status"]
-        for key, _, body in state.alert_identities()
+        for key, _, body in state.kept.alert_identities()
         if key.endswith("/capacity")
     }
 

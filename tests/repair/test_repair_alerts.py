@@ -143,7 +143,8 @@ def test_delivery_state_survives_a_restart_of_the_dispatcher(
         return Alert(key, status, f"node-{key}", "cordoned", "critical", f"{key} {status}", time.time_ns())
 
     async def first_process() -> None:
-        store = open_state("sqlite", str(tmp_path / "repair.sqlite3"))
+        state = open_state("sqlite", str(tmp_path / "repair.sqlite3"))
+        store = state.kept
         quick = AlertDispatcher([WebhookSink(url)], group_wait_s=0.05, store=store)
         quick.start()
         quick.notify(alert("queued", "firing"))  # out after its group wait: the receiver is down
@@ -156,10 +157,11 @@ def test_delivery_state_survives_a_restart_of_the_dispatcher(
         slow.start()
         slow.notify(alert("waiting", "firing"))  # still in its group wait when the process dies
         await slow.close()
-        store.close()
+        state.close()
 
     async def second_process(receiver: AlertReceiver) -> None:
-        store = open_state("sqlite", str(tmp_path / "repair.sqlite3"))
+        state = open_state("sqlite", str(tmp_path / "repair.sqlite3"))
+        store = state.kept
         alerts = AlertDispatcher([WebhookSink(url)], group_wait_s=0.05, store=store)
         alerts.start()
         deadline = time.monotonic() + 20
@@ -170,7 +172,7 @@ def test_delivery_state_survives_a_restart_of_the_dispatcher(
         while len(receiver.received) < 4 and time.monotonic() < deadline:
             await asyncio.sleep(0.05)
         await alerts.close()
-        store.close()
+        state.close()
 
     asyncio.run(first_process())
     receiver = alert_receiver(port=port)
@@ -178,3 +180,61 @@ def test_delivery_state_survives_a_restart_of_the_dispatcher(
     got = [(a["key"], a["status"]) for a in receiver.received]
     assert sorted(got[:2]) == [("queued", "firing"), ("waiting", "firing")], got
     assert sorted(got[2:]) == [("queued", "resolved"), ("waiting", "resolved")], got
+
+
+def test_an_incident_closed_by_a_process_killed_before_its_resolve_is_resolved_at_the_next_start(
+    alert_receiver: Callable[..., AlertReceiver], tmp_path: Path
+) -> None:
+    """Closing an incident and queueing its resolve are two writes: a process killed between
+    them (a chaos run found one, its page left open) is made good at the next start. In-process,
+    on the real repair state and a real HTTP receiver."""
+    from gpufleet.repair.alerts.dispatcher import AlertDispatcher
+    from gpufleet.repair.alerts.webhook import WebhookSink
+    from gpufleet.repair.incidents import IncidentDesk
+    from gpufleet.repair.model import Finding
+    from gpufleet.repair.outcome import repaired
+    from gpufleet.repair.state import Workflow, open_state
+
+    port = free_port()
+    receiver = alert_receiver(port=port)
+    url = f"http://127.0.0.1:{port}/hook"
+    path = str(tmp_path / "repair.sqlite3")
+    finding = Finding("n1", 3, "xid_79", "critical", "reset_gpu", True, "fell off the bus", "XID 79")
+
+    async def until(what: str, done: Callable[[], bool]) -> None:
+        deadline = time.monotonic() + 20
+        while not done():
+            assert time.monotonic() < deadline, f"no {what} in 20 s: {receiver.received}"
+            await asyncio.sleep(0.02)
+
+    async def first_process() -> str:
+        state = open_state("sqlite", path)
+        alerts = AlertDispatcher([WebhookSink(url)], group_wait_s=0.05, store=state.kept)
+        alerts.start()
+        incident = IncidentDesk(state, alerts, lambda *_: None).note(Workflow("n1"), [finding])
+        await until("page", lambda: bool(receiver.received))
+        # Killed here: the close is written, its resolve never queued.
+        incident.closed_ns, incident.outcome = time.time_ns(), repaired("reset_gpu")
+        state.put_incident(incident)
+        await alerts.close()
+        state.close()
+        return incident.id
+
+    async def second_process() -> list[str]:
+        state = open_state("sqlite", path)
+        alerts = AlertDispatcher([WebhookSink(url)], group_wait_s=0.05, store=state.kept)
+        alerts.start()
+        resolved = IncidentDesk(state, alerts, lambda *_: None).resolve_closed(state.workflows())
+        await until("resolve", lambda: len(receiver.received) >= 2)
+        await alerts.close()
+        state.close()
+        return resolved
+
+    incident_id = asyncio.run(first_process())
+    assert asyncio.run(second_process()) == [incident_id]
+    got = [(a["key"], a["status"], a["summary"]) for a in receiver.received]
+    assert got[0][:2] == (incident_id, "firing") and got[1] == (
+        incident_id,
+        "resolved",
+        "repaired by reset_gpu",
+    )

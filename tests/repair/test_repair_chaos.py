@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import collections
 import json
+import os
 import random
 import signal
 import sqlite3
@@ -120,10 +121,10 @@ def begun(rows: list[dict[str, Any]], node: str, action: str) -> int:
 def test_chaos_rails_hold_under_kills_scheduler_faults_and_a_person(
     alert_receiver: Callable[..., AlertReceiver], cluster: Cluster, slurm: Any
 ) -> None:
-    rng = random.Random(int(time.time()))
-    seed = rng.randrange(1 << 30)
+    # A new seed each run; GPUFLEET_CHAOS_SEED replays the one a failed run printed.
+    seed = int(os.environ.get("GPUFLEET_CHAOS_SEED") or random.Random(int(time.time())).randrange(1 << 30))
     rng = random.Random(seed)
-    print(f"\nchaos seed {seed}")
+    print(f"\nchaos seed {seed} (GPUFLEET_CHAOS_SEED={seed} replays it)")
     nodes = SLURM_NODES[:20]
     scontrol = slurm.wrapper(cluster.tmp / "scontrol")
     receiver = alert_receiver()

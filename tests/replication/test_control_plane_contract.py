@@ -81,23 +81,23 @@ def test_workflows_incidents_audit_and_ledger_round_trip(make_state: Any) -> Non
 
 def test_windows_alerts_and_breaker_values(make_state: Any) -> None:
     state = make_state()
-    state.put_first_seen("n1", [], {("n1", 2, "ecc"): 10, ("n1", None, "silent"): 20})
-    state.put_first_seen("n1", [("n1", None, "silent")], {("n1", 2, "ecc"): 11})
-    assert make_state().first_seen() == {("n1", 2, "ecc"): 11}
+    state.kept.put_first_seen("n1", [], {("n1", 2, "ecc"): 10, ("n1", None, "silent"): 20})
+    state.kept.put_first_seen("n1", [("n1", None, "silent")], {("n1", 2, "ecc"): 11})
+    assert make_state().kept.first_seen() == {("n1", 2, "ecc"): 11}
 
-    state.put_alert_identity("inc-1", "firing", "{}")
-    state.put_alert_identity("inc-1", "sent", "{}")
-    state.put_alert_identity("inc-2", "held", "{}")
-    state.drop_alert_identity("inc-2")
-    assert make_state().alert_identities() == [("inc-1", "sent", "{}")]
-    a, b = state.queue_alert("slack", "a"), state.queue_alert("hook", "b")
-    state.finish_alert(a, OK)
-    assert make_state().queued_alerts() == [(b, "hook", "b")]
+    state.kept.put_alert_identity("inc-1", "firing", "{}")
+    state.kept.put_alert_identity("inc-1", "sent", "{}")
+    state.kept.put_alert_identity("inc-2", "held", "{}")
+    state.kept.drop_alert_identity("inc-2")
+    assert make_state().kept.alert_identities() == [("inc-1", "sent", "{}")]
+    a, b = state.kept.queue_alert("slack", "a"), state.kept.queue_alert("hook", "b")
+    state.kept.finish_alert(a, OK)
+    assert make_state().kept.queued_alerts() == [(b, "hook", "b")]
 
-    state.put("breaker", '{"tripped": true}')
-    state.put("breaker", '{"tripped": false}')
-    assert make_state().get("breaker") == '{"tripped": false}'
-    assert state.get("missing") is None
+    state.kept.put("breaker", '{"tripped": true}')
+    state.kept.put("breaker", '{"tripped": false}')
+    assert make_state().kept.get("breaker") == '{"tripped": false}'
+    assert state.kept.get("missing") is None
 
 
 def test_one_leader_at_a_time_and_a_new_epoch_on_takeover(make_state: Any) -> None:
@@ -138,7 +138,7 @@ def test_a_deposed_leaders_writes_are_refused_and_audited(make_state: Any) -> No
         lambda: leader_a.save(Workflow("n1", state="healthy")),
         lambda: leader_a.begin_action("inc:0:reset_gpu"),
         lambda: leader_a.audit(AuditRecord(1, "automation", "n1", "uncordon", "clean", STARTED)),
-        lambda: leader_a.put("breaker", "{}"),
+        lambda: leader_a.kept.put("breaker", "{}"),
         lambda: R(leader_a).queue_command("n1", "inc:0:reset_gpu#3", b"x"),
         lambda: leader_a.check_fence("a repair pass"),
     ):
@@ -146,7 +146,7 @@ def test_a_deposed_leaders_writes_are_refused_and_audited(make_state: Any) -> No
             write()
     assert b.workflows()["n1"].state == "cordoned"  # none of it took effect
     assert b.action_outcome("inc:0:reset_gpu") is None
-    assert b.get("breaker") is None
+    assert b.kept.get("breaker") is None
     assert R(b).take_commands("replica-b", ["n1"]) == []
     refusals = [r for r in b.audit_log() if r.action == "fenced"]
     assert len(refusals) == 6
@@ -199,7 +199,7 @@ def test_a_live_row_committed_after_a_later_one_is_still_read(pg_url: str, tmp_p
     a, b, reader = (open_state(pg_url, str(tmp_path / "unused.sqlite3")) for _ in range(3))
     try:
         cursor = LiveViewCursor(overlap=2)
-        with a.transaction():
+        with a.db.transaction():
             R(a).put_live("replica-a", [("node-new", 100, True, b"a")])  # version drawn, not committed
             R(b).put_live("replica-b", [("node-old", 100, True, b"b")])  # a later version, committed
             first = R(reader).live_rows(cursor.after())
@@ -261,9 +261,9 @@ def test_replicas_relay_only_commands_of_the_current_leader(make_state: Any) -> 
 
 def test_collector_tokens_are_revoked_by_id_on_every_replica(make_state: Any) -> None:
     a, b = make_state(), make_state()
-    assert a.revoke_collector_token("0123abcd", "gpu-7", "alice", "host reimaged") is True
-    assert a.revoke_collector_token("0123abcd", "gpu-7", "alice", "again") is False  # once
-    assert b.revoked_collector_tokens() == {"0123abcd"}
+    assert a.kept.revoke_collector_token("0123abcd", "gpu-7", "alice", "host reimaged") is True
+    assert a.kept.revoke_collector_token("0123abcd", "gpu-7", "alice", "again") is False  # once
+    assert b.kept.revoked_collector_tokens() == {"0123abcd"}
     (entry,) = [e for e in b.audit_log("gpu-7", 10) if e.action == "revoke_token"]
     assert (entry.actor, entry.reason) == ("alice", "token 0123abcd: host reimaged")
 
@@ -341,7 +341,7 @@ def test_a_repair_state_file_from_before_migrations_is_upgraded_in_place(tmp_pat
     state = open_state("sqlite", str(path))
     assert state.schema_version() == MIGRATIONS[-1].version
     assert state.workflows()["n1"].state == "quarantined"
-    assert state.get("breaker") == '{"tripped": true}'
+    assert state.kept.get("breaker") == '{"tripped": true}'
     state.close()
 
 
@@ -385,16 +385,19 @@ def test_a_leader_paused_inside_a_transaction_does_not_block_a_takeover(pg_url: 
     """A replica SIGSTOPped between two statements of a fenced write holds the lease row's
     lock: the server ends its session (idle_in_transaction_session_timeout), so the lease
     can still move, and the paused replica's transaction never commits."""
-    from gpufleet.repair.state_postgres import PostgresState
+    from gpufleet.repair.state_postgres import postgres_state
 
-    paused, other = PostgresState(pg_url, connect_timeout_s=1.0), PostgresState(pg_url, connect_timeout_s=1.0)
+    paused, other = (
+        postgres_state(pg_url, connect_timeout_s=1.0),
+        postgres_state(pg_url, connect_timeout_s=1.0),
+    )
     paused.migrate()
     epoch = R(paused).acquire_lease("replica-a", 0.5)
     assert epoch is not None
     leader = paused.fenced("replica-a", epoch)
     taken = None
-    with pytest.raises(StateError, match=r"idle-in-transaction|terminat|closed"), paused._transaction():
-        leader._read_lease_for_share()  # the shared lock a fenced write takes first
+    with pytest.raises(StateError, match=r"idle-in-transaction|terminat|closed"), paused.db.transaction():
+        leader.db.read_lease_for_share()  # the shared lock a fenced write takes first
         deadline = time.monotonic() + 20
         while taken is None:
             assert time.monotonic() < deadline, "the takeover waited on the paused session's lock"
@@ -402,8 +405,8 @@ def test_a_leader_paused_inside_a_transaction_does_not_block_a_takeover(pg_url: 
                 taken = R(other).acquire_lease("replica-b", 30)
             except StateError:  # lock_timeout: the row is still locked; try again
                 continue
-        paused._execute("INSERT INTO meta VALUES ('written-by-a', 'x')")
+        paused.db.execute("INSERT INTO meta VALUES ('written-by-a', 'x')")
     assert taken == epoch + 1
-    assert other.get("written-by-a") is None
+    assert other.kept.get("written-by-a") is None
     paused.close()
     other.close()

@@ -20,8 +20,8 @@ import pytest
 
 from gpufleet.aggregator.replication.leadership import LEASE_TRUST
 from gpufleet.protos import fleet_pb2
-from gpufleet.repair.state import StateError
-from gpufleet.repair.state_postgres import PostgresState
+from gpufleet.repair.state import RepairState, StateError
+from gpufleet.repair.state_postgres import postgres_state
 from harness.influx import influx_flags
 from harness.pg import sessions_report
 from harness.processes import AggregatorHandle, Cluster
@@ -60,27 +60,27 @@ def proxy(pg_url: str) -> Iterator[BlackholeProxy]:
 def test_a_call_to_a_hung_server_ends_within_its_timeout_and_the_next_at_once(
     pg_url: str, proxy: BlackholeProxy
 ) -> None:
-    state = PostgresState(via(proxy, pg_url), connect_timeout_s=1.0, call_timeout_s=0.5)
+    state = postgres_state(via(proxy, pg_url), connect_timeout_s=1.0, call_timeout_s=0.5)
     state.migrate()
-    state.put("answer", "42")
+    state.kept.put("answer", "42")
     proxy.hang()
     try:
         began = time.monotonic()
         with pytest.raises(StateError, match=r"no answer within 0\.5 s"):
-            state.get("answer")
+            state.kept.get("answer")
         assert time.monotonic() - began < 1.5
-        assert state.call_timeouts_total == 1
+        assert state.db.call_timeouts_total == 1
         for _ in range(5):  # while the new connection hangs, calls do not wait for it
             began = time.monotonic()
             with pytest.raises(StateError, match="no connection yet"):
-                state.get("answer")
+                state.kept.get("answer")
             assert time.monotonic() - began < 0.5
     finally:
         proxy.resume()
 
     def answers() -> str | None:
         try:
-            return state.get("answer")
+            return state.kept.get("answer")
         except StateError:
             return None
 
@@ -410,8 +410,8 @@ def test_a_leader_paused_inside_its_transaction_does_not_hold_the_takeover(skewe
 
     lease_s = 3.0
 
-    def open_replica() -> PostgresState:
-        return PostgresState(skewed_pg_url, connect_timeout_s=lease_s / 2, call_timeout_s=lease_s / 4)
+    def open_replica() -> RepairState:
+        return postgres_state(skewed_pg_url, connect_timeout_s=lease_s / 2, call_timeout_s=lease_s / 4)
 
     leader, follower = open_replica(), open_replica()
     leader.migrate()
