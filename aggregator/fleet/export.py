@@ -140,7 +140,7 @@ class EventExporter:
 
     async def export_once(self) -> int:
         """Copy what is new; return how many points were made durable."""
-        cursor = int(await asyncio.to_thread(self._state.get, CURSOR_KEY) or 0)
+        cursor = int(await asyncio.to_thread(self._state.kept.get, CURSOR_KEY) or 0)
         rows = await asyncio.to_thread(self._state.audit_after, cursor, BATCH_ROWS)
         points = [repair_point(r, self._cluster_of(r.node)) for _, r in rows]
         incidents = await asyncio.to_thread(
@@ -157,7 +157,7 @@ class EventExporter:
             return 0
         await self._write(_one_per_identity(points))
         if rows:
-            await asyncio.to_thread(self._state.put, CURSOR_KEY, str(rows[-1][0]))
+            await asyncio.to_thread(self._state.kept.put, CURSOR_KEY, str(rows[-1][0]))
         # What was written is remembered only while its incident is still read (open, or opened
         # since the last pass): the set stays the size of what is current.
         current = {i.id for i in incidents}
