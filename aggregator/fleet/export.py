@@ -25,9 +25,9 @@ import contextlib
 import logging
 from collections.abc import Awaitable, Callable
 
-from gpufleet.aggregator.store import Point
+from gpufleet.aggregator.store import Point, StoreError
 from gpufleet.repair.incidents import AUTOMATION
-from gpufleet.repair.state import AuditRecord, Incident, RepairState
+from gpufleet.repair.state import AuditRecord, Incident, RepairState, StateError
 
 log = logging.getLogger("gpufleet.aggregator.fleet.export")
 
@@ -134,6 +134,8 @@ class EventExporter:
                     self.failures_total,
                     exc,
                     self.interval_s,
+                    # Not an outage but a bug: its traceback, so it is not read as a store down.
+                    exc_info=not isinstance(exc, (StoreError, StateError, OSError)),
                 )
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), self.interval_s)

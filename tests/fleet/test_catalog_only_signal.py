@@ -104,7 +104,8 @@ def test_a_signal_described_only_in_the_catalog_is_on_metrics_in_the_store_histo
     assert text.splitlines()[0].startswith(f"clock_mem_mhz (MHz: {HELP}), mean per 1s"), text
     assert "2 series" in text.splitlines()[0]
 
-    # The dashboard's Node page: the node table's column and the GPU chart's series, with values.
+    # The dashboard's Node page: the node table's column, with values, and the GPU chart's series
+    # among the choices the page offers (as the browser was sent them).
     url = serve_dashboard(cluster, agg.fleet)
     with sync_api.sync_playwright() as pw:
         browser = pw.chromium.launch(executable_path=chromium_path(), args=CHROMIUM_FLAGS)
@@ -115,9 +116,6 @@ def test_a_signal_described_only_in_the_catalog_is_on_metrics_in_the_store_histo
         settled(page, "Node")
         gpus = next(t for t in got.tables if LABEL in t.columns)
         assert [r["GPU"] for r in gpus.rows] == [0, 1] and all(r[LABEL] > 100 for r in gpus.rows)
-        got.clear()
-        page.locator('[data-testid="stSelectbox"]').filter(has_text="GPU series").click()
-        page.get_by_role("option", name=f"{TITLE} MHz").click(timeout=60_000)
-        settled(page, "Node")
-        wait_until(lambda: any(f"{TITLE} MHz" in r for c in got.charts for r in c["_rows"]), 60, "the chart")
+        series = got.selectboxes["GPU series"]
+        assert f"{TITLE} MHz" in series, series  # the shipped entry has no chart: only the catalog adds it
         browser.close()

@@ -91,15 +91,17 @@ class Table:
 
 @dataclass
 class Received:
-    """What the page was sent since the last clear(): charts' specs (with their datasets' rows)
-    and tables."""
+    """What the page was sent since the last clear(): charts' specs (with their datasets' rows),
+    tables, and each choice's options."""
 
     charts: list[dict[str, Any]] = field(default_factory=list)
     tables: list[Table] = field(default_factory=list)
+    selectboxes: dict[str, list[str]] = field(default_factory=dict)  # label -> its options
 
     def clear(self) -> None:
         self.charts.clear()
         self.tables.clear()
+        self.selectboxes.clear()
 
     def on_frame(self, payload: bytes | str) -> None:
         if isinstance(payload, str):
@@ -120,6 +122,8 @@ class Received:
             if chart.data.data:
                 spec["_rows"] += _rows(chart.data.data)
             self.charts.append(spec)
+        elif kind == "selectbox":
+            self.selectboxes[element.selectbox.label] = list(element.selectbox.options)
         elif kind == "dataframe" and element.dataframe.arrow_data.data:
             table = pa.ipc.open_stream(io.BytesIO(element.dataframe.arrow_data.data)).read_all()
             self.tables.append(Table(table.column_names, table.to_pylist(), element.dataframe.placeholder))
