@@ -15,7 +15,7 @@ from prometheus_client.core import GaugeMetricFamily
 
 from gpufleet.aggregator.config import AggregatorConfig
 from gpufleet.aggregator.fleet.export import EventExporter, WritePoints
-from gpufleet.aggregator.fleet.pools import serving_readings
+from gpufleet.aggregator.fleet.pools import ServingReader
 from gpufleet.aggregator.fleet.state import FleetState
 from gpufleet.aggregator.ingest.service import IngestService
 from gpufleet.aggregator.loop_thread import LoopClosed, call_on
@@ -138,6 +138,9 @@ class RepairWiring:
         # Where the term's audit rows and findings go into history (None: nowhere).
         self._write_points = write_points
         self._policy = load_policy(config.repair_policy_file or None)
+        # Every engine replica, placed in the pools the policy declares (the guard, ListPools,
+        # GetNode and /metrics all read it).
+        self.serving = ServingReader(fleet, lambda: self._policy)
         self.scheduler_names = config.scheduler_names()
         r = metrics.registry
         self._alert_count = Counter(
@@ -234,23 +237,20 @@ class RepairWiring:
 
     def _gpu_health_rows(self) -> list[tuple[str, str, int, str, int]]:
         """(cluster, node, GPU, health word, level) of every GPU not ok, as the Fleet API derives
-        it (repair/gpu_health.py), read on the event loop that owns the fleet's state; none while
-        this aggregator runs no repair term (a replica that does not lead: read the leader's)."""
-        controller, main = self.controller, self._main
-        if controller is None or main is None:
+        it (repair/gpu_health.py), from the snapshots and findings of the controller's last pass
+        (read on the scraping thread, never on the event loop that acknowledges reports: a scrape
+        costs ingest nothing); none while this aggregator runs no repair term (a replica that
+        does not lead: read the leader's)."""
+        controller = self.controller
+        if controller is None:
             return []
-        fleet = self._fleet
-
-        def read() -> list[tuple[str, str, int, str, int]]:
-            rows = []
-            for live in list(fleet.nodes.values()):
-                findings = controller.findings.get(live.node, [])
-                for s in gpu_states(live.gpus.values(), findings, controller.workflows.get(live.node)):
-                    if s.health > vocabulary_pb2.GPU_HEALTH_OK:
-                        rows.append((live.cluster, live.node, s.index, gpu_health_name(s.health), s.health))
-            return rows
-
-        return call_on(main, read)
+        rows = []
+        for node, snap in list(controller.last_snapshots.items()):
+            findings = controller.findings.get(node, [])
+            for s in gpu_states(snap.gpus.values(), findings, controller.workflows.get(node)):
+                if s.health > vocabulary_pb2.GPU_HEALTH_OK:
+                    rows.append((snap.cluster, node, s.index, gpu_health_name(s.health), s.health))
+        return rows
 
     def _build(self, main: asyncio.AbstractEventLoop, state: RepairState, spawn: Spawn) -> TermParts:
         """The term's controller, alert dispatcher and history export, on the term's thread."""
@@ -280,7 +280,7 @@ class RepairWiring:
             ).inc(),
             observe_interval_s=config.repair_observe_interval_s,
             liveness=lambda: call_on(main, fleet.liveness_by_node),
-            serving=lambda: call_on(main, serving_readings, fleet, False),  # the guard needs no GPU figures
+            serving=lambda: call_on(main, self.serving, False),  # the guard needs no GPU figures
         )
         dispatcher.start(spawn)
         controller.desk.resolve_closed(controller.workflows)  # a close the last process did not page

@@ -126,7 +126,7 @@ class Aggregator:
         )
         register_pool_metrics(
             self.metrics.registry,
-            self.fleet,
+            self.repair.serving,
             lambda: self.repair.policy.serving,
             self.fleet_service.workflows,
         )
@@ -198,7 +198,9 @@ class Aggregator:
         metrics_addr = ""
         if self.config.metrics_listen:
             host, port = split_address(self.config.metrics_listen)
-            self._http = serve_http(host, port, self.metrics.registry, self.reports.unhealthy)
+            self._http = serve_http(
+                host, port, self.metrics.registry, self.reports.unhealthy, self.config.metrics_snapshot_s
+            )
             metrics_addr = f"{host or '0.0.0.0'}:{self._http.server_port}"
         bound = Bound(ingest_addr, fleet_addr, metrics_addr)
         if self.control_plane is not None:

@@ -89,6 +89,32 @@ def aggregator_argv(data_dir: Path, secrets: Path, ready: Path, *extra: str) -> 
     ]
 
 
+def stop_server(server: subprocess.Popen[bytes]) -> None:
+    """SIGTERM, and SIGKILL if it has not ended within 30 s."""
+    server.terminate()
+    try:
+        server.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        server.kill()
+
+
+def bench_load(args: argparse.Namespace, address: str, secret: str, columnar: bool = True) -> Load:
+    """The load a bench's arguments ask for (nodes, GPUs, interval, mode, window, seconds, load
+    generator processes), against address."""
+    return Load(
+        address=address,
+        secret=secret,
+        nodes=args.nodes,
+        gpus=args.gpus,
+        interval=args.interval,
+        mode=getattr(args, "mode", "paced"),
+        seconds=args.seconds,
+        window=getattr(args, "window", 64),
+        procs=args.loadgen_procs,
+        columnar=columnar,
+    )
+
+
 def run_target(
     target: str, args: argparse.Namespace, tmp: Path, secrets: Path, secret: str, columnar: bool = True
 ) -> dict:
@@ -106,20 +132,7 @@ def run_target(
         bound = wait_for_file(ready, server, 60)
         sampler = CpuSampler([server.pid], children=True)
         sampler.start()
-        result = drive(
-            Load(
-                address=str(bound["ingest"]),
-                secret=secret,
-                nodes=args.nodes,
-                gpus=args.gpus,
-                interval=args.interval,
-                mode=args.mode,
-                seconds=args.seconds,
-                window=args.window,
-                procs=args.loadgen_procs,
-                columnar=columnar,
-            )
-        )
+        result = drive(bench_load(args, str(bound["ingest"]), secret, columnar))
         sampler.stop.set()
         sampler.join()
         result["cpu_pct"] = sampler.cpu_pct(result["window_wall_start"], result["window_wall_end"])
@@ -128,11 +141,7 @@ def run_target(
         result["gpu_samples_per_s"] = result["reports_per_s"] * args.gpus
         return result
     finally:
-        server.terminate()
-        try:
-            server.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            server.kill()
+        stop_server(server)
         log.close()
 
 

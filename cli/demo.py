@@ -27,9 +27,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from gpufleet.aggregator.auth.tokens import issue_collector_token, new_secrets_file
-from gpufleet.cli.demo_serving import DemoServing, ServingScenarioError, load_plan
+from gpufleet.cli.demo_serving import DemoServing, ServingPlan, ServingScenarioError, load_plan
 from gpufleet.client.fleet import ClientSettings, FleetClient, client_config_path
 from gpufleet.collector.simnvml import GPU_PROFILES
+from gpufleet.collector.simnvml.engine_server import MODELS as ENGINE_MODELS
 from gpufleet.collector.simnvml.scheduler import ScheduledState
 from gpufleet.collector.simnvml.serving import Control
 from gpufleet.common.files import write_private
@@ -194,7 +195,33 @@ def _credentials(data_dir: Path) -> tuple[dict[str, str], str]:
     return tokens, tomllib.loads(secrets_path.read_text())["collector_secret"]
 
 
-def _start_aggregator(demo: Demo, data_dir: Path, control: Control) -> tuple[Child, dict[str, str]]:
+def demo_pools(nodes: list[str], plan: ServingPlan | None) -> dict[str, list[str]]:
+    """Which demo nodes serve which model (the demo is its own control plane: it starts them)."""
+    if plan is not None:
+        return {plan.model: list(plan.every_node)}
+    pools: dict[str, list[str]] = {}
+    for i, node in enumerate(nodes):
+        engine = DEMO_ENGINES[i % len(DEMO_ENGINES)]
+        if engine:
+            pools.setdefault(ENGINE_MODELS[engine], []).append(node)
+    return pools
+
+
+def write_demo_policy(data_dir: Path, pools: dict[str, list[str]]) -> Path:
+    """The demo's repair policy: the shipped one, and the serving pools the demo runs declared
+    (repair/placement.py: a replica counts in a pool only where the control plane places it)."""
+    path = data_dir / "policy.toml"
+    lines = ["# written by `gpufleet demo`: which demo nodes serve which model (docs/repair.md)"]
+    for model, nodes in sorted(pools.items()):
+        table = f"[serving.pools.{json.dumps(model)}]"
+        lines += [table, 'cluster = "demo"', f"nodes = {json.dumps(nodes)}", ""]
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def _start_aggregator(
+    demo: Demo, data_dir: Path, control: Control, policy: Path
+) -> tuple[Child, dict[str, str]]:
     ready = data_dir / "aggregator.ready.json"
     ready.unlink(missing_ok=True)
     print(f"starting the aggregator (data in {data_dir}) ...", flush=True)
@@ -220,6 +247,8 @@ def _start_aggregator(demo: Demo, data_dir: Path, control: Control) -> tuple[Chi
             *control.backend_options(),
             "--repair-max-out-of-service-fraction",
             "0.5",
+            "--repair-policy-file",
+            str(policy),
         ),
     )
     bound: dict[str, str] = _wait_for(  # type: ignore[assignment]  # the ready file's JSON
@@ -344,7 +373,8 @@ def run_demo(args: argparse.Namespace) -> int:
         if plan is not None:
             serving = DemoServing(plan, data_dir, scheduled)
         control = serving.control if serving is not None else Control({}, scheduled)
-        aggregator, bound = _start_aggregator(demo, data_dir, control)
+        policy = write_demo_policy(data_dir, demo_pools(demo_nodes(args.nodes), plan))
+        aggregator, bound = _start_aggregator(demo, data_dir, control, policy)
         nodes = _start_collectors(demo, args, bound["ingest"], secret, data_dir, serving, scheduled)
         client_cfg = client_config_path()
         write_private(

@@ -439,14 +439,21 @@ def print_pools(resp: fleet_pb2.ListPoolsResponse, as_json: bool) -> None:
                     "guard": resp.guard,
                     "formula": resp.formula,
                     "truncated": resp.truncated,
+                    "pools_declared": resp.pools_declared,
                     "pools": [pool_row(p) for p in resp.pools],
+                    "unverified_total": resp.unverified_total,
+                    "unverified": [message_fields(u) for u in resp.unverified],
                 },
                 indent=2,
             )
         )
         return
     if not resp.pools:
-        print("no inference engines reported in the fleet (vLLM, SGLang, TGI, TensorRT-LLM)")
+        if resp.unverified_total:
+            print(f"no serving pool has a replica the control plane places ({resp.pools_declared} declared)")
+        else:
+            print("no inference engines reported in the fleet (vLLM, SGLang, TGI, TensorRT-LLM)")
+        print_unverified(resp)
         return
     print(
         tabulate(
@@ -486,6 +493,25 @@ def print_pools(resp: fleet_pb2.ListPoolsResponse, as_json: bool) -> None:
         + ("; more pools than one answer holds" if resp.truncated else "")
     )
     print(f"HEADROOM: replicas that may leave within the floor (negative: replicas short); {resp.formula}")
+    print_unverified(resp)
+
+
+def print_unverified(resp: fleet_pb2.ListPoolsResponse) -> None:
+    """The replicas nodes report that no declared pool places on them: in no pool's figures."""
+    if not resp.unverified_total:
+        return
+    print(
+        f"\n{resp.unverified_total} unverified replicas: reported by their nodes, placed in no pool by the "
+        "policy's [serving.pools] (docs/repair.md), so in no pool's figures"
+    )
+    print(
+        tabulate(
+            [[u.node, f"{u.engine}:{u.port}", u.claimed, u.kind, u.reason] for u in resp.unverified],
+            headers=["NODE", "ENGINE", "CLAIMS", "WHY", "DETAIL"],
+        )
+    )
+    if resp.unverified_total > len(resp.unverified):
+        print(f"... and {resp.unverified_total - len(resp.unverified)} more")
 
 
 def print_engines(resp: fleet_pb2.ListPoolsResponse, as_json: bool) -> None:

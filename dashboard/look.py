@@ -22,6 +22,18 @@ from gpufleet.client.colours import (
 )
 from gpufleet.client.present import NA
 
+# Every character CommonMark, Streamlit's colour and emoji directives (":red[...]", ":x:") or its
+# LaTeX ("$...$") could read as more than itself.
+_MARKDOWN_SPECIAL = frozenset("\\`*_{}[]()<>#+-.!|~:$&")
+
+
+def md(text: str) -> str:
+    """Text from a node, a scheduler or a person, for a Streamlit caption, warning or markdown:
+    each character Markdown could read backslash-escaped, so a pool named "[click](https://x)"
+    or "**urgent**" shows as written (docs/security.md "Serving pools and the capacity guard")."""
+    return "".join("\\" + c if c in _MARKDOWN_SPECIAL else c for c in text)
+
+
 TIME_TITLE = "time (UTC)"
 # A chart's time axis by the span it shows: 24-hour clock, seconds only when minutes matter.
 _AXIS_FORMATS = ((3600, "%H:%M:%S"), (2 * 86400, "%H:%M"), (math.inf, "%b %d %H:%M"))

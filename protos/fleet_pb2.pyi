@@ -305,7 +305,7 @@ class ServingPool(_message.Message):
     def __init__(self, cluster: _Optional[str] = ..., model: _Optional[str] = ..., replicas_serving: _Optional[int] = ..., replicas_draining: _Optional[int] = ..., replicas_out: _Optional[int] = ..., kv_cache_usage_mean_ratio: _Optional[float] = ..., kv_cache_usage_max_ratio: _Optional[float] = ..., requests_running: _Optional[float] = ..., requests_waiting: _Optional[float] = ..., preemptions_per_s: _Optional[float] = ..., kv_cache_usage_if_one_leaves_ratio: _Optional[float] = ..., headroom_replicas: _Optional[int] = ..., nodes_waiting: _Optional[_Iterable[str]] = ..., replicas: _Optional[_Iterable[_Union[PoolReplica, _Mapping]]] = ...) -> None: ...
 
 class ListPoolsResponse(_message.Message):
-    __slots__ = ("pools", "floor_kv_cache_usage_ratio", "floor_min_serving_replicas", "guard", "formula", "load_class_rule", "server_time_unix_ns", "truncated")
+    __slots__ = ("pools", "floor_kv_cache_usage_ratio", "floor_min_serving_replicas", "guard", "formula", "load_class_rule", "server_time_unix_ns", "truncated", "unverified", "unverified_total", "pools_declared")
     POOLS_FIELD_NUMBER: _ClassVar[int]
     FLOOR_KV_CACHE_USAGE_RATIO_FIELD_NUMBER: _ClassVar[int]
     FLOOR_MIN_SERVING_REPLICAS_FIELD_NUMBER: _ClassVar[int]
@@ -314,6 +314,9 @@ class ListPoolsResponse(_message.Message):
     LOAD_CLASS_RULE_FIELD_NUMBER: _ClassVar[int]
     SERVER_TIME_UNIX_NS_FIELD_NUMBER: _ClassVar[int]
     TRUNCATED_FIELD_NUMBER: _ClassVar[int]
+    UNVERIFIED_FIELD_NUMBER: _ClassVar[int]
+    UNVERIFIED_TOTAL_FIELD_NUMBER: _ClassVar[int]
+    POOLS_DECLARED_FIELD_NUMBER: _ClassVar[int]
     pools: _containers.RepeatedCompositeFieldContainer[ServingPool]
     floor_kv_cache_usage_ratio: float
     floor_min_serving_replicas: int
@@ -322,7 +325,26 @@ class ListPoolsResponse(_message.Message):
     load_class_rule: str
     server_time_unix_ns: int
     truncated: bool
-    def __init__(self, pools: _Optional[_Iterable[_Union[ServingPool, _Mapping]]] = ..., floor_kv_cache_usage_ratio: _Optional[float] = ..., floor_min_serving_replicas: _Optional[int] = ..., guard: _Optional[bool] = ..., formula: _Optional[str] = ..., load_class_rule: _Optional[str] = ..., server_time_unix_ns: _Optional[int] = ..., truncated: _Optional[bool] = ...) -> None: ...
+    unverified: _containers.RepeatedCompositeFieldContainer[UnverifiedReplica]
+    unverified_total: int
+    pools_declared: int
+    def __init__(self, pools: _Optional[_Iterable[_Union[ServingPool, _Mapping]]] = ..., floor_kv_cache_usage_ratio: _Optional[float] = ..., floor_min_serving_replicas: _Optional[int] = ..., guard: _Optional[bool] = ..., formula: _Optional[str] = ..., load_class_rule: _Optional[str] = ..., server_time_unix_ns: _Optional[int] = ..., truncated: _Optional[bool] = ..., unverified: _Optional[_Iterable[_Union[UnverifiedReplica, _Mapping]]] = ..., unverified_total: _Optional[int] = ..., pools_declared: _Optional[int] = ...) -> None: ...
+
+class UnverifiedReplica(_message.Message):
+    __slots__ = ("node", "engine", "port", "claimed", "reason", "kind")
+    NODE_FIELD_NUMBER: _ClassVar[int]
+    ENGINE_FIELD_NUMBER: _ClassVar[int]
+    PORT_FIELD_NUMBER: _ClassVar[int]
+    CLAIMED_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    node: str
+    engine: str
+    port: int
+    claimed: str
+    reason: str
+    kind: str
+    def __init__(self, node: _Optional[str] = ..., engine: _Optional[str] = ..., port: _Optional[int] = ..., claimed: _Optional[str] = ..., reason: _Optional[str] = ..., kind: _Optional[str] = ...) -> None: ...
 
 class DrainProjection(_message.Message):
     __slots__ = ("cluster", "model", "replicas_now", "replicas_after", "kv_cache_usage_now_ratio", "kv_cache_usage_after_ratio", "below_floor")

@@ -4,11 +4,35 @@ actions as NVIDIA's XID catalog spells its buckets)."""
 
 from __future__ import annotations
 
+import re
+
 from gpufleet.protos import fleet_pb2, vocabulary_pb2
 
 # What a collector reports as the engine and model of an inference endpoint it has never read
 # (collector/sources/engines/scrape.py): such a replica is in no serving pool (repair/serving.py).
 UNKNOWN_ENGINE_MODEL = "unknown"
+
+# The serving names' one grammar (docs/security.md "Serving pools and the capacity guard"),
+# checked by the collector's settings and again by the aggregator on every replica a node
+# reports, and by the policy for the pools it declares. A pool name is a Kubernetes label
+# value's form (what an InferencePool or a Deployment is named by), so it reads the same in a
+# label, a Prometheus label and a table. A model name is what engines serve models as: a
+# Hugging Face id ("meta-llama/Llama-3.1-70B-Instruct") or a path ("/models/llama"), nothing
+# that Markdown, Slack or a shell reads as more than text (no space, '<', '>', '*', '[', '|'...).
+POOL_NAME_RE = re.compile(r"[A-Za-z0-9]([A-Za-z0-9._-]{0,61}[A-Za-z0-9])?")
+POOL_NAME_RULE = "1 to 63 letters, digits, '.', '_' or '-', starting and ending with a letter or digit"
+MODEL_NAME_RE = re.compile(r"[A-Za-z0-9/][A-Za-z0-9._:/@+-]{0,127}")
+MODEL_NAME_RULE = (
+    "1 to 128 letters, digits, '.', '_', ':', '/', '@', '+' or '-', starting with a letter, digit or '/'"
+)
+
+
+def serving_name_problem(kind: str, name: str) -> str:
+    """Why `name` is not a usable pool (kind "pool") or model (kind "model") name; "" when it is."""
+    pattern, rule = (POOL_NAME_RE, POOL_NAME_RULE) if kind == "pool" else (MODEL_NAME_RE, MODEL_NAME_RULE)
+    if pattern.fullmatch(name):
+        return ""
+    return f"{kind} name {name[:80]!r}{'...' if len(name) > 80 else ''} is not {rule}"
 
 
 def action_name(value: int) -> str:

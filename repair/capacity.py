@@ -8,7 +8,9 @@ would do to every pool the node serves (repair/serving.py):
   alert resolves);
 - a pool would, and every finding behind the incident may wait (the policy's `may_wait`): the
   drain is held, with the pools and figures in the node's detail ("waiting for capacity: ..."),
-  checked again every pass; after the floor's max_capacity_wait_s an alert says it still waits;
+  checked again every pass, for at most the floor's max_capacity_wait_s: then the drain goes on
+  with the "capacity at risk" alert (or, with hold_past_max_capacity_wait, an alert says it
+  still waits and it keeps waiting);
 - a pool would, and the finding is urgent (or a person said go on, `gpufleet repair proceed`):
   the drain goes on, and a "capacity at risk" alert names the pools.
 
@@ -61,8 +63,12 @@ class CapacityGuard:
         return self.pools(workflows).projections(node, LiveStates(workflows), self.floor)
 
     def replicas_on(self, node: str, workflows: dict[str, Workflow]) -> list[ReplicaReading]:
-        """The node's engine replicas, as this pass read them."""
-        return [r for p in self.pools(workflows).of_node(node) for r in p.replicas if r.node == node]
+        """The node's engine replicas, as this pass read them: those in pools and those no pool
+        takes alike (a graceful drain takes every engine of the node out of rotation: that acts
+        on the node itself, whatever the node says it serves)."""
+        pools = self.pools(workflows)
+        placed = [r for p in pools.of_node(node) for r in p.replicas if r.node == node]
+        return placed + [r for r in pools.unverified if r.node == node]
 
     def check(self, wf: Workflow, workflows: dict[str, Workflow]) -> tuple[HoldKind, str] | None:
         """Before a drain starts: None to go ahead, else the hold and its reason."""
@@ -84,22 +90,31 @@ class CapacityGuard:
             return None
         if not wf.may_wait or wf.capacity_override:
             why = f"{wf.capacity_override} said go on" if wf.may_wait else "the finding is urgent"
-            if not wf.capacity_alert:
-                log.error(
-                    "capacity at risk: draining for an urgent repair (%s): %s",
-                    why,
-                    what,
-                    extra={"node": wf.node, "incident": wf.incident_id},
-                )
-                self._desk.capacity(wf, "firing", f"capacity at risk ({why}): {what}", now, "critical")
-            wf.capacity_wait_since_ns = 0
-            return None
+            return self._go_at_risk(wf, why, what, now)
         if not wf.capacity_wait_since_ns:
             wf.capacity_wait_since_ns = now
         waited_s = (now - wf.capacity_wait_since_ns) / 1e9
-        if waited_s >= self.floor.max_capacity_wait_s and not wf.capacity_alert:
-            self._desk.capacity(wf, "firing", f"waiting {waited_s:.0f} s for capacity: {what}", now)
+        if waited_s >= self.floor.max_capacity_wait_s:
+            if not self.floor.hold_past_max_capacity_wait:
+                # The wait is bounded (docs/repair.md): pressure a node reports, real or not,
+                # delays another node's repair by at most max_capacity_wait_s.
+                return self._go_at_risk(wf, f"waited {waited_s:.0f} s, max_capacity_wait_s", what, now)
+            if not wf.capacity_alert:
+                self._desk.capacity(wf, "firing", f"waiting {waited_s:.0f} s for capacity: {what}", now)
         return HoldKind.CAPACITY, CAPACITY_WAIT_PREFIX + what
+
+    def _go_at_risk(self, wf: Workflow, why: str, what: str, now: int) -> None:
+        """The drain goes on below the floor: a "capacity at risk" alert (once) names the pools."""
+        if not wf.capacity_alert:
+            log.error(
+                "capacity at risk: draining (%s): %s",
+                why,
+                what,
+                extra={"node": wf.node, "incident": wf.incident_id},
+            )
+            self._desk.capacity(wf, "firing", f"capacity at risk ({why}): {what}", now, "critical")
+        wf.capacity_wait_since_ns = 0
+        return None
 
 
 def waiting_nodes(workflows: Mapping[str, Workflow]) -> set[str]:

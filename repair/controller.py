@@ -101,6 +101,9 @@ class RepairController:
         self.workflows: dict[str, Workflow] = state.workflows()
         self.gate.fleet_size = len(self.workflows)
         self.findings: dict[str, list[Finding]] = {}  # active findings per node, last pass
+        # The node snapshots the findings were made from (a full pass replaces them, a pass over
+        # some nodes updates theirs): what /metrics' GPU health reads, never the live view.
+        self.last_snapshots: dict[str, NodeSnapshot] = {}
         self._wake = asyncio.Event()
         self._dirty: set[str] | None = set()  # nodes poked since the last pass; None: all
         self._lock = asyncio.Lock()
@@ -272,6 +275,7 @@ class RepairController:
             started = time.monotonic()
             self.capacity.new_pass()
             snaps = {s.node: s for s in self._snapshots(only)}
+            self.last_snapshots = snaps if only is None else {**self.last_snapshots, **snaps}
             nodes = sorted(set(snaps) | (set(self.workflows) if only is None else only & set(self.workflows)))
             if only is None:
                 self.gate.fleet_size = len(nodes)

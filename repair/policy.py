@@ -17,6 +17,7 @@ from gpufleet.protos.names import ACTIONS
 from gpufleet.repair import xid_catalog
 from gpufleet.repair.health import Step
 from gpufleet.repair.model import DEFAULT_LADDER, LADDER_STEPS, SEVERITIES, Finding
+from gpufleet.repair.placement import Placement, placement_from_table
 from gpufleet.repair.serving import ServingFloor
 
 
@@ -114,6 +115,7 @@ class Policy:
     rules: dict[str, Entry]
     workflow: dict[str, float] = field(default_factory=lambda: dict(_WORKFLOW_DEFAULTS))
     serving: ServingFloor = field(default_factory=ServingFloor)
+    placement: Placement = field(default_factory=Placement)  # [serving.pools]: repair/placement.py
     sources: tuple[str, ...] = ()
 
     def xid_entry(self, xid: int, with_xids: set[int] | frozenset[int] = frozenset()) -> tuple[Entry, str]:
@@ -271,31 +273,47 @@ def _apply_workflow(policy: Policy, table: dict[str, Any], source: str) -> None:
 
 
 def _apply_serving(policy: Policy, table: dict[str, Any], source: str) -> None:
-    """[serving]: the floor a repair that may wait keeps each serving pool above."""
+    """[serving]: the floor a repair that may wait keeps each serving pool above, and which
+    nodes serve which pool ([serving.pools.NAME]: repair/placement.py)."""
     if not isinstance(table, dict):
         raise PolicyError(f"{source}: [serving] must be a table")
-    known = {f.name: f for f in fields(ServingFloor)}
-    values = {f.name: getattr(policy.serving, f.name) for f in fields(ServingFloor)}
+    known = [f.name for f in fields(ServingFloor)]
+    values = {name: getattr(policy.serving, name) for name in known}
     for key, value in table.items():
-        if key not in known:
-            raise PolicyError(f"{source}: [serving] unknown key {key!r}; known: {', '.join(known)}")
-        where = f"{source}: [serving] {key} = {value!r}"
-        if key in ("guard", "graceful_drain"):
-            if not isinstance(value, bool):
-                raise PolicyError(f"{where} must be true or false")
-        elif key == "min_serving_replicas":
-            if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= 10_000:
-                raise PolicyError(f"{where} must be a whole number from 0 to 10000")
-        elif isinstance(value, bool) or not isinstance(value, int | float) or value != value:
-            raise PolicyError(f"{where} must be a number")
-        elif key == "max_kv_cache_usage_ratio" and not 0 < value <= 10:
-            raise PolicyError(f"{where} must be above 0 and at most 10 (1 is a full cache)")
-        elif key == "max_capacity_wait_s" and not 0 <= value <= 30 * 86400:
-            raise PolicyError(f"{where} must be from 0 to 2592000 (30 days)")
-        elif key == "engine_drain_timeout_s" and not 0 <= value <= 86400:
-            raise PolicyError(f"{where} must be from 0 to 86400 seconds")
-        values[key] = value if key in ("guard", "graceful_drain", "min_serving_replicas") else float(value)
+        if key == "pools":
+            try:
+                policy.placement = placement_from_table(value, source)
+            except ValueError as exc:
+                raise PolicyError(str(exc)) from None
+        elif key in known:
+            values[key] = _serving_value(key, value, f"{source}: [serving] {key} = {value!r}")
+        else:
+            raise PolicyError(f"{source}: [serving] unknown key {key!r}; known: {', '.join(known)}, pools")
     policy.serving = ServingFloor(**values)
+
+
+_SERVING_FLAGS = ("guard", "graceful_drain", "hold_past_max_capacity_wait")
+
+
+def _serving_value(key: str, value: Any, where: str) -> Any:
+    """One [serving] key's value, checked; PolicyError naming it and what to give."""
+    if key in _SERVING_FLAGS:
+        if not isinstance(value, bool):
+            raise PolicyError(f"{where} must be true or false")
+        return value
+    if key == "min_serving_replicas":
+        if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= 10_000:
+            raise PolicyError(f"{where} must be a whole number from 0 to 10000")
+        return value
+    if isinstance(value, bool) or not isinstance(value, int | float) or value != value:
+        raise PolicyError(f"{where} must be a number")
+    if key == "max_kv_cache_usage_ratio" and not 0 < value <= 10:
+        raise PolicyError(f"{where} must be above 0 and at most 10 (1 is a full cache)")
+    if key == "max_capacity_wait_s" and not 0 <= value <= 30 * 86400:
+        raise PolicyError(f"{where} must be from 0 to 2592000 (30 days)")
+    if key in ("engine_drain_timeout_s", "idle_replica_window_s") and not 0 <= value <= 86400:
+        raise PolicyError(f"{where} must be from 0 to 86400 seconds")
+    return float(value)
 
 
 def _apply_buckets(policy: Policy, table: dict[str, Any], source: str) -> None:

@@ -7,7 +7,8 @@
 2. dry-run: the step is recorded as what would have been done, and not done;
 3. a step that changes the scheduler (cordon, drain, uncordon) needs this pass's view of the
    scheduler: when it could not be read, the step waits and says why;
-4. a cordon within the cap on nodes out of service (absolute and a fraction of the fleet);
+4. a cordon within the cap on nodes out of service (absolute and a fraction of the fleet); for
+   an urgent finding, nodes whose drain waits for serving capacity do not count;
 5. one drain at a time;
 6. a drain that would take a serving pool below its floor waits, when every finding behind it
    may wait (repair/capacity.py); an urgent one goes on with a "capacity at risk" alert.
@@ -22,7 +23,7 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from gpufleet.repair.capacity import CapacityGuard
+from gpufleet.repair.capacity import CapacityGuard, waiting_nodes
 from gpufleet.repair.health import OUT_OF_SERVICE, SCHEDULER_STEPS, Health, HoldKind, Step
 from gpufleet.repair.kept_values import KeptValues
 from gpufleet.repair.outcome import Outcome, Status
@@ -149,7 +150,13 @@ class Gate:
             return Hold(HoldKind.SCHEDULER, f"the scheduler cannot be read: {view.error[:300]}")
         if step is Step.CORDON:
             out_nodes = {w.node for w in workflows.values() if w.state in OUT_OF_SERVICE}
-            out = len((out_nodes | self._cordoned_in_scheduler()) - {wf.node})
+            counted = (out_nodes | self._cordoned_in_scheduler()) - {wf.node}
+            if not wf.may_wait:
+                # An urgent finding always has a slot, as a person's cordon does: nodes held
+                # for serving capacity do not count against the cap for it (docs/repair.md), so
+                # repairs held by pools cannot keep an urgent fault in service.
+                counted -= waiting_nodes(workflows)
+            out = len(counted)
             cap = self.cap()
             if out >= cap:
                 return Hold(HoldKind.CAP, f"{out} nodes are out of service, the cap is {cap}")

@@ -18,9 +18,12 @@ the floor: n - needed, needed = max(min_serving_replicas, ceil(mean(u) x n / max
 that many replicas short of the floor already (the scaling signal).
 
 Every figure of a pool comes from its own replicas' readings: a node's engines move only the
-pools they serve (each replica is in the pool of the model it reports, or the pool its
-collector's `engines` setting names, `pool=NAME`: two deployments of one model in one cluster
-weighed apart). A pool is named by that name, or by its model. A replica whose engine has never
+pools they serve. Which pool a replica is in is the control plane's word, not the node's
+(repair/placement.py: the policy's `[serving.pools]`); a replica placed nowhere is *unverified*
+(`ReplicaReading.unverified` says why) and in no pool's figures, and one that has served no
+request for the floor's `idle_replica_window_s` is *idle*: listed, but not counted as serving
+capacity, so replicas that take no traffic are no headroom. Readings built elsewhere (replay
+traces, the tests' fleets) are the placement's output already. A replica whose engine has never
 been read (its model unknown) and whose collector names no pool is in none."""
 
 from __future__ import annotations
@@ -55,6 +58,7 @@ _EPSILON = 1e-9  # float noise: 0.9 x 3 / 3 is not above a 0.9 floor
 
 class ReplicaState(StrEnum):
     SERVING = "serving"  # takes requests: its engine answers and its node is in service
+    IDLE = "idle"  # in service, but has served no request for the floor's idle window: no headroom
     DRAINING = "draining"  # its node is being drained
     OUT = "out"  # its node is in repair, or its engine or collector is not answering
 
@@ -70,7 +74,13 @@ class ServingFloor:
     guard: bool = True  # false: repairs never wait for capacity
     max_kv_cache_usage_ratio: float = 0.9
     min_serving_replicas: int = 1
-    max_capacity_wait_s: float = 3600.0  # a repair waiting longer than this raises an alert
+    # A repair waits for capacity at most this long: then its drain goes on, with the "capacity
+    # at risk" alert, unless hold_past_max_capacity_wait (then it alerts and keeps waiting).
+    max_capacity_wait_s: float = 3600.0
+    hold_past_max_capacity_wait: bool = False
+    # A replica with no request running or waiting (and no preemption) for this long is idle:
+    # not counted as serving capacity (a node cannot offer headroom that takes no traffic).
+    idle_replica_window_s: float = 600.0
     # Graceful drain (repair/engine_drain.py): a node's engines leave rotation before its drain
     # evicts anything, and the eviction waits until they report no request running or waiting,
     # at most engine_drain_timeout_s.
@@ -98,7 +108,10 @@ class ReplicaReading:
     preemptions_per_s: float | None = None  # between the node's last two sampling reports
     gpu_util_pct: float | None = None  # the mean over its GPUs that report it
     heard_ns: int = 0  # when the aggregator received the report these readings came in (its clock)
-    pool: str = ""  # the pool its collector names ("": its model's)
+    pool: str = ""  # the pool it is in (repair/placement.py: the declared pool's name once placed)
+    unverified: str = ""  # why the control plane does not count it in a pool ("": it does)
+    unverified_kind: str = ""  # that reason as a bounded word (repair/placement.py REFUSAL_KINDS)
+    idle: bool = False  # no request served for the floor's idle window (the aggregator's clock)
 
     @property
     def busy(self) -> bool:
@@ -195,7 +208,7 @@ def replica_state(reading: ReplicaReading, node_state: Health) -> ReplicaState:
         return ReplicaState.DRAINING
     if not reading.reporting or not reading.readable:
         return ReplicaState.OUT
-    return ReplicaState.SERVING
+    return ReplicaState.IDLE if reading.idle else ReplicaState.SERVING
 
 
 def projected_usage(kv_readings: list[float], serving: int, leaving: int) -> float | None:
@@ -326,7 +339,11 @@ class Pools:
     def __init__(self, readings: Iterable[ReplicaReading], node_state: Mapping[str, Health]) -> None:
         self.by_key: dict[tuple[str, str], Pool] = {}
         self._by_node: dict[str, list[Pool]] = {}
+        self.unverified: list[ReplicaReading] = []  # claimed by nodes, placed nowhere: no figures
         for r in readings:
+            if r.unverified:
+                self.unverified.append(r)
+                continue
             if r.model == UNKNOWN_ENGINE_MODEL and not r.readable and not r.pool:
                 continue  # never read: which pool it would serve is not known
             pool = self.by_key.get(r.pool_key)

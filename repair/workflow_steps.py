@@ -61,6 +61,9 @@ class WorkflowSteps:
         worst = max(ready, key=lambda f: f.severity_rank)
         where = f" on GPU {worst.gpu}" if worst.gpu is not None else ""
         reason = f"{AUTOMATION_PREFIX} {worst.code}{where}: {worst.reason} [{incident.id}]"
+        # Its drain may wait for serving capacity only if every finding behind it may (the cap
+        # reads it too: an urgent cordon always has a slot, repair/rails.py).
+        wf.may_wait = all(f.may_wait for f in ready)
         if self.moves.held(wf, Step.CORDON, view, now, reason):
             self.moves.move(wf, Health.WAITING, wf.detail)
             return
@@ -79,8 +82,6 @@ class WorkflowSteps:
             self.scheduler.forget(wf.node)  # changed (or maybe changed): read it again
         self.desk.audit(wf, Step.CORDON, reason, OK, now)
         wf.cordoned_by_us = True
-        # Its drain may wait for serving capacity only if every finding behind it may.
-        wf.may_wait = all(f.may_wait for f in ready)
         wf.ladder = list(worst.ladder)
         wf.step = 0
         wf.step_key = ""

@@ -16,7 +16,7 @@ from gpufleet.aggregator.api.answers import AnswerBytes, clip_detail, clip_summa
 from gpufleet.aggregator.api.base import Refused, RpcGate, rpc
 from gpufleet.aggregator.api.repair_view import RepairView
 from gpufleet.aggregator.auth.tokens import Principal
-from gpufleet.aggregator.fleet.pools import if_drained, list_pools, serving_readings
+from gpufleet.aggregator.fleet.pools import if_drained, list_pools
 from gpufleet.aggregator.fleet.state import FleetState
 from gpufleet.aggregator.ingest.schema import METRICS
 from gpufleet.protos import fleet_pb2
@@ -117,7 +117,7 @@ class NodesApi:
             detail.if_drained.extend(
                 if_drained(
                     live.node,
-                    serving_readings(self._fleet),
+                    self._view.serving_readings(),
                     self._view.workflows(),
                     self._view.serving_floor(),
                 )
@@ -127,9 +127,7 @@ class NodesApi:
     @rpc("viewer")
     async def ListPools(self, request: fleet_pb2.ListPoolsRequest, principal: Principal) -> Any:
         """The serving pools (aggregator/fleet/pools.py), each from its own replicas' readings."""
-        return list_pools(
-            serving_readings(self._fleet), self._view.workflows(), self._view.serving_floor(), request
-        )
+        return list_pools(self._view.serving_readings(), self._view.workflows(), self._view.policy(), request)
 
     @rpc("viewer")
     async def GetStatus(self, request: fleet_pb2.StatusRequest, principal: Principal) -> Any:

@@ -18,7 +18,8 @@ from gpufleet.protos.names import health_value
 from gpufleet.repair.controller import RepairController
 from gpufleet.repair.gpu_health import gpu_states
 from gpufleet.repair.health import Health
-from gpufleet.repair.serving import ServingFloor
+from gpufleet.repair.policy import Policy, load_policy
+from gpufleet.repair.serving import ReplicaReading, ServingFloor
 from gpufleet.repair.state import RepairState, StateError, Workflow
 
 if TYPE_CHECKING:
@@ -34,6 +35,7 @@ _TERM_LOAD_WAIT_S = 10.0  # how long a repair call waits for a new term to load 
 class RepairView:
     def __init__(self, wiring: RepairWiring | None, shared: ControlPlane | None) -> None:
         self.wiring = wiring
+        self._shipped: Policy | None = None  # the shipped policy, read once where repair is not wired
         self._shared = shared
         self._lemon_counts: tuple[dict[str, int], int] = ({}, 0)
         self._lemon_read_at = -1e9
@@ -54,9 +56,21 @@ class RepairView:
             return self.repair.workflows
         return self._shared.workflows if self._shared else {}
 
+    def policy(self) -> Policy:
+        """The repair policy (the shipped one where repair is not wired)."""
+        if self.wiring is not None:
+            return self.wiring.policy
+        if self._shipped is None:
+            self._shipped = load_policy(None)
+        return self._shipped
+
     def serving_floor(self) -> ServingFloor:
-        """The policy's serving floor (the shipped one where repair is not wired)."""
-        return self.wiring.policy.serving if self.wiring is not None else ServingFloor()
+        return self.policy().serving
+
+    def serving_readings(self, gpu_util: bool = True) -> list[ReplicaReading]:
+        """Every engine replica, placed in the declared pools (none where repair is not wired:
+        nothing places them)."""
+        return self.wiring.serving(gpu_util) if self.wiring is not None else []
 
     def with_health(self, summary: fleet_pb2.NodeSummary) -> fleet_pb2.NodeSummary:
         wf = self.workflows().get(summary.node)

@@ -5,16 +5,21 @@ than its replicas' last reports."""
 
 from __future__ import annotations
 
+import dataclasses
+import logging
+import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
 
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import GaugeMetricFamily
 
-from gpufleet.aggregator.api.answers import AnswerBytes
+from gpufleet.aggregator.api.answers import ANSWER_BYTES, AnswerBytes
 from gpufleet.aggregator.fleet.state import FleetState
 from gpufleet.protos import fleet_pb2, vocabulary_pb2
 from gpufleet.repair.capacity import node_states, waiting_nodes
+from gpufleet.repair.placement import REFUSAL_KINDS
+from gpufleet.repair.policy import Policy
 from gpufleet.repair.serving import (
     LOAD_CLASS_RULE,
     PROJECTION_RULE,
@@ -30,24 +35,94 @@ from gpufleet.repair.state import Workflow
 
 MAX_EXPORTED_POOLS = 500  # /metrics: pools exported, the largest first (model names are a node's words)
 
+log = logging.getLogger("gpufleet.aggregator")
 
-def serving_readings(
-    fleet: FleetState, gpu_util: bool = True, now_ns: int | None = None
-) -> list[ReplicaReading]:
-    """Every engine replica in the live view. gpu_util: read each replica's GPUs' utilization
-    too (this reads the GPU samples out of their columns: on the event loop only)."""
-    now = now_ns or time.time_ns()
-    out: list[ReplicaReading] = []
-    for live in list(fleet.nodes.values()):
-        engines = list(live.engines.values())
-        if not engines:
-            continue
-        reporting = fleet.liveness(live, now) == vocabulary_pb2.LIVENESS_REPORTING
-        gpus = live.gpus if gpu_util else {}
-        out += readings_of(
-            live.node, live.cluster, reporting, engines, gpus, live.preemptions_per_s, live.engines_heard_ns
-        )
-    return out
+
+UNVERIFIED_LOG_EVERY_S = 60.0  # each node's unverified replicas are logged at most this often
+MAX_UNVERIFIED_LISTED = 200  # in a ListPools answer (the total is always given)
+
+
+class ServingReader:
+    """Every engine replica in the live view, placed in the pools the policy declares
+    (repair/placement.py: a node's pool and cluster are its words, the placement is the control
+    plane's) and marked idle after the floor's idle window. Replicas no pool takes are kept
+    aside (`unverified`), counted on /metrics and logged at most once a minute per node."""
+
+    def __init__(self, fleet: FleetState, policy: Callable[[], Policy]) -> None:
+        self._fleet = fleet
+        self._policy = policy
+        self._logged_s: dict[str, float] = {}  # node -> when its unverified replicas were last logged
+        # Read on the event loop (the repair pass) and on the HTTP server's threads (/metrics).
+        self._lock = threading.Lock()
+        self.unverified_replicas = 0  # in the last read
+        self.unverified_by_reason: dict[str, int] = {}
+
+    def __call__(self, gpu_util: bool = True, now_ns: int | None = None) -> list[ReplicaReading]:
+        """gpu_util: read each replica's GPUs' utilization too (this reads the GPU samples out of
+        their columns: on the event loop only)."""
+        now = now_ns or time.time_ns()
+        policy = self._policy()
+        idle_after_ns = policy.serving.idle_replica_window_s * 1e9
+        claimed: list[ReplicaReading] = []
+        gpus_declared: dict[str, int] = {}
+        for live in list(self._fleet.nodes.values()):
+            engines = list(live.engines.values())
+            if not engines:
+                continue
+            # The GPUs it declared (its Hello), or those its PCI bus shows where NVML listed
+            # fewer (a driver stuck at its start still serves: collector/sources/nvml_start.py).
+            gpus_declared[live.node] = max(live.gpu_count, live.gpus_on_pci_bus or 0)
+            reporting = self._fleet.liveness(live, now) == vocabulary_pb2.LIVENESS_REPORTING
+            active = live.engines_active_ns
+            for r in readings_of(
+                live.node,
+                live.cluster,
+                reporting,
+                engines,
+                live.gpus if gpu_util else {},
+                live.preemptions_per_s,
+                live.engines_heard_ns,
+            ):
+                idle = now - active.get((r.engine, r.port), now) >= idle_after_ns
+                claimed.append(dataclasses.replace(r, idle=True) if idle else r)
+        placed = policy.placement.place(claimed, gpus_declared)
+        self._count(placed)
+        return placed
+
+    def _count(self, placed: list[ReplicaReading]) -> None:
+        by_node: dict[str, list[ReplicaReading]] = {}
+        reasons: dict[str, int] = {}
+        for r in placed:
+            if r.unverified:
+                by_node.setdefault(r.node, []).append(r)
+                reasons[r.unverified_kind] = reasons.get(r.unverified_kind, 0) + 1
+        self.unverified_replicas = sum(len(v) for v in by_node.values())
+        self.unverified_by_reason = reasons
+        mono = time.monotonic()
+        with self._lock:
+            for node in [n for n in self._logged_s if n not in by_node]:
+                del self._logged_s[node]  # bounded by the nodes with unverified replicas now
+            due = [
+                n
+                for n in by_node
+                if mono - self._logged_s.get(n, -UNVERIFIED_LOG_EVERY_S) >= UNVERIFIED_LOG_EVERY_S
+            ]
+            for node in due:
+                self._logged_s[node] = mono
+        for node in due:
+            replicas = by_node[node]
+            first = replicas[0]
+            log.warning(
+                "%d engine replica(s) of node %s are in no serving pool's figures: %s %s:%d claims %r: %s",
+                len(replicas),
+                node,
+                first.engine,
+                first.node,
+                first.port,
+                first.pool or first.model,
+                first.unverified,
+                extra={"node": node},
+            )
 
 
 def _set(
@@ -104,15 +179,18 @@ def pool_pb(pool: Pool, floor: ServingFloor, waiting: set[str], replicas: bool) 
 def list_pools(
     readings: Iterable[ReplicaReading],
     workflows: Mapping[str, Workflow],
-    floor: ServingFloor,
+    policy: Policy,
     request: fleet_pb2.ListPoolsRequest,
 ) -> fleet_pb2.ListPoolsResponse:
-    """ListPools' answer: pools by cluster and model, at most ANSWER_BYTES of them."""
+    """ListPools' answer: pools by cluster and name, at most ANSWER_BYTES of them, and the
+    replicas nodes claim that no declared pool takes."""
+    floor = policy.serving
     clusters = set(request.clusters)
     chosen = [
         r
         for r in readings
-        if (not clusters or r.cluster in clusters) and (not request.model or r.model == request.model)
+        if (not clusters or r.cluster in clusters)
+        and (not request.model or request.model in (r.model, r.pool))
     ]
     pools = Pools(chosen, node_states(workflows))
     waiting = waiting_nodes(workflows)
@@ -123,8 +201,19 @@ def list_pools(
         formula=PROJECTION_RULE,
         load_class_rule=LOAD_CLASS_RULE,
         server_time_unix_ns=time.time_ns(),
+        unverified_total=len(pools.unverified),
+        pools_declared=len(policy.placement.pools),
     )
-    answer = AnswerBytes()
+    for r in pools.unverified[:MAX_UNVERIFIED_LISTED]:
+        resp.unverified.add(
+            node=r.node,
+            engine=r.engine,
+            port=r.port,
+            claimed=r.pool or r.model,
+            reason=r.unverified,
+            kind=r.unverified_kind,
+        )
+    answer = AnswerBytes(ANSWER_BYTES - resp.ByteSize())  # the unverified list's bytes count too
     for pool in pools.sorted():
         msg = pool_pb(pool, floor, waiting, request.replicas)
         if not answer.fits(msg):
@@ -164,11 +253,11 @@ class PoolGauges:
 
     def __init__(
         self,
-        fleet: FleetState,
+        readings: ServingReader,
         floor: Callable[[], ServingFloor],
         workflows: Callable[[], Mapping[str, Workflow]],
     ) -> None:
-        self._fleet, self._floor, self._workflows = fleet, floor, workflows
+        self._readings, self._floor, self._workflows = readings, floor, workflows
 
     def collect(self) -> Iterable[GaugeMetricFamily]:
         labels = ["cluster", "model"]
@@ -196,9 +285,17 @@ class PoolGauges:
         left_out = GaugeMetricFamily(
             "gpufleet_pools_not_exported", f"serving pools past the first {MAX_EXPORTED_POOLS} not exported"
         )
+        unverified = GaugeMetricFamily(
+            "gpufleet_pool_unverified_replicas",
+            "engine replicas nodes report that no declared pool places on them (in no pool's figures), "
+            "by why (repair/placement.py)",
+            labels=["reason"],
+        )
         workflows = self._workflows()
         floor = self._floor()
-        pools = Pools(serving_readings(self._fleet, gpu_util=False), node_states(workflows)).sorted()
+        pools = Pools(self._readings(gpu_util=False), node_states(workflows)).sorted()
+        for kind in REFUSAL_KINDS:
+            unverified.add_metric([kind], float(self._readings.unverified_by_reason.get(kind, 0)))
         waiting = waiting_nodes(workflows)
         pools.sort(key=lambda p: -len(p.replicas))
         for pool in pools[:MAX_EXPORTED_POOLS]:
@@ -216,13 +313,13 @@ class PoolGauges:
             headroom.add_metric(key, float(pool.headroom_replicas(floor)))
             repairs.add_metric(key, float(len({r.node for r in pool.replicas} & waiting)))
         left_out.add_metric([], float(max(0, len(pools) - MAX_EXPORTED_POOLS)))
-        yield from (kv, waiting_requests, replicas, headroom, repairs, left_out)
+        yield from (kv, waiting_requests, replicas, headroom, repairs, left_out, unverified)
 
 
 def register_pool_metrics(
     registry: CollectorRegistry,
-    fleet: FleetState,
+    readings: ServingReader,
     floor: Callable[[], ServingFloor],
     workflows: Callable[[], Mapping[str, Workflow]],
 ) -> None:
-    registry.register(PoolGauges(fleet, floor, workflows))
+    registry.register(PoolGauges(readings, floor, workflows))

@@ -75,6 +75,9 @@ class NodeLive:
     preemptions_per_s: dict[tuple[str, int], float] = field(default_factory=dict)
     engines_time_ns: int = 0  # the report time of `engines`
     engines_heard_ns: int = 0  # when `engines` came (the aggregator's clock)
+    # When each engine last had work (a request running or waiting, or a preemption since the
+    # report before), or was first seen: the aggregator's clock (repair/serving.py "idle").
+    engines_active_ns: dict[tuple[str, int], int] = field(default_factory=dict)
     events: RecentEvents = field(default_factory=RecentEvents)
     stats: telemetry_pb2.CollectorStats = field(default_factory=telemetry_pb2.CollectorStats)
     replica: str = ""  # another aggregator replica holding the node's stream; "": this one
@@ -120,6 +123,20 @@ def preemption_rates(
         if delta >= 0:
             rates[key] = delta / elapsed_s
     return rates
+
+
+def engine_activity(
+    before: dict[tuple[str, int], int],
+    engines: dict[tuple[str, int], telemetry_pb2.EngineSample],
+    preemptions_per_s: dict[tuple[str, int], float],
+    heard_ns: int,
+) -> dict[tuple[str, int], int]:
+    """When each engine now reported last had work, or was first seen (engines gone are dropped)."""
+    out = {}
+    for key, e in engines.items():
+        busy = e.requests_running > 0 or e.requests_waiting > 0 or preemptions_per_s.get(key, 0.0) > 0
+        out[key] = heard_ns if busy or key not in before else before[key]
+    return out
 
 
 class FleetState:
@@ -217,6 +234,9 @@ class FleetState:
             live.preemptions_per_s = preemption_rates(
                 live.engines, engines, (report.time_unix_ns - live.engines_time_ns) / 1e9
             )
+            live.engines_active_ns = engine_activity(
+                live.engines_active_ns, engines, live.preemptions_per_s, heard_ns
+            )
             live.engines, live.engines_time_ns, live.engines_heard_ns = engines, report.time_unix_ns, heard_ns
         if report.HasField("gpu_columns"):
             live.take_columns(report.gpu_columns)
@@ -281,6 +301,7 @@ class FleetState:
         live.gpus = {g.index: g for g in s.gpus}
         live.engines = {(e.engine, e.port): e for e in detail.engines}
         live.preemptions_per_s, live.engines_heard_ns = {}, heard_ns
+        live.engines_active_ns = engine_activity(live.engines_active_ns, live.engines, {}, heard_ns)
         live.events = RecentEvents(detail.recent_events)
         live.stats = detail.collector_stats
         return any(e.time_unix_ns > newest for e in detail.recent_events)

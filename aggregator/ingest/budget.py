@@ -8,7 +8,7 @@ Each node has, across all its streams:
   control pushes back on that node alone. The bursts cover a collector replaying its whole
   buffer after an outage; the rates are many times what a collector sends.
 - a cap on its **distinct series** in the store (GPU: index, uuid, model, cluster; engine:
-  engine, model, port, cluster) seen within `series_window_s`: a Hello or report that would
+  engine, model, port, pool, cluster) seen within `series_window_s`: a Hello or report that would
   take a node past it is refused with RESOURCE_EXHAUSTED naming the cap, so a node cannot grow
   the store's series (and the memory behind them) without end by renaming its engines or GPUs.
 """
@@ -102,7 +102,7 @@ class NodeBudgets:
                 return (
                     f"it would make {len(series) + len(new)} distinct series for this node within "
                     f"{self.limits.series_window_s:g} s (GPUs by index, uuid and model; engines by name, "
-                    f"model and port); the cap is {cap} (max_series_per_node)"
+                    f"model, port and pool); the cap is {cap} (max_series_per_node)"
                 )
         for key in keys:
             series[key] = now

@@ -118,7 +118,7 @@ class ReportHandling:
             why = self._budgets.admit_series(
                 session.hello.node,
                 "engine",
-                ((e.engine, e.model, e.port, session.hello.cluster) for e in report.engines),
+                ((e.engine, e.model, e.port, e.pool, session.hello.cluster) for e in report.engines),
             )
             if why:
                 self._reject(

@@ -19,6 +19,12 @@ class ServingSettings:
         "the aggregator's own Prometheus /metrics address (unauthenticated: loopback unless set, "
         "e.g. 0.0.0.0:7712 behind a NetworkPolicy or firewall); empty disables",
     )
+    metrics_snapshot_s: float = setting(
+        5.0,
+        "/metrics answers from a snapshot at most this old: computed by one scrape at a time, off "
+        "the event loop that acknowledges reports, and shared by every scrape meanwhile (its age is "
+        "gpufleet_metrics_snapshot_age_seconds); 0: computed for every scrape",
+    )
     data_dir: str = setting("/var/lib/gpufleet", "where the embedded store and state live")
     secrets_file: str = setting(
         "",
@@ -82,6 +88,10 @@ class ServingSettings:
         require(
             not self.metrics_listen or ":" in self.metrics_listen,
             f"metrics_listen={self.metrics_listen!r} must be host:port or empty",
+        )
+        require(
+            0 <= self.metrics_snapshot_s <= 300,
+            f"metrics_snapshot_s={self.metrics_snapshot_s:g} must be from 0 to 300 seconds",
         )
         require(bool(self.tls_cert) == bool(self.tls_key), "tls_cert and tls_key must be given together")
         require(

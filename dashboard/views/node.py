@@ -53,9 +53,9 @@ def _notes(detail: fleet_pb2.NodeDetail) -> list[str]:
     s = detail.summary
     notes = []
     if s.scheduler_node:
-        notes.append(f"In the scheduler: **{s.scheduler_node}** (the scheduler_names mapping)")
+        notes.append(f"In the scheduler: **{look.md(s.scheduler_node)}** (the scheduler_names mapping)")
     if s.health_detail:
-        notes.append(s.health_detail)
+        notes.append(look.md(s.health_detail))
     if detail.clipped_bytes:
         notes.append(
             f"{detail.clipped_bytes:,} bytes of this node's answer were left out to keep it under the "
@@ -150,7 +150,7 @@ def render() -> None:
         st.subheader("Inference engines")
         look.table(engines_frame(detail.engines))
         for line in if_drained_lines(detail):
-            (st.warning if "below the floor" in line else st.caption)(line)
+            (st.warning if "below the floor" in line else st.caption)(look.md(line))
         elabel = st.selectbox("engine series", list(ENGINE_SERIES))
         emetric, efactor = ENGINE_SERIES[elabel].field, ENGINE_SERIES[elabel].label_scale
         ehist = history_frame(

@@ -45,7 +45,7 @@ def render() -> None:
         st.warning(
             f"{len(lemons)} lemon node(s), their incidents recurring (the next one quarantines "
             "instead of repairing again; see the lemon column's tooltip): "
-            + ", ".join(f"{r.node} ({r.lemon})" for r in lemons.head(10).itertuples())
+            + ", ".join(look.md(f"{r.node} ({r.lemon})") for r in lemons.head(10).itertuples())
             + (" ..." if len(lemons) > 10 else "")
         )
     if gpus.empty:

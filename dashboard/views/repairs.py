@@ -77,7 +77,8 @@ def render() -> None:
         chosen = st.selectbox("incident", ids, index=ids.index(asked) if asked in ids else 0)
         links.keep(incident=chosen)
         incident = next(i for i in incidents if i.id == chosen)
-        st.markdown(f"**{incident.id}** on **{incident.node}** — {incident.outcome or 'open'}")
+        outcome = look.md(incident.outcome or "open")
+        st.markdown(f"**{look.md(incident.id)}** on **{look.md(incident.node)}** — {outcome}")
         look.table(
             pd.DataFrame(
                 [

@@ -8,6 +8,16 @@ from typing import ClassVar
 from gpufleet.common.settings import setting
 from gpufleet.repair.alerts.base import Alert, Request, Sink
 
+
+def mrkdwn_text(text: str) -> str:
+    """Text as Slack shows it and nothing more: '&', '<' and '>' escaped, the three characters
+    Slack's message formatting reads as control characters, so a name or a reason from a node or
+    a person (a pool "<!channel>", a "<https://...|link>") shows as written, never a mention or a
+    link. Bold or italic marks are left (they can only style, and node names keep their '_' for
+    copying into a shell)."""
+    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+
+
 _ICON = {"critical": ":red_circle:", "warning": ":warning:", "info": ":information_source:"}
 
 
@@ -31,7 +41,8 @@ class SlackSink(Sink):
 
     def request(self, alert: Alert) -> Request:
         icon = ":white_check_mark:" if alert.status == "resolved" else _ICON.get(alert.severity, "")
-        text = f"{icon} *{alert.status.upper()}* [{alert.key}] {alert.node}: {alert.state} — {alert.summary}"
+        what = mrkdwn_text(f"[{alert.key}] {alert.node}: {alert.state} — {alert.summary}")
+        text = f"{icon} *{alert.status.upper()}* {what}"
         if alert.link:
             text += f" <{alert.link}|open in the dashboard>"
         return Request(self._url, {"text": text})

@@ -33,7 +33,7 @@ class InProcessAggregator:
             ingest_listen="127.0.0.1:0",
             fleet_listen="127.0.0.1:0",
             metrics_listen="127.0.0.1:0",
-            **settings,
+            **{"metrics_snapshot_s": 0.0, **settings},  # tests read counters as they change
         )
         self.loop = asyncio.new_event_loop()
         started: dict[str, Any] = {}

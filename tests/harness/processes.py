@@ -195,6 +195,10 @@ class Cluster:
             # (test_ingest_workers, test_columns, the fuzz) and the kill and outage tests
             # (tests/ingest/test_end_to_end.py, tests/store/test_store_outage.py) ask for.
             extra = (*extra, "--ingest-workers", "0")
+        if "--metrics-snapshot-s" not in extra:
+            # Tests read counters as they change: /metrics computed for each scrape unless the test
+            # is about the snapshot (tests/security/test_serving_pools_trust.py).
+            extra = (*extra, "--metrics-snapshot-s", "0")
         ready = self.tmp / f"{name}.ready.json"
         ready.unlink(missing_ok=True)
         proc = self.spawn(

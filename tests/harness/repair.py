@@ -22,6 +22,13 @@ reset_timeout_s = 20.0
 """
 
 
+def declared_pool(name: str, nodes: list[str], cluster: str = "test", models: list[str] | None = None) -> str:
+    """A policy's `[serving.pools.NAME]` table (repair/placement.py): which nodes serve the pool."""
+    text = f"\n[serving.pools.{json.dumps(name)}]\ncluster = {json.dumps(cluster)}\n"
+    text += f"nodes = {json.dumps(nodes)}\n"
+    return text + (f"models = {json.dumps(models)}\n" if models is not None else "")
+
+
 def xid_scenario(path: Path, xid: int, gpu: int = 3, lost: bool = False, at_s: float = 1.0) -> Path:
     text = f'[[fault]]\nat_s = {at_s}\ngpu = {gpu}\nkind = "xid"\nxid = {xid}\n'
     if lost:

@@ -153,11 +153,35 @@ def test_a_person_says_proceed_and_the_drain_goes_on_audited_and_alerted(tmp_pat
     asyncio.run(scenario())
 
 
-def test_a_repair_waiting_past_max_capacity_wait_raises_an_alert_resolved_when_it_goes(
+def test_the_wait_ends_at_max_capacity_wait_and_the_drain_goes_on_with_capacity_at_risk(
+    tmp_path: Path,
+) -> None:
+    """Pressure a node reports, real or not, holds another node's repair for at most
+    max_capacity_wait_s (docs/repair.md): then the drain starts, with the critical alert."""
+
+    async def scenario() -> None:
+        fleet = Fleet({"n1": 0.85, "n2": 0.85})
+        state = open_state("sqlite", str(tmp_path / "repair.sqlite3"))
+        policy = load_policy_text(DEFERRABLE + "[serving]\nmax_capacity_wait_s = 0\n", "test")
+        repair = controller(state, fleet, policy)
+        fleet.xid("n1")
+        await passes(repair)
+        assert drains_started(state, "n1") == 1
+        wf = repair.workflows["n1"]
+        assert wf.capacity_alert and wf.may_wait
+        assert list(capacity_alerts(state).values()) == ["firing"]
+        (said,) = [a for a in state.audit_log("n1") if a.action == "drain"][:1]
+        assert said.outcome.status is Status.STARTED, "never held: the wait was already over"
+
+    asyncio.run(scenario())
+
+
+def test_hold_past_max_capacity_wait_keeps_waiting_alerted_and_resolves_when_it_goes(
     tmp_path: Path,
 ) -> None:
     async def scenario() -> None:
-        fleet, state, repair = await waiting(tmp_path, DEFERRABLE + "[serving]\nmax_capacity_wait_s = 0\n")
+        policy = DEFERRABLE + "[serving]\nmax_capacity_wait_s = 0\nhold_past_max_capacity_wait = true\n"
+        fleet, state, repair = await waiting(tmp_path, policy)
         assert repair.workflows["n1"].capacity_alert
         assert list(capacity_alerts(state).values()) == ["firing"]
         fleet.kv.update(n1=0.2, n2=0.2)  # pressure falls: 0.4 on the one left

@@ -333,7 +333,9 @@ def test_scheduler_names_map_collector_nodes_to_slurm_nodes(
     at.sidebar.radio[0].set_value("Node").run()
     at.selectbox[0].set_value(faulty).run()
     assert not at.exception, at.exception
-    assert any("In the scheduler: **gpu-node-03**" in c.value for c in at.caption)
+    from gpufleet.dashboard.look import md  # the caption's Markdown source escapes the name
+
+    assert any(f"In the scheduler: **{md('gpu-node-03')}**" in c.value for c in at.caption)
     out = gpufleet_cli(agg, cluster, "ops", "uncordon", by_hand, "--reason", "fan replaced")
     assert out.returncode == 0, out.stderr
     assert not drained(slurm, "gpu-node-04")

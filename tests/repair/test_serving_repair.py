@@ -17,10 +17,18 @@ import pytest
 from harness.dashboard import app
 from harness.engine_endpoint import MODEL, EngineEndpoint
 from harness.processes import AggregatorHandle, Cluster
-from harness.repair import FAST_POLICY, audit, gpufleet_cli, repair_aggregator, repair_status, xid_scenario
+from harness.repair import (
+    FAST_POLICY,
+    audit,
+    declared_pool,
+    gpufleet_cli,
+    repair_aggregator,
+    repair_status,
+    xid_scenario,
+)
 from harness.waiting import wait_until
 
-POLICY = FAST_POLICY + "\n[xid.79]\nmay_wait = true\n"
+POLICY = FAST_POLICY + "\n[xid.79]\nmay_wait = true\n" + declared_pool(MODEL, ["s*"])
 
 
 @pytest.fixture
@@ -124,7 +132,8 @@ def test_collectors_that_name_their_pool_split_one_model_into_two_pools(
 ) -> None:
     """`pool=NAME` on an engine endpoint (the collector's engines setting) puts the replica in
     that pool, end to end: one model served by two deployments is listed, and weighed, apart."""
-    agg = repair_aggregator(cluster, policy=POLICY)
+    named = declared_pool("llama-prod", ["s1", "s2"]) + declared_pool("llama-batch", ["s4"])
+    agg = repair_aggregator(cluster, policy=POLICY + named)
     for node, name in (("s1", "llama-prod"), ("s2", "llama-prod"), ("s4", "llama-batch")):
         cluster.collector(
             node, agg.ingest, "--interval-s", "1", "--engines", f"{engines[node].url} gpus=0,1 pool={name}"

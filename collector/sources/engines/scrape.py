@@ -15,7 +15,6 @@ weighed apart; without it a replica is in the pool of its model):
 from __future__ import annotations
 
 import math
-import re
 import socket
 import urllib.error
 import urllib.parse
@@ -27,15 +26,10 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from gpufleet.collector.sources.engines import REGISTRY, EngineReading, ParseError
 from gpufleet.protos import telemetry_pb2
-from gpufleet.protos.names import UNKNOWN_ENGINE_MODEL
+from gpufleet.protos.names import POOL_NAME_RE, POOL_NAME_RULE, UNKNOWN_ENGINE_MODEL
 
 MAX_BODY_BYTES = 16 * 1024 * 1024
 MAX_REMEMBERED = 1024  # endpoints whose last engine and model are kept (discovery can find many)
-
-
-# A pool name: a Kubernetes label value's form (what an InferencePool or a Deployment is
-# named by), so it reads the same in a label, a Prometheus label and a table.
-POOL_NAME = re.compile(r"[A-Za-z0-9]([A-Za-z0-9._-]{0,61}[A-Za-z0-9])?")
 
 
 @dataclass(frozen=True)
@@ -58,10 +52,9 @@ def parse_endpoints(text: str) -> list[Endpoint]:
         for option in options:
             key, _, value = option.partition("=")
             if key == "pool":
-                if not POOL_NAME.fullmatch(value):
+                if not POOL_NAME_RE.fullmatch(value):
                     raise ValueError(
-                        f"engine endpoint {url!r}: pool={value!r} is no pool name (1 to 63 letters, "
-                        "digits, '.', '_' or '-', starting and ending with a letter or digit)"
+                        f"engine endpoint {url!r}: pool={value!r} is no pool name ({POOL_NAME_RULE})"
                     )
                 pool = value
                 continue
