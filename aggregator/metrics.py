@@ -27,6 +27,14 @@ class AggregatorMetrics:
             ["reason", "code"],
             registry=r,
         )
+        self.parts_dropped = Counter(
+            "gpufleet_ingest_report_parts_dropped",
+            "parts of accepted reports dropped or marked for disagreeing with their stream (an engine "
+            "or event naming a GPU the node did not declare, an engine twice, an event out of the time "
+            "window), the rest stored; by reason",
+            ["reason"],
+            registry=r,
+        )
         self.streams_open = Gauge(
             "gpufleet_ingest_streams_open", "collector streams connected now", registry=r
         )

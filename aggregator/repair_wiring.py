@@ -29,7 +29,8 @@ from gpufleet.repair.alerts import open_sinks
 from gpufleet.repair.alerts.dispatcher import AlertDispatcher
 from gpufleet.repair.backends import open_backend
 from gpufleet.repair.controller import Hooks, Rails, RepairController
-from gpufleet.repair.gpu_health import gpu_states
+from gpufleet.repair.gpu_health import gpu_states, raised
+from gpufleet.repair.health import Health
 from gpufleet.repair.model import NodeSnapshot
 from gpufleet.repair.policy import Policy, load_policy
 from gpufleet.repair.replay.engine import ReplayConfig
@@ -247,7 +248,13 @@ class RepairWiring:
         rows = []
         for node, snap in list(controller.last_snapshots.items()):
             findings = controller.findings.get(node, [])
-            for s in gpu_states(snap.gpus.values(), findings, controller.workflows.get(node)):
+            wf = controller.workflows.get(node)
+            gpus = snap.gpus.values()
+            if not findings and (wf is None or wf.state is Health.HEALTHY):
+                # Most of a fleet: nothing open on the node, so a GPU is ok unless its own sample
+                # raises something (the whole state is built only for those).
+                gpus = [g for g in gpus if g.lost or raised(g)]
+            for s in gpu_states(gpus, findings, wf):
                 if s.health > vocabulary_pb2.GPU_HEALTH_OK:
                     rows.append((snap.cluster, node, s.index, gpu_health_name(s.health), s.health))
         return rows

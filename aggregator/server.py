@@ -31,6 +31,7 @@ from gpufleet.aggregator.status import Lifecycle, StatusReports
 from gpufleet.aggregator.store import Store
 from gpufleet.aggregator.supervise import Supervisor
 from gpufleet.common.bounded_http import BoundedHTTPServer
+from gpufleet.common.memory import fix_mmap_threshold
 from gpufleet.protos import fleet_pb2_grpc
 from gpufleet.repair.state import RepairState, open_state
 
@@ -199,7 +200,12 @@ class Aggregator:
         if self.config.metrics_listen:
             host, port = split_address(self.config.metrics_listen)
             self._http = serve_http(
-                host, port, self.metrics.registry, self.reports.unhealthy, self.config.metrics_snapshot_s
+                host,
+                port,
+                self.metrics.registry,
+                self.reports.unhealthy,
+                self.config.metrics_snapshot_s,
+                self.config.metrics_max_scrapes_per_s,
             )
             metrics_addr = f"{host or '0.0.0.0'}:{self._http.server_port}"
         bound = Bound(ingest_addr, fleet_addr, metrics_addr)
@@ -285,6 +291,7 @@ class Aggregator:
 
 
 async def run_aggregator(config: AggregatorConfig) -> None:
+    fix_mmap_threshold()  # a flood of large messages leaves no RSS behind (common/memory.py)
     aggregator = Aggregator(config)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

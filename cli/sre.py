@@ -461,7 +461,7 @@ def print_pools(resp: fleet_pb2.ListPoolsResponse, as_json: bool) -> None:
                 [
                     p.cluster,
                     p.model,
-                    f"{p.replicas_serving}/{p.replicas_draining}/{p.replicas_out}",
+                    f"{p.replicas_serving}/{p.replicas_idle}/{p.replicas_draining}/{p.replicas_out}",
                     percent(opt(p, "kv_cache_usage_mean_ratio")),
                     percent(opt(p, "kv_cache_usage_max_ratio")),
                     fmt(opt(p, "requests_running")),
@@ -476,7 +476,7 @@ def print_pools(resp: fleet_pb2.ListPoolsResponse, as_json: bool) -> None:
             headers=[
                 "CLUSTER",
                 "MODEL",
-                "SERVING/DRAINING/OUT",
+                "SERVING/IDLE/DRAINING/OUT",
                 "KV MEAN %",
                 "KV MAX %",
                 "RUNNING",

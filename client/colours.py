@@ -34,6 +34,7 @@ NODE_STATE_COLOURS = {
     "in repair": BLUE,
     "quarantined": VERMILLION,
     "silent": GREY,
+    "no data": REDDISH_PURPLE,  # no report accepted yet: nothing to judge it by
 }
 # An incident that has ended is not a node state: drawn neutral, never as a state's colour.
 CLOSED = LIGHT_GREY

@@ -120,6 +120,8 @@ class CollectorAgent:
             gpus, engines = await asyncio.gather(sampling, asyncio.to_thread(self.engines.scrape_all, found))
         else:
             gpus, engines = await sampling, []
+        if engines:
+            self._only_declared_gpus(engines)
         self._sample_duration_s = time.perf_counter() - t0
         report = self._new_report(
             started_ns,
@@ -131,6 +133,17 @@ class CollectorAgent:
         self.last_sample = report
         self.last_tick_s = time.monotonic()
         return report
+
+    def _only_declared_gpus(self, engines: list[telemetry_pb2.EngineSample]) -> None:
+        """An engine names only GPUs this collector's hello declares: with NVML not started (its
+        start stuck: collector/sources/nvml_start.py) it declares none, and an engine configured
+        with `gpus=0,1` still reports its readings, without GPUs it cannot see."""
+        declared = {g.index for g in self.source.inventory()}
+        for engine in engines:
+            if any(i not in declared for i in engine.gpu_indices):
+                kept = [i for i in engine.gpu_indices if i in declared]
+                del engine.gpu_indices[:]
+                engine.gpu_indices.extend(kept)
 
     def _bus_count(self) -> dict[str, int]:
         count = self.pci_gpu_count()

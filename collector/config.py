@@ -72,6 +72,11 @@ class CollectorConfig:
         0.0,
         "with simulate: the stand-in's nvmlInit does not return for this long (a driver that hangs at start)",
     )
+    sim_nvml_real_load: bool = _setting(
+        False,
+        "with simulate: no stand-in beneath pynvml; pynvml loads libnvidia-ml.so.1 itself, by its own "
+        "load path and lock (the tests' library whose load never returns: a driver stuck loading)",
+    )
     sim_scheduler_file: str = _setting(
         "",
         "with simulate: the file the demo's scheduler writes this node's state to (cordoned, drained; "

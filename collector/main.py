@@ -49,9 +49,11 @@ def open_source(
             runner = ScenarioRunner(node, load(config.sim_scenario))
         if config.sim_nvml_init_hang_s > 0:  # a driver that does not answer nvmlInit (tests)
             node.hangs["nvmlInitWithFlags"] = Hang(until_s=time.monotonic() + config.sim_nvml_init_hang_s)
-        if config.sim_nvml_library:
+        # sim_nvml_real_load: no stand-in, pynvml loads libnvidia-ml.so.1 by its own path and lock
+        # (tests/collector/test_driver_hangs.py: a library whose load never returns).
+        if config.sim_nvml_library and not config.sim_nvml_real_load:
             install_c(Path(config.sim_nvml_library), SimulatedNvmlLibrary(node))
-        else:
+        elif not config.sim_nvml_real_load:
             install(SimulatedNvmlLibrary(node))
     return open_nvml(config.nvml_deadline_s), runner, node
 

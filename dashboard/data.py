@@ -51,6 +51,7 @@ _FOLD = {
     "repairing": "in repair",
     "validating": "in repair",
     "quarantined": "quarantined",
+    "no_data": "no data",
     "unspecified": "healthy",
 }
 # Every state the repair workflow counts as out of service (published once, protos/names.py)
@@ -298,6 +299,7 @@ def pools_frame(resp: fleet_pb2.ListPoolsResponse) -> pd.DataFrame:
             "cluster": p.cluster,
             "model": p.model,
             "serving": p.replicas_serving,
+            "idle": p.replicas_idle,
             "draining": p.replicas_draining,
             "out": p.replicas_out,
             "KV-cache mean %": _percent(opt(p, "kv_cache_usage_mean_ratio")),

@@ -273,7 +273,7 @@ class PoolReplica(_message.Message):
     def __init__(self, node: _Optional[str] = ..., engine: _Optional[str] = ..., port: _Optional[int] = ..., gpu_indices: _Optional[_Iterable[int]] = ..., state: _Optional[str] = ..., load_class: _Optional[str] = ..., unreadable_reason: _Optional[str] = ..., kv_cache_usage_ratio: _Optional[float] = ..., requests_running: _Optional[float] = ..., requests_waiting: _Optional[float] = ..., preemptions_total: _Optional[float] = ..., preemptions_per_s: _Optional[float] = ..., gpu_util_pct: _Optional[float] = ...) -> None: ...
 
 class ServingPool(_message.Message):
-    __slots__ = ("cluster", "model", "replicas_serving", "replicas_draining", "replicas_out", "kv_cache_usage_mean_ratio", "kv_cache_usage_max_ratio", "requests_running", "requests_waiting", "preemptions_per_s", "kv_cache_usage_if_one_leaves_ratio", "headroom_replicas", "nodes_waiting", "replicas")
+    __slots__ = ("cluster", "model", "replicas_serving", "replicas_draining", "replicas_out", "kv_cache_usage_mean_ratio", "kv_cache_usage_max_ratio", "requests_running", "requests_waiting", "preemptions_per_s", "kv_cache_usage_if_one_leaves_ratio", "headroom_replicas", "nodes_waiting", "replicas", "replicas_idle")
     CLUSTER_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
     REPLICAS_SERVING_FIELD_NUMBER: _ClassVar[int]
@@ -288,6 +288,7 @@ class ServingPool(_message.Message):
     HEADROOM_REPLICAS_FIELD_NUMBER: _ClassVar[int]
     NODES_WAITING_FIELD_NUMBER: _ClassVar[int]
     REPLICAS_FIELD_NUMBER: _ClassVar[int]
+    REPLICAS_IDLE_FIELD_NUMBER: _ClassVar[int]
     cluster: str
     model: str
     replicas_serving: int
@@ -302,7 +303,8 @@ class ServingPool(_message.Message):
     headroom_replicas: int
     nodes_waiting: _containers.RepeatedScalarFieldContainer[str]
     replicas: _containers.RepeatedCompositeFieldContainer[PoolReplica]
-    def __init__(self, cluster: _Optional[str] = ..., model: _Optional[str] = ..., replicas_serving: _Optional[int] = ..., replicas_draining: _Optional[int] = ..., replicas_out: _Optional[int] = ..., kv_cache_usage_mean_ratio: _Optional[float] = ..., kv_cache_usage_max_ratio: _Optional[float] = ..., requests_running: _Optional[float] = ..., requests_waiting: _Optional[float] = ..., preemptions_per_s: _Optional[float] = ..., kv_cache_usage_if_one_leaves_ratio: _Optional[float] = ..., headroom_replicas: _Optional[int] = ..., nodes_waiting: _Optional[_Iterable[str]] = ..., replicas: _Optional[_Iterable[_Union[PoolReplica, _Mapping]]] = ...) -> None: ...
+    replicas_idle: int
+    def __init__(self, cluster: _Optional[str] = ..., model: _Optional[str] = ..., replicas_serving: _Optional[int] = ..., replicas_draining: _Optional[int] = ..., replicas_out: _Optional[int] = ..., kv_cache_usage_mean_ratio: _Optional[float] = ..., kv_cache_usage_max_ratio: _Optional[float] = ..., requests_running: _Optional[float] = ..., requests_waiting: _Optional[float] = ..., preemptions_per_s: _Optional[float] = ..., kv_cache_usage_if_one_leaves_ratio: _Optional[float] = ..., headroom_replicas: _Optional[int] = ..., nodes_waiting: _Optional[_Iterable[str]] = ..., replicas: _Optional[_Iterable[_Union[PoolReplica, _Mapping]]] = ..., replicas_idle: _Optional[int] = ...) -> None: ...
 
 class ListPoolsResponse(_message.Message):
     __slots__ = ("pools", "floor_kv_cache_usage_ratio", "floor_min_serving_replicas", "guard", "formula", "load_class_rule", "server_time_unix_ns", "truncated", "unverified", "unverified_total", "pools_declared")

@@ -91,9 +91,14 @@ def outcome_status_name(value: int) -> str:
 OUTCOME_STATUSES = {outcome_status_name(v): v for v in vocabulary_pb2.OutcomeStatus.values() if v}
 
 ACTIONS = [v.name.removeprefix("ACTION_") for v in vocabulary_pb2.Action.DESCRIPTOR.values][1:]
+# What a node reads as before any report of it was accepted (never a workflow state).
+NO_DATA_HEALTH = "no_data"
+# The repair workflow's states (repair/health.py Health holds the same words).
 HEALTH_STATES = [
-    v.name.removeprefix("NODE_HEALTH_").lower() for v in vocabulary_pb2.NodeHealth.DESCRIPTOR.values
-][1:]
+    name
+    for v in vocabulary_pb2.NodeHealth.DESCRIPTOR.values[1:]
+    if (name := v.name.removeprefix("NODE_HEALTH_").lower()) != NO_DATA_HEALTH
+]
 # The node states that mean "out of service" (cordoned by automation or by a person): defined
 # here once, for the repair workflow (repair/health.py) and every front end alike.
 OUT_OF_SERVICE_STATES = frozenset(

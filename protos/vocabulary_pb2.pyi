@@ -52,6 +52,7 @@ class NodeHealth(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     NODE_HEALTH_QUARANTINED: _ClassVar[NodeHealth]
     NODE_HEALTH_HUMAN_CORDONED: _ClassVar[NodeHealth]
     NODE_HEALTH_WAITING: _ClassVar[NodeHealth]
+    NODE_HEALTH_NO_DATA: _ClassVar[NodeHealth]
 
 class GpuHealth(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -125,6 +126,7 @@ NODE_HEALTH_VALIDATING: NodeHealth
 NODE_HEALTH_QUARANTINED: NodeHealth
 NODE_HEALTH_HUMAN_CORDONED: NodeHealth
 NODE_HEALTH_WAITING: NodeHealth
+NODE_HEALTH_NO_DATA: NodeHealth
 GPU_HEALTH_UNSPECIFIED: GpuHealth
 GPU_HEALTH_OK: GpuHealth
 GPU_HEALTH_WATCH: GpuHealth

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, TypeVar
 import grpc
 
 from gpufleet.aggregator.api.base import Refused
-from gpufleet.protos import fleet_pb2
+from gpufleet.protos import fleet_pb2, vocabulary_pb2
 from gpufleet.protos.names import health_value
 from gpufleet.repair.controller import RepairController
 from gpufleet.repair.gpu_health import gpu_states
@@ -74,7 +74,11 @@ class RepairView:
 
     def with_health(self, summary: fleet_pb2.NodeSummary) -> fleet_pb2.NodeSummary:
         wf = self.workflows().get(summary.node)
-        summary.health = health_value(wf.state if wf else Health.HEALTHY)
+        state = wf.state if wf else Health.HEALTHY
+        # Healthy is a judgement of reports: a node none of whose reports was accepted yet (its
+        # collector just connected, or everything it sends is refused) has nothing to judge.
+        no_data = state == Health.HEALTHY and not summary.last_report_unix_ns
+        summary.health = vocabulary_pb2.NODE_HEALTH_NO_DATA if no_data else health_value(state)
         summary.health_detail = wf.detail if wf else ""
         # The findings live where the controller runs (one box, or the leading replica); another
         # replica has the shared workflow, so a GPU in an open incident still never reads "ok".

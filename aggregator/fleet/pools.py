@@ -39,6 +39,8 @@ log = logging.getLogger("gpufleet.aggregator")
 
 
 UNVERIFIED_LOG_EVERY_S = 60.0  # each node's unverified replicas are logged at most this often
+MAX_NODES_LOGGED = 10  # nodes whose unverified replicas one read logs (the rest counted)
+_FLEET = ""  # the log-throttle key of the fleet-wide "no pool declared" line (no node is named "")
 MAX_UNVERIFIED_LISTED = 200  # in a ListPools answer (the total is always given)
 
 
@@ -90,6 +92,9 @@ class ServingReader:
         return placed
 
     def _count(self, placed: list[ReplicaReading]) -> None:
+        """Count the unverified replicas by why, and log them: with no pool declared, one line for
+        the fleet; else each node's at most once a minute, at most MAX_NODES_LOGGED nodes a read
+        (the rest counted in that read's last line)."""
         by_node: dict[str, list[ReplicaReading]] = {}
         reasons: dict[str, int] = {}
         for r in placed:
@@ -99,29 +104,43 @@ class ServingReader:
         self.unverified_replicas = sum(len(v) for v in by_node.values())
         self.unverified_by_reason = reasons
         mono = time.monotonic()
+        undeclared = {n for n, rs in by_node.items() if all(r.unverified_kind == "not_declared" for r in rs)}
         with self._lock:
-            for node in [n for n in self._logged_s if n not in by_node]:
+            for node in [n for n in self._logged_s if n not in by_node and n != _FLEET]:
                 del self._logged_s[node]  # bounded by the nodes with unverified replicas now
             due = [
                 n
-                for n in by_node
+                for n in [*([_FLEET] if undeclared else []), *sorted(set(by_node) - undeclared)]
                 if mono - self._logged_s.get(n, -UNVERIFIED_LOG_EVERY_S) >= UNVERIFIED_LOG_EVERY_S
             ]
-            for node in due:
+            for node in due:  # each once a minute, named or counted
                 self._logged_s[node] = mono
-        for node in due:
-            replicas = by_node[node]
-            first = replicas[0]
+        logged = due[:MAX_NODES_LOGGED]
+        for node in logged:
+            if node == _FLEET:
+                log.warning(
+                    "%d engine replica(s) on %d node(s) are in no serving pool: no pool is declared (the "
+                    "repair policy's [serving.pools], docs/repair.md), so no drain waits for serving "
+                    "capacity; logged once a minute",
+                    sum(len(by_node[n]) for n in undeclared),
+                    len(undeclared),
+                )
+                continue
+            first = by_node[node][0]
             log.warning(
-                "%d engine replica(s) of node %s are in no serving pool's figures: %s %s:%d claims %r: %s",
-                len(replicas),
+                "%d engine replica(s) of node %s are in no serving pool's figures: %s:%d claims %r: %s",
+                len(by_node[node]),
                 node,
                 first.engine,
-                first.node,
                 first.port,
                 first.pool or first.model,
                 first.unverified,
                 extra={"node": node},
+            )
+        if len(due) > len(logged):
+            log.warning(
+                "... and %d more node(s) with engine replicas no declared pool places (gpufleet pools)",
+                len(due) - len(logged),
             )
 
 
@@ -140,6 +159,7 @@ def pool_pb(pool: Pool, floor: ServingFloor, waiting: set[str], replicas: bool) 
         replicas_serving=pool.count(ReplicaState.SERVING),
         replicas_draining=pool.count(ReplicaState.DRAINING),
         replicas_out=pool.count(ReplicaState.OUT),
+        replicas_idle=pool.count(ReplicaState.IDLE),
         headroom_replicas=pool.headroom_replicas(floor),
         nodes_waiting=sorted({r.node for r in pool.replicas} & waiting),
     )

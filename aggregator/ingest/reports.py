@@ -14,7 +14,7 @@ from gpufleet.aggregator.ingest.budget import NodeBudgets
 from gpufleet.aggregator.ingest.commands import CommandBook
 from gpufleet.aggregator.ingest.fanout import Fanout
 from gpufleet.aggregator.ingest.session import End, IngestLimits, OncePer, Session
-from gpufleet.aggregator.ingest.validation import Checker, Rejection
+from gpufleet.aggregator.ingest.validation import Checker, DroppedPart, Rejection
 from gpufleet.aggregator.ingest.worker_pool import WorkerPool
 from gpufleet.aggregator.ingest.writer import GroupCommitWriter
 from gpufleet.aggregator.metrics import AggregatorMetrics
@@ -49,6 +49,7 @@ class ReportHandling:
         self._fanout = fanout
         self._metrics = metrics
         self._throttle_logged = OncePer(60.0)
+        self._dropped_logged = OncePer(60.0)
 
     async def pace(self, node: str, report: telemetry_pb2.NodeReport, size: int | None = None) -> None:
         """Hold the stream back while the node sends faster than its budget (node_budget.py)."""
@@ -66,6 +67,19 @@ class ReportHandling:
                 extra={"node": node},
             )
         await asyncio.sleep(wait_s)  # rate limiting, not synchronisation: the stream waits its turn
+
+    def _note_dropped(self, node: str, dropped: list[DroppedPart]) -> None:
+        """Parts of a report dropped or marked, the rest kept: counted by reason, logged once a
+        minute a node (the first of them, and how many)."""
+        for part in dropped:
+            self._metrics.parts_dropped.labels(reason=part.reason).inc()
+        if self._dropped_logged.due(node):
+            log.warning(
+                "%s (%d part(s) of this report dropped or marked, the rest stored; logged once a minute)",
+                dropped[0].message,
+                len(dropped),
+                extra={"node": node, "reason": dropped[0].reason},
+            )
 
     def command_result(self, session: Session, msg: ingest_pb2.CollectorMessage) -> None:
         node, result = session.hello.node, msg.command_result
@@ -114,6 +128,11 @@ class ReportHandling:
     ) -> None:
         """Check, store and acknowledge one report; raw: its bytes as they came, if known (a
         worker is handed those, not the report encoded again)."""
+        if report.engines or report.events:
+            dropped = self._checker.drop_inconsistent_parts(report, session.hello)
+            if dropped:
+                raw = None  # changed: the worker is handed the report as kept
+                self._note_dropped(session.hello.node, dropped)
         if report.engines:
             why = self._budgets.admit_series(
                 session.hello.node,

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import math
 import time
+from dataclasses import dataclass
+from typing import Any
 
 import grpc
 
@@ -37,6 +39,24 @@ __all__ = [
     "Checker",
     "Rejection",
 ]
+
+
+@dataclass(frozen=True)
+class DroppedPart:
+    """A part of a report dropped or marked, the rest kept (Checker.drop_inconsistent_parts)."""
+
+    reason: str  # bounded label: gpu_index, engine, timestamp
+    message: str  # names the node, the report, the part and what was done
+
+
+def _keep_only(repeated: Any, keep: list[Any]) -> None:
+    """A repeated message field left holding only `keep` (copies: deleting from a repeated field
+    would free the messages `keep` refers to)."""
+    copies = [type(m)() for m in keep]
+    for copy, m in zip(copies, keep, strict=True):
+        copy.CopyFrom(m)
+    del repeated[:]
+    repeated.extend(copies)
 
 
 def _invalid(reason: str, message: str) -> Rejection:
@@ -115,9 +135,98 @@ class Checker:
         now_ns = now_ns or time.time_ns()
         self._check_envelope(report, hello, where, report.ByteSize() if size is None else size, now_ns)
         gpu_rows = self._gpu_rows(report, hello, where)
-        self._check_engines(report, len(hello.gpus), where)
-        self._check_events(report, len(hello.gpus), where, now_ns)
+        self.drop_inconsistent_parts(report, hello, now_ns)  # ingest did, before: finds nothing
         return self._converter.convert(report, gpu_rows)
+
+    def drop_inconsistent_parts(
+        self, report: telemetry_pb2.NodeReport, hello: ingest_pb2.Hello, now_ns: int | None = None
+    ) -> list[DroppedPart]:
+        """One inconsistent part never silences a node (docs/security.md "Parts dropped, reports
+        kept"): the report is changed in place, each part that disagrees with the stream is
+        dropped or marked, and what was done is returned for the caller to count and log; the
+        rest of the report is stored and acknowledged. Ingest calls it in the main process,
+        before a report goes to the writer or a worker, so the live view and the store see the
+        same report.
+
+        - an engine naming a GPU the hello did not declare keeps its readings without that GPU
+          (a node whose NVML did not start still reports its engines' KV-cache);
+        - an engine a second time (same engine, model and port) is dropped: one point per
+          replica and report, a second would overwrite the first;
+        - an event for a GPU the hello did not declare stays, as the node's (its GPU index cleared);
+        - an event outside the accepted time window is dropped (it cannot be stored at a time
+          the store refuses); a folded XID whose first time is after its last keeps its last.
+        """
+        where = f"node {hello.node!r}: report seq {report.seq}"
+        gpu_count = len(hello.gpus)
+        dropped: list[DroppedPart] = []
+        seen: set[tuple[str, str, int]] = set()
+        keep_engines = []
+        for eng in report.engines:
+            key = (eng.engine, eng.model, eng.port)
+            if key in seen:
+                dropped.append(
+                    DroppedPart("engine", f"{where} has engine {eng.engine}:{eng.port} twice: dropped")
+                )
+                continue
+            seen.add(key)
+            bad = [i for i in eng.gpu_indices if i >= gpu_count]
+            if bad:
+                dropped.append(
+                    DroppedPart(
+                        "gpu_index",
+                        f"{where} engine {eng.engine}:{eng.port} names GPU {bad[0]}; the node declared "
+                        f"{gpu_count}: kept without GPU(s) {bad}",
+                    )
+                )
+                kept = [i for i in eng.gpu_indices if i < gpu_count]
+                del eng.gpu_indices[:]
+                eng.gpu_indices.extend(kept)
+            keep_engines.append(eng)
+        if len(keep_engines) != len(report.engines):
+            _keep_only(report.engines, keep_engines)
+        if report.events:
+            dropped += self._drop_events(report, gpu_count, where, now_ns or time.time_ns())
+        return dropped
+
+    def _drop_events(
+        self, report: telemetry_pb2.NodeReport, gpu_count: int, where: str, now_ns: int
+    ) -> list[DroppedPart]:
+        oldest_ns, newest_ns = self._window(now_ns)
+        dropped: list[DroppedPart] = []
+        keep = []
+        for ev in report.events:
+            if ev.time_unix_ns and not oldest_ns <= ev.time_unix_ns <= newest_ns:
+                dropped.append(
+                    DroppedPart(
+                        "timestamp", self._time_message(where, "has an event at", ev.time_unix_ns, now_ns)
+                    )
+                )
+                continue
+            if ev.HasField("gpu_index") and ev.gpu_index >= gpu_count:
+                dropped.append(
+                    DroppedPart(
+                        "gpu_index",
+                        f"{where} has an event for GPU {ev.gpu_index}; the node declared {gpu_count}: "
+                        "kept as the node's",
+                    )
+                )
+                ev.ClearField("gpu_index")
+            if ev.first_time_unix_ns and not oldest_ns <= ev.first_time_unix_ns <= (
+                ev.time_unix_ns or newest_ns
+            ):
+                dropped.append(
+                    DroppedPart(
+                        "timestamp",
+                        f"{where} has a folded XID {ev.xid} whose first occurrence "
+                        f"first_time_unix_ns={ev.first_time_unix_ns} is after its last or outside the "
+                        "accepted range: kept with its last",
+                    )
+                )
+                ev.first_time_unix_ns = 0
+            keep.append(ev)
+        if len(keep) != len(report.events):
+            _keep_only(report.events, keep)
+        return dropped
 
     def _window(self, now_ns: int) -> tuple[int, int]:
         """The oldest and newest times a report or event may carry."""
@@ -231,46 +340,6 @@ class Checker:
                     f"{where} has GPU {ident[0]} as uuid {ident[1]!r}, model {ident[2]!r}; the hello "
                     f"declared uuid {uuid!r}, model {model!r}. A GPU's identity is the one its "
                     "collector said hello with (a new GPU is a new collector start)",
-                )
-
-    @staticmethod
-    def _check_engines(report: telemetry_pb2.NodeReport, gpu_count: int, where: str) -> None:
-        engines: set[tuple[str, str, int]] = set()
-        for eng in report.engines:
-            key = (eng.engine, eng.model, eng.port)
-            if key in engines:  # one point per engine replica and report: a second would overwrite it
-                raise _invalid("engine", f"{where} has engine {eng.engine}:{eng.port} ({eng.model!r}) twice")
-            engines.add(key)
-            for i in eng.gpu_indices:
-                if i >= gpu_count:
-                    raise _invalid(
-                        "gpu_index",
-                        f"{where} engine {eng.engine}:{eng.port} names GPU {i}; "
-                        f"the node declared {gpu_count}",
-                    )
-
-    def _check_events(
-        self, report: telemetry_pb2.NodeReport, gpu_count: int, where: str, now_ns: int
-    ) -> None:
-        oldest_ns, newest_ns = self._window(now_ns)
-        for ev in report.events:
-            if ev.HasField("gpu_index") and ev.gpu_index >= gpu_count:
-                raise _invalid(
-                    "gpu_index", f"{where} has an event for GPU {ev.gpu_index}; the node declared {gpu_count}"
-                )
-            if ev.time_unix_ns and not oldest_ns <= ev.time_unix_ns <= newest_ns:
-                raise _invalid(
-                    "timestamp", self._time_message(where, "has an event at", ev.time_unix_ns, now_ns)
-                )
-            if ev.first_time_unix_ns and not oldest_ns <= ev.first_time_unix_ns <= (
-                ev.time_unix_ns or newest_ns
-            ):
-                raise _invalid(
-                    "timestamp",
-                    f"{where} has a folded XID {ev.xid} whose first occurrence "
-                    f"first_time_unix_ns={ev.first_time_unix_ns} is after its last "
-                    f"(time_unix_ns={ev.time_unix_ns}) or outside the accepted range; "
-                    "the collector folds identical XIDs as first..last",
                 )
 
     def _time_message(self, where: str, verb: str, ts: int, now_ns: int) -> str:

@@ -25,6 +25,12 @@ class ServingSettings:
         "the event loop that acknowledges reports, and shared by every scrape meanwhile (its age is "
         "gpufleet_metrics_snapshot_age_seconds); 0: computed for every scrape",
     )
+    metrics_max_scrapes_per_s: float = setting(
+        10.0,
+        "/metrics answers at most this many scrapes a second, all scrapers together (one over waits "
+        "its turn, or is answered 503 when that is over 10 s away): unauthenticated scrapers in a "
+        "loop cannot take the cores ingest runs on; 0: unpaced",
+    )
     data_dir: str = setting("/var/lib/gpufleet", "where the embedded store and state live")
     secrets_file: str = setting(
         "",
@@ -92,6 +98,10 @@ class ServingSettings:
         require(
             0 <= self.metrics_snapshot_s <= 300,
             f"metrics_snapshot_s={self.metrics_snapshot_s:g} must be from 0 to 300 seconds",
+        )
+        require(
+            0 <= self.metrics_max_scrapes_per_s <= 10_000,
+            f"metrics_max_scrapes_per_s={self.metrics_max_scrapes_per_s:g} must be from 0 to 10000",
         )
         require(bool(self.tls_cert) == bool(self.tls_key), "tls_cert and tls_key must be given together")
         require(

@@ -82,4 +82,11 @@ class GpuMissingFromDriver(Rule):
         if on_bus is None or on_bus <= snap.gpu_count:
             return []
         evidence = f"{on_bus} NVIDIA GPUs on the PCI bus, NVML lists {snap.gpu_count}"
+        if not snap.gpu_count:
+            # The collector's NVML never started (collector/sources/nvml_start.py): the driver
+            # did not answer its start or its load, so no GPU of the node is visible to NVML.
+            evidence = (
+                f"{on_bus} NVIDIA GPUs on the PCI bus, NVML lists none: the driver has not answered "
+                "NVML's start"
+            )
         return [entry.finding(snap.node, None, self.name, evidence, snap.sample_time_ns or now_ns)]

@@ -31,3 +31,29 @@ def nvml_standin_so(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The C stand-in NVML library (collector/simnvml/clibrary.py), built once a session with
     the system C compiler."""
     return build(tmp_path_factory.mktemp("nvml-standin"))
+
+
+# A driver library whose load never returns: its constructor blocks in C, inside the dlopen that
+# pynvml's _LoadNvmlLibrary makes while it holds pynvml's libLoadLock (and glibc its loader lock),
+# as a libnvidia-ml stuck loading does.
+STUCK_LOAD_SOURCE = """
+#include <unistd.h>
+__attribute__((constructor)) static void stuck_loading(void) { for (;;) pause(); }
+"""
+
+
+@pytest.fixture(scope="session")
+def stuck_nvml_load_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A folder holding a libnvidia-ml.so.1 whose load never returns (LD_LIBRARY_PATH for a
+    collector run with --sim-nvml-real-load), built with the system C compiler."""
+    import subprocess
+
+    folder = tmp_path_factory.mktemp("stuck-nvml-load")
+    source = folder / "stuck.c"
+    source.write_text(STUCK_LOAD_SOURCE)
+    subprocess.run(
+        ["cc", "-shared", "-fPIC", "-o", str(folder / "libnvidia-ml.so.1"), str(source)],
+        check=True,
+        capture_output=True,
+    )
+    return folder

@@ -206,27 +206,69 @@ def test_a_driver_stuck_with_its_lock_held_is_reported_for_every_gpu_and_sigterm
 
 
 @pytest.mark.slow
-def test_a_driver_that_hangs_at_nvml_init_is_reported_instead_of_hanging_the_start(
-    cluster: Cluster, nvml_standin_so: Path
+def test_a_serving_node_whose_driver_hangs_at_start_in_c_is_reported_flagged_and_stops_on_sigterm(
+    cluster: Cluster, nvml_standin_so: Path, stuck_nvml_load_dir: Path
 ) -> None:
+    """Two serving nodes whose NVML never starts, each with an inference engine (the case that went
+    silent: its engine named GPUs the node could not declare): one whose nvmlInit blocks in C
+    in the C stand-in, one whose libnvidia-ml.so.1 never finishes loading (blocked in C inside
+    the dlopen pynvml makes holding its own libLoadLock, glibc holding its loader lock). Each is
+    reported (no GPUs from NVML beside the eight on its PCI bus, its engine's KV-cache kept),
+    flagged gpu_missing_from_driver within the rule's window plus an interval, its /ready and
+    its node page say NVML is stuck, and SIGTERM ends its collector within 5 s."""
+    from harness.engine_endpoint import EngineEndpoint
+
     policy = FAST_POLICY + "\n[rules.gpu_missing_from_driver]\nwindow_s = 2.0\n"
     # Full passes every second: the rule reads the node's counts, not a watched GPU field.
     agg = repair_aggregator(cluster, "--repair-observe-interval-s", "1", policy=policy)
-    node = "init-hang-01"
-    collector = _collector(cluster, agg, node, nvml_standin_so, "--sim-nvml-init-hang-s", "600")
+    engines = {n: EngineEndpoint(0.5, model="m") for n in ("init-hang-01", "load-hang-01")}
+    try:
+        serving = ("--engines", f"{engines['init-hang-01'].url} gpus=0,1")
+        collectors = {
+            "init-hang-01": _collector(
+                cluster, agg, "init-hang-01", nvml_standin_so, "--sim-nvml-init-hang-s", "600", *serving
+            ),
+            "load-hang-01": cluster.collector(
+                "load-hang-01",
+                agg.ingest,
+                "--interval-s",
+                str(INTERVAL_S),
+                "--nvml-deadline-s",
+                str(DEADLINE_S),
+                "--sim-nvml-real-load",
+                "--engines",
+                f"{engines['load-hang-01'].url} gpus=0,1",
+                env={"LD_LIBRARY_PATH": str(stuck_nvml_load_dir)},
+            ),
+        }
+        for node, collector in collectors.items():
 
-    def codes() -> set[str]:
-        return {f["code"] for i in incidents(agg, cluster, "--node", node) for f in i["findings"]}
+            def codes(node: str = node) -> set[str]:
+                return {f["code"] for i in incidents(agg, cluster, "--node", node) for f in i["findings"]}
 
-    wait_until(
-        lambda: "gpu_missing_from_driver" in codes(), 30, "gpu_missing_from_driver for the stuck start"
-    )
-    summary = _summary(agg, cluster, node)
-    assert summary.liveness == vocabulary_pb2.LIVENESS_REPORTING and not summary.gpus, summary
-    assert "NVML has not answered its start" in collector.log()
-    status, ready = _probe(collector, "/ready")
-    assert status == 200 and "NVML has not answered its start" in ready["note"], ready
-    started = time.monotonic()
-    collector.popen.terminate()
-    collector.popen.wait(timeout=30)
-    assert time.monotonic() - started < 5.0 and collector.popen.returncode == 0, collector.log()[-2000:]
+            wait_until(lambda codes=codes: "gpu_missing_from_driver" in codes(), 30, f"{node} flagged")
+            summary = _summary(agg, cluster, node)
+            assert summary.liveness == vocabulary_pb2.LIVENESS_REPORTING and not summary.gpus, summary
+            assert summary.gpus_on_pci_bus == 8
+            detail = agg.fleet_stub().GetNode(
+                fleet_pb2.GetNodeRequest(node=node), metadata=bearer(cluster.secrets.tokens["viewer"])
+            )
+            (engine,) = detail.engines
+            assert engine.kv_cache_usage_ratio == 0.5 and not engine.gpu_indices, engine
+            assert "NVML has not answered its start" in collector.log()
+            page = gpufleet_cli(agg, cluster, "viewer", "node", node).stdout
+            assert "NVML lists none: the driver has not answered NVML's start" in page, page
+            status, ready = _probe(collector, "/ready")
+            assert status == 200 and "NVML has not answered its start" in ready["note"], ready
+            nodes = json.loads(gpufleet_cli(agg, cluster, "viewer", "nodes", "--json").stdout)["nodes"]
+            shown = next(n for n in nodes if n["node"] == node)
+            assert shown["liveness"] == "reporting" and shown["health"] != "healthy", shown
+        for collector in collectors.values():
+            started = time.monotonic()
+            collector.popen.terminate()
+            collector.popen.wait(timeout=30)
+            took_s = time.monotonic() - started
+            assert took_s < 5.0 and collector.popen.returncode == 0, (took_s, collector.log()[-2000:])
+    finally:
+        for endpoint in engines.values():
+            endpoint.close()

@@ -33,7 +33,8 @@ class InProcessAggregator:
             ingest_listen="127.0.0.1:0",
             fleet_listen="127.0.0.1:0",
             metrics_listen="127.0.0.1:0",
-            **{"metrics_snapshot_s": 0.0, **settings},  # tests read counters as they change
+            # Tests read counters as they change, polling: computed for each scrape, unpaced.
+            **{"metrics_snapshot_s": 0.0, "metrics_max_scrapes_per_s": 0.0, **settings},
         )
         self.loop = asyncio.new_event_loop()
         started: dict[str, Any] = {}

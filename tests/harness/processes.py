@@ -196,9 +196,9 @@ class Cluster:
             # (tests/ingest/test_end_to_end.py, tests/store/test_store_outage.py) ask for.
             extra = (*extra, "--ingest-workers", "0")
         if "--metrics-snapshot-s" not in extra:
-            # Tests read counters as they change: /metrics computed for each scrape unless the test
-            # is about the snapshot (tests/security/test_serving_pools_trust.py).
-            extra = (*extra, "--metrics-snapshot-s", "0")
+            # Tests read counters as they change, polling: /metrics computed for each scrape, and
+            # unpaced, unless the test is about that (tests/security/test_serving_pools_trust.py).
+            extra = (*extra, "--metrics-snapshot-s", "0", "--metrics-max-scrapes-per-s", "0")
         ready = self.tmp / f"{name}.ready.json"
         ready.unlink(missing_ok=True)
         proc = self.spawn(
@@ -238,7 +238,9 @@ class Cluster:
             raise
         return AggregatorHandle(proc, bound["ingest"], bound["fleet"], bound["metrics"], data_dir)
 
-    def collector(self, node: str, ingest: str, *extra: str, token: str | None = None) -> Proc:
+    def collector(
+        self, node: str, ingest: str, *extra: str, token: str | None = None, env: dict[str, str] | None = None
+    ) -> Proc:
         return self.spawn(
             node,
             gpufleet_argv(
@@ -256,7 +258,8 @@ class Cluster:
                 *extra,
             ),
             env={
-                "GPUFLEET_COLLECTOR_TOKEN": token if token is not None else self.secrets.collector_token(node)
+                "GPUFLEET_COLLECTOR_TOKEN": self.secrets.collector_token(node) if token is None else token,
+                **(env or {}),
             },
         )
 

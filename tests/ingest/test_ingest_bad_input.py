@@ -337,10 +337,6 @@ BAD_REPORT_FIELDS = [
      "gpus[0].power_w=inf, which is not a finite number", "bad_value"),
     ("minus_inf", lambda r: setattr(r.gpus[0], "temp_gpu_c", float("-inf")), grpc.StatusCode.INVALID_ARGUMENT,
      "gpus[0].temp_gpu_c=-inf, which is not a finite number", "bad_value"),
-    ("engine_gpu_out_of_range", lambda r: _engines(r, 1, gpu=9), grpc.StatusCode.INVALID_ARGUMENT,
-     "engine vllm:8000 names GPU 9; the node declared 8", "gpu_index"),
-    ("event_gpu_out_of_range", lambda r: r.events.add(gpu_index=9, xid=79), grpc.StatusCode.INVALID_ARGUMENT,
-     "has an event for GPU 9; the node declared 8", "gpu_index"),
     ("too_many_engines", lambda r: _engines(r, 65), grpc.StatusCode.RESOURCE_EXHAUSTED,
      "has 65 engines and 0 events; limits are 64 and 1000", "oversized"),
     ("too_many_events", lambda r: [r.events.add() for _ in range(1001)], grpc.StatusCode.RESOURCE_EXHAUSTED,
@@ -381,3 +377,58 @@ def test_each_refusal_names_its_field_and_is_counted_by_reason(
     assert list(s.recv().ack.seqs) == [2], "the stream goes on"
     s.close()
     assert agg.metric_value("gpufleet_ingest_rejections_total", reason=reason) == before + 1
+
+
+def _xid(r: object, **fields: object) -> None:
+    from gpufleet.protos import vocabulary_pb2
+
+    r.events.add(  # type: ignore[attr-defined]
+        kind=vocabulary_pb2.EVENT_KIND_XID,
+        xid=79,
+        **{"time_unix_ns": r.time_unix_ns, **fields},  # type: ignore[attr-defined]
+    )
+
+
+# Parts that disagree with their stream (docs/security.md "Parts dropped, reports kept"): the
+# part is dropped or marked, counted by reason, and the rest of the report stored and acked.
+# Each with what the node's live view then shows: its engines' GPU indices, its XID events' GPUs.
+DROPPED_PARTS = [
+    ("engine_gpu_out_of_range", lambda r: _engines(r, 1, gpu=9), "gpu_index", [[]], []),
+    ("engine_twice", lambda r: (_engines(r, 1), _engines(r, 1)), "engine", [[0]], []),
+    ("event_gpu_out_of_range", lambda r: _xid(r, gpu_index=9), "gpu_index", [], [None]),
+    ("event_out_of_window", lambda r: _xid(r, time_unix_ns=r.time_unix_ns - 30 * 86400 * 10**9), "timestamp",
+     [], []),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "name,change,reason,engines,xid_gpus", DROPPED_PARTS, ids=[d[0] for d in DROPPED_PARTS]
+)
+def test_an_inconsistent_part_is_dropped_or_marked_and_the_rest_of_the_report_stored(
+    env: tuple[Cluster, AggregatorHandle],
+    name: str,
+    change: object,
+    reason: str,
+    engines: list[list[int]],
+    xid_gpus: list[int | None],
+) -> None:
+    from gpufleet.protos import fleet_pb2
+    from harness.fleet_api import bearer
+
+    cluster, agg = env
+    node = f"node-{name}".replace("_", "-")
+    before = agg.metric_value("gpufleet_ingest_report_parts_dropped_total", reason=reason)
+    s = stream_for(cluster, agg, node)
+    msg = report(node, 1)
+    change(msg.report)  # type: ignore[operator]
+    s.send(msg)
+    assert list(s.recv().ack.seqs) == [1], "the report is stored and acknowledged"
+    s.close()
+    assert agg.metric_value("gpufleet_ingest_report_parts_dropped_total", reason=reason) == before + 1
+    detail = agg.fleet_stub().GetNode(
+        fleet_pb2.GetNodeRequest(node=node), metadata=bearer(cluster.secrets.tokens["viewer"])
+    )
+    assert len(detail.summary.gpus) == 8, "the GPU samples stored"
+    assert [list(e.gpu_indices) for e in detail.engines] == engines
+    xids = [e for e in detail.recent_events if e.xid == 79]
+    assert [e.gpu_index if e.HasField("gpu_index") else None for e in xids] == xid_gpus

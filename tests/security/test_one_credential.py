@@ -114,8 +114,12 @@ def test_one_tokens_concurrent_large_hellos_cost_bounded_memory_and_it_is_given_
         f"one token, 4 rounds of 200 concurrent 3.9 MiB hellos: idle {idle_kib / 1024:.0f} MiB; "
         f"(peak, after) above idle, MiB: {[(round(p, 1), round(a, 1)) for p, a in rounds]}"
     )
+    # The peak is what is in flight, not what is kept: up to max_hellos_per_node Hellos read
+    # (4 x 3.9 MiB) and gRPC's receive buffers of the 200 streams until each is refused, which
+    # move with timing. Beside two busy cores, 80 rounds measured 11-64 MiB (docs/security.md
+    # "Before authentication"); a flood whose messages were kept would be 780 MiB.
     for peak_mib, _ in rounds:
-        assert peak_mib <= 64, f"200 concurrent 3.9 MiB hellos of one token grew it {peak_mib:.0f} MiB"
+        assert peak_mib <= 96, f"200 concurrent 3.9 MiB hellos of one token grew it {peak_mib:.0f} MiB"
     # Within 32 MiB of idle after every round (the allocator's and gRPC's pools): a flood whose
     # messages were kept (16 MiB a round) would pass that by the third.
     fine = RawStream(agg.ingest, token)

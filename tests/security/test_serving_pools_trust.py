@@ -308,3 +308,36 @@ def metrics_lines(agg: AggregatorHandle) -> list[str]:
 
     text = urllib.request.urlopen(f"http://{agg.metrics}/metrics", timeout=5).read().decode()
     return [line for line in text.splitlines() if line and not line.startswith("#")]
+
+
+def test_concurrent_scrapers_share_one_snapshot_and_are_paced(cluster: Cluster) -> None:
+    """16 unauthenticated scrapers in a loop (docs/security.md "Serving pools and the capacity
+    guard"): the exposition is computed at most once per metrics_snapshot_s however many scrape,
+    and answers are paced to metrics_max_scrapes_per_s (a scrape over the pace waits its turn)."""
+    import urllib.request
+
+    agg = cluster.aggregator(
+        "aggregator", 0, 0, None, "--metrics-snapshot-s", "5", "--metrics-max-scrapes-per-s", "50"
+    )
+    statuses: list[int] = []
+    lock = threading.Lock()
+
+    def scrape_loop() -> None:
+        for _ in range(8):
+            with urllib.request.urlopen(f"http://{agg.metrics}/metrics", timeout=30) as answer:
+                answer.read()
+                with lock:
+                    statuses.append(answer.status)
+
+    started = time.monotonic()
+    scrapers = [threading.Thread(target=scrape_loop) for _ in range(16)]
+    for t in scrapers:
+        t.start()
+    for t in scrapers:
+        t.join(60)
+    elapsed_s = time.monotonic() - started
+    assert statuses == [200] * 128, "every scrape answered: the queue stayed within its bound"
+    assert elapsed_s >= 127 / 50, "paced: at most 50 answers a second, all scrapers together"
+    computed = agg.metric_value("gpufleet_metrics_snapshots_computed_total")
+    assert computed <= elapsed_s / 5 + 2, (computed, elapsed_s)
+    assert agg.metric_value("gpufleet_metrics_snapshot_age_seconds") <= 5.5

@@ -1,0 +1,41 @@
+"""Memory a burst leaves behind, given back (docs/security.md "Before authentication").
+
+glibc's malloc serves a request of at least M_MMAP_THRESHOLD with its own mmap, returned to the
+system when freed; but by default the threshold moves: freeing such a block raises it to that
+block's size (up to 32 MiB), so the next ones of that size come from the heap's arenas, whose
+free memory the system gets back only when it is at the top of an arena. A flood of large
+messages (one credential's 3.9 MiB Hellos, refused as soon as read; gRPC's receive buffers for
+them) then leaves tens of MiB of RSS behind after every byte of it is freed. Fixing the
+threshold (mallopt turns the moving off) keeps every block of 256 KiB or more in an mmap of its
+own, given back when freed. Written here rather than left to MALLOC_MMAP_THRESHOLD_ in the
+environment so that the aggregator is right however it is started; a no-op where the C library
+is not glibc."""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import logging
+
+log = logging.getLogger("gpufleet.memory")
+
+M_MMAP_THRESHOLD = -3  # glibc's malloc.h
+MMAP_THRESHOLD_BYTES = 256 * 1024
+
+
+def fix_mmap_threshold(threshold_bytes: int = MMAP_THRESHOLD_BYTES) -> bool:
+    """Fix glibc's mmap threshold (True when set; False where there is no glibc mallopt)."""
+    name = ctypes.util.find_library("c")
+    if not name:
+        return False
+    try:
+        mallopt = ctypes.CDLL(name).mallopt
+    except (OSError, AttributeError):
+        return False
+    mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
+    if mallopt(M_MMAP_THRESHOLD, threshold_bytes) != 1:
+        log.warning(
+            "mallopt(M_MMAP_THRESHOLD, %d) was refused: large blocks may stay after a burst", threshold_bytes
+        )
+        return False
+    return True
