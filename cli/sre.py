@@ -21,6 +21,7 @@ from gpufleet.client.present import (
     event_row,
     event_what,
     events_csv,
+    every_replica,
     fmt,
     gib_of,
     gpu_health,
@@ -517,12 +518,9 @@ def print_unverified(resp: fleet_pb2.ListPoolsResponse) -> None:
 def print_engines(resp: fleet_pb2.ListPoolsResponse, as_json: bool) -> None:
     """`gpufleet engines`: every engine replica the aggregator knows, by node, with its pressure
     and the load class the aggregator gave it (the pools' replicas, one row each)."""
-    replicas = sorted(
-        ((p, r) for p in resp.pools for r in p.replicas),
-        key=lambda pr: (pr[1].node, pr[1].engine, pr[1].port),
-    )
+    replicas = every_replica(resp)
     if as_json:
-        rows = [{"cluster": p.cluster, "model": p.model, **message_fields(r)} for p, r in replicas]
+        rows = [{"cluster": cluster, "model": model, **message_fields(r)} for cluster, model, r in replicas]
         print(json.dumps({"engines": rows, "truncated": resp.truncated}, indent=2))
         return
     if not replicas:
@@ -534,7 +532,7 @@ def print_engines(resp: fleet_pb2.ListPoolsResponse, as_json: bool) -> None:
                 [
                     r.node,
                     r.engine,
-                    p.model,
+                    model,
                     r.port,
                     r.state,
                     percent(opt(r, "kv_cache_usage_ratio")),
@@ -542,12 +540,16 @@ def print_engines(resp: fleet_pb2.ListPoolsResponse, as_json: bool) -> None:
                     fmt(opt(r, "requests_waiting")),
                     r.load_class + (f" ({r.unreadable_reason})" if r.load_class == "unreadable" else ""),
                 ]
-                for p, r in replicas
+                for _, model, r in replicas
             ],
             headers=["NODE", "ENGINE", "MODEL", "PORT", "STATE", "KV %", "RUNNING", "WAITING", "CLASS"],
         )
     )
-    print(f"\n{len(replicas)} replicas in {len(resp.pools)} pools; `gpufleet pools` sums them per model")
+    unverified = sum(1 for _, _, r in replicas if r.state == "unverified")
+    print(
+        f"\n{len(replicas)} replicas, {len(replicas) - unverified} in {len(resp.pools)} declared pools "
+        f"(`gpufleet pools` sums them per pool); {unverified} unverified: in no pool's figures"
+    )
 
 
 def _known_nodes(client: FleetClient, nodes: list[str]) -> None:

@@ -205,6 +205,15 @@ def percent(ratio: float | None) -> str:
     return "none left" if math.isinf(ratio) else f"{100 * ratio:.0f}"
 
 
+def every_replica(resp: fleet_pb2.ListPoolsResponse) -> list[tuple[str, str, fleet_pb2.PoolReplica]]:
+    """(cluster, pool, replica) of every engine replica in a ListPools answer, by node, engine and
+    port: the pools' (under the pool's name) and those no declared pool places (under the model
+    they report, state "unverified")."""
+    rows = [(p.cluster, p.model, r) for p in resp.pools for r in p.replicas]
+    rows += [(u.cluster, u.model, u.replica) for u in resp.unverified if u.HasField("replica")]
+    return sorted(rows, key=lambda row: (row[2].node, row[2].engine, row[2].port))
+
+
 def pool_row(p: fleet_pb2.ServingPool) -> dict[str, Any]:
     """One serving pool for --json and the dashboard: every figure the aggregator computed."""
     row = {k: finite(v) if isinstance(v, float) else v for k, v in message_fields(p).items()}

@@ -10,6 +10,7 @@ from gpufleet.client.present import (
     EVENT_COLUMNS,
     describe_projection,
     event_row,
+    every_replica,
     finite,
     gpu_health,
     node_row,
@@ -317,30 +318,27 @@ def pools_frame(resp: fleet_pb2.ListPoolsResponse) -> pd.DataFrame:
 
 
 def replicas_frame(resp: fleet_pb2.ListPoolsResponse) -> pd.DataFrame:
-    """One row per engine replica in the fleet, with its GPUs' mean utilization and the load
-    class the aggregator gave it."""
-    rows = []
-    for p in resp.pools:
-        for r in p.replicas:
-            rows.append(
-                {
-                    "node": r.node,
-                    "engine": r.engine,
-                    "model": p.model,
-                    "cluster": p.cluster,
-                    "port": r.port,
-                    "GPUs": ",".join(str(i) for i in r.gpu_indices),
-                    "state": r.state,
-                    "GPU util %": _rounded(opt(r, "gpu_util_pct"), 1),
-                    "KV-cache usage %": _percent(opt(r, "kv_cache_usage_ratio")),
-                    "running": opt(r, "requests_running"),
-                    "waiting": opt(r, "requests_waiting"),
-                    "preemptions": opt(r, "preemptions_total"),
-                    "class": r.load_class,
-                    "status": f"unreadable: {r.unreadable_reason}" if r.load_class == "unreadable" else "ok",
-                }
-            )
-    rows.sort(key=lambda row: (row["node"], row["engine"], row["port"]))
+    """One row per engine replica in the fleet (those no declared pool places too, their state
+    "unverified"), with its GPUs' mean utilization and the load class the aggregator gave it."""
+    rows = [
+        {
+            "node": r.node,
+            "engine": r.engine,
+            "model": model,
+            "cluster": cluster,
+            "port": r.port,
+            "GPUs": ",".join(str(i) for i in r.gpu_indices),
+            "state": r.state,
+            "GPU util %": _rounded(opt(r, "gpu_util_pct"), 1),
+            "KV-cache usage %": _percent(opt(r, "kv_cache_usage_ratio")),
+            "running": opt(r, "requests_running"),
+            "waiting": opt(r, "requests_waiting"),
+            "preemptions": opt(r, "preemptions_total"),
+            "class": r.load_class,
+            "status": f"unreadable: {r.unreadable_reason}" if r.load_class == "unreadable" else "ok",
+        }
+        for cluster, model, r in every_replica(resp)
+    ]
     return pd.DataFrame(rows, columns=REPLICA_COLUMNS)
 
 

@@ -333,20 +333,26 @@ class ListPoolsResponse(_message.Message):
     def __init__(self, pools: _Optional[_Iterable[_Union[ServingPool, _Mapping]]] = ..., floor_kv_cache_usage_ratio: _Optional[float] = ..., floor_min_serving_replicas: _Optional[int] = ..., guard: _Optional[bool] = ..., formula: _Optional[str] = ..., load_class_rule: _Optional[str] = ..., server_time_unix_ns: _Optional[int] = ..., truncated: _Optional[bool] = ..., unverified: _Optional[_Iterable[_Union[UnverifiedReplica, _Mapping]]] = ..., unverified_total: _Optional[int] = ..., pools_declared: _Optional[int] = ...) -> None: ...
 
 class UnverifiedReplica(_message.Message):
-    __slots__ = ("node", "engine", "port", "claimed", "reason", "kind")
+    __slots__ = ("node", "engine", "port", "claimed", "reason", "kind", "cluster", "model", "replica")
     NODE_FIELD_NUMBER: _ClassVar[int]
     ENGINE_FIELD_NUMBER: _ClassVar[int]
     PORT_FIELD_NUMBER: _ClassVar[int]
     CLAIMED_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
     KIND_FIELD_NUMBER: _ClassVar[int]
+    CLUSTER_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    REPLICA_FIELD_NUMBER: _ClassVar[int]
     node: str
     engine: str
     port: int
     claimed: str
     reason: str
     kind: str
-    def __init__(self, node: _Optional[str] = ..., engine: _Optional[str] = ..., port: _Optional[int] = ..., claimed: _Optional[str] = ..., reason: _Optional[str] = ..., kind: _Optional[str] = ...) -> None: ...
+    cluster: str
+    model: str
+    replica: PoolReplica
+    def __init__(self, node: _Optional[str] = ..., engine: _Optional[str] = ..., port: _Optional[int] = ..., claimed: _Optional[str] = ..., reason: _Optional[str] = ..., kind: _Optional[str] = ..., cluster: _Optional[str] = ..., model: _Optional[str] = ..., replica: _Optional[_Union[PoolReplica, _Mapping]] = ...) -> None: ...
 
 class DrainProjection(_message.Message):
     __slots__ = ("cluster", "model", "replicas_now", "replicas_after", "kv_cache_usage_now_ratio", "kv_cache_usage_after_ratio", "below_floor")

@@ -175,25 +175,34 @@ def pool_pb(pool: Pool, floor: ServingFloor, waiting: set[str], replicas: bool) 
     )
     if replicas:
         for r, state in zip(pool.replicas, pool.states, strict=True):
-            rep = msg.replicas.add(
-                node=r.node,
-                engine=r.engine,
-                port=r.port,
-                gpu_indices=r.gpu_indices,
-                state=state.value,
-                load_class=r.load_class,
-                unreadable_reason=r.unreadable_reason,
-            )
-            _set(
-                rep,
-                kv_cache_usage_ratio=r.kv_cache_usage_ratio,
-                requests_running=r.requests_running,
-                requests_waiting=r.requests_waiting,
-                preemptions_total=r.preemptions_total,
-                preemptions_per_s=r.preemptions_per_s,
-                gpu_util_pct=r.gpu_util_pct,
-            )
+            msg.replicas.append(replica_pb(r, state.value))
     return msg
+
+
+UNVERIFIED_STATE = "unverified"  # a replica's state word where no declared pool counts it
+
+
+def replica_pb(r: ReplicaReading, state: str) -> fleet_pb2.PoolReplica:
+    """One replica's readings as the Fleet API answers them."""
+    rep = fleet_pb2.PoolReplica(
+        node=r.node,
+        engine=r.engine,
+        port=r.port,
+        gpu_indices=r.gpu_indices,
+        state=state,
+        load_class=r.load_class,
+        unreadable_reason=r.unreadable_reason,
+    )
+    _set(
+        rep,
+        kv_cache_usage_ratio=r.kv_cache_usage_ratio,
+        requests_running=r.requests_running,
+        requests_waiting=r.requests_waiting,
+        preemptions_total=r.preemptions_total,
+        preemptions_per_s=r.preemptions_per_s,
+        gpu_util_pct=r.gpu_util_pct,
+    )
+    return rep
 
 
 def list_pools(
@@ -225,14 +234,18 @@ def list_pools(
         pools_declared=len(policy.placement.pools),
     )
     for r in pools.unverified[:MAX_UNVERIFIED_LISTED]:
-        resp.unverified.add(
+        entry = resp.unverified.add(
             node=r.node,
             engine=r.engine,
             port=r.port,
             claimed=r.pool or r.model,
             reason=r.unverified,
             kind=r.unverified_kind,
+            cluster=r.cluster,
+            model=r.model,
         )
+        if request.replicas:
+            entry.replica.CopyFrom(replica_pb(r, UNVERIFIED_STATE))
     answer = AnswerBytes(ANSWER_BYTES - resp.ByteSize())  # the unverified list's bytes count too
     for pool in pools.sorted():
         msg = pool_pb(pool, floor, waiting, request.replicas)

@@ -256,8 +256,10 @@ def test_a_serving_node_whose_driver_hangs_at_start_in_c_is_reported_flagged_and
             (engine,) = detail.engines
             assert engine.kv_cache_usage_ratio == 0.5 and not engine.gpu_indices, engine
             assert "NVML has not answered its start" in collector.log()
-            page = gpufleet_cli(agg, cluster, "viewer", "node", node).stdout
-            assert "NVML lists none: the driver has not answered NVML's start" in page, page
+            evidence = [f["evidence"] for i in incidents(agg, cluster, "--node", node) for f in i["findings"]]
+            assert any("NVML lists none: the driver has not answered NVML's start" in e for e in evidence), (
+                evidence
+            )
             status, ready = _probe(collector, "/ready")
             assert status == 200 and "NVML has not answered its start" in ready["note"], ready
             nodes = json.loads(gpufleet_cli(agg, cluster, "viewer", "nodes", "--json").stdout)["nodes"]

@@ -6,10 +6,11 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from gpufleet.collector.simnvml.engine_server import MODELS as ENGINE_MODELS
 from gpufleet.protos import fleet_pb2
 from gpufleet.protos.names import health_name
 from harness.processes import Cluster
-from harness.repair import repair_flags
+from harness.repair import declared_pool, repair_flags
 from harness.waiting import wait_until
 
 FAULTS = """
@@ -32,7 +33,8 @@ def fleet_with_a_quarantined_node(cluster: Cluster) -> Any:
     """dash-1 healthy with a vLLM replica; dash-2 quarantined (XID 79, its GPU lost: the
     simulated reset fails and no reboot or ticket command is configured)."""
     policy = cluster.tmp / "policy.toml"
-    policy.write_text("[workflow]\nvalidate_s = 2.0\n")
+    # dash-1's replica is in the pool of its model, as an operator declares it (repair/placement.py).
+    policy.write_text("[workflow]\nvalidate_s = 2.0\n" + declared_pool(ENGINE_MODELS["vllm"], ["dash-1"]))
     agg = cluster.aggregator(
         "aggregator",
         0,

@@ -95,6 +95,16 @@ def _tags(tags: dict[str, str]) -> dict[str, str]:
     return {k: v for k, v in tags.items() if v != ""}  # InfluxDB keeps no empty tag
 
 
+def _window_ns() -> tuple[int, int]:
+    """The times the aggregator accepts now: its defaults (the env's aggregator sets neither),
+    retention_s back and max_clock_skew_s ahead. The fuzzed times are at a report's time or at the
+    edges of their range, never near the window's ends."""
+    from gpufleet.aggregator.config import AggregatorConfig
+
+    config, now = AggregatorConfig(), time.time_ns()
+    return now - int(config.retention_s * 1e9), now + int(config.max_clock_skew_s * 1e9)
+
+
 def expected_points(case: Case) -> dict[str, list[tuple[dict[str, str], dict[str, Any]]]]:
     """What the store must hold of an acknowledged report: for a columnar one, the GPU samples its
     columns were made from, value for value. Written from the storage contract
@@ -110,10 +120,21 @@ def expected_points(case: Case) -> dict[str, list[tuple[dict[str, str], dict[str
         fields["lost"] = g.lost
         tags = {"node": r.node, "gpu": str(g.index), "uuid": g.uuid, "model": g.model, "cluster": r.cluster}
         gpus.append((tags, fields))
+    # Parts that disagree with the stream are dropped or marked, the rest stored (docs/security.md
+    # "Parts dropped, reports kept"): an engine a second time is dropped; an engine keeps only the
+    # GPUs the hello declared; an event outside the accepted time window is dropped, one for a GPU
+    # the hello did not declare is kept as the node's, a folded XID's first time after its last
+    # is dropped from it.
     engines = []
+    seen_engines: set[tuple[str, str, int]] = set()
+    oldest_ns, newest_ns = _window_ns()
     for e in r.engines:
+        if (e.engine, e.model, e.port) in seen_engines:
+            continue
+        seen_engines.add((e.engine, e.model, e.port))
         fields = {fd.name: v for fd, v in e.ListFields() if fd.name in ENGINE_VALUE_FIELDS}
-        fields.update(readable=e.readable, gpu_indices=",".join(map(str, e.gpu_indices)))
+        declared = [i for i in e.gpu_indices if i < GPUS]
+        fields.update(readable=e.readable, gpu_indices=",".join(map(str, declared)))
         if e.unreadable_reason:
             fields["unreadable_reason"] = e.unreadable_reason
         if e.pool:
@@ -128,13 +149,15 @@ def expected_points(case: Case) -> dict[str, list[tuple[dict[str, str], dict[str
         engines.append((tags, fields))
     events = []
     for ev in r.events:
+        if ev.time_unix_ns and not oldest_ns <= ev.time_unix_ns <= newest_ns:
+            continue
         tags = {
             "node": r.node,
             "cluster": r.cluster,
             "kind": event_kind_name(ev.kind),
             "source": event_source_name(ev.source),
         }
-        if ev.HasField("gpu_index"):
+        if ev.HasField("gpu_index") and ev.gpu_index < GPUS:
             tags["gpu"] = str(ev.gpu_index)
         fields = {
             "xid": ev.xid,
@@ -144,7 +167,7 @@ def expected_points(case: Case) -> dict[str, list[tuple[dict[str, str], dict[str
             "process_name": ev.process_name,
             "count": max(1, ev.count),  # a folded storm's count; one occurrence when unset
         }
-        if ev.first_time_unix_ns:
+        if ev.first_time_unix_ns and oldest_ns <= ev.first_time_unix_ns <= (ev.time_unix_ns or newest_ns):
             fields["first_time_unix_ns"] = ev.first_time_unix_ns
         if ev.kmsg_seq:
             fields["kmsg_seq"] = ev.kmsg_seq
@@ -319,7 +342,8 @@ def _regression(build: Callable[[telemetry_pb2.NodeReport], None]) -> Case:
 
 
 # Reports that once stopped ingest for the whole fleet or killed a writer (issue: ingest that
-# nothing stops), and the examples the fuzzer found since. Each must be refused alone.
+# nothing stops), and the examples the fuzzer found since. Each must be refused alone, or (an
+# engine twice, since parts are dropped and reports kept) stored as the contract says.
 REGRESSIONS = {
     "seq_2^64-1": lambda r: setattr(r, "seq", 2**64 - 1),
     "stats_counter_2^64-1": lambda r: setattr(r.stats, "reconnects_total", 2**64 - 1),
