@@ -412,11 +412,14 @@ def test_an_inconsistent_part_is_dropped_or_marked_and_the_rest_of_the_report_st
     engines: list[list[int]],
     xid_gpus: list[int | None],
 ) -> None:
+    import uuid
+
     from gpufleet.protos import fleet_pb2
     from harness.fleet_api import bearer
 
     cluster, agg = env
-    node = f"node-{name}".replace("_", "-")
+    # A node of its own each run: the module's aggregator keeps a node's recent events.
+    node = f"node-{name}-{uuid.uuid4().hex[:6]}".replace("_", "-")
     before = agg.metric_value("gpufleet_ingest_report_parts_dropped_total", reason=reason)
     s = stream_for(cluster, agg, node)
     msg = report(node, 1)
