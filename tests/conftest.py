@@ -44,6 +44,19 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 
 CPU_SHOWN = 30  # the tests that used the most CPU, listed at the end of every run
+# Each area's CPU budget, seconds, all its tests together, their processes included: what lets
+# the whole suite take 8 minutes of pytest on two cores (docs/testing.md "Where the CPU goes").
+# Every run ends with each area's CPU against it, so an area that grows past its share shows.
+CPU_BUDGET_S = {
+    "repair": 229.0,
+    "fleet": 204.0,
+    "ingest": 100.0,
+    "project": 87.0,
+    "replication": 84.0,
+    "security": 78.0,
+    "store": 63.0,
+    "collector": 25.0,
+}
 _CPU_AT_START = pytest.StashKey[float]()
 
 
@@ -104,6 +117,20 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
         f"{sum(c for c, _ in used):8.1f} s CPU in all {len(used)} tests (their processes included; "
         "the session's servers are not)"
     )
+    by_area: dict[str, float] = {}
+    for cpu_s, nodeid in used:
+        area = nodeid.split("/")[1] if nodeid.startswith("tests/") else "other"
+        by_area[area] = by_area.get(area, 0.0) + cpu_s
+    terminalreporter.write_sep("=", "CPU by area, against its budget (docs/testing.md)")
+    for area, cpu_s in sorted(by_area.items(), key=lambda kv: -kv[1]):
+        budget = CPU_BUDGET_S.get(area)
+        if budget is None:
+            verdict = "no budget: give it one in tests/conftest.py CPU_BUDGET_S"
+        elif cpu_s > budget:
+            verdict = f"OVER its {budget:.0f} s by {cpu_s - budget:.1f} s"
+        else:
+            verdict = f"within its {budget:.0f} s"
+        terminalreporter.write_line(f"{cpu_s:8.1f} s CPU  tests/{area}/  {verdict}")
 
 
 @pytest.fixture
