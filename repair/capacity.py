@@ -90,7 +90,8 @@ class CapacityGuard:
             return None
         if not wf.may_wait or wf.capacity_override:
             why = f"{wf.capacity_override} said go on" if wf.may_wait else "the finding is urgent"
-            return self._go_at_risk(wf, why, what, now)
+            self._go_at_risk(wf, why, what, now)
+            return None
         if not wf.capacity_wait_since_ns:
             wf.capacity_wait_since_ns = now
         waited_s = (now - wf.capacity_wait_since_ns) / 1e9
@@ -98,7 +99,8 @@ class CapacityGuard:
             if not self.floor.hold_past_max_capacity_wait:
                 # The wait is bounded (docs/repair.md): pressure a node reports, real or not,
                 # delays another node's repair by at most max_capacity_wait_s.
-                return self._go_at_risk(wf, f"waited {waited_s:.0f} s, max_capacity_wait_s", what, now)
+                self._go_at_risk(wf, f"waited {waited_s:.0f} s, max_capacity_wait_s", what, now)
+                return None
             if not wf.capacity_alert:
                 self._desk.capacity(wf, "firing", f"waiting {waited_s:.0f} s for capacity: {what}", now)
         return HoldKind.CAPACITY, CAPACITY_WAIT_PREFIX + what
@@ -114,7 +116,6 @@ class CapacityGuard:
             )
             self._desk.capacity(wf, "firing", f"capacity at risk ({why}): {what}", now, "critical")
         wf.capacity_wait_since_ns = 0
-        return None
 
 
 def waiting_nodes(workflows: Mapping[str, Workflow]) -> set[str]:

@@ -275,7 +275,10 @@ class RepairController:
             started = time.monotonic()
             self.capacity.new_pass()
             snaps = {s.node: s for s in self._snapshots(only)}
-            self.last_snapshots = snaps if only is None else {**self.last_snapshots, **snaps}
+            if only is None:
+                self.last_snapshots = snaps
+            else:
+                self.last_snapshots.update(snaps)
             nodes = sorted(set(snaps) | (set(self.workflows) if only is None else only & set(self.workflows)))
             if only is None:
                 self.gate.fleet_size = len(nodes)

@@ -81,24 +81,26 @@ class Placement:
             verified = 0
             limit = gpus_declared.get(node, 0)
             for r in sorted(replicas, key=lambda x: (x.engine, x.port)):
-                kind, why = self._refusal(r, used, verified, limit)
-                if why:
+                placed = self.pool_for(r.node, r.pool, r.model)
+                kind, why = self._refusal(r, placed, used, verified, limit)
+                if placed is None or why:
                     out.append(dataclasses.replace(r, unverified=why, unverified_kind=kind))
                     continue
-                placed = self.pool_for(r.node, r.pool, r.model)
-                assert placed is not None  # _refusal found it
                 verified += 1
                 used.update(r.gpu_indices)
                 out.append(dataclasses.replace(r, cluster=placed.cluster, pool=placed.name))
         return out
 
-    def _refusal(self, r: ReplicaReading, used: set[int], verified: int, limit: int) -> tuple[str, str]:
-        """(kind, why) r is not counted in a pool (("", ""): it is)."""
+    def _refusal(
+        self, r: ReplicaReading, placed: PoolPlacement | None, used: set[int], verified: int, limit: int
+    ) -> tuple[str, str]:
+        """(kind, why) r is not counted in the pool `placed` (the one that takes it, if any);
+        ("", ""): it is."""
         if r.pool and (why := serving_name_problem("pool", r.pool)):
             return "bad_name", why
         if r.model != UNKNOWN_ENGINE_MODEL and (why := serving_name_problem("model", r.model)):
             return "bad_name", why
-        if self.pool_for(r.node, r.pool, r.model) is None:
+        if placed is None:
             if not self.pools:
                 return "not_declared", "no serving pool is declared (the policy's [serving.pools])"
             return "not_placed", f"no declared pool places {r.pool or r.model!r} on this node"

@@ -56,8 +56,6 @@ class ServingReader:
         self._logged_s: dict[str, float] = {}  # node -> when its unverified replicas were last logged
         # Read on the event loop (the repair pass) and on the HTTP server's threads (/metrics).
         self._lock = threading.Lock()
-        self.unverified_replicas = 0  # in the last read
-        self.unverified_by_reason: dict[str, int] = {}
 
     def __call__(self, gpu_util: bool = True, now_ns: int | None = None) -> list[ReplicaReading]:
         """gpu_util: read each replica's GPUs' utilization too (this reads the GPU samples out of
@@ -88,21 +86,17 @@ class ServingReader:
                 idle = now - active.get((r.engine, r.port), now) >= idle_after_ns
                 claimed.append(dataclasses.replace(r, idle=True) if idle else r)
         placed = policy.placement.place(claimed, gpus_declared)
-        self._count(placed)
+        self._log_unverified(placed)
         return placed
 
-    def _count(self, placed: list[ReplicaReading]) -> None:
-        """Count the unverified replicas by why, and log them: with no pool declared, one line for
-        the fleet; else each node's at most once a minute, at most MAX_NODES_LOGGED nodes a read
-        (the rest counted in that read's last line)."""
+    def _log_unverified(self, placed: list[ReplicaReading]) -> None:
+        """Log the unverified replicas: with no pool declared, one line for the fleet; else each
+        node's at most once a minute, at most MAX_NODES_LOGGED nodes a read (the rest counted in
+        that read's last line)."""
         by_node: dict[str, list[ReplicaReading]] = {}
-        reasons: dict[str, int] = {}
         for r in placed:
             if r.unverified:
                 by_node.setdefault(r.node, []).append(r)
-                reasons[r.unverified_kind] = reasons.get(r.unverified_kind, 0) + 1
-        self.unverified_replicas = sum(len(v) for v in by_node.values())
-        self.unverified_by_reason = reasons
         mono = time.monotonic()
         undeclared = {n for n, rs in by_node.items() if all(r.unverified_kind == "not_declared" for r in rs)}
         with self._lock:
@@ -326,9 +320,11 @@ class PoolGauges:
         )
         workflows = self._workflows()
         floor = self._floor()
-        pools = Pools(self._readings(gpu_util=False), node_states(workflows)).sorted()
+        fleet_pools = Pools(self._readings(gpu_util=False), node_states(workflows))
         for kind in REFUSAL_KINDS:
-            unverified.add_metric([kind], float(self._readings.unverified_by_reason.get(kind, 0)))
+            count = sum(1 for r in fleet_pools.unverified if r.unverified_kind == kind)
+            unverified.add_metric([kind], float(count))
+        pools = fleet_pools.sorted()
         waiting = waiting_nodes(workflows)
         pools.sort(key=lambda p: -len(p.replicas))
         for pool in pools[:MAX_EXPORTED_POOLS]:

@@ -49,14 +49,10 @@ class DroppedPart:
     message: str  # names the node, the report, the part and what was done
 
 
-def _keep_only(repeated: Any, keep: list[Any]) -> None:
-    """A repeated message field left holding only `keep` (copies: deleting from a repeated field
-    would free the messages `keep` refers to)."""
-    copies = [type(m)() for m in keep]
-    for copy, m in zip(copies, keep, strict=True):
-        copy.CopyFrom(m)
-    del repeated[:]
-    repeated.extend(copies)
+def _drop_at(repeated: Any, indices: list[int]) -> None:
+    """A repeated field without the entries at `indices` (ascending)."""
+    for i in reversed(indices):
+        del repeated[i]
 
 
 def _invalid(reason: str, message: str) -> Rejection:
@@ -129,13 +125,13 @@ class Checker:
         size: int | None = None,
     ) -> list[Point]:
         """The points the report is stored as; Rejection if it must not be stored. Every GPU
-        sample's fields are checked and copied in one pass (this is the ingest hot path).
+        sample's fields are checked and copied in one pass (this is the ingest hot path). Its
+        inconsistent parts were dropped before, once, by ingest (`drop_inconsistent_parts`).
         size: the report's serialized size when the caller has its bytes (else computed)."""
         where = f"node {hello.node!r}: report seq {report.seq}"
         now_ns = now_ns or time.time_ns()
         self._check_envelope(report, hello, where, report.ByteSize() if size is None else size, now_ns)
         gpu_rows = self._gpu_rows(report, hello, where)
-        self.drop_inconsistent_parts(report, hello, now_ns)  # ingest did, before: finds nothing
         return self._converter.convert(report, gpu_rows)
 
     def drop_inconsistent_parts(
@@ -160,13 +156,14 @@ class Checker:
         gpu_count = len(hello.gpus)
         dropped: list[DroppedPart] = []
         seen: set[tuple[str, str, int]] = set()
-        keep_engines = []
-        for eng in report.engines:
+        twice = []
+        for at, eng in enumerate(report.engines):
             key = (eng.engine, eng.model, eng.port)
             if key in seen:
                 dropped.append(
                     DroppedPart("engine", f"{where} has engine {eng.engine}:{eng.port} twice: dropped")
                 )
+                twice.append(at)
                 continue
             seen.add(key)
             bad = [i for i in eng.gpu_indices if i >= gpu_count]
@@ -181,9 +178,7 @@ class Checker:
                 kept = [i for i in eng.gpu_indices if i < gpu_count]
                 del eng.gpu_indices[:]
                 eng.gpu_indices.extend(kept)
-            keep_engines.append(eng)
-        if len(keep_engines) != len(report.engines):
-            _keep_only(report.engines, keep_engines)
+        _drop_at(report.engines, twice)
         if report.events:
             dropped += self._drop_events(report, gpu_count, where, now_ns or time.time_ns())
         return dropped
@@ -193,14 +188,15 @@ class Checker:
     ) -> list[DroppedPart]:
         oldest_ns, newest_ns = self._window(now_ns)
         dropped: list[DroppedPart] = []
-        keep = []
-        for ev in report.events:
+        outside = []
+        for at, ev in enumerate(report.events):
             if ev.time_unix_ns and not oldest_ns <= ev.time_unix_ns <= newest_ns:
                 dropped.append(
                     DroppedPart(
                         "timestamp", self._time_message(where, "has an event at", ev.time_unix_ns, now_ns)
                     )
                 )
+                outside.append(at)
                 continue
             if ev.HasField("gpu_index") and ev.gpu_index >= gpu_count:
                 dropped.append(
@@ -223,9 +219,7 @@ class Checker:
                     )
                 )
                 ev.first_time_unix_ns = 0
-            keep.append(ev)
-        if len(keep) != len(report.events):
-            _keep_only(report.events, keep)
+        _drop_at(report.events, outside)
         return dropped
 
     def _window(self, now_ns: int) -> tuple[int, int]:
