@@ -6,6 +6,7 @@ per job (harness/__init__.py)."""
 from __future__ import annotations
 
 import resource
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -58,6 +59,7 @@ CPU_BUDGET_S = {
     "collector": 25.0,
 }
 _CPU_AT_START = pytest.StashKey[float]()
+_STARTED_AT = pytest.StashKey[float]()
 
 
 def _cpu_s() -> float:
@@ -70,6 +72,7 @@ def _cpu_s() -> float:
 @pytest.hookimpl(tryfirst=True)
 def pytest_runtest_setup(item: pytest.Item) -> None:
     item.stash[_CPU_AT_START] = _cpu_s()
+    item.stash[_STARTED_AT] = time.time()
 
 
 LOG_LINES_ON_FAILURE = 60  # the tail of each process's log a failed test's report carries
@@ -86,6 +89,10 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
     report = outcome.get_result()  # type: ignore[attr-defined]
     if report.when == "teardown" and _CPU_AT_START in item.stash:
         report.user_properties.append(("cpu_s", _cpu_s() - item.stash[_CPU_AT_START]))
+        # When it ran (Unix seconds, set-up to teardown): where the cores sat idle, at the end
+        # of a run waiting on its longest tests, is read from these.
+        report.user_properties.append(("started_unix_s", item.stash[_STARTED_AT]))
+        report.user_properties.append(("ended_unix_s", time.time()))
     running = getattr(item, "funcargs", {}).get("cluster")
     if report.failed and report.when == "call" and isinstance(running, Cluster):
         for proc in running.procs:

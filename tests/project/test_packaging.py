@@ -82,6 +82,9 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return out
 
 
+# The two tests of the built wheel share one worker, so it is built once (apart, each worker built
+# its own: 20 s of a worker and ~4 s of CPU twice).
+@pytest.mark.xdist_group("built-wheel")
 def test_the_wheel_holds_every_module_and_its_data(built: Path) -> None:
     (wheel,) = built.glob("gpufleet-*.whl")
     (sdist,) = built.glob("gpufleet-*.tar.gz")
@@ -95,6 +98,7 @@ def test_the_wheel_holds_every_module_and_its_data(built: Path) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group("built-wheel")
 def test_the_installed_wheel_runs_the_product(built: Path, tmp_path: Path) -> None:
     (wheel,) = built.glob("gpufleet-*.whl")
     venv = tmp_path / "venv"
