@@ -14,22 +14,31 @@ from gpufleet.aggregator.settings.repair import RepairSettings
 from gpufleet.aggregator.settings.replicas import ReplicaSettings
 from gpufleet.aggregator.settings.serving import ServingSettings
 from gpufleet.aggregator.settings.store import StoreSettings
+from gpufleet.aggregator.settings.workloads import WorkloadSettings
 from gpufleet.aggregator.store import Store, open_store
 from gpufleet.repair.alerts import open_sinks
 
 
 # Fields come in the reverse order of the bases (dataclasses collect the last base's first):
-# serving, ingest, store, repair, the plug-ins', replicas, as `gpufleet config reference` lists them.
+# serving, ingest, store, repair, workloads, the plug-ins', replicas, as `gpufleet config reference`
+# lists them.
 @dataclass
 class AggregatorConfig(
-    ReplicaSettings, PluginSettings, RepairSettings, StoreSettings, IngestSettings, ServingSettings
+    ReplicaSettings,
+    PluginSettings,
+    WorkloadSettings,
+    RepairSettings,
+    StoreSettings,
+    IngestSettings,
+    ServingSettings,
 ):
     def __post_init__(self) -> None:
         self.check_serving()
         self.check_ingest()
         self.check_store()
         self.check_repair()
-        self.check_plugins(self.store, self.repair_backend)
+        self.check_workloads()
+        self.check_plugins(self.store, self.repair_backend, self.workload_scheduler)
         self.check_replicas()
         # The alert sinks, opened once here so a token file that cannot be read (or any other
         # bad sink setting) stops the start with its setting named, not the first repair term.

@@ -30,6 +30,7 @@ from gpufleet.aggregator.replication.control_plane import ControlPlane, register
 from gpufleet.aggregator.status import Lifecycle, StatusReports
 from gpufleet.aggregator.store import Store
 from gpufleet.aggregator.supervise import Supervisor
+from gpufleet.aggregator.workloads.wiring import Workloads
 from gpufleet.common.bounded_http import BoundedHTTPServer
 from gpufleet.common.memory import fix_mmap_threshold
 from gpufleet.protos import fleet_pb2_grpc
@@ -84,6 +85,9 @@ class Aggregator:
             self.pool,
         )
         self.repair = RepairWiring(config, self.fleet, self.ingest, self.metrics, self.writer.write)
+        self.workloads = Workloads(
+            config, self.fleet, self.store, self.fanout, self.writer.write, self.metrics.registry
+        )
 
         open_control_plane = self._open_control_plane
 
@@ -124,6 +128,8 @@ class Aggregator:
             self.reports.status,
             self.repair,
             self.control_plane,
+            self.workloads,
+            config.show_user_names,
         )
         register_pool_metrics(
             self.metrics.registry,
@@ -246,6 +252,7 @@ class Aggregator:
             "restore": lambda: self.loops.restore_loop(stop),
             "rollups": lambda: self.loops.rollup_loop(stop),
             "revocations": lambda: self.loops.revocation_loop(stop),
+            "workloads": lambda: self.workloads.poll_loop(stop),
         }
         if self.control_plane is not None:
             loops["control-plane-lease"] = lambda: self.control_plane.leadership.lease_loop(stop)  # type: ignore[union-attr]

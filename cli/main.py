@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from gpufleet.cli import alert_cmd, completion, file_kinds, repair_cmds, replay_cmd, settings
+from gpufleet.cli import alert_cmd, completion, file_kinds, repair_cmds, replay_cmd, settings, workloads_cmd
 from gpufleet.client.exits import Exit, sentence
 from gpufleet.client.fleet import ClientError, FleetClient, resolve_client
 from gpufleet.common.logsetup import configure as configure_logging
@@ -109,6 +109,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--model", default="", help="only this model")
     p.add_argument("--json", action="store_true", help="every figure, and each pool's replicas")
     add_watch(p)
+    workloads_cmd.add_parsers(sub, client, add_watch)
     p = sub.add_parser("node", parents=[client], help="one node's GPUs, engines and events")
     p.add_argument("name")
     p.add_argument("--json", action="store_true")
@@ -469,6 +470,8 @@ def _run_fleet_command(args: argparse.Namespace) -> None:
             _run_revoke(client, args)
         elif args.command in ("cordon", "uncordon", "proceed", "incidents", "audit", "breaker"):
             repair_cmds.run(client, args)
+        elif args.command in workloads_cmd.COMMANDS:
+            workloads_cmd.run(client, args)
         else:
             sre.run(client, args)
 

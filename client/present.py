@@ -234,3 +234,86 @@ def describe_projection(d: fleet_pb2.DrainProjection) -> str:
             f", KV {percent(d.kv_cache_usage_now_ratio)} % → {after}{'' if after == 'none left' else ' %'}"
         )
     return text + (" (below the floor)" if d.below_floor else "")
+
+
+# --- workloads (docs/workloads.md) ---------------------------------------------------------
+USER_HIDDEN = "(hidden)"  # a user name this caller's role may not see
+
+
+def workload_name(w: fleet_pb2.WorkloadSummary) -> str:
+    """How a workload is named on every surface: `slurm:1234`."""
+    return f"{w.scheduler}:{w.id}"
+
+
+def workload_row(w: fleet_pb2.WorkloadSummary) -> dict[str, Any]:
+    """One workload's figures with their units in their names; absent figures are None (JSON
+    null, N/A on screens), never 0."""
+    return {
+        "workload": workload_name(w),
+        "user": USER_HIDDEN if w.user_hidden else w.user,
+        "account": w.account,
+        "partition": w.partition,
+        "namespace": w.namespace,
+        "team": w.team,
+        "name": w.name,
+        "nodes": list(w.nodes),
+        "gpus": w.gpus,
+        "model": w.model,
+        "start": iso(int(w.start_unix_s * 1e9)),
+        "end": iso(int(w.end_unix_s * 1e9)) if w.HasField("end_unix_s") else None,
+        "gpu_hours_allocated": w.gpu_hours_allocated,
+        "gpu_hours_effective": opt(w, "gpu_hours_effective"),
+        "gpu_hours_idle": w.gpu_hours_idle,
+        "efficiency_pct": opt(w, "efficiency_pct"),
+        "util_mean_pct": opt(w, "util_mean_pct"),
+        "util_max_pct": opt(w, "util_max_pct"),
+        "sm_mean_pct": opt(w, "sm_mean_pct"),
+        "hbm_peak_bytes": w.hbm_peak_bytes,
+        "energy_j": w.energy_j,
+        "cost_allocated": opt(w, "cost_allocated"),
+        "cost_effective": opt(w, "cost_effective"),
+    }
+
+
+def usage_row(r: fleet_pb2.UsageRow) -> dict[str, Any]:
+    return {
+        "owner": r.owner,
+        "workloads": r.workloads,
+        "gpu_hours_allocated": r.gpu_hours_allocated,
+        "gpu_hours_effective": r.gpu_hours_effective,
+        "gpu_hours_idle": r.gpu_hours_idle,
+        "efficiency_pct": opt(r, "efficiency_pct"),
+        "cost_allocated": opt(r, "cost_allocated"),
+        "cost_effective": opt(r, "cost_effective"),
+    }
+
+
+def rows_csv(rows: list[dict[str, Any]]) -> str:
+    """Rows of one shape as CSV (a list joined with spaces; absent: empty)."""
+    if not rows:
+        return ""
+    out = io.StringIO()
+    writer = csv.DictWriter(out, fieldnames=list(rows[0]))
+    writer.writeheader()
+    for row in rows:
+        writer.writerow(
+            {k: " ".join(v) if isinstance(v, list) else ("" if v is None else v) for k, v in row.items()}
+        )
+    return out.getvalue()
+
+
+def owner_of_gpu(resp: fleet_pb2.ListWorkloadsResponse) -> dict[tuple[str, int], fleet_pb2.WorkloadSummary]:
+    """(node, GPU index) -> the running workload holding it, from one ListWorkloads answer."""
+    by_key = {(w.scheduler, w.id): w for w in resp.running}
+    out = {}
+    for p in resp.placements:
+        w = by_key.get((p.scheduler, p.id))
+        if w is not None:
+            out[(p.node, p.gpu)] = w
+    return out
+
+
+def owner_label(w: fleet_pb2.WorkloadSummary) -> str:
+    """A workload as one short label: `slurm:1234 (llm-train)`, its account, namespace or team."""
+    owner = w.account or w.namespace or w.team
+    return f"{workload_name(w)} ({owner})" if owner else workload_name(w)

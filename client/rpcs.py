@@ -45,6 +45,9 @@ class FleetRpc:
     RevokeCollectorToken = Rpc(
         "RevokeCollectorToken", fleet_pb2.RevokeTokenRequest, fleet_pb2.RevokeTokenResponse
     )
+    ListWorkloads = Rpc("ListWorkloads", fleet_pb2.ListWorkloadsRequest, fleet_pb2.ListWorkloadsResponse)
+    GetWorkload = Rpc("GetWorkload", fleet_pb2.GetWorkloadRequest, fleet_pb2.WorkloadDetail)
+    QueryUsage = Rpc("QueryUsage", fleet_pb2.UsageRequest, fleet_pb2.UsageResponse)
 
 
 def every_rpc() -> list[Rpc[Message, Message]]:

@@ -13,17 +13,20 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 from gpufleet.collector.commands import CommandGuard, run_command
 from gpufleet.collector.config import CollectorConfig
 from gpufleet.collector.keeping import Keeping
 from gpufleet.collector.report_book import ReportBook
+from gpufleet.collector.simnvml.gpu_users import made_up_proc_dir
 from gpufleet.collector.sources.deadline import DeadlineSampler
 from gpufleet.collector.sources.engines.discovery import EngineDiscovery
 from gpufleet.collector.sources.engines.scrape import EngineScraper, parse_endpoints
 from gpufleet.collector.sources.nvml import NvmlSource
 from gpufleet.collector.sources.nvml_start import NvmlNotAnswering
 from gpufleet.collector.sources.pci_bus import count_nvidia_gpus
+from gpufleet.collector.sources.workloads import WorkloadReader
 from gpufleet.collector.streaming import PROTOCOL_VERSION, AggregatorStream
 from gpufleet.collector.xid_fold import XidFolder
 from gpufleet.common.version import __version__
@@ -71,6 +74,12 @@ class CollectorAgent:
         self.engines = (
             EngineScraper(endpoints, config.engine_timeout_s) if endpoints or self.discovery else None
         )
+        # Whose work each GPU's processes are (sources/workloads.py); a simulated node's made-up
+        # processes are read from its own folder first (run_collector sets proc_roots).
+        roots = [Path("/proc")]
+        if simulated and config.sim_jobs_dir:
+            roots.insert(0, made_up_proc_dir(Path(config.sim_jobs_dir), config.node))
+        self.workloads = WorkloadReader(roots) if config.workloads else None
 
     def _hello(self) -> ingest_pb2.Hello:
         """What this collector says of itself when a stream opens."""
@@ -122,11 +131,13 @@ class CollectorAgent:
             gpus, engines = await sampling, []
         if engines:
             self._only_declared_gpus(engines)
+        workloads = self.workloads.read(gpus) if self.workloads is not None else []
         self._sample_duration_s = time.perf_counter() - t0
         report = self._new_report(
             started_ns,
             gpus=gpus,
             engines=engines,
+            workloads=workloads,
             events=self._lost_events(gpus, started_ns) + self._folded_xids(),
             **self._bus_count(),
         )

@@ -77,6 +77,23 @@ class CollectorConfig:
         "with simulate: no stand-in beneath pynvml; pynvml loads libnvidia-ml.so.1 itself, by its own "
         "load path and lock (the tests' library whose load never returns: a driver stuck loading)",
     )
+    workloads: bool = _setting(
+        True,
+        "name the workload of each GPU's processes (their cgroup or Slurm environment: "
+        "docs/workloads.md); the aggregator reads owners from the scheduler",
+    )
+    sim_gpu_users_from_proc: bool = _setting(
+        False,
+        "with simulate: the GPUs run exactly what real processes on this machine say they run "
+        "(SLURMD_NODENAME or GPUFLEET_SIM_NODE = this node, GPUFLEET_SIM_UTIL_PCT, their GPUs in "
+        "SLURM_JOB_GPUS or CUDA_VISIBLE_DEVICES); no simulated job of the node's own",
+    )
+    sim_jobs_dir: str = _setting(
+        "",
+        "with simulate: the demo scheduler's folder; each simulated job is a user's job in an "
+        "account, recorded there (what the aggregator's site scheduler reads) with a cgroup for its "
+        "process in sim_jobs_dir/proc",
+    )
     sim_scheduler_file: str = _setting(
         "",
         "with simulate: the file the demo's scheduler writes this node's state to (cordoned, drained; "

@@ -16,6 +16,7 @@ from gpufleet.collector.metrics_endpoint import serve
 from gpufleet.collector.simnvml import SimulatedNode, SimulatedNvmlLibrary, install
 from gpufleet.collector.simnvml.clibrary import install_c
 from gpufleet.collector.simnvml.engine_server import SimulatedEngine
+from gpufleet.collector.simnvml.gpu_users import DemoJobs, ProcGpuUsers
 from gpufleet.collector.simnvml.machine import Hang
 from gpufleet.collector.simnvml.scenario import ScenarioRunner, load
 from gpufleet.collector.simnvml.scheduler import ScheduledState
@@ -44,7 +45,18 @@ def open_source(
     runner = node = None
     if config.simulate:
         scheduled = ScheduledState(config.sim_scheduler_file) if config.sim_scheduler_file else None
-        node = SimulatedNode(config.node, config.sim_gpus, config.sim_model, scheduled=scheduled)
+        node = SimulatedNode(
+            config.node,
+            config.sim_gpus,
+            config.sim_model,
+            scheduled=scheduled,
+            gpu_users=ProcGpuUsers(config.node, config.sim_gpus) if config.sim_gpu_users_from_proc else None,
+            demo_jobs=(
+                DemoJobs(config.node, config.sim_gpus, Path(config.sim_jobs_dir))
+                if config.sim_jobs_dir
+                else None
+            ),
+        )
         if config.sim_scenario:
             runner = ScenarioRunner(node, load(config.sim_scenario))
         if config.sim_nvml_init_hang_s > 0:  # a driver that does not answer nvmlInit (tests)

@@ -26,6 +26,192 @@ AGGREGATE_P95: Aggregate
 AGGREGATE_LAST: Aggregate
 AGGREGATE_COUNT: Aggregate
 
+class WorkloadSummary(_message.Message):
+    __slots__ = ("scheduler", "id", "user", "account", "partition", "namespace", "team", "name", "nodes", "gpus", "start_unix_s", "end_unix_s", "gpu_hours_allocated", "gpu_hours_effective", "gpu_hours_idle", "util_mean_pct", "util_max_pct", "sm_mean_pct", "hbm_peak_bytes", "energy_j", "model", "efficiency_pct", "user_hidden", "cost_allocated", "cost_effective")
+    SCHEDULER_FIELD_NUMBER: _ClassVar[int]
+    ID_FIELD_NUMBER: _ClassVar[int]
+    USER_FIELD_NUMBER: _ClassVar[int]
+    ACCOUNT_FIELD_NUMBER: _ClassVar[int]
+    PARTITION_FIELD_NUMBER: _ClassVar[int]
+    NAMESPACE_FIELD_NUMBER: _ClassVar[int]
+    TEAM_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    NODES_FIELD_NUMBER: _ClassVar[int]
+    GPUS_FIELD_NUMBER: _ClassVar[int]
+    START_UNIX_S_FIELD_NUMBER: _ClassVar[int]
+    END_UNIX_S_FIELD_NUMBER: _ClassVar[int]
+    GPU_HOURS_ALLOCATED_FIELD_NUMBER: _ClassVar[int]
+    GPU_HOURS_EFFECTIVE_FIELD_NUMBER: _ClassVar[int]
+    GPU_HOURS_IDLE_FIELD_NUMBER: _ClassVar[int]
+    UTIL_MEAN_PCT_FIELD_NUMBER: _ClassVar[int]
+    UTIL_MAX_PCT_FIELD_NUMBER: _ClassVar[int]
+    SM_MEAN_PCT_FIELD_NUMBER: _ClassVar[int]
+    HBM_PEAK_BYTES_FIELD_NUMBER: _ClassVar[int]
+    ENERGY_J_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    EFFICIENCY_PCT_FIELD_NUMBER: _ClassVar[int]
+    USER_HIDDEN_FIELD_NUMBER: _ClassVar[int]
+    COST_ALLOCATED_FIELD_NUMBER: _ClassVar[int]
+    COST_EFFECTIVE_FIELD_NUMBER: _ClassVar[int]
+    scheduler: str
+    id: str
+    user: str
+    account: str
+    partition: str
+    namespace: str
+    team: str
+    name: str
+    nodes: _containers.RepeatedScalarFieldContainer[str]
+    gpus: int
+    start_unix_s: float
+    end_unix_s: float
+    gpu_hours_allocated: float
+    gpu_hours_effective: float
+    gpu_hours_idle: float
+    util_mean_pct: float
+    util_max_pct: float
+    sm_mean_pct: float
+    hbm_peak_bytes: int
+    energy_j: float
+    model: str
+    efficiency_pct: float
+    user_hidden: bool
+    cost_allocated: float
+    cost_effective: float
+    def __init__(self, scheduler: _Optional[str] = ..., id: _Optional[str] = ..., user: _Optional[str] = ..., account: _Optional[str] = ..., partition: _Optional[str] = ..., namespace: _Optional[str] = ..., team: _Optional[str] = ..., name: _Optional[str] = ..., nodes: _Optional[_Iterable[str]] = ..., gpus: _Optional[int] = ..., start_unix_s: _Optional[float] = ..., end_unix_s: _Optional[float] = ..., gpu_hours_allocated: _Optional[float] = ..., gpu_hours_effective: _Optional[float] = ..., gpu_hours_idle: _Optional[float] = ..., util_mean_pct: _Optional[float] = ..., util_max_pct: _Optional[float] = ..., sm_mean_pct: _Optional[float] = ..., hbm_peak_bytes: _Optional[int] = ..., energy_j: _Optional[float] = ..., model: _Optional[str] = ..., efficiency_pct: _Optional[float] = ..., user_hidden: _Optional[bool] = ..., cost_allocated: _Optional[float] = ..., cost_effective: _Optional[float] = ...) -> None: ...
+
+class ListWorkloadsRequest(_message.Message):
+    __slots__ = ("ended", "ended_since_unix_ns", "node")
+    ENDED_FIELD_NUMBER: _ClassVar[int]
+    ENDED_SINCE_UNIX_NS_FIELD_NUMBER: _ClassVar[int]
+    NODE_FIELD_NUMBER: _ClassVar[int]
+    ended: bool
+    ended_since_unix_ns: int
+    node: str
+    def __init__(self, ended: _Optional[bool] = ..., ended_since_unix_ns: _Optional[int] = ..., node: _Optional[str] = ...) -> None: ...
+
+class ListWorkloadsResponse(_message.Message):
+    __slots__ = ("running", "ended", "scheduler", "scheduler_read_age_s", "placements")
+    RUNNING_FIELD_NUMBER: _ClassVar[int]
+    ENDED_FIELD_NUMBER: _ClassVar[int]
+    SCHEDULER_FIELD_NUMBER: _ClassVar[int]
+    SCHEDULER_READ_AGE_S_FIELD_NUMBER: _ClassVar[int]
+    PLACEMENTS_FIELD_NUMBER: _ClassVar[int]
+    running: _containers.RepeatedCompositeFieldContainer[WorkloadSummary]
+    ended: _containers.RepeatedCompositeFieldContainer[WorkloadSummary]
+    scheduler: str
+    scheduler_read_age_s: float
+    placements: _containers.RepeatedCompositeFieldContainer[WorkloadPlacement]
+    def __init__(self, running: _Optional[_Iterable[_Union[WorkloadSummary, _Mapping]]] = ..., ended: _Optional[_Iterable[_Union[WorkloadSummary, _Mapping]]] = ..., scheduler: _Optional[str] = ..., scheduler_read_age_s: _Optional[float] = ..., placements: _Optional[_Iterable[_Union[WorkloadPlacement, _Mapping]]] = ...) -> None: ...
+
+class WorkloadPlacement(_message.Message):
+    __slots__ = ("node", "gpu", "scheduler", "id")
+    NODE_FIELD_NUMBER: _ClassVar[int]
+    GPU_FIELD_NUMBER: _ClassVar[int]
+    SCHEDULER_FIELD_NUMBER: _ClassVar[int]
+    ID_FIELD_NUMBER: _ClassVar[int]
+    node: str
+    gpu: int
+    scheduler: str
+    id: str
+    def __init__(self, node: _Optional[str] = ..., gpu: _Optional[int] = ..., scheduler: _Optional[str] = ..., id: _Optional[str] = ...) -> None: ...
+
+class GetWorkloadRequest(_message.Message):
+    __slots__ = ("scheduler", "id")
+    SCHEDULER_FIELD_NUMBER: _ClassVar[int]
+    ID_FIELD_NUMBER: _ClassVar[int]
+    scheduler: str
+    id: str
+    def __init__(self, scheduler: _Optional[str] = ..., id: _Optional[str] = ...) -> None: ...
+
+class WorkloadGpu(_message.Message):
+    __slots__ = ("node", "gpu", "seconds", "util_mean_pct", "util_max_pct", "idle_seconds", "sm_mean_pct", "hbm_peak_bytes", "energy_j")
+    NODE_FIELD_NUMBER: _ClassVar[int]
+    GPU_FIELD_NUMBER: _ClassVar[int]
+    SECONDS_FIELD_NUMBER: _ClassVar[int]
+    UTIL_MEAN_PCT_FIELD_NUMBER: _ClassVar[int]
+    UTIL_MAX_PCT_FIELD_NUMBER: _ClassVar[int]
+    IDLE_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    SM_MEAN_PCT_FIELD_NUMBER: _ClassVar[int]
+    HBM_PEAK_BYTES_FIELD_NUMBER: _ClassVar[int]
+    ENERGY_J_FIELD_NUMBER: _ClassVar[int]
+    node: str
+    gpu: int
+    seconds: float
+    util_mean_pct: float
+    util_max_pct: float
+    idle_seconds: float
+    sm_mean_pct: float
+    hbm_peak_bytes: int
+    energy_j: float
+    def __init__(self, node: _Optional[str] = ..., gpu: _Optional[int] = ..., seconds: _Optional[float] = ..., util_mean_pct: _Optional[float] = ..., util_max_pct: _Optional[float] = ..., idle_seconds: _Optional[float] = ..., sm_mean_pct: _Optional[float] = ..., hbm_peak_bytes: _Optional[int] = ..., energy_j: _Optional[float] = ...) -> None: ...
+
+class WorkloadClaim(_message.Message):
+    __slots__ = ("node", "gpu_indices", "pids", "process_count", "hbm_used_bytes")
+    NODE_FIELD_NUMBER: _ClassVar[int]
+    GPU_INDICES_FIELD_NUMBER: _ClassVar[int]
+    PIDS_FIELD_NUMBER: _ClassVar[int]
+    PROCESS_COUNT_FIELD_NUMBER: _ClassVar[int]
+    HBM_USED_BYTES_FIELD_NUMBER: _ClassVar[int]
+    node: str
+    gpu_indices: _containers.RepeatedScalarFieldContainer[int]
+    pids: _containers.RepeatedScalarFieldContainer[int]
+    process_count: int
+    hbm_used_bytes: int
+    def __init__(self, node: _Optional[str] = ..., gpu_indices: _Optional[_Iterable[int]] = ..., pids: _Optional[_Iterable[int]] = ..., process_count: _Optional[int] = ..., hbm_used_bytes: _Optional[int] = ...) -> None: ...
+
+class WorkloadDetail(_message.Message):
+    __slots__ = ("summary", "gpus", "claims")
+    SUMMARY_FIELD_NUMBER: _ClassVar[int]
+    GPUS_FIELD_NUMBER: _ClassVar[int]
+    CLAIMS_FIELD_NUMBER: _ClassVar[int]
+    summary: WorkloadSummary
+    gpus: _containers.RepeatedCompositeFieldContainer[WorkloadGpu]
+    claims: _containers.RepeatedCompositeFieldContainer[WorkloadClaim]
+    def __init__(self, summary: _Optional[_Union[WorkloadSummary, _Mapping]] = ..., gpus: _Optional[_Iterable[_Union[WorkloadGpu, _Mapping]]] = ..., claims: _Optional[_Iterable[_Union[WorkloadClaim, _Mapping]]] = ...) -> None: ...
+
+class UsageRequest(_message.Message):
+    __slots__ = ("start_unix_ns", "end_unix_ns", "by")
+    START_UNIX_NS_FIELD_NUMBER: _ClassVar[int]
+    END_UNIX_NS_FIELD_NUMBER: _ClassVar[int]
+    BY_FIELD_NUMBER: _ClassVar[int]
+    start_unix_ns: int
+    end_unix_ns: int
+    by: str
+    def __init__(self, start_unix_ns: _Optional[int] = ..., end_unix_ns: _Optional[int] = ..., by: _Optional[str] = ...) -> None: ...
+
+class UsageRow(_message.Message):
+    __slots__ = ("owner", "workloads", "gpu_hours_allocated", "gpu_hours_effective", "gpu_hours_idle", "efficiency_pct", "cost_allocated", "cost_effective")
+    OWNER_FIELD_NUMBER: _ClassVar[int]
+    WORKLOADS_FIELD_NUMBER: _ClassVar[int]
+    GPU_HOURS_ALLOCATED_FIELD_NUMBER: _ClassVar[int]
+    GPU_HOURS_EFFECTIVE_FIELD_NUMBER: _ClassVar[int]
+    GPU_HOURS_IDLE_FIELD_NUMBER: _ClassVar[int]
+    EFFICIENCY_PCT_FIELD_NUMBER: _ClassVar[int]
+    COST_ALLOCATED_FIELD_NUMBER: _ClassVar[int]
+    COST_EFFECTIVE_FIELD_NUMBER: _ClassVar[int]
+    owner: str
+    workloads: int
+    gpu_hours_allocated: float
+    gpu_hours_effective: float
+    gpu_hours_idle: float
+    efficiency_pct: float
+    cost_allocated: float
+    cost_effective: float
+    def __init__(self, owner: _Optional[str] = ..., workloads: _Optional[int] = ..., gpu_hours_allocated: _Optional[float] = ..., gpu_hours_effective: _Optional[float] = ..., gpu_hours_idle: _Optional[float] = ..., efficiency_pct: _Optional[float] = ..., cost_allocated: _Optional[float] = ..., cost_effective: _Optional[float] = ...) -> None: ...
+
+class UsageResponse(_message.Message):
+    __slots__ = ("rows", "by", "start_unix_ns", "end_unix_ns")
+    ROWS_FIELD_NUMBER: _ClassVar[int]
+    BY_FIELD_NUMBER: _ClassVar[int]
+    START_UNIX_NS_FIELD_NUMBER: _ClassVar[int]
+    END_UNIX_NS_FIELD_NUMBER: _ClassVar[int]
+    rows: _containers.RepeatedCompositeFieldContainer[UsageRow]
+    by: str
+    start_unix_ns: int
+    end_unix_ns: int
+    def __init__(self, rows: _Optional[_Iterable[_Union[UsageRow, _Mapping]]] = ..., by: _Optional[str] = ..., start_unix_ns: _Optional[int] = ..., end_unix_ns: _Optional[int] = ...) -> None: ...
+
 class RevokeTokenRequest(_message.Message):
     __slots__ = ("token_id", "node", "reason")
     TOKEN_ID_FIELD_NUMBER: _ClassVar[int]

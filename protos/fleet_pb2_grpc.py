@@ -119,6 +119,21 @@ class FleetStub:
                 request_serializer=gpufleet_dot_v1_dot_fleet__pb2.RevokeTokenRequest.SerializeToString,
                 response_deserializer=gpufleet_dot_v1_dot_fleet__pb2.RevokeTokenResponse.FromString,
                 _registered_method=True)
+        self.ListWorkloads = channel.unary_unary(
+                '/gpufleet.v1.Fleet/ListWorkloads',
+                request_serializer=gpufleet_dot_v1_dot_fleet__pb2.ListWorkloadsRequest.SerializeToString,
+                response_deserializer=gpufleet_dot_v1_dot_fleet__pb2.ListWorkloadsResponse.FromString,
+                _registered_method=True)
+        self.GetWorkload = channel.unary_unary(
+                '/gpufleet.v1.Fleet/GetWorkload',
+                request_serializer=gpufleet_dot_v1_dot_fleet__pb2.GetWorkloadRequest.SerializeToString,
+                response_deserializer=gpufleet_dot_v1_dot_fleet__pb2.WorkloadDetail.FromString,
+                _registered_method=True)
+        self.QueryUsage = channel.unary_unary(
+                '/gpufleet.v1.Fleet/QueryUsage',
+                request_serializer=gpufleet_dot_v1_dot_fleet__pb2.UsageRequest.SerializeToString,
+                response_deserializer=gpufleet_dot_v1_dot_fleet__pb2.UsageResponse.FromString,
+                _registered_method=True)
 
 
 class FleetServicer:
@@ -234,6 +249,27 @@ class FleetServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ListWorkloads(self, request, context):
+        """Workloads (docs/workloads.md): whose work is on the GPUs, as the scheduler says; running
+        and ended ones, one workload's report, and GPU-hours by owner. User names only for roles
+        that may see them (show_user_names; operators and admins always).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetWorkload(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def QueryUsage(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_FleetServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -321,6 +357,21 @@ def add_FleetServicer_to_server(servicer, server):
                     servicer.RevokeCollectorToken,
                     request_deserializer=gpufleet_dot_v1_dot_fleet__pb2.RevokeTokenRequest.FromString,
                     response_serializer=gpufleet_dot_v1_dot_fleet__pb2.RevokeTokenResponse.SerializeToString,
+            ),
+            'ListWorkloads': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListWorkloads,
+                    request_deserializer=gpufleet_dot_v1_dot_fleet__pb2.ListWorkloadsRequest.FromString,
+                    response_serializer=gpufleet_dot_v1_dot_fleet__pb2.ListWorkloadsResponse.SerializeToString,
+            ),
+            'GetWorkload': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetWorkload,
+                    request_deserializer=gpufleet_dot_v1_dot_fleet__pb2.GetWorkloadRequest.FromString,
+                    response_serializer=gpufleet_dot_v1_dot_fleet__pb2.WorkloadDetail.SerializeToString,
+            ),
+            'QueryUsage': grpc.unary_unary_rpc_method_handler(
+                    servicer.QueryUsage,
+                    request_deserializer=gpufleet_dot_v1_dot_fleet__pb2.UsageRequest.FromString,
+                    response_serializer=gpufleet_dot_v1_dot_fleet__pb2.UsageResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -782,6 +833,87 @@ class Fleet:
             '/gpufleet.v1.Fleet/RevokeCollectorToken',
             gpufleet_dot_v1_dot_fleet__pb2.RevokeTokenRequest.SerializeToString,
             gpufleet_dot_v1_dot_fleet__pb2.RevokeTokenResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListWorkloads(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/gpufleet.v1.Fleet/ListWorkloads',
+            gpufleet_dot_v1_dot_fleet__pb2.ListWorkloadsRequest.SerializeToString,
+            gpufleet_dot_v1_dot_fleet__pb2.ListWorkloadsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetWorkload(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/gpufleet.v1.Fleet/GetWorkload',
+            gpufleet_dot_v1_dot_fleet__pb2.GetWorkloadRequest.SerializeToString,
+            gpufleet_dot_v1_dot_fleet__pb2.WorkloadDetail.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def QueryUsage(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/gpufleet.v1.Fleet/QueryUsage',
+            gpufleet_dot_v1_dot_fleet__pb2.UsageRequest.SerializeToString,
+            gpufleet_dot_v1_dot_fleet__pb2.UsageResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -35,6 +35,33 @@ def serving_name_problem(kind: str, name: str) -> str:
     return f"{kind} name {name[:80]!r}{'...' if len(name) > 80 else ''} is not {rule}"
 
 
+# A workload's names (docs/workloads.md): the schedulers a node may name, and one grammar for the
+# ids and parts it reports (a Slurm job id and step, a Kubernetes namespace/pod and container, a
+# site's id): nothing a shell, a path, a URL or Markdown reads as more than text.
+WORKLOAD_SCHEDULERS = ("slurm", "kubernetes", "site", "none")
+WORKLOAD_ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:@+/-]{0,126}")
+WORKLOAD_ID_RULE = (
+    "1 to 127 letters, digits, '.', '_', ':', '@', '+', '/' or '-', starting with a letter or digit"
+)
+
+
+def workload_problem(scheduler: str, workload_id: str, part: str = "") -> str:
+    """Why a reported workload's names are unusable; "" when they are."""
+    if scheduler not in WORKLOAD_SCHEDULERS:
+        return f"scheduler {scheduler[:40]!r} is none of {', '.join(WORKLOAD_SCHEDULERS)}"
+    if scheduler == "none":
+        return "" if not workload_id and not part else "a process of no workload names no id"
+    for what, value in (("id", workload_id), ("part", part)):
+        if not value and what == "part":
+            continue
+        if not WORKLOAD_ID_RE.fullmatch(value) or ".." in value:
+            shown = f"{value[:80]!r}{'...' if len(value) > 80 else ''}"
+            return f"workload {what} {shown} is not {WORKLOAD_ID_RULE} (nor holds '..')"
+    if scheduler == "slurm" and not workload_id.isdigit():
+        return f"Slurm job id {workload_id[:40]!r} is not a number"
+    return ""
+
+
 def action_name(value: int) -> str:
     return vocabulary_pb2.Action.Name(value).removeprefix("ACTION_")
 

@@ -212,7 +212,7 @@ class CollectorStats(_message.Message):
     def __init__(self, reports_dropped_total: _Optional[int] = ..., reports_rejected_total: _Optional[int] = ..., unacked_reports: _Optional[int] = ..., reconnects_total: _Optional[int] = ..., sample_errors_total: _Optional[int] = ..., sample_duration_s: _Optional[float] = ..., kmsg_lines_unparsed_total: _Optional[int] = ..., xid_unknown_gpu_total: _Optional[int] = ..., xid_duplicates_total: _Optional[int] = ..., engine_scrapes_failed_total: _Optional[int] = ..., xid_folded_total: _Optional[int] = ..., kmsg_records_caught_up_total: _Optional[int] = ..., nvml_calls_hung_total: _Optional[int] = ...) -> None: ...
 
 class NodeReport(_message.Message):
-    __slots__ = ("node", "cluster", "boot_id", "seq", "time_unix_ns", "interval_s", "gpus", "engines", "events", "stats", "gpus_on_pci_bus", "gpu_columns")
+    __slots__ = ("node", "cluster", "boot_id", "seq", "time_unix_ns", "interval_s", "gpus", "engines", "events", "stats", "gpus_on_pci_bus", "gpu_columns", "workloads")
     NODE_FIELD_NUMBER: _ClassVar[int]
     CLUSTER_FIELD_NUMBER: _ClassVar[int]
     BOOT_ID_FIELD_NUMBER: _ClassVar[int]
@@ -225,6 +225,7 @@ class NodeReport(_message.Message):
     STATS_FIELD_NUMBER: _ClassVar[int]
     GPUS_ON_PCI_BUS_FIELD_NUMBER: _ClassVar[int]
     GPU_COLUMNS_FIELD_NUMBER: _ClassVar[int]
+    WORKLOADS_FIELD_NUMBER: _ClassVar[int]
     node: str
     cluster: str
     boot_id: str
@@ -237,7 +238,28 @@ class NodeReport(_message.Message):
     stats: CollectorStats
     gpus_on_pci_bus: int
     gpu_columns: GpuColumns
-    def __init__(self, node: _Optional[str] = ..., cluster: _Optional[str] = ..., boot_id: _Optional[str] = ..., seq: _Optional[int] = ..., time_unix_ns: _Optional[int] = ..., interval_s: _Optional[float] = ..., gpus: _Optional[_Iterable[_Union[GpuSample, _Mapping]]] = ..., engines: _Optional[_Iterable[_Union[EngineSample, _Mapping]]] = ..., events: _Optional[_Iterable[_Union[Event, _Mapping]]] = ..., stats: _Optional[_Union[CollectorStats, _Mapping]] = ..., gpus_on_pci_bus: _Optional[int] = ..., gpu_columns: _Optional[_Union[GpuColumns, _Mapping]] = ...) -> None: ...
+    workloads: _containers.RepeatedCompositeFieldContainer[WorkloadSample]
+    def __init__(self, node: _Optional[str] = ..., cluster: _Optional[str] = ..., boot_id: _Optional[str] = ..., seq: _Optional[int] = ..., time_unix_ns: _Optional[int] = ..., interval_s: _Optional[float] = ..., gpus: _Optional[_Iterable[_Union[GpuSample, _Mapping]]] = ..., engines: _Optional[_Iterable[_Union[EngineSample, _Mapping]]] = ..., events: _Optional[_Iterable[_Union[Event, _Mapping]]] = ..., stats: _Optional[_Union[CollectorStats, _Mapping]] = ..., gpus_on_pci_bus: _Optional[int] = ..., gpu_columns: _Optional[_Union[GpuColumns, _Mapping]] = ..., workloads: _Optional[_Iterable[_Union[WorkloadSample, _Mapping]]] = ...) -> None: ...
+
+class WorkloadSample(_message.Message):
+    __slots__ = ("scheduler", "id", "part", "gpu_indices", "pids", "process_count", "hbm_used_bytes", "source")
+    SCHEDULER_FIELD_NUMBER: _ClassVar[int]
+    ID_FIELD_NUMBER: _ClassVar[int]
+    PART_FIELD_NUMBER: _ClassVar[int]
+    GPU_INDICES_FIELD_NUMBER: _ClassVar[int]
+    PIDS_FIELD_NUMBER: _ClassVar[int]
+    PROCESS_COUNT_FIELD_NUMBER: _ClassVar[int]
+    HBM_USED_BYTES_FIELD_NUMBER: _ClassVar[int]
+    SOURCE_FIELD_NUMBER: _ClassVar[int]
+    scheduler: str
+    id: str
+    part: str
+    gpu_indices: _containers.RepeatedScalarFieldContainer[int]
+    pids: _containers.RepeatedScalarFieldContainer[int]
+    process_count: int
+    hbm_used_bytes: int
+    source: str
+    def __init__(self, scheduler: _Optional[str] = ..., id: _Optional[str] = ..., part: _Optional[str] = ..., gpu_indices: _Optional[_Iterable[int]] = ..., pids: _Optional[_Iterable[int]] = ..., process_count: _Optional[int] = ..., hbm_used_bytes: _Optional[int] = ..., source: _Optional[str] = ...) -> None: ...
 
 class GpuColumns(_message.Message):
     __slots__ = ("count", "index", "uuid", "model", "pci_bus_id", "lost", "double_fields", "doubles", "integer_fields", "integers", "bool_fields", "bools", "present", "driver_unresponsive_call", "process_gpu_index", "process_pid", "process_used_memory_bytes", "process_used_memory_present")

@@ -25,6 +25,19 @@ command -v systemd-analyze >/dev/null 2>&1 || missing+=(systemd)
 ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || missing+=(postgresql)
 command -v ssh >/dev/null 2>&1 || missing+=(openssh-client)
 command -v cc >/dev/null 2>&1 || missing+=(gcc libc6-dev)
+# Two system users the workloads tests submit real Slurm jobs as (sbatch --uid, as root): the
+# jobs of two users in two accounts (tests/fleet/test_workloads_slurm.py).
+for user in gpufleet-alice gpufleet-bob; do
+  id "$user" >/dev/null 2>&1 && continue
+  if [ "$(id -u)" -eq 0 ]; then
+    useradd --system --no-create-home --shell /usr/sbin/nologin "$user"
+  elif command -v sudo >/dev/null 2>&1; then
+    sudo useradd --system --no-create-home --shell /usr/sbin/nologin "$user"
+  else
+    echo "install-test-deps: need the system user $user (as root: useradd --system $user)" >&2
+    exit 1
+  fi
+done
 [ ${#missing[@]} -eq 0 ] && exit 0
 if [ "$(id -u)" -ne 0 ] && ! command -v sudo >/dev/null 2>&1; then
   echo "install-test-deps: need ${missing[*]} (Debian packages); run as root or install them" >&2

@@ -6,6 +6,8 @@ per job (harness/__init__.py)."""
 from __future__ import annotations
 
 import resource
+import shutil
+import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -165,12 +167,18 @@ def slurm_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     """A real slurmctld with twenty slurmd nodes (gpu-node-01..20) for the session."""
     from harness.slurm import SlurmCluster
 
-    cluster = SlurmCluster(tmp_path_factory.mktemp("slurm"), SLURM_NODES)
+    # Outside pytest's own temporary folder (mode 0700, root's): jobs run as other users
+    # (tests/fleet/test_workloads_slurm.py), and slurmstepd starts their batch script from the
+    # spool folder as that user, so the path to it must be traversable by them.
+    home = Path(tempfile.mkdtemp(prefix="gpufleet-slurm-"))
+    home.chmod(0o755)
+    cluster = SlurmCluster(home, SLURM_NODES)
     cluster.start()
     try:
         yield cluster
     finally:
         cluster.stop()
+        shutil.rmtree(home, ignore_errors=True)
 
 
 @pytest.fixture

@@ -1,5 +1,5 @@
 """The Fleet API: the only way the dashboard and the CLI see the fleet. One servicer made of its
-RPC groups (nodes.py, history.py, repair.py), each an object given what it uses: the gate every
+RPC groups (nodes.py, history.py, repair.py, workloads.py), each an object given what it uses: the gate every
 call goes through (base.py: authentication, role, counting, refusals, forwarding to the repair
 leader) and, for nodes and repair, one view of repair (repair_view.py). The servicer serves each
 RPC by its group's method; a .proto RPC no group serves, or two serve, stops the start."""
@@ -15,6 +15,7 @@ from gpufleet.aggregator.api.leader import LeaderForwarding
 from gpufleet.aggregator.api.nodes import NodesApi
 from gpufleet.aggregator.api.repair import RepairApi
 from gpufleet.aggregator.api.repair_view import RepairView
+from gpufleet.aggregator.api.workloads import WorkloadsApi
 from gpufleet.aggregator.auth.tokens import Authenticator
 from gpufleet.aggregator.fleet.state import FleetState
 from gpufleet.aggregator.metrics import AggregatorMetrics
@@ -25,8 +26,9 @@ from gpufleet.repair.state import Workflow
 if TYPE_CHECKING:
     from gpufleet.aggregator.repair_wiring import RepairWiring
     from gpufleet.aggregator.replication.control_plane import ControlPlane
+    from gpufleet.aggregator.workloads.wiring import Workloads
 
-GROUPS = (NodesApi, HistoryApi, RepairApi)
+GROUPS = (NodesApi, HistoryApi, RepairApi, WorkloadsApi)
 FLEET_RPCS = tuple(m.name for m in fleet_pb2.DESCRIPTOR.services_by_name["Fleet"].methods)
 
 
@@ -55,6 +57,8 @@ class FleetService(fleet_pb2_grpc.FleetServicer):
         status: Callable[[], fleet_pb2.AggregatorStatus] | None = None,
         repair: RepairWiring | None = None,
         shared: ControlPlane | None = None,
+        workloads: Workloads | None = None,
+        show_user_names: bool = False,
     ) -> None:
         rpcs_by_group()
         gate = RpcGate(auth, metrics, LeaderForwarding(repair, shared))
@@ -63,6 +67,7 @@ class FleetService(fleet_pb2_grpc.FleetServicer):
             NodesApi(gate, fleet, self.repair_view, status or fleet_pb2.AggregatorStatus),
             HistoryApi(gate, store),
             RepairApi(gate, self.repair_view, store),
+            WorkloadsApi(gate, workloads, show_user_names),
         )
         for group in groups:
             # What grpc's add_FleetServicer_to_server registers: each RPC's name on this object.

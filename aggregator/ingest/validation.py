@@ -27,6 +27,7 @@ from gpufleet.aggregator.ingest.wire_rules import (
 from gpufleet.aggregator.store import Point
 from gpufleet.protos import ingest_pb2, telemetry_pb2
 from gpufleet.protos.credentials import node_name_problem
+from gpufleet.protos.names import workload_problem
 
 SUPPORTED_PROTOCOLS = frozenset({1})
 _CHECKED_APART = frozenset({"gpus", "gpu_columns"})  # the GPU samples: _gpu_rows
@@ -181,6 +182,8 @@ class Checker:
         _drop_at(report.engines, twice)
         if report.events:
             dropped += self._drop_events(report, gpu_count, where, now_ns or time.time_ns())
+        if report.workloads:
+            dropped += _drop_workloads(report, gpu_count, where)
         return dropped
 
     def _drop_events(
@@ -342,3 +345,37 @@ class Checker:
             f"clock); accepted: up to {self.max_clock_skew_s:g} s ahead and {self.retention_s:g} s back. "
             "Check the node's clock (NTP)."
         )
+
+
+def _drop_workloads(report: telemetry_pb2.NodeReport, gpu_count: int, where: str) -> list[DroppedPart]:
+    """A workload whose names break the grammar (protos/names.py) is dropped; one that names a
+    GPU the hello did not declare keeps the GPUs it did; one named twice is dropped the second
+    time. Whether the scheduler places it on this node is the aggregator's check, later
+    (aggregator/workloads/ledger.py)."""
+    dropped: list[DroppedPart] = []
+    seen: set[tuple[str, str, str]] = set()
+    gone = []
+    for at, w in enumerate(report.workloads):
+        key = (w.scheduler, w.id, w.part)
+        problem = workload_problem(w.scheduler, w.id, w.part) or ("named twice" if key in seen else "")
+        if problem:
+            dropped.append(
+                DroppedPart("workload", f"{where} has a workload that is unusable ({problem}): dropped")
+            )
+            gone.append(at)
+            continue
+        seen.add(key)
+        bad = [i for i in w.gpu_indices if i >= gpu_count]
+        if bad:
+            dropped.append(
+                DroppedPart(
+                    "gpu_index",
+                    f"{where} workload {w.scheduler}:{w.id} names GPU {bad[0]}; the node declared "
+                    f"{gpu_count}: kept without GPU(s) {bad}",
+                )
+            )
+            kept = [i for i in w.gpu_indices if i < gpu_count]
+            del w.gpu_indices[:]
+            w.gpu_indices.extend(kept)
+    _drop_at(report.workloads, gone)
+    return dropped

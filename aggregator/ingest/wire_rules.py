@@ -33,7 +33,9 @@ from gpufleet.protos.limits import (
     MAX_ENGINES_PER_REPORT,
     MAX_EVENTS_PER_REPORT,
     MAX_GPUS_PER_NODE,
+    MAX_PIDS_PER_WORKLOAD,
     MAX_PROCESSES_PER_GPU,
+    MAX_WORKLOADS_PER_REPORT,
 )
 
 UINT32_MAX = 2**32 - 1
@@ -167,6 +169,17 @@ RULES: dict[str, Rule] = {
     "NodeReport.stats": Nested(),
     "NodeReport.gpus_on_pci_bus": Num(0, 1024, "GPUs"),
     "NodeReport.gpu_columns": Nested(),  # its arrays: aggregator/ingest/columns.py
+    # The names' grammar and the GPUs against the hello: aggregator/ingest/validation.py
+    # (a bad workload is dropped from its report, not the report refused).
+    "NodeReport.workloads": Many(MAX_WORKLOADS_PER_REPORT, Nested()),
+    "WorkloadSample.scheduler": Text(16),
+    "WorkloadSample.id": Text(127),
+    "WorkloadSample.part": Text(127),
+    "WorkloadSample.gpu_indices": Many(MAX_GPUS_PER_NODE, Num(0, MAX_GPUS_PER_NODE - 1)),
+    "WorkloadSample.pids": Many(MAX_PIDS_PER_WORKLOAD, Num(0, 2**31 - 1)),
+    "WorkloadSample.process_count": Num(0, MAX_PROCESSES_PER_GPU * MAX_GPUS_PER_NODE),
+    "WorkloadSample.hbm_used_bytes": Num(0, 1024 * _TIB, "bytes"),
+    "WorkloadSample.source": Text(16),
     # GpuColumns: sizes here; what the arrays hold (each value against its GpuSample field's
     # rule, each array's length against count) is checked in bulk by aggregator/ingest/columns.py.
     "GpuColumns.count": Num(0, MAX_GPUS_PER_NODE),

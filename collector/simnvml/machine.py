@@ -19,6 +19,7 @@ import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from gpufleet.collector.simnvml.gpu_users import MADE_UP_PID_BASE, DemoJobs, ProcGpuUsers
 from gpufleet.collector.simnvml.scheduler import DRAINED, IN_SERVICE, ScheduledState
 
 log = logging.getLogger("gpufleet.collector.sim")
@@ -149,6 +150,12 @@ class _Job:
     ends_at_s: float
     pid: int = 0
     tensor_share: float = 0.6  # of the SMs' busy time, the share on tensor cores (GPM)
+    # A program's exact load (gpu_users.py: a process on this machine that said what it runs):
+    # utilization and HBM are exactly what it asks, no noise; its processes as (pid, bytes).
+    exact: bool = False
+    processes: tuple[tuple[int, int], ...] = ()
+    # The demo scheduler's job this is (gpu_users.py DemoJobs), for its cgroup and its record.
+    workload: object = None
 
 
 @dataclass
@@ -319,15 +326,20 @@ class SimulatedGpu:
     def step(self, dt_s: float, job: _Job | None) -> None:
         """Advance this GPU by dt_s seconds towards what the job asks of it."""
         target = job.util_target_pct if job else 0.0
-        if job:
+        exact = job is not None and job.exact
+        if job and not exact:
             target += self.rng.gauss(0.0, 4.0)
         # Mean-reverting walk: fast enough to follow a job start within a few seconds.
-        alpha = min(1.0, dt_s / 3.0)
+        alpha = 1.0 if exact else min(1.0, dt_s / 3.0)
         self.util_gpu_pct = _clamp(self.util_gpu_pct + alpha * (target - self.util_gpu_pct), 0, 100)
         self.util_mem_pct = _clamp(self.util_gpu_pct * 0.55 + self.rng.gauss(0, 2), 0, 100)
         total = self.profile.hbm_total_bytes
         want_hbm = (job.hbm_fraction if job else 0.0) * total + 512 * MIB
-        self.hbm_used_bytes = int(_clamp(want_hbm + self.rng.gauss(0, 64 * MIB), 0, total))
+        if job is not None and job.exact:
+            want_hbm = sum(used for _, used in job.processes) + 512 * MIB
+            self.hbm_used_bytes = int(_clamp(want_hbm, 0, total))
+        else:
+            self.hbm_used_bytes = int(_clamp(want_hbm + self.rng.gauss(0, 64 * MIB), 0, total))
         p = self.profile
         self.power_w = (
             p.idle_power_w
@@ -349,7 +361,10 @@ class SimulatedGpu:
         if self.thermal_slowdown():
             t_eq = p.slowdown_temp_c + 1.0
         self.temp_gpu_c += min(1.0, dt_s / 20.0) * (t_eq - self.temp_gpu_c)
-        self.processes = [(job.pid, max(0, self.hbm_used_bytes - 512 * MIB))] if job else []
+        if job is not None and job.processes:
+            self.processes = list(job.processes)
+        else:
+            self.processes = [(job.pid, max(0, self.hbm_used_bytes - 512 * MIB))] if job else []
         self._step_work(dt_s, job)
 
     def _step_work(self, dt_s: float, job: _Job | None) -> None:
@@ -395,6 +410,8 @@ class SimulatedNode:
         seed: int | None = None,
         clock: callable = time.monotonic,  # type: ignore[valid-type]
         scheduled: ScheduledState | None = None,
+        gpu_users: ProcGpuUsers | None = None,
+        demo_jobs: DemoJobs | None = None,
     ) -> None:
         if model not in GPU_PROFILES:
             raise ValueError(
@@ -436,6 +453,11 @@ class SimulatedNode:
         # The demo scheduler's state file (None: no scheduler; jobs come and go on their own).
         self.scheduled = scheduled
         self._scheduled_state = IN_SERVICE
+        # Real processes that run on these GPUs (gpu_users.py): with them, the node runs no job
+        # of its own; its GPUs do exactly what those processes ask.
+        self.gpu_users = gpu_users
+        # The demo scheduler's owners of the node's own jobs (None: jobs belong to no one).
+        self.demo_jobs = demo_jobs
 
     def wait_if_hung(self, symbol: str) -> None:
         _wait_if_hung(self.hangs, symbol)
@@ -464,9 +486,42 @@ class SimulatedNode:
                 step = min(dt, 1.0)
                 dt -= step
                 self._t_s += step
+                if self.gpu_users is not None:
+                    jobs = self._jobs_of_gpu_users()
+                    for gpu in self.gpus:
+                        gpu.step(step, jobs.get(gpu.index))
+                    continue
                 self._schedule_jobs()
                 for gpu in self.gpus:
                     gpu.step(step, self._job)
+
+    def _jobs_of_gpu_users(self) -> dict[int, _Job]:
+        assert self.gpu_users is not None
+        jobs = {}
+        for index, uses in self.gpu_users.uses().items():
+            jobs[index] = _Job(
+                min(100.0, sum(u.util_pct for u in uses)),
+                0.0,
+                float("inf"),
+                pid=uses[0].pid,
+                exact=True,
+                processes=tuple((u.pid, u.hbm_bytes) for u in uses),
+            )
+        return jobs
+
+    def _set_job(self, job: _Job | None) -> None:
+        """The node's own job from now on: its owner told (the demo scheduler's record)."""
+        old = self._job
+        if old is not None and old is not job and old.workload is not None and self.demo_jobs:
+            self.demo_jobs.ended(old.workload, old.pid)  # type: ignore[arg-type]
+        if job is not None and job is not old and self.demo_jobs is not None:
+            owner = self.demo_jobs.pick(self._rng.random())
+            if job.util_target_pct > 0 and not job.exact and self.forced_util_pct is None:
+                low, high = owner.util_range
+                job.util_target_pct = self._rng.uniform(low, high)
+            job.workload = owner
+            self.demo_jobs.started(owner, job.pid, job.ends_at_s - self._t_s)
+        self._job = job
 
     def _obey_scheduler(self) -> bool:
         """The demo scheduler's word on this node (scheduler.py): True while no job may start.
@@ -482,22 +537,20 @@ class SimulatedNode:
             )
             self._scheduled_state = state
         if state == DRAINED:
-            self._job = None
+            self._set_job(None)
         return state != IN_SERVICE
 
     def _schedule_jobs(self) -> None:
         if self._obey_scheduler():
             if self._job and self._t_s >= self._job.ends_at_s:
-                self._job = None  # a cordoned node's job runs to its end; no other starts
+                self._set_job(None)  # a cordoned node's job runs to its end; no other starts
             return
         if self.forced_util_pct is not None:
             if self._job is None or self._job.util_target_pct != self.forced_util_pct:
-                self._job = _Job(
-                    self.forced_util_pct, 0.8, float("inf"), pid=self._rng.randint(10_000, 4_000_000)
-                )
+                self._set_job(_Job(self.forced_util_pct, 0.8, float("inf"), pid=self._made_up_pid()))
             return
         if self._job and self._t_s >= self._job.ends_at_s:
-            self._job = None
+            self._set_job(None)
             self._idle_until_s = self._t_s + self._rng.uniform(5, 60)
         if self._job is None and self._t_s >= self._idle_until_s:
             training = self._rng.random() < 0.6
@@ -505,13 +558,20 @@ class SimulatedNode:
                 util, hbm = self._rng.uniform(85, 99), self._rng.uniform(0.7, 0.95)
             else:  # inference: moderate, KV cache holds most of HBM, decode is memory-bound
                 util, hbm = self._rng.uniform(25, 70), self._rng.uniform(0.85, 0.92)
-            self._job = _Job(
-                util,
-                hbm,
-                self._t_s + self._rng.uniform(120, 900),
-                pid=self._rng.randint(10_000, 4_000_000),
-                tensor_share=0.6 if training else 0.35,
+            self._set_job(
+                _Job(
+                    util,
+                    hbm,
+                    self._t_s + self._rng.uniform(120, 900),
+                    pid=self._made_up_pid(),
+                    tensor_share=0.6 if training else 0.35,
+                )
             )
+
+    def _made_up_pid(self) -> int:
+        """A simulated job's process id: above any real pid (gpu_users.py MADE_UP_PID_BASE), so
+        the collector never reads a real process's cgroup for it."""
+        return self._rng.randint(MADE_UP_PID_BASE + 1, 2**31 - 1)
 
 
 def _clamp(value: float, low: float, high: float) -> float:

@@ -4,10 +4,12 @@ installs them). Node names stand for GPU nodes; every slurmd runs on this machin
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shutil
 import signal
+import stat
 import subprocess
 from pathlib import Path
 
@@ -18,9 +20,11 @@ from harness.waiting import wait_until
 
 # The session's Slurm (tests/conftest.py, slurm_cluster): twenty node names standing for GPU nodes.
 SLURM_NODES = [f"gpu-node-{i:02d}" for i in range(1, 21)]
+GPUS_PER_NODE = 4  # GPU GRES of each node
 
 CONF = """\
 ClusterName=gpufleet-test
+GresTypes=gpu
 SlurmctldHost=localhost(127.0.0.1)
 SlurmctldPort={ctld_port}
 SlurmdPort={slurmd_port}
@@ -67,9 +71,19 @@ class SlurmCluster:
         key.write_bytes(os.urandom(1024))
         key.chmod(0o600)
         lines = [
-            f"NodeName={n} NodeAddr=127.0.0.1 NodeHostname=localhost Port={free_port()} CPUs=1 RealMemory=100"
+            f"NodeName={n} NodeAddr=127.0.0.1 NodeHostname=localhost Port={free_port()} CPUs=1 "
+            f"RealMemory=100 Gres=gpu:{GPUS_PER_NODE}"
             for n in nodes
         ]
+        # Each node's GPUs for GRES: character devices (slurmd refuses a plain file), made here as
+        # copies of /dev/null (major 1, minor 3): Slurm hands them out by index, and each job gets
+        # SLURM_JOB_GPUS / CUDA_VISIBLE_DEVICES and its `IDX:` list as on a GPU node.
+        dev = home / "dev"
+        dev.mkdir(exist_ok=True)
+        for i in range(GPUS_PER_NODE):
+            if not (dev / f"nvidia{i}").exists():
+                os.mknod(dev / f"nvidia{i}", 0o666 | stat.S_IFCHR, os.makedev(1, 3))
+        (home / "gres.conf").write_text(f"Name=gpu File={dev}/nvidia[0-{GPUS_PER_NODE - 1}]\n")
         self.conf = home / "slurm.conf"
         self.conf.write_text(
             CONF.format(home=home, ctld_port=free_port(), slurmd_port=free_port(), nodes="\n".join(lines))
@@ -104,6 +118,10 @@ class SlurmCluster:
         )
 
     def stop(self) -> None:
+        # Jobs first: a batch job's processes outlive slurmd (they are the job's, not its), and a
+        # test's `sleep` left running would hold a simulated node's GPUs in the next run.
+        with contextlib.suppress(Exception):
+            self.cancel_all()
         for proc in reversed(self.procs):
             proc.send_signal(signal.SIGTERM)
         for proc in self.procs:

@@ -1,0 +1,323 @@
+"""Whose work is on each GPU, kept by the aggregator (docs/workloads.md): the scheduler's jobs
+(aggregator/workloads/schedulers.py) are the allocations — who, which GPUs of which nodes, from
+when to when — and each report of a node with an allocation adds its GPUs' readings to that
+allocation's figures. When a job ends its summary is written (the history store's `workload`
+measurement and the ledger's recent list) and the allocation is closed.
+
+Trust: a node's own word (NodeReport.workloads: the ids its processes belong to) is a claim.
+A claim is attributed only where the scheduler places that job on that node; any other is
+refused, counted (`gpufleet_workload_claims_refused_total{reason}`) and logged once a minute per
+node: a node cannot charge its GPU-hours to another team's job, or hide one. Figures come from
+the scheduler's allocation and the node's GPU readings of its own GPUs, never from one node's
+word about another.
+
+Figures, per allocation (each GPU of each node it holds):
+- GPU-hours allocated: GPUs x (end or now - start), from the scheduler's times, to the second;
+- utilization: the mean and max of util_gpu_pct over the reports received while it ran (each
+  report weighted by its interval), counting a GPU's reading while the job's processes are on it
+  and, after its first LOADING_GRACE_S (60 s), whatever is on it; GPU-hours effective: the
+  allocated GPU-hours x mean utilization / 100 (what the GPUs did); GPU-hours idle: the report
+  intervals whose utilization was under IDLE_UTIL_PCT;
+- SM activity (GPM, where the GPU has it), HBM peak, energy (power x interval).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+
+from gpufleet.aggregator.workloads.schedulers import Job
+from gpufleet.protos import columns, telemetry_pb2
+
+log = logging.getLogger("gpufleet.aggregator.workloads")
+
+IDLE_UTIL_PCT = 5.0  # a report interval under this utilization counts as idle GPU time
+# A job's loading time: before it, an allocated GPU's readings count only while the job's own
+# processes are on it (a job that has not started its GPU work yet is not charged idle time).
+LOADING_GRACE_S = 60.0
+RECENT_ENDED = 10_000  # ended workloads kept in memory for listing (the store keeps them all)
+_FIELDS = ("util_gpu_pct", "sm_active_pct", "hbm_used_bytes", "power_w")
+REFUSAL_REASONS = ("unknown_job", "not_on_node", "no_scheduler")
+
+
+@dataclass
+class GpuFigures:
+    """One GPU's readings while a workload held it."""
+
+    seconds: float = 0.0  # report intervals covered
+    util_weighted: float = 0.0  # util % x seconds
+    util_max_pct: float = 0.0
+    idle_seconds: float = 0.0
+    sm_weighted: float = 0.0
+    sm_seconds: float = 0.0
+    hbm_peak_bytes: int = 0
+    energy_j: float = 0.0
+
+    def add(self, reading: dict[str, float], interval_s: float) -> None:
+        util = reading.get("util_gpu_pct")
+        if util is not None:
+            self.seconds += interval_s
+            self.util_weighted += util * interval_s
+            self.util_max_pct = max(self.util_max_pct, util)
+            if util < IDLE_UTIL_PCT:
+                self.idle_seconds += interval_s
+        sm = reading.get("sm_active_pct")
+        if sm is not None:
+            self.sm_weighted += sm * interval_s
+            self.sm_seconds += interval_s
+        hbm = reading.get("hbm_used_bytes")
+        if hbm is not None:
+            self.hbm_peak_bytes = max(self.hbm_peak_bytes, int(hbm))
+        power = reading.get("power_w")
+        if power is not None:
+            self.energy_j += power * interval_s
+
+    @property
+    def util_mean_pct(self) -> float | None:
+        return self.util_weighted / self.seconds if self.seconds else None
+
+    @property
+    def sm_mean_pct(self) -> float | None:
+        return self.sm_weighted / self.sm_seconds if self.sm_seconds else None
+
+
+@dataclass
+class Workload:
+    """One job's allocation and figures (live or ended)."""
+
+    job: Job
+    gpus: dict[tuple[str, int], GpuFigures] = field(default_factory=dict)
+    # What the nodes said of it: (node, pids listed, processes, HBM its processes hold).
+    claims: dict[str, telemetry_pb2.WorkloadSample] = field(default_factory=dict)
+    ended_unix_s: float | None = None
+
+    @property
+    def key(self) -> tuple[str, str]:
+        return (self.job.scheduler, self.job.id)
+
+    @property
+    def gpu_count(self) -> int:
+        return sum(len(g) for g in self.job.gpus_by_node.values())
+
+    def end_or(self, now_s: float) -> float:
+        return self.ended_unix_s if self.ended_unix_s is not None else now_s
+
+    def gpu_hours_allocated(self, now_s: float) -> float:
+        return self.gpu_count * max(0.0, self.end_or(now_s) - self.job.start_unix_s) / 3600.0
+
+    def util_mean_pct(self) -> float | None:
+        seconds = sum(g.seconds for g in self.gpus.values())
+        return sum(g.util_weighted for g in self.gpus.values()) / seconds if seconds else None
+
+    def util_max_pct(self) -> float | None:
+        seen = [g.util_max_pct for g in self.gpus.values() if g.seconds]
+        return max(seen) if seen else None
+
+    def sm_mean_pct(self) -> float | None:
+        seconds = sum(g.sm_seconds for g in self.gpus.values())
+        return sum(g.sm_weighted for g in self.gpus.values()) / seconds if seconds else None
+
+    def gpu_hours_effective(self, now_s: float) -> float | None:
+        mean = self.util_mean_pct()
+        return None if mean is None else self.gpu_hours_allocated(now_s) * mean / 100.0
+
+    def gpu_hours_idle(self) -> float:
+        return sum(g.idle_seconds for g in self.gpus.values()) / 3600.0
+
+    def hbm_peak_bytes(self) -> int:
+        return max((g.hbm_peak_bytes for g in self.gpus.values()), default=0)
+
+    def energy_j(self) -> float:
+        return sum(g.energy_j for g in self.gpus.values())
+
+
+def gpu_readings(report: telemetry_pb2.NodeReport, wanted: set[int]) -> dict[int, dict[str, float]]:
+    """The _FIELDS of the wanted GPUs of a (checked) report, whichever form it carries."""
+    out: dict[int, dict[str, float]] = {}
+    if report.HasField("gpu_columns"):
+        cols = report.gpu_columns
+        lay, vals = columns.of(cols), columns.values(cols)
+        for index, (names, get) in zip(cols.index, lay.gpus, strict=True):
+            if index in wanted:
+                got = dict(zip(names, get(vals), strict=True))
+                out[index] = {f: got[f] for f in _FIELDS if f in got}
+        return out
+    for gpu in report.gpus:
+        if gpu.index in wanted:
+            out[gpu.index] = {f: getattr(gpu, f) for f in _FIELDS if gpu.HasField(f)}
+    return out
+
+
+class WorkloadLedger:
+    """The live allocations and recent ended workloads. `refresh(jobs)` takes the scheduler's
+    answer (from a supervised loop: aggregator/workloads/wiring.py); `on_report` (a fan-out
+    listener) adds a node's readings and checks its claims. Thread-safe: the API reads from
+    its own threads."""
+
+    def __init__(
+        self,
+        scheduler: str,
+        on_end: Callable[[Workload], None],
+        on_refused: Callable[[str, str], None] = lambda reason, node: None,
+        now: Callable[[], float] = time.time,
+    ) -> None:
+        self.scheduler = scheduler
+        self._on_end = on_end
+        self._on_refused = on_refused
+        self._now = now
+        self._lock = threading.Lock()
+        self._live: dict[tuple[str, str], Workload] = {}
+        self._by_node: dict[str, list[Workload]] = {}
+        self.recent: deque[Workload] = deque(maxlen=RECENT_ENDED)
+        self.refreshed_unix_s: float | None = None
+        self.refused_total: dict[str, int] = dict.fromkeys(REFUSAL_REASONS, 0)
+        # (node, scheduler, id) claims refused, so each episode is counted once.
+        self._refused: dict[tuple[str, str, str], str] = {}
+        self._logged_at: dict[str, float] = {}
+        self._first_claimed: dict[tuple[str, str, str], float] = {}
+
+    # --- the scheduler's word ------------------------------------------------------
+    def refresh(self, jobs: dict[str, Job]) -> list[Workload]:
+        """The scheduler's jobs now: new allocations opened, ended ones closed (and returned)."""
+        now = self._now()
+        ended: list[Workload] = []
+        with self._lock:
+            seen = set()
+            for job in jobs.values():
+                key = (job.scheduler, job.id)
+                live = self._live.get(key)
+                if not any(job.gpus_by_node.values()):
+                    if live is None:
+                        continue  # holds no GPU: not a GPU workload
+                    # Slurm lists an ended job without its GRES detail: it held what it held.
+                    job = dataclasses.replace(job, gpus_by_node=live.job.gpus_by_node)
+                if job.running:
+                    seen.add(key)
+                    if live is None:
+                        self._live[key] = Workload(job)
+                    else:
+                        live.job = job
+                elif live is not None:
+                    live.job = job
+                    live.ended_unix_s = job.end_unix_s
+                    ended.append(self._live.pop(key))
+            # A job the scheduler no longer lists ended when it was last seen (at the latest now).
+            for key in [k for k in self._live if k not in seen]:
+                gone = self._live.pop(key)
+                gone.ended_unix_s = now
+                ended.append(gone)
+            self._by_node = {}
+            for w in self._live.values():
+                for node in w.job.gpus_by_node:
+                    self._by_node.setdefault(node, []).append(w)
+            self.recent.extend(ended)
+            self.refreshed_unix_s = now
+            if len(self._first_claimed) > 100_000:
+                self._first_claimed.clear()
+        for w in ended:
+            self._on_end(w)
+        return ended
+
+    # --- a node's reports -----------------------------------------------------------
+    def on_report(self, report: telemetry_pb2.NodeReport, heard_ns: int = 0, stream: int = 0) -> None:
+        """A durable report (the fan-out's listener signature; when and on which stream it came
+        do not matter here)."""
+        node = report.node
+        with self._lock:
+            held = self._by_node.get(node)
+            on_gpus: dict[tuple[str, str], set[int]] = {}
+            if report.workloads:
+                on_gpus = self._check_claims(node, report.workloads)
+            if not held:
+                return
+            wanted = {i for w in held for i in w.job.gpus_by_node.get(node, ())}
+            readings = gpu_readings(report, wanted)
+            interval = report.interval_s or 0.0
+            time_s = report.time_unix_ns / 1e9
+            for w in held:
+                # A GPU's reading counts while the job's processes are on it, and after its
+                # loading time whatever is on it (a GPU held with nothing running is idle time).
+                used = on_gpus.get(w.key, set())
+                loaded = time_s - w.job.start_unix_s >= LOADING_GRACE_S
+                for index in w.job.gpus_by_node.get(node, ()):
+                    reading = readings.get(index)
+                    if reading and (loaded or index in used):
+                        w.gpus.setdefault((node, index), GpuFigures()).add(reading, interval)
+
+    def _check_claims(
+        self, node: str, claims: Iterable[telemetry_pb2.WorkloadSample]
+    ) -> dict[tuple[str, str], set[int]]:
+        """The GPUs each attributed workload's processes are on; the others refused."""
+        on_gpus: dict[tuple[str, str], set[int]] = {}
+        for claim in claims:
+            if claim.scheduler == "none":
+                continue
+            key = (claim.scheduler, claim.id)
+            live = self._live.get(key)
+            if live is not None and node in live.job.gpus_by_node:
+                live.claims[node] = claim
+                on_gpus.setdefault(key, set()).update(claim.gpu_indices)
+                continue
+            episode = (node, claim.scheduler, claim.id)
+            if self.scheduler == "none":
+                reason = "no_scheduler"
+            elif live is not None:
+                reason = "not_on_node"
+            else:
+                # A job that started since the scheduler was last read is not refused yet: only
+                # once a read made after the node first named it still does not list it.
+                first = self._first_claimed.setdefault(episode, self._now())
+                if self.refreshed_unix_s is None or self.refreshed_unix_s <= first:
+                    continue
+                reason = "unknown_job"
+            if self._refused.get(episode) == reason:
+                continue
+            if len(self._refused) > 100_000:
+                self._refused.clear()
+            self._refused[episode] = reason
+            self.refused_total[reason] += 1
+            self._on_refused(reason, node)
+            now = time.monotonic()
+            if now - self._logged_at.get(node, -120.0) >= 60.0:
+                self._logged_at[node] = now
+                log.warning(
+                    "node %s names workload %s:%s on GPU(s) %s, which the scheduler %s: not attributed "
+                    "(counted in gpufleet_workload_claims_refused_total; said once a minute per node)",
+                    node,
+                    claim.scheduler,
+                    claim.id,
+                    list(claim.gpu_indices),
+                    {
+                        "unknown_job": "does not run",
+                        "not_on_node": f"runs on {', '.join(sorted(live.job.gpus_by_node))[:200]}"
+                        if live
+                        else "",
+                        "no_scheduler": "is not read (workload_scheduler = none)",
+                    }[reason],
+                    extra={"node": node, "workload": f"{claim.scheduler}:{claim.id}", "reason": reason},
+                )
+        return on_gpus
+
+    # --- reads ----------------------------------------------------------------------
+    def live(self) -> list[Workload]:
+        with self._lock:
+            return list(self._live.values())
+
+    def on_node(self, node: str) -> list[Workload]:
+        with self._lock:
+            return list(self._by_node.get(node, ()))
+
+    def find(self, scheduler: str, workload_id: str) -> Workload | None:
+        with self._lock:
+            live = self._live.get((scheduler, workload_id))
+            if live is not None:
+                return live
+            for w in reversed(self.recent):
+                if w.key == (scheduler, workload_id):
+                    return w
+        return None

@@ -1,0 +1,181 @@
+"""The aggregator's workloads, put together (docs/workloads.md): the scheduler source chosen by
+`workload_scheduler`, read every `workload_poll_s` by a supervised loop; the ledger fed by the
+fan-out with every durable report; each ended workload's summary written to the history store
+(through the group-commit writer: spooled, never lost, when the store is down); and the reads
+the Fleet API answers (running workloads, one workload, usage by owner)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING
+
+from prometheus_client import CollectorRegistry, Counter, Gauge
+
+from gpufleet.aggregator.fleet.state import FleetState
+from gpufleet.aggregator.store import Store, StoreError
+from gpufleet.aggregator.store.base import Point
+from gpufleet.aggregator.workloads.ledger import REFUSAL_REASONS, Workload, WorkloadLedger
+from gpufleet.aggregator.workloads.schedulers import WORKLOAD_SCHEDULERS, SchedulerReadError
+from gpufleet.aggregator.workloads.summary import (
+    MEASUREMENT,
+    Summary,
+    UsageRow,
+    from_point,
+    parse_prices,
+    summarise,
+    to_point,
+    usage,
+)
+
+if TYPE_CHECKING:
+    from gpufleet.aggregator.config import AggregatorConfig
+    from gpufleet.aggregator.ingest.fanout import Fanout
+
+log = logging.getLogger("gpufleet.aggregator.workloads")
+
+
+class Workloads:
+    def __init__(
+        self,
+        config: AggregatorConfig,
+        fleet: FleetState,
+        store: Store,
+        fanout: Fanout,
+        write: Callable[[list[Point]], Awaitable[None]],
+        registry: CollectorRegistry,
+    ) -> None:
+        self.scheduler = config.workload_scheduler
+        self.source = WORKLOAD_SCHEDULERS[self.scheduler].from_settings(config)
+        self.poll_s = config.workload_poll_s
+        self.prices = parse_prices(config.gpu_hour_prices)
+        self._fleet, self._store, self._write = fleet, store, write
+        self._unwritten: list[Point] = []
+        self.refused = Counter(
+            "gpufleet_workload_claims_refused",
+            "workloads a node named that the scheduler does not place on it (unknown_job, not_on_node) "
+            "or that no scheduler is read to check (no_scheduler): not attributed",
+            ["reason"],
+            registry=registry,
+        )
+        for reason in REFUSAL_REASONS:
+            self.refused.labels(reason=reason)
+        self.read_failures = Counter(
+            "gpufleet_workload_scheduler_read_failures", "scheduler reads that failed", registry=registry
+        )
+        self.ledger = WorkloadLedger(
+            self.scheduler,
+            on_end=self._ended,
+            on_refused=lambda reason, node: self.refused.labels(reason=reason).inc(),
+        )
+        Gauge(
+            "gpufleet_workloads_running",
+            "workloads holding GPUs now, as the scheduler says",
+            registry=registry,
+        ).set_function(lambda: len(self.ledger.live()))
+        Gauge(
+            "gpufleet_workload_scheduler_read_age_seconds",
+            "seconds since the scheduler was last read (NaN: never)",
+            registry=registry,
+        ).set_function(self._read_age_s)
+        fanout.on_report("workloads", self.ledger.on_report)
+
+    def _read_age_s(self) -> float:
+        read = self.ledger.refreshed_unix_s
+        return time.time() - read if read is not None else float("nan")
+
+    def model_of(self, w: Workload) -> str:
+        for node in sorted(w.job.gpus_by_node):
+            live = self._fleet.nodes.get(node)
+            if live is not None and live.gpus:
+                return next(iter(live.gpus.values())).model
+        return ""
+
+    def _ended(self, w: Workload) -> None:
+        s = summarise(w, time.time(), self.model_of(w))
+        log.info(
+            "workload %s:%s of %s (account %s) ended: %.3f GPU-hours on %d GPU(s), utilization %s",
+            s.scheduler,
+            s.id,
+            s.user or "-",
+            s.account or "-",
+            s.gpu_hours_allocated,
+            s.gpus,
+            f"{s.util_mean_pct:.1f} %" if s.util_mean_pct is not None else "not read",
+            extra={"workload": f"{s.scheduler}:{s.id}", "nodes": list(s.nodes)},
+        )
+        self._unwritten.append(to_point(s))
+
+    async def poll_loop(self, stop: asyncio.Event) -> None:
+        """Read the scheduler every poll_s; write the summaries of the workloads that ended."""
+        if self.scheduler == "none":
+            await stop.wait()
+            return
+        while not stop.is_set():
+            try:
+                jobs = await asyncio.to_thread(self.source.read)
+            except SchedulerReadError as exc:
+                self.read_failures.inc()
+                log.warning(
+                    "cannot read the %s scheduler (%s): workloads keep their last known state; retrying "
+                    "in %.0f s",
+                    self.scheduler,
+                    exc,
+                    self.poll_s,
+                )
+            else:
+                self.ledger.refresh(jobs)
+            await self._flush()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), self.poll_s)
+        await self._flush()
+
+    async def _flush(self) -> None:
+        if not self._unwritten:
+            return
+        points, self._unwritten = self._unwritten, []
+        try:
+            await self._write(points)
+        except StoreError as exc:
+            self._unwritten = points + self._unwritten
+            log.warning("cannot write %d workload summaries yet (%s); kept to retry", len(points), exc)
+
+    # --- reads (Fleet API threads) --------------------------------------------------
+    def running(self) -> list[Summary]:
+        now = time.time()
+        return [summarise(w, now, self.model_of(w)) for w in self.ledger.live()]
+
+    def ended(self, since_s: float, until_s: float) -> list[Summary]:
+        """Workloads that ended in [since, until), from the history store (each once: the
+        newest point of an id wins, as a replay may write one twice)."""
+        points = self._store.query_points(MEASUREMENT, int(since_s * 1e9), int(until_s * 1e9))
+        by_id = {}
+        for p in points:
+            s = from_point(p)
+            by_id[(s.scheduler, s.id)] = s
+        # Summaries not yet durable still count (they are written at the next poll).
+        for p in self._unwritten:
+            s = from_point(p)
+            if since_s * 1e9 <= p.time_unix_ns < until_s * 1e9:
+                by_id[(s.scheduler, s.id)] = s
+        return list(by_id.values())
+
+    def find(self, scheduler: str, workload_id: str, search_s: float = 30 * 86400) -> Summary | None:
+        now = time.time()
+        live = self.ledger.find(scheduler, workload_id)
+        if live is not None:
+            return summarise(live, now, self.model_of(live))
+        try:
+            ended = self.ended(now - search_s, now + 1)
+        except StoreError:
+            return None
+        return next((s for s in ended if s.scheduler == scheduler and s.id == workload_id), None)
+
+    def usage(self, since_s: float, until_s: float, by: str) -> list[UsageRow]:
+        # A workload that ended after `until` is stored at its end, after the range: read up to now.
+        ended = self.ended(since_s, max(until_s, time.time()) + 1)
+        summaries = ended + [s for s in self.running() if s.start_unix_s < until_s]
+        return usage(summaries, since_s, until_s, by, self.prices)
