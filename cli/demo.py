@@ -249,6 +249,17 @@ def _start_aggregator(
             "0.5",
             "--repair-policy-file",
             str(policy),
+            # Whose jobs run where: the demo's scheduler records each simulated job (a user's, in
+            # an account) in a folder the aggregator reads as a site's scheduler
+            # (collector/simnvml/gpu_users.py, aggregator/workloads/schedulers.py).
+            "--workload-scheduler",
+            "site",
+            "--workload-site-jobs-dir",
+            str(demo_jobs_dir(data_dir)),
+            "--workload-poll-s",
+            "2",
+            "--gpu-hour-prices",
+            DEMO_GPU_HOUR_PRICES,
         ),
     )
     bound: dict[str, str] = _wait_for(  # type: ignore[assignment]  # the ready file's JSON
@@ -259,6 +270,18 @@ def _start_aggregator(
         aggregator,
     )
     return aggregator, bound
+
+
+# What the demo prices a GPU-hour at, by model (list prices of the order clouds charge; the
+# Workloads page and `gpufleet usage` show allocated and effective cost with them).
+DEMO_GPU_HOUR_PRICES = "H100=2.50, H200=3.50, A100=1.20, B200=5.00"
+
+
+def demo_jobs_dir(data_dir: Path) -> Path:
+    """The demo scheduler's job records (made before anything starts: the aggregator reads it)."""
+    jobs = data_dir / "scheduler" / "jobs"
+    jobs.mkdir(parents=True, exist_ok=True)
+    return jobs
 
 
 def demo_nodes(count: int) -> list[str]:
@@ -294,6 +317,8 @@ def _start_collectors(
                 str(args.gpus_per_node),
                 "--sim-scheduler-file",
                 str(scheduled[node].path),
+                "--sim-jobs-dir",
+                str(demo_jobs_dir(data_dir)),
                 "--sim-model",
                 model,
                 "--interval-s",

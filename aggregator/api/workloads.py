@@ -103,14 +103,15 @@ class WorkloadsApi:
     @rpc("viewer")
     async def GetWorkload(self, request: fleet_pb2.GetWorkloadRequest, principal: Principal) -> Any:
         w = self._need()
-        scheduler = request.scheduler or w.scheduler
+        scheduler = request.scheduler  # "": any scheduler's workload of this id
         found = await asyncio.to_thread(w.find, scheduler, request.id)
         if found is None:
             raise Refused(
                 grpc.StatusCode.NOT_FOUND,
-                f"no workload {scheduler}:{request.id[:80]} running or ended in the last 30 days "
-                "(`gpufleet jobs` lists the running ones)",
+                f"no workload {scheduler + ':' if scheduler else ''}{request.id[:80]} running or ended in "
+                "the last 30 days (`gpufleet jobs` lists the running ones)",
             )
+        scheduler = found.scheduler
         out = fleet_pb2.WorkloadDetail(summary=self.message(found, principal))
         for node, gpu, seconds, mean, peak, idle, sm, hbm, energy in found.per_gpu:
             row = out.gpus.add(

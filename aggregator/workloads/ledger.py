@@ -313,11 +313,14 @@ class WorkloadLedger:
             return list(self._by_node.get(node, ()))
 
     def find(self, scheduler: str, workload_id: str) -> Workload | None:
+        """A live or recently ended workload; scheduler "": any scheduler's with this id."""
+
+        def match(w: Workload) -> bool:
+            return w.job.id == workload_id and scheduler in ("", w.job.scheduler)
+
         with self._lock:
             live = self._live.get((scheduler, workload_id))
             if live is not None:
                 return live
-            for w in reversed(self.recent):
-                if w.key == (scheduler, workload_id):
-                    return w
-        return None
+            found = next((w for w in self._live.values() if match(w)), None)
+            return found or next((w for w in reversed(self.recent) if match(w)), None)

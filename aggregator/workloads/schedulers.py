@@ -10,8 +10,10 @@ knows now, running and recently ended, with their owners and the GPUs they hold 
   maintained Python client and these are the commands its admins script against.
 - `site`: a folder of JSON files, one per job, that the site's own scheduler (or a cron job
   over its API) writes: {"id", "user", "account", "partition", "team", "name", "nodes": {NODE:
-  [GPU indices]}, "start_unix_s", "end_unix_s" (null while running), "time_limit_s"}. The
-  demo's scheduler writes these (collector/simnvml/gpu_users.py).
+  [GPU indices]}, "start_unix_s", "end_unix_s" (null while running), "time_limit_s",
+  "scheduler" (optional: "slurm" or "kubernetes" where the records export a Slurm's or a
+  cluster's jobs, so the nodes' cgroup ids match; default "site")}. The demo's scheduler writes
+  these (collector/simnvml/gpu_users.py), as a Slurm's.
 - `none`: no scheduler read; no workload is attributed (every node's claim is refused as
   unverifiable, counted).
 """
@@ -245,8 +247,11 @@ def parse_site_job(text: str) -> Job:
     start = _num(raw.get("start_unix_s"))
     if not start:
         raise ValueError("'start_unix_s' is not a time")
+    scheduler = str(raw.get("scheduler") or "site")
+    if scheduler not in ("site", "slurm", "kubernetes"):
+        raise ValueError(f"scheduler {scheduler[:40]!r} is none of site, slurm, kubernetes")
     return Job(
-        scheduler="site",
+        scheduler=scheduler,
         id=job_id,
         user=_clean(raw.get("user")),
         account=_clean(raw.get("account")),

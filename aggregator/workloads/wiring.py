@@ -172,7 +172,7 @@ class Workloads:
             ended = self.ended(now - search_s, now + 1)
         except StoreError:
             return None
-        return next((s for s in ended if s.scheduler == scheduler and s.id == workload_id), None)
+        return next((s for s in ended if scheduler in ("", s.scheduler) and s.id == workload_id), None)
 
     def usage(self, since_s: float, until_s: float, by: str) -> list[UsageRow]:
         # A workload that ended after `until` is stored at its end, after the range: read up to now.

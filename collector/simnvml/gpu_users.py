@@ -175,6 +175,7 @@ class DemoJobs:
 
     def _record(self, job: DemoJob, times: dict[str, object]) -> None:
         record = {
+            "scheduler": "slurm",  # its processes' cgroups are Slurm's (started() writes them)
             "id": job.job_id,
             "user": job.user,
             "account": job.account,
