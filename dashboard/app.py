@@ -16,7 +16,7 @@ import streamlit as st
 from gpufleet.client.rpcs import FleetRpc
 from gpufleet.dashboard import links
 from gpufleet.dashboard.fleet import client, try_call
-from gpufleet.dashboard.views import history, inference, node, overview, repairs, whatif
+from gpufleet.dashboard.views import history, inference, node, overview, repairs, whatif, workloads
 from gpufleet.protos import fleet_pb2
 
 REFRESH_S = 5
@@ -24,6 +24,7 @@ REFRESH_S = 5
 PAGES = {
     "overview": ("Fleet overview", overview.render, True),
     "inference": ("Inference", inference.render, True),
+    "workloads": ("Workloads", workloads.render, True),
     "repairs": ("Failures and repairs", repairs.render, True),
     "node": ("Node", node.render, True),
     "history": ("History explorer", history.render, False),

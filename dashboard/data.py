@@ -3,11 +3,14 @@ the Streamlit pages so it is plain, testable code."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 import pandas as pd
 
 from gpufleet.client.colours import NODE_STATE_COLOURS
 from gpufleet.client.present import (
     EVENT_COLUMNS,
+    GIB,
     describe_projection,
     event_row,
     every_replica,
@@ -16,7 +19,9 @@ from gpufleet.client.present import (
     node_row,
     opt,
     series_label,
+    usage_row,
     varying_tags,
+    workload_row,
 )
 from gpufleet.client.timeparse import iso
 from gpufleet.protos import fleet_pb2, vocabulary_pb2
@@ -178,9 +183,10 @@ def _shown(g: object, signal: Signal) -> float | None:
 _SIGNAL_COLUMNS = [s for s in GPU_SIGNALS.values() if s.label]
 
 
-def node_gpus_table(summary: fleet_pb2.NodeSummary) -> pd.DataFrame:
+def node_gpus_table(summary: fleet_pb2.NodeSummary, owners: dict[int, str] | None = None) -> pd.DataFrame:
     """The node page's GPU table: people's column names, units in them, sensible rounding;
-    absent values stay empty (never 0)."""
+    absent values stay empty (never 0). owners: each GPU's workload (`slurm:1234 (account)`),
+    a column after health when a scheduler is read (a GPU no workload holds: empty)."""
     rows = []
     health = gpu_health(summary)
     for g in summary.gpus:
@@ -194,9 +200,13 @@ def node_gpus_table(summary: fleet_pb2.NodeSummary) -> pd.DataFrame:
                 "health": health.get(g.index),
                 **{s.label: _shown(g, s) for s in _SIGNAL_COLUMNS},
                 "HBM used %": round(100 * used / total, 1) if used is not None and total else None,
+                "workload": (owners or {}).get(g.index),
             }
         )
-    return pd.DataFrame(rows, columns=NODE_GPU_COLUMNS)
+    columns = (
+        NODE_GPU_COLUMNS if owners is None else [*NODE_GPU_COLUMNS[:2], "workload", *NODE_GPU_COLUMNS[2:]]
+    )
+    return pd.DataFrame(rows, columns=columns)
 
 
 GPU_TABLE_HELP = {
@@ -207,6 +217,8 @@ GPU_TABLE_HELP = {
     "word as `gpufleet node` and Grafana. N/A: the aggregator gave no state, never read as ok.",
     "GPU util %": "Time the GPU was busy over the sample period (NVML utilization), not work done.",
     "HBM used %": "HBM in use as a percentage of the GPU's total.",
+    "workload": "The job or pod the scheduler allocated this GPU to, with its account or namespace "
+    "(docs/workloads.md); empty: no workload holds it.",
     "SMs active %": "Share of the SMs busy over the sample period (GPM, Hopper and later): work, "
     "where GPU util % is only time. Empty on GPUs without GPM.",
     "tensor active %": "Share of the sample period the SMs ran tensor-core work (GPM). Empty on "
@@ -487,3 +499,71 @@ def queue_frame(status: fleet_pb2.RepairStatus) -> pd.DataFrame:
         ],
         columns=["node", "state", "incident", "detail", "findings"],
     )
+
+
+# --- workloads (docs/workloads.md) ---------------------------------------------------------
+WORKLOAD_COLUMNS = {
+    "workload": "workload",
+    "user": "user",
+    "account": "account",
+    "name": "name",
+    "nodes": "nodes",
+    "gpus": "GPUs",
+    "start": "start",
+    "end": "end",
+    "gpu_hours_allocated": "GPU-h allocated",
+    "gpu_hours_effective": "GPU-h effective",
+    "efficiency_pct": "efficiency %",
+    "util_mean_pct": "util mean %",
+    "hbm_peak_bytes": "HBM peak GiB",
+    "cost_allocated": "cost allocated",
+}
+
+
+def workloads_frame(workloads: Iterable[fleet_pb2.WorkloadSummary]) -> pd.DataFrame:
+    """Workloads as the CLI lists them (client/present.workload_row), named for a table."""
+    rows = []
+    for w in workloads:
+        row = workload_row(w)
+        rows.append(
+            {
+                WORKLOAD_COLUMNS["workload"]: row["workload"],
+                WORKLOAD_COLUMNS["user"]: row["user"] or None,
+                WORKLOAD_COLUMNS["account"]: row["account"] or row["namespace"] or None,
+                WORKLOAD_COLUMNS["name"]: row["name"] or None,
+                WORKLOAD_COLUMNS["nodes"]: ", ".join(row["nodes"]),
+                WORKLOAD_COLUMNS["gpus"]: row["gpus"],
+                WORKLOAD_COLUMNS["start"]: pd.Timestamp(w.start_unix_s, unit="s", tz="UTC"),
+                WORKLOAD_COLUMNS["end"]: (
+                    pd.Timestamp(w.end_unix_s, unit="s", tz="UTC") if w.HasField("end_unix_s") else None
+                ),
+                WORKLOAD_COLUMNS["gpu_hours_allocated"]: _rounded(row["gpu_hours_allocated"], 2),
+                WORKLOAD_COLUMNS["gpu_hours_effective"]: _rounded(row["gpu_hours_effective"], 2),
+                WORKLOAD_COLUMNS["efficiency_pct"]: _rounded(row["efficiency_pct"], 0),
+                WORKLOAD_COLUMNS["util_mean_pct"]: _rounded(row["util_mean_pct"], 0),
+                WORKLOAD_COLUMNS["hbm_peak_bytes"]: _rounded(row["hbm_peak_bytes"] / GIB, 1),
+                WORKLOAD_COLUMNS["cost_allocated"]: _rounded(row["cost_allocated"], 2),
+            }
+        )
+    return pd.DataFrame(rows, columns=list(WORKLOAD_COLUMNS.values()))
+
+
+def usage_frame(resp: fleet_pb2.UsageResponse) -> pd.DataFrame:
+    rows = [
+        {
+            resp.by: r["owner"],
+            "workloads": r["workloads"],
+            "GPU-h allocated": _rounded(r["gpu_hours_allocated"], 2),
+            "GPU-h effective": _rounded(r["gpu_hours_effective"], 2),
+            "GPU-h idle": _rounded(r["gpu_hours_idle"], 2),
+            "efficiency %": _rounded(r["efficiency_pct"], 0),
+            "cost allocated": _rounded(r["cost_allocated"], 2),
+            "cost effective": _rounded(r["cost_effective"], 2),
+        }
+        for r in map(usage_row, resp.rows)
+    ]
+    return pd.DataFrame(
+        rows,
+        columns=[resp.by, "workloads", "GPU-h allocated", "GPU-h effective", "GPU-h idle", "efficiency %",
+                 "cost allocated", "cost effective"],
+    )  # fmt: skip

@@ -9,6 +9,7 @@ import pandas as pd
 import streamlit as st
 
 from gpufleet.client import colours
+from gpufleet.client.present import owner_label, owner_of_gpu
 from gpufleet.client.rpcs import FleetRpc
 from gpufleet.client.timeparse import parse_duration_ns, parse_time_ns
 from gpufleet.dashboard import actions, links, look
@@ -22,7 +23,7 @@ from gpufleet.dashboard.data import (
     incidents_frame,
     node_gpus_table,
 )
-from gpufleet.dashboard.fleet import call, list_nodes
+from gpufleet.dashboard.fleet import call, list_nodes, try_call
 from gpufleet.protos import fleet_pb2
 from gpufleet.protos.names import health_name
 from gpufleet.protos.signals import ENGINE_SIGNALS, GPU_SIGNALS, charted
@@ -96,8 +97,11 @@ def render() -> None:
         st.caption(note)
     actions.render(name, health_name(s.health))
 
+    # Whose work is on each GPU (the scheduler's word: docs/workloads.md); none read: no column.
+    on_node, _ = try_call(FleetRpc.ListWorkloads, fleet_pb2.ListWorkloadsRequest(node=name))
+    owners = {gpu: owner_label(w) for (_, gpu), w in owner_of_gpu(on_node).items()} if on_node else {}
     look.table(
-        node_gpus_table(s),
+        node_gpus_table(s, owners if on_node and on_node.scheduler != "none" else None),
         GPU_TABLE_HELP,
         health=st.column_config.TextColumn(help=GPU_TABLE_HELP["health"], width="large", pinned=True),
         GPU=st.column_config.NumberColumn(width="small", pinned=True),

@@ -7,15 +7,24 @@ import altair as alt
 import pandas as pd
 import streamlit as st
 
+from gpufleet.client.present import owner_label, owner_of_gpu
+from gpufleet.client.rpcs import FleetRpc
 from gpufleet.dashboard import look
 from gpufleet.dashboard.data import HEAT_METRICS, NODE_COLUMNS, STATES, gpus_frame, headline, nodes_frame
-from gpufleet.dashboard.fleet import list_nodes
+from gpufleet.dashboard.fleet import list_nodes, try_call
+from gpufleet.protos import fleet_pb2
 
 
 def render() -> None:
     st.header("Fleet overview")
     resp = list_nodes()
     nodes, gpus = nodes_frame(resp), gpus_frame(resp)
+    # Whose job each cell is (docs/workloads.md): the running workloads' GPUs, in the tooltip.
+    on_gpus, _ = try_call(FleetRpc.ListWorkloads, fleet_pb2.ListWorkloadsRequest())
+    owners = {key: owner_label(w) for key, w in owner_of_gpu(on_gpus).items()} if on_gpus else {}
+    gpus = gpus.assign(
+        workload=[owners.get((n, int(g))) for n, g in zip(gpus["node"], gpus["gpu"], strict=True)]
+    )
     if nodes.empty:
         st.info("No nodes have reported to this aggregator yet. Start collectors, or `gpufleet demo`.")
         return
@@ -112,7 +121,16 @@ def heat_map(gpus: pd.DataFrame, shown: str) -> alt.HConcatChart:
     base = alt.Chart(gpus).encode(
         x=alt.X("gpu:O", title="GPU index"),
         y=alt.Y("node:N", title=None, sort="ascending", axis=None),
-        tooltip=["node", "gpu", "model", "uuid", "state", "lost", alt.Tooltip(f"{column}:Q", format=".1f")],
+        tooltip=[
+            "node",
+            "gpu",
+            "workload",
+            "model",
+            "uuid",
+            "state",
+            "lost",
+            alt.Tooltip(f"{column}:Q", format=".1f"),
+        ],
     )
     # Grey underneath, value on top: a GPU that did not report the value stays grey.
     heat = alt.layer(
