@@ -127,7 +127,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--group-by",
         help="aggregate across series sharing these tags, comma-separated: cluster, model, node, "
-        "engine, gpu (one series per group; default: one per GPU or engine replica)",
+        "engine, gpu (one series per group; default: one per GPU or engine replica); or one owner "
+        "of the GPUs: account, namespace, team or partition (docs/workloads.md)",
     )
     _output_flags(p)
     p = sub.add_parser("events", parents=[client], help="stored XIDs, health findings and repair actions")

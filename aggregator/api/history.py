@@ -15,6 +15,7 @@ from gpufleet.aggregator.fleet.events import DEFAULT_EVENTS, EVENT_KINDS, MAX_EV
 from gpufleet.aggregator.fleet.rollups import read_as_stored, route
 from gpufleet.aggregator.ingest.schema import METRICS, TAGS
 from gpufleet.aggregator.store import HistoryQuery, Store, StoreError
+from gpufleet.aggregator.workloads.summary import OWNER_DIMENSIONS, OWNER_METRICS, owner_measurement
 from gpufleet.protos import fleet_pb2
 from gpufleet.protos.names import aggregate_name
 
@@ -60,6 +61,8 @@ class HistoryApi:
         }
         wanted = {k: v for k, v in filters.items() if v}
         group_by = tuple(dict.fromkeys(request.group_by))  # in the order asked, once each
+        if any(t in OWNER_DIMENSIONS for t in group_by):
+            return await self._by_owner(request, metric.name, metric.unit, metric.help, group_by)
         tags = TAGS[metric.measurement]
         unknown = [t for t in group_by if t not in tags]
         if unknown:
@@ -101,6 +104,51 @@ class HistoryApi:
             measurement=measurement,  # where the answer came from: raw, or a roll-up tier
             unit=metric.unit,
             help=metric.help,
+            aggregate=request.aggregate or fleet_pb2.AGGREGATE_MEAN,
+            step_ns=step,
+            start_unix_ns=start,
+            end_unix_ns=end,
+            series=[
+                fleet_pb2.Series(tags=s.tags, times_unix_ns=s.times_unix_ns, values=s.values) for s in series
+            ],
+        )
+
+    async def _by_owner(
+        self, request: fleet_pb2.HistoryRequest, name: str, unit: str, help_: str, group_by: tuple[str, ...]
+    ) -> fleet_pb2.HistoryResponse:
+        """A GPU metric grouped by an owner (account, namespace, team, partition): the owner
+        series the workloads write (aggregator/workloads/summary.py owner_points), never a tag
+        on GPU points."""
+        if len(group_by) != 1 or name not in OWNER_METRICS:
+            raise Refused(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"grouped by an owner, history has {', '.join(OWNER_METRICS[:-1])}, one owner dimension "
+                f"at a time ({', '.join(OWNER_DIMENSIONS)}); asked: {name} by {', '.join(group_by)}",
+            )
+        filters = [f for f in ("nodes", "gpus", "clusters", "engines", "models") if getattr(request, f)]
+        if filters:
+            raise Refused(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"grouped by {group_by[0]}, history is the owner's GPUs fleet-wide: drop --{filters[0][:-1]}",
+            )
+        start, end = _time_range(request.start_unix_ns, request.end_unix_ns, 3600)
+        step = request.step_ns or default_step_ns(end - start)
+        if step <= 0 or (end - start) / step > MAX_BUCKETS:
+            raise Refused(grpc.StatusCode.INVALID_ARGUMENT, f"step {step} ns gives too many buckets")
+        measurement = owner_measurement(group_by[0])
+        aggregate = aggregate_name(request.aggregate)
+        try:
+            series = await asyncio.to_thread(
+                self._store.query_history,
+                HistoryQuery(measurement, name, start, end, step, aggregate, {}, group_by=group_by),
+            )
+        except StoreError as exc:
+            raise Refused(grpc.StatusCode.UNAVAILABLE, f"history query failed: {exc}") from exc
+        return fleet_pb2.HistoryResponse(
+            metric=name,
+            measurement=measurement,
+            unit=unit,
+            help=f"{help_} (each owner's running GPUs: docs/workloads.md)",
             aggregate=request.aggregate or fleet_pb2.AGGREGATE_MEAN,
             step_ns=step,
             start_unix_ns=start,

@@ -57,8 +57,10 @@ class GpuFigures:
     sm_seconds: float = 0.0
     hbm_peak_bytes: int = 0
     energy_j: float = 0.0
+    last: dict[str, float] = field(default_factory=dict)  # the newest reading counted
 
     def add(self, reading: dict[str, float], interval_s: float) -> None:
+        self.last = reading
         util = reading.get("util_gpu_pct")
         if util is not None:
             self.seconds += interval_s
@@ -302,6 +304,21 @@ class WorkloadLedger:
                     extra={"node": node, "workload": f"{claim.scheduler}:{claim.id}", "reason": reason},
                 )
         return on_gpus
+
+    def owner_readings(self, dimension: str) -> dict[str, list[dict[str, float]]]:
+        """Each owner's (by account, namespace, team or partition) running GPUs' newest
+        readings; a GPU not read yet is an empty dict (allocated, nothing known)."""
+        out: dict[str, list[dict[str, float]]] = {}
+        with self._lock:
+            for w in self._live.values():
+                owner = getattr(w.job, dimension)
+                if not owner:
+                    continue
+                for node, indices in w.job.gpus_by_node.items():
+                    for index in indices:
+                        figures = w.gpus.get((node, index))
+                        out.setdefault(owner, []).append(dict(figures.last) if figures else {})
+        return out
 
     # --- reads ----------------------------------------------------------------------
     def live(self) -> list[Workload]:

@@ -7,6 +7,7 @@ are fields, never tags, so 20,000 jobs a day add no series."""
 from __future__ import annotations
 
 import json
+import zlib
 from dataclasses import dataclass
 
 from gpufleet.aggregator.store.base import Point
@@ -17,6 +18,35 @@ MAX_PER_GPU = 4096  # GPUs whose figures a summary keeps (a job larger than this
 TAGS = ("scheduler", "account", "partition", "namespace", "team")
 # The owner dimensions usage is grouped by; `user` reads only for roles that may see users.
 USAGE_DIMENSIONS = ("account", "user", "namespace", "team", "partition")
+# The owner dimensions history is grouped by (bounded: never the user, never a job): one
+# measurement each, `owner_account` ..., one series per owner, a point per scheduler read with
+# the owner's running GPUs' mean utilization and SM activity, summed HBM and power, and count.
+OWNER_DIMENSIONS = ("account", "namespace", "team", "partition")
+OWNER_METRICS = ("util_gpu_pct", "sm_active_pct", "hbm_used_bytes", "power_w", "gpus_allocated")
+
+
+def owner_measurement(dimension: str) -> str:
+    return f"owner_{dimension}"
+
+
+def owner_points(
+    readings_by_owner: dict[str, list[dict[str, float]]], dimension: str, time_ns: int
+) -> list[Point]:
+    """One point per owner: what its running workloads' GPUs do now."""
+    points = []
+    for owner, readings in readings_by_owner.items():
+        fields: dict[str, float | int | str] = {"gpus_allocated": len(readings)}
+        for name, combine in (
+            ("util_gpu_pct", "mean"),
+            ("sm_active_pct", "mean"),
+            ("hbm_used_bytes", "sum"),
+            ("power_w", "sum"),
+        ):
+            values = [r[name] for r in readings if name in r]
+            if values:
+                fields[name] = float(sum(values) / len(values) if combine == "mean" else sum(values))
+        points.append(Point(owner_measurement(dimension), {dimension: owner}, fields, time_ns))
+    return points
 
 
 @dataclass(frozen=True)
@@ -121,7 +151,12 @@ def to_point(s: Summary) -> Point:
             fields[name] = float(value)
     tags = {t: getattr(s, t) for t in TAGS if getattr(s, t)}
     end = s.end_unix_s if s.end_unix_s is not None else s.start_unix_s
-    return Point(MEASUREMENT, tags, fields, int(end * 1e9))
+    fields["end_unix_s"] = end
+    # A point is its series (these few tags) and its time: two jobs of one account ending in the
+    # same second must not be one point. The time is the end's second plus a nanosecond offset
+    # fixed by the job's id (the true end is the end_unix_s field).
+    offset_ns = zlib.crc32(f"{s.scheduler}:{s.id}".encode()) % 1_000_000_000
+    return Point(MEASUREMENT, tags, fields, int(end) * 1_000_000_000 + offset_ns)
 
 
 def from_point(p: Point) -> Summary:
@@ -143,7 +178,7 @@ def from_point(p: Point) -> Summary:
         nodes=tuple(n for n in str(f.get("nodes", "")).split(",") if n),
         gpus=int(f.get("gpus", 0)),
         start_unix_s=float(f.get("start_unix_s", 0.0)),
-        end_unix_s=p.time_unix_ns / 1e9,
+        end_unix_s=float(f.get("end_unix_s", p.time_unix_ns / 1e9)),
         gpu_hours_allocated=float(f.get("gpu_hours_allocated", 0.0)),
         gpu_hours_effective=opt("gpu_hours_effective"),
         gpu_hours_idle=float(f.get("gpu_hours_idle", 0.0)),

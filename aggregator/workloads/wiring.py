@@ -22,9 +22,11 @@ from gpufleet.aggregator.workloads.ledger import REFUSAL_REASONS, Workload, Work
 from gpufleet.aggregator.workloads.schedulers import WORKLOAD_SCHEDULERS, SchedulerReadError
 from gpufleet.aggregator.workloads.summary import (
     MEASUREMENT,
+    OWNER_DIMENSIONS,
     Summary,
     UsageRow,
     from_point,
+    owner_points,
     parse_prices,
     summarise,
     to_point,
@@ -36,6 +38,7 @@ if TYPE_CHECKING:
     from gpufleet.aggregator.ingest.fanout import Fanout
 
 log = logging.getLogger("gpufleet.aggregator.workloads")
+MAX_UNWRITTEN_OWNER_POINTS = 10_000
 
 
 class Workloads:
@@ -63,6 +66,12 @@ class Workloads:
         )
         for reason in REFUSAL_REASONS:
             self.refused.labels(reason=reason)
+        self.owner_points_dropped = Counter(
+            "gpufleet_workload_owner_points_dropped",
+            "owner-series points (history by account, team...) dropped while the store could not "
+            "take them (workload summaries are never dropped)",
+            registry=registry,
+        )
         self.read_failures = Counter(
             "gpufleet_workload_scheduler_read_failures", "scheduler reads that failed", registry=registry
         )
@@ -128,6 +137,9 @@ class Workloads:
                 )
             else:
                 self.ledger.refresh(jobs)
+            now_ns = time.time_ns()
+            for dimension in OWNER_DIMENSIONS:
+                self._unwritten += owner_points(self.ledger.owner_readings(dimension), dimension, now_ns)
             await self._flush()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), self.poll_s)
@@ -140,8 +152,22 @@ class Workloads:
         try:
             await self._write(points)
         except StoreError as exc:
-            self._unwritten = points + self._unwritten
-            log.warning("cannot write %d workload summaries yet (%s); kept to retry", len(points), exc)
+            kept = points + self._unwritten
+            # Summaries are kept whatever it takes; owner series points, past a bound, are not
+            # (a gap in a history chart, counted), so a store down for days cannot fill memory.
+            owner = [p for p in kept if p.measurement != MEASUREMENT]
+            over = max(0, len(owner) - MAX_UNWRITTEN_OWNER_POINTS)
+            if over:
+                dropped = set(map(id, owner[:over]))
+                kept = [p for p in kept if id(p) not in dropped]
+                self.owner_points_dropped.inc(over)
+            self._unwritten = kept
+            log.warning(
+                "cannot write %d workload points yet (%s); kept to retry%s",
+                len(points),
+                exc,
+                f", {over} owner-series points dropped" if over else "",
+            )
 
     # --- reads (Fleet API threads) --------------------------------------------------
     def running(self) -> list[Summary]:
@@ -158,6 +184,8 @@ class Workloads:
             by_id[(s.scheduler, s.id)] = s
         # Summaries not yet durable still count (they are written at the next poll).
         for p in self._unwritten:
+            if p.measurement != MEASUREMENT:
+                continue
             s = from_point(p)
             if since_s * 1e9 <= p.time_unix_ns < until_s * 1e9:
                 by_id[(s.scheduler, s.id)] = s

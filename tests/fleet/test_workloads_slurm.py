@@ -179,6 +179,18 @@ def test_jobs_of_two_users_in_two_accounts_are_attributed_from_slurm(slurm: Any,
     assert usage["vision"]["gpu_hours_allocated"] == pytest.approx(hours_a, abs=1e-9)
     assert usage["vision"]["efficiency_pct"] == pytest.approx(UTIL_A, abs=1e-6)
     assert usage["llm-train"]["workloads"] == 1 and usage["llm-train"]["gpu_hours_allocated"] > 0
+    # History by account: each account's GPUs' utilization, from the owner series (no job or user
+    # is a tag): exactly the load each job ran while it held its GPUs.
+    history = _cli_json(agg, cluster, "history", "util_gpu_pct", "--group-by", "account", "--since", "10m")
+    by_account = {
+        s["tags"]["account"]: [p["value"] for p in s["points"] if p["value"] is not None]
+        for s in history["series"]
+    }
+    assert set(by_account) == {"vision", "llm-train"}, history
+    assert by_account["vision"] and all(v == pytest.approx(UTIL_A, abs=1e-9) for v in by_account["vision"])
+    assert by_account["llm-train"] and all(
+        v == pytest.approx(UTIL_B, abs=1e-9) for v in by_account["llm-train"]
+    )
     # Viewers see accounts, not users (show_user_names is off).
     viewer = subprocess.run(
         gpufleet_argv("jobs", "--json", "--fleet", agg.fleet, "--token", cluster.secrets.tokens["viewer"]),

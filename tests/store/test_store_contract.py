@@ -312,3 +312,46 @@ def test_an_unknown_store_is_refused_with_the_choices(tmp_path: Path) -> None:
 
     with pytest.raises(StoreError, match=r"store='mongodb': use one of embedded \(SQLite.*influxdb \("):
         open_store("mongodb", tmp_path, 86400)
+
+
+def test_a_workload_summary_round_trips_and_adds_no_series_per_job(store: Store) -> None:
+    """A workload's summary (aggregator/workloads/summary.py) is one point whose tags are only the
+    bounded owner dimensions: 200 jobs of one account are one series; read back, each summary is
+    what was written (the job id, user and per-GPU figures are fields), ten jobs ending in one
+    second included."""
+    from gpufleet.aggregator.workloads.summary import MEASUREMENT, Summary, from_point, to_point
+
+    base = 1_700_000_000.0
+    written = [
+        Summary(
+            scheduler="slurm",
+            id=str(1000 + k),
+            user=f"user-{k % 7}",
+            account="vision",
+            partition="gpu",
+            namespace="",
+            team="cv",
+            name=f'run "{k}", with, commas',
+            nodes=("gpu-node-01", "gpu-node-02"),
+            gpus=4,
+            start_unix_s=base + k,
+            end_unix_s=base + k // 10 + 600.25,  # ten jobs end in each second
+            gpu_hours_allocated=4 * 600 / 3600,
+            gpu_hours_effective=4 * 600 / 3600 * 0.375,
+            gpu_hours_idle=0.0,
+            util_mean_pct=37.5,
+            util_max_pct=40.0,
+            sm_mean_pct=None,
+            hbm_peak_bytes=3 << 30,
+            energy_j=1.5e6,
+            model="NVIDIA H100 80GB HBM3",
+            per_gpu=(("gpu-node-01", 0, 600.0, 37.5, 40.0, 0.0, None, 3 << 30, 3.75e5),),
+        )
+        for k in range(200)
+    ]
+    store.write([to_point(s) for s in written])
+    read = [
+        from_point(p) for p in store.query_points(MEASUREMENT, int(base * 1e9), int((base + 10_000) * 1e9))
+    ]
+    assert sorted(read, key=lambda s: s.id) == written
+    assert len(store.latest(MEASUREMENT)) == 1, "one series for the account, not one per job"
