@@ -178,13 +178,13 @@ def reports(draw: st.DrawFn, columnar: bool = False) -> Case:
         seen.add((eng.engine, eng.model, eng.port))
         r.engines.append(eng)
     _events(draw, r, valid, ts)
+    _workloads(draw, r, valid)
     if draw(st.booleans()):
         r.stats.CopyFrom(draw(message(telemetry_pb2.CollectorStats.DESCRIPTOR, valid)))
     if not valid and draw(st.integers(0, 14)) == 0:  # repeated fields past their bound
-        which = draw(st.sampled_from(["engines", "events"]))
-        getattr(r, which).extend(
-            [getattr(telemetry_pb2, "EngineSample" if which == "engines" else "Event")()] * 1001
-        )
+        which = draw(st.sampled_from(["engines", "events", "workloads"]))
+        kind = {"engines": "EngineSample", "events": "Event", "workloads": "WorkloadSample"}[which]
+        getattr(r, which).extend([getattr(telemetry_pb2, kind)()] * 1001)
     if not columnar:
         return Case(r, valid)
     samples = list(r.gpus)
@@ -302,6 +302,30 @@ def _events(draw: st.DrawFn, r: telemetry_pb2.NodeReport, valid: bool, ts: int) 
                 else draw(st.sampled_from([min(last + 1, 2**63 - 1), -1, 2**63 - 1]))
             )
         r.events.append(ev)
+
+
+def _workloads(draw: st.DrawFn, r: telemetry_pb2.NodeReport, valid: bool) -> None:
+    """The workloads a node names: valid ones in the grammar (protos/names.py), on declared GPUs;
+    edge ones anything the wire rules bound (a bad name or GPU is dropped from the report, which
+    is kept: docs/security.md "Parts dropped, reports kept")."""
+    for n in range(draw(st.integers(0, 2))):
+        if valid:
+            r.workloads.add(
+                scheduler=draw(st.sampled_from(["slurm", "kubernetes", "site"])),
+                id=str(1000 + n),
+                part=draw(st.sampled_from(["", "batch", "0"])),
+                gpu_indices=draw(st.lists(st.integers(0, GPUS - 1), unique=True, max_size=GPUS)),
+                pids=draw(st.lists(st.integers(1, 2**22), max_size=16)),
+                process_count=draw(st.integers(0, 64)),
+                hbm_used_bytes=draw(st.integers(0, 80 << 30)),
+                source=draw(st.sampled_from(["cgroup", "environ"])),
+            )
+        else:
+            w = draw(message(telemetry_pb2.WorkloadSample.DESCRIPTOR, valid))
+            if draw(st.booleans()):
+                w.scheduler = draw(st.sampled_from(["slurm", "none", "../etc", "site"]))
+                w.id = draw(st.sampled_from(["1234", "../../x", "$(reboot)", "a" * 127, "", "ns/pod"]))
+            r.workloads.append(w)
 
 
 def _field(message_name: str, field: str) -> FieldDescriptor:
