@@ -26,11 +26,13 @@ from gpufleet.collector.sources.engines.scrape import EngineScraper, parse_endpo
 from gpufleet.collector.sources.nvml import NvmlSource
 from gpufleet.collector.sources.nvml_start import NvmlNotAnswering
 from gpufleet.collector.sources.pci_bus import count_nvidia_gpus
+from gpufleet.collector.sources.pod_resources import PodResourcesReader
 from gpufleet.collector.sources.workloads import WorkloadReader
 from gpufleet.collector.streaming import PROTOCOL_VERSION, AggregatorStream
 from gpufleet.collector.xid_fold import XidFolder
 from gpufleet.common.version import __version__
 from gpufleet.protos import ingest_pb2, telemetry_pb2, vocabulary_pb2
+from gpufleet.protos.limits import MAX_WORKLOADS_PER_REPORT
 from gpufleet.protos.names import event_source_name
 
 log = logging.getLogger("gpufleet.collector")
@@ -80,6 +82,14 @@ class CollectorAgent:
         if simulated and config.sim_jobs_dir:
             roots.insert(0, made_up_proc_dir(Path(config.sim_jobs_dir), config.node))
         self.workloads = WorkloadReader(roots) if config.workloads else None
+        self.pod_resources = (
+            PodResourcesReader(
+                config.kubelet_pod_resources_socket,
+                tuple(r.strip() for r in config.kubelet_gpu_resources.split(",") if r.strip()),
+            )
+            if config.workloads and config.kubelet_pod_resources_socket
+            else None
+        )
 
     def _hello(self) -> ingest_pb2.Hello:
         """What this collector says of itself when a stream opens."""
@@ -131,7 +141,7 @@ class CollectorAgent:
             gpus, engines = await sampling, []
         if engines:
             self._only_declared_gpus(engines)
-        workloads = self.workloads.read(gpus) if self.workloads is not None else []
+        workloads = await self._workloads(gpus)
         self._sample_duration_s = time.perf_counter() - t0
         report = self._new_report(
             started_ns,
@@ -144,6 +154,17 @@ class CollectorAgent:
         self.last_sample = report
         self.last_tick_s = time.monotonic()
         return report
+
+    async def _workloads(self, gpus: list[telemetry_pb2.GpuSample]) -> list[telemetry_pb2.WorkloadSample]:
+        """Whose work each GPU runs (sources/workloads.py) and, on Kubernetes, which pod each GPU
+        is allocated to (sources/pod_resources.py); the processes of no workload last."""
+        found = await asyncio.to_thread(self.workloads.read, gpus) if self.workloads is not None else []
+        if self.pod_resources is None:
+            return found
+        pods = await asyncio.to_thread(self.pod_resources.read, self.source.inventory())
+        named = [w for w in found if w.scheduler != "none"]
+        rest = [w for w in found if w.scheduler == "none"]
+        return (named + pods)[: MAX_WORKLOADS_PER_REPORT - len(rest)] + rest
 
     def _only_declared_gpus(self, engines: list[telemetry_pb2.EngineSample]) -> None:
         """An engine names only GPUs this collector's hello declares: with NVML not started (its

@@ -82,6 +82,15 @@ class CollectorConfig:
         "name the workload of each GPU's processes (their cgroup or Slurm environment: "
         "docs/workloads.md); the aggregator reads owners from the scheduler",
     )
+    kubelet_pod_resources_socket: str = _setting(
+        "",
+        "on Kubernetes: the kubelet's PodResources socket (/var/lib/kubelet/pod-resources/kubelet.sock, "
+        "mounted read-only by deploy/kubernetes): which pod each GPU is allocated to, even with no "
+        "process on it; empty: not read",
+    )
+    kubelet_gpu_resources: str = _setting(
+        "nvidia.com/gpu", "the extended resource names whose devices are GPUs (comma-separated)"
+    )
     sim_gpu_users_from_proc: bool = _setting(
         False,
         "with simulate: the GPUs run exactly what real processes on this machine say they run "

@@ -104,7 +104,9 @@ class Workload:
 
     @property
     def gpu_count(self) -> int:
-        return sum(len(g) for g in self.job.gpus_by_node.values())
+        """The GPUs it holds: the scheduler's indices, or (a pod before its node said which) the
+        count the scheduler gave it."""
+        return max(sum(len(g) for g in self.job.gpus_by_node.values()), self.job.gpu_limit)
 
     def end_or(self, now_s: float) -> float:
         return self.ended_unix_s if self.ended_unix_s is not None else now_s
@@ -155,6 +157,15 @@ def gpu_readings(report: telemetry_pb2.NodeReport, wanted: set[int]) -> dict[int
     return out
 
 
+def _keep_known_gpus(job: Job, known: Job) -> Job:
+    """Which GPUs a job held stays known where the scheduler's new answer does not say (Slurm
+    lists an ended job without its GRES detail; the API never says which GPUs a pod holds: its
+    node did)."""
+    was = known.gpus_by_node
+    now = {node: gpus or was.get(node, ()) for node, gpus in (job.gpus_by_node or was).items()}
+    return dataclasses.replace(job, gpus_by_node=now)
+
+
 class WorkloadLedger:
     """The live allocations and recent ended workloads. `refresh(jobs)` takes the scheduler's
     answer (from a supervised loop: aggregator/workloads/wiring.py); `on_report` (a fan-out
@@ -182,6 +193,7 @@ class WorkloadLedger:
         self._refused: dict[tuple[str, str, str], str] = {}
         self._logged_at: dict[str, float] = {}
         self._first_claimed: dict[tuple[str, str, str], float] = {}
+        self._aliases: dict[tuple[str, str], tuple[str, str]] = {}  # (scheduler, pod UID) -> key
 
     # --- the scheduler's word ------------------------------------------------------
     def refresh(self, jobs: dict[str, Job]) -> list[Workload]:
@@ -193,11 +205,10 @@ class WorkloadLedger:
             for job in jobs.values():
                 key = (job.scheduler, job.id)
                 live = self._live.get(key)
-                if not any(job.gpus_by_node.values()):
-                    if live is None:
-                        continue  # holds no GPU: not a GPU workload
-                    # Slurm lists an ended job without its GRES detail: it held what it held.
-                    job = dataclasses.replace(job, gpus_by_node=live.job.gpus_by_node)
+                if live is None and not job.gpu_limit and not any(job.gpus_by_node.values()):
+                    continue  # holds no GPU: not a GPU workload
+                if live is not None:
+                    job = _keep_known_gpus(job, live.job)
                 if job.running:
                     seen.add(key)
                     if live is None:
@@ -213,10 +224,7 @@ class WorkloadLedger:
                 gone = self._live.pop(key)
                 gone.ended_unix_s = now
                 ended.append(gone)
-            self._by_node = {}
-            for w in self._live.values():
-                for node in w.job.gpus_by_node:
-                    self._by_node.setdefault(node, []).append(w)
+            self._index()
             self.recent.extend(ended)
             self.refreshed_unix_s = now
             if len(self._first_claimed) > 100_000:
@@ -224,6 +232,15 @@ class WorkloadLedger:
         for w in ended:
             self._on_end(w)
         return ended
+
+    def _index(self) -> None:
+        """The live workloads by node, and by the other ids nodes may name them by."""
+        self._by_node, self._aliases = {}, {}
+        for w in self._live.values():
+            for node in w.job.gpus_by_node:
+                self._by_node.setdefault(node, []).append(w)
+            for alias in w.job.aliases:
+                self._aliases[(w.job.scheduler, alias)] = w.key
 
     # --- a node's reports -----------------------------------------------------------
     def on_report(self, report: telemetry_pb2.NodeReport, heard_ns: int = 0, stream: int = 0) -> None:
@@ -260,9 +277,11 @@ class WorkloadLedger:
             if claim.scheduler == "none":
                 continue
             key = (claim.scheduler, claim.id)
+            key = self._aliases.get(key, key)
             live = self._live.get(key)
             if live is not None and node in live.job.gpus_by_node:
                 live.claims[node] = claim
+                self._learn_gpus(live, node, claim)
                 on_gpus.setdefault(key, set()).update(claim.gpu_indices)
                 continue
             episode = (node, claim.scheduler, claim.id)
@@ -304,6 +323,17 @@ class WorkloadLedger:
                     extra={"node": node, "workload": f"{claim.scheduler}:{claim.id}", "reason": reason},
                 )
         return on_gpus
+
+    @staticmethod
+    def _learn_gpus(w: Workload, node: str, claim: telemetry_pb2.WorkloadSample) -> None:
+        """A pod's GPUs on its node, as the node's kubelet says (its PodResources answer), no
+        more than the API gave the pod: the scheduler placed the pod on this node, and the node
+        names which of its own GPUs (docs/workloads.md "Trust")."""
+        if not w.job.gpu_limit or claim.source != "podresources":
+            return
+        learned = tuple(sorted(set(claim.gpu_indices))[: w.job.gpu_limit])
+        if learned and w.job.gpus_by_node.get(node) != learned:
+            w.job = dataclasses.replace(w.job, gpus_by_node={**w.job.gpus_by_node, node: learned})
 
     def owner_readings(self, dimension: str) -> dict[str, list[dict[str, float]]]:
         """Each owner's (by account, namespace, team or partition) running GPUs' newest

@@ -14,6 +14,10 @@ knows now, running and recently ended, with their owners and the GPUs they hold 
   "scheduler" (optional: "slurm" or "kubernetes" where the records export a Slurm's or a
   cluster's jobs, so the nodes' cgroup ids match; default "site")}. The demo's scheduler writes
   these (collector/simnvml/gpu_users.py), as a Slurm's.
+- `kubernetes`: the API server's running pods that ask for GPUs (`nvidia.com/gpu` limits): their
+  namespace, a team label, what runs them (Deployment, Job...), their node and start. Which
+  GPUs of the node a pod holds the API does not say: the node's kubelet does (PodResources,
+  collector/sources/pod_resources.py), checked against the pod's node and its GPU count.
 - `none`: no scheduler read; no workload is attributed (every node's claim is refused as
   unverifiable, counted).
 """
@@ -25,7 +29,9 @@ import logging
 import os
 import re
 import subprocess
+import time
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -60,6 +66,10 @@ class Job:
     end_unix_s: float | None = None  # None: running
     time_limit_s: float | None = None
     gpus_by_node: dict[str, tuple[int, ...]] = field(default_factory=dict)
+    # Kubernetes: the GPUs the pod's containers asked for (their limits), where the API says how
+    # many but not which (the node's kubelet says which: collector/sources/pod_resources.py).
+    gpu_limit: int = 0
+    aliases: tuple[str, ...] = ()  # other ids the nodes may name it by (a pod's UID)
 
     @property
     def running(self) -> bool:
@@ -304,6 +314,118 @@ class SiteJobs:
         return jobs
 
 
+@dataclass
+class KubernetesPodsSettings:
+    chosen_by: ClassVar[str] = "workload_scheduler = kubernetes"
+    workload_kubeconfig: str = setting(
+        "", "kubeconfig for reading pods (workload_scheduler = kubernetes; empty: in-cluster)"
+    )
+    workload_team_label: str = setting("team", "the pod label that names its team (Kubernetes)")
+    workload_gpu_resources: str = setting(
+        "nvidia.com/gpu", "the extended resource names whose devices are GPUs (comma-separated)"
+    )
+
+
+_DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
+
+
+def _owner_name(meta: dict[str, Any]) -> str:
+    """What runs the pod: `Deployment/llama` (a ReplicaSet named NAME-HASH is a Deployment's),
+    `Job/train-7`, `StatefulSet/db`; "" for a bare pod."""
+    for ref in meta.get("ownerReferences") or []:
+        if not isinstance(ref, dict) or not ref.get("controller", True):
+            continue
+        kind, name = str(ref.get("kind", "")), str(ref.get("name", ""))
+        if kind == "ReplicaSet" and "-" in name:
+            base, _, suffix = name.rpartition("-")
+            if suffix.isalnum() and len(suffix) in range(5, 11):
+                return _clean(f"Deployment/{base}")
+        return _clean(f"{kind}/{name}")
+    return ""
+
+
+def parse_pods(items: list[Any], team_label: str, resources: tuple[str, ...]) -> dict[str, Job]:
+    """The API's running pods → {namespace/name: Job}, the pods that ask for GPUs."""
+    jobs: dict[str, Job] = {}
+    for pod in items[:MAX_JOBS]:
+        if not isinstance(pod, dict):
+            continue
+        meta, spec, status = pod.get("metadata") or {}, pod.get("spec") or {}, pod.get("status") or {}
+        node = str(spec.get("nodeName") or "")
+        limit = 0
+        for container in spec.get("containers") or []:
+            limits = ((container or {}).get("resources") or {}).get("limits") or {}
+            for name in resources:
+                value = str(limits.get(name, "0"))
+                limit += int(value) if value.isdigit() else 0
+        namespace, name = str(meta.get("namespace", "")), str(meta.get("name", ""))
+        pod_id = f"{namespace}/{name}"
+        if not node or not limit or not WORKLOAD_ID_RE.fullmatch(pod_id):
+            continue
+        started = str(status.get("startTime") or meta.get("creationTimestamp") or "")
+        try:
+            start = datetime.fromisoformat(started.replace("Z", "+00:00")).timestamp()
+        except ValueError:
+            continue
+        ended = status.get("phase") in ("Succeeded", "Failed")
+        labels = meta.get("labels") or {}
+        jobs[pod_id] = Job(
+            scheduler="kubernetes",
+            id=pod_id,
+            namespace=_clean(namespace),
+            team=_clean(labels.get(team_label, "")) if isinstance(labels, dict) else "",
+            name=_owner_name(meta),
+            start_unix_s=start,
+            end_unix_s=time.time() if ended else None,
+            gpus_by_node={node: ()},
+            gpu_limit=min(limit, 64),
+            aliases=(str(meta.get("uid", "")),) if meta.get("uid") else (),
+        )
+    return jobs
+
+
+class KubernetesPods:
+    name = "kubernetes"
+    help = "the API server's running pods that ask for GPUs (namespace, team label, owner)"
+    settings: ClassVar[type | None] = KubernetesPodsSettings
+
+    def __init__(self, kubeconfig: str, team_label: str, resources: tuple[str, ...], timeout_s: float = 30.0):
+        try:
+            import kubernetes  # optional dependency: pip install 'gpufleet[kubernetes]'
+        except ImportError as exc:
+            raise ValueError(
+                "workload_scheduler = kubernetes needs the official client: "
+                "pip install 'gpufleet[kubernetes]'"
+            ) from exc
+        if kubeconfig:
+            api_client = kubernetes.config.new_client_from_config(config_file=kubeconfig)
+        else:
+            kubernetes.config.load_incluster_config()
+            api_client = kubernetes.client.ApiClient()
+        self._core = kubernetes.client.CoreV1Api(api_client)
+        self.team_label, self.resources, self.timeout_s = team_label, resources, timeout_s
+
+    @classmethod
+    def from_settings(cls, settings: Any) -> KubernetesPods:
+        resources = tuple(r.strip() for r in settings.workload_gpu_resources.split(",") if r.strip())
+        return cls(settings.workload_kubeconfig, settings.workload_team_label, resources)
+
+    @staticmethod
+    def check_settings(settings: Any, chosen: bool) -> None:
+        if chosen and not _DNS_LABEL.fullmatch(settings.workload_team_label.rsplit("/", 1)[-1] or "-"):
+            raise ValueError(f"workload_team_label = {settings.workload_team_label!r} is not a label key")
+
+    def read(self) -> dict[str, Job]:
+        try:
+            answer = self._core.list_pod_for_all_namespaces(
+                field_selector="status.phase=Running", _request_timeout=self.timeout_s, _preload_content=False
+            )
+            doc = json.loads(answer.data)
+        except Exception as exc:  # the client's ApiException, urllib3's errors, a body not JSON
+            raise SchedulerReadError(f"the Kubernetes API's pod list failed: {str(exc)[:300]}") from exc
+        return parse_pods(doc.get("items") or [], self.team_label, self.resources)
+
+
 class NoJobs:
     name = "none"
     help = "no scheduler read: no workload is attributed"
@@ -317,4 +439,6 @@ class NoJobs:
         return {}
 
 
-WORKLOAD_SCHEDULERS: Registry[Any] = Registry("workload_scheduler", [NoJobs, SlurmJobs, SiteJobs])
+WORKLOAD_SCHEDULERS: Registry[Any] = Registry(
+    "workload_scheduler", [NoJobs, SlurmJobs, SiteJobs, KubernetesPods]
+)

@@ -220,6 +220,9 @@ class KubeStandin:
         owner_kind: str = "ReplicaSet",
         grace_s: int = 0,
         ready: bool = True,
+        gpus: int = 0,
+        started: str = "2026-01-01T00:00:00Z",
+        owner_name: str = "",
     ) -> None:
         self.pods[(namespace, name)] = {
             "apiVersion": "v1",
@@ -233,7 +236,7 @@ class KubeStandin:
                     {
                         "apiVersion": "apps/v1",
                         "kind": owner_kind,
-                        "name": f"{name}-owner",
+                        "name": owner_name or f"{name}-owner",
                         "uid": f"uid-{name}",
                         "controller": True,
                     }
@@ -241,11 +244,18 @@ class KubeStandin:
             },
             "spec": {
                 "nodeName": node,
-                "containers": [{"name": "main", "image": "busybox"}],
+                "containers": [
+                    {
+                        "name": "main",
+                        "image": "busybox",
+                        **({"resources": {"limits": {"nvidia.com/gpu": str(gpus)}}} if gpus else {}),
+                    }
+                ],
                 "terminationGracePeriodSeconds": grace_s,  # an integer, as the API has it
             },
             "status": {
                 "phase": "Running",
+                "startTime": started,
                 "conditions": [{"type": "Ready", "status": "True" if ready else "False"}],
             },
         }
@@ -399,9 +409,12 @@ class KubeStandin:
         if path == "/api/v1/pods" and verb == "GET":
             selector = r["query"].get("fieldSelector", [""])[0]
             m = re.fullmatch(r"spec\.nodeName=(.+)", selector)
-            if not m:
+            if selector == "status.phase=Running":  # every node's running pods (workloads)
+                items = [p for p in self.pods.values() if p["status"]["phase"] == "Running"]
+            elif not m:
                 return 400, _status(400, "BadRequest", f"unsupported field selector {selector!r}")
-            items = [p for p in self.pods.values() if p["spec"]["nodeName"] == m.group(1)]
+            else:
+                items = [p for p in self.pods.values() if p["spec"]["nodeName"] == m.group(1)]
             return 200, {"apiVersion": "v1", "kind": "PodList", "metadata": {}, "items": items}
         if (m := re.fullmatch(r"/api/v1/namespaces/([^/]+)/pods/([^/]+)/eviction", path)) and verb == "POST":
             return self._evict(m.group(1), m.group(2), r["body"] or {})

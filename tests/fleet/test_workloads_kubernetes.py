@@ -1,0 +1,165 @@
+"""Whose work is on every GPU, on Kubernetes (issue 53), with the most faithful stand-ins this
+machine can run (no kubelet, no API server here): the kubelet's PodResources API (the real v1
+gRPC service on a unix socket: tests/harness/pod_resources.py) says which GPU UUID each pod's
+container holds; the API server stand-in (tests/harness/k8s_standin.py, real HTTP, read by the
+official client) says each pod's node, namespace, team label, owner and GPU count. Usage by
+namespace and by team follows; a pod the API does not know, or places on another node, named
+by a node is refused and counted."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+from datetime import UTC, datetime
+
+import pytest
+
+from gpufleet.client.present import workload_row
+from gpufleet.protos import fleet_pb2
+from harness.k8s_standin import KubeStandin
+from harness.pod_resources import PodResourcesStandin
+from harness.processes import Cluster
+from harness.repair import gpufleet_cli
+from harness.waiting import wait_until
+
+NODE, OTHER = "k8s-gpu-a", "k8s-gpu-b"
+
+
+@pytest.fixture
+def kube() -> Iterator[KubeStandin]:
+    standin = KubeStandin()
+    try:
+        yield standin
+    finally:
+        standin.close()
+
+
+@pytest.mark.slow
+def test_pods_gpus_come_from_the_kubelet_and_their_owners_from_the_api(
+    kube: KubeStandin, cluster: Cluster
+) -> None:
+    started = time.time() - 1800
+    started_iso = datetime.fromtimestamp(int(started), UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    for node in (NODE, OTHER):
+        kube.add_node(node)
+    kube.add_pod(
+        "ml-serving", "llama-0", NODE, labels={"team": "inference"}, owner_kind="StatefulSet",
+        owner_name="llama", gpus=2, started=started_iso,
+    )  # fmt: skip
+    kube.add_pod(
+        "research", "nb-1", NODE, labels={"team": "science"}, owner_kind="ReplicaSet",
+        owner_name="notebook-7d9f8b6c5", gpus=1, started=started_iso,
+    )  # fmt: skip
+    kube.add_pod("research", "elsewhere", OTHER, labels={"team": "science"}, gpus=1, started=started_iso)
+    kubelet = PodResourcesStandin(cluster.tmp / "kubelet.sock")
+    try:
+        agg = cluster.aggregator(
+            "aggregator",
+            0,
+            0,
+            None,
+            "--workload-scheduler",
+            "kubernetes",
+            "--workload-kubeconfig",
+            str(kube.kubeconfig(cluster.tmp / "kubeconfig")),
+            "--workload-poll-s",
+            "1",
+        )
+        cluster.collector(
+            NODE,
+            agg.ingest,
+            "--interval-s",
+            "1",
+            "--sim-gpus",
+            "4",
+            "--kubelet-pod-resources-socket",
+            str(kubelet.path),
+        )
+        stub, meta = agg.fleet_stub(), cluster.secrets.metadata("ops")
+        detail = wait_until(
+            lambda: (
+                (
+                    d := stub.GetNode(fleet_pb2.GetNodeRequest(node=NODE), metadata=meta, timeout=10)
+                ).summary.gpus
+                and d
+            ),
+            30,
+            "the node's GPUs",
+        )
+        uuid = {g.index: g.uuid for g in detail.summary.gpus}
+        kubelet.allocations = [
+            ("ml-serving", "llama-0", "main", "nvidia.com/gpu", [uuid[0], uuid[1]]),
+            ("research", "nb-1", "main", "nvidia.com/gpu", [uuid[3]]),
+            # The node's word about pods the API places elsewhere or does not know: refused.
+            ("research", "elsewhere", "main", "nvidia.com/gpu", [uuid[2]]),
+            ("kube-system", "forged", "main", "nvidia.com/gpu", [uuid[2]]),
+        ]
+
+        def listed() -> dict[str, dict[str, object]]:
+            answer = stub.ListWorkloads(fleet_pb2.ListWorkloadsRequest(), metadata=meta, timeout=30)
+            return {r["workload"]: r for r in map(workload_row, answer.running)}
+
+        def placed() -> bool:
+            rows = listed()
+            return all(
+                rows.get(w, {}).get("util_mean_pct") is not None
+                for w in ("kubernetes:ml-serving/llama-0", "kubernetes:research/nb-1")
+            )
+
+        wait_until(placed, 60, "both pods attributed, with readings", context=lambda: repr(listed()))
+        out = gpufleet_cli(agg, cluster, "ops", "jobs", "--json")
+        assert out.returncode == 0, out.stderr
+        rows = {r["workload"]: r for r in json.loads(out.stdout)["running"]}
+        llama, nb = rows["kubernetes:ml-serving/llama-0"], rows["kubernetes:research/nb-1"]
+        assert (llama["namespace"], llama["team"], llama["name"], llama["nodes"], llama["gpus"]) == (
+            "ml-serving",
+            "inference",
+            "StatefulSet/llama",
+            [NODE],
+            2,
+        )
+        assert (nb["namespace"], nb["team"], nb["name"], nb["gpus"]) == (
+            "research",
+            "science",
+            "Deployment/notebook",
+            1,
+        )
+        assert "kubernetes:research/elsewhere" in rows and rows["kubernetes:research/elsewhere"]["nodes"] == [
+            OTHER
+        ]
+        # The pod's GPUs are the ones the kubelet gave it (on this node), read by their UUIDs.
+        job = json.loads(gpufleet_cli(agg, cluster, "ops", "job", "ml-serving/llama-0", "--json").stdout)
+        assert sorted(g["gpu"] for g in job["per_gpu"]) == [0, 1]
+
+        wait_until(
+            lambda: (
+                agg.metric_value("gpufleet_workload_claims_refused_total", reason="not_on_node") >= 1
+                and agg.metric_value("gpufleet_workload_claims_refused_total", reason="unknown_job") >= 1
+            ),
+            30,
+            "the pod of another node and the unknown pod refused and counted",
+        )
+        elsewhere = json.loads(
+            gpufleet_cli(agg, cluster, "ops", "job", "research/elsewhere", "--json").stdout
+        )
+        assert elsewhere["per_gpu"] == [], "a node charged GPU time to another node's pod"
+
+        # Usage by namespace and by team: GPU-hours from the API's start time, the pods' GPUs.
+        now = time.time()
+        for by, owners in (
+            ("namespace", {"ml-serving": 2, "research": 2}),
+            ("team", {"inference": 2, "science": 2}),
+        ):
+            out = gpufleet_cli(agg, cluster, "ops", "usage", "--by", by, "--since", "2h", "--json")
+            assert out.returncode == 0, out.stderr
+            usage = {r["owner"]: r for r in json.loads(out.stdout)["rows"]}
+            assert set(usage) == set(owners), usage
+            for owner, gpus in owners.items():
+                expected = gpus * (now - int(started)) / 3600
+                assert usage[owner]["gpu_hours_allocated"] == pytest.approx(expected, abs=gpus * 30 / 3600), (
+                    owner,
+                    usage[owner],
+                )
+    finally:
+        kubelet.close()
