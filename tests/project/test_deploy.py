@@ -445,6 +445,7 @@ def test_kubernetes_manifests_start_the_components_as_written(cluster: Cluster) 
             # The service account's in-cluster credentials, replaced by the API stand-in's.
             "GPUFLEET_AGGREGATOR_REPAIR_KUBECONFIG": str(kube.kubeconfig(cluster.tmp / "kubeconfig")),
             "GPUFLEET_AGGREGATOR_COLLECTOR_K8S_KUBECONFIG": str(cluster.tmp / "kubeconfig"),
+            "GPUFLEET_AGGREGATOR_WORKLOAD_KUBECONFIG": str(cluster.tmp / "kubeconfig"),
         }
     )
     start(cluster, "aggregator", config_file(agg_container["args"], cluster.tmp, toml), agg_env)
@@ -558,6 +559,7 @@ def test_the_replicas_component_starts_replicas_that_elect_one_leader(
                 "GPUFLEET_AGGREGATOR_INFLUX_URL": influxd,  # the in-cluster Service, here loopback
                 "GPUFLEET_AGGREGATOR_REPAIR_KUBECONFIG": str(kube.kubeconfig(cluster.tmp / "kubeconfig")),
                 "GPUFLEET_AGGREGATOR_COLLECTOR_K8S_KUBECONFIG": str(cluster.tmp / "kubeconfig"),
+                "GPUFLEET_AGGREGATOR_WORKLOAD_KUBECONFIG": str(cluster.tmp / "kubeconfig"),
             }
         )
         start(cluster, pod, config_file(container["args"], cluster.tmp, toml), env)
