@@ -78,6 +78,30 @@ def is_unavailable(exc: BaseException) -> bool:
     return isinstance(exc, StoreUnavailable | OSError)
 
 
+@dataclass(frozen=True)
+class ProratedSum:
+    """What Store.sum_prorated sums: fields of points whose own interval may reach past the
+    range asked (a workload's summary, stored at its end, covering its start to its end)."""
+
+    measurement: str
+    start_unix_ns: int  # the points' times read (a workload ending after since...)
+    end_unix_ns: int
+    since_s: float  # the range the sums are for
+    until_s: float
+    start_field: str
+    end_field: str
+    sum_fields: tuple[str, ...]
+    group_fields: tuple[str, ...] = ()
+
+
+@dataclass
+class ProratedRow:
+    tags: dict[str, str]
+    group: tuple[str, ...]  # the values of the group fields ("" where a point has none)
+    count: int
+    sums: list[float]
+
+
 BUCKET_STATS = ("mean", "max", "min", "count")  # what bucket_stats gives for each field
 
 
@@ -120,6 +144,32 @@ class Store(abc.ABC):
         filters: Mapping[str, Sequence[str]] | None = None,
     ) -> list[Point]:
         """Raw points in [start, end), oldest first."""
+
+    def sum_prorated(self, q: ProratedSum) -> list[ProratedRow]:
+        """Sums of q.sum_fields over the points in [q.start_unix_ns, q.end_unix_ns), each point
+        weighted by the share of its interval (its q.start_field to its q.end_field, Unix
+        seconds) inside [q.since_s, q.until_s) (points with none inside are left out), grouped by
+        series and the values of q.group_fields. This reads every point (query_points); a store
+        that can sum where the points are overrides it (the embedded store: in SQL)."""
+        rows: dict[tuple[tuple[tuple[str, str], ...], tuple[str, ...]], ProratedRow] = {}
+        for p in self.query_points(q.measurement, q.start_unix_ns, q.end_unix_ns):
+            begin, end = p.fields.get(q.start_field), p.fields.get(q.end_field)
+            if not isinstance(begin, int | float) or not isinstance(end, int | float) or end <= begin:
+                continue
+            inside = min(float(end), q.until_s) - max(float(begin), q.since_s)
+            if inside <= 0:
+                continue
+            share = inside / (float(end) - float(begin))
+            key = (tuple(sorted(p.tags.items())), tuple(str(p.fields.get(f, "")) for f in q.group_fields))
+            row = rows.get(key)
+            if row is None:
+                row = rows[key] = ProratedRow(dict(key[0]), key[1], 0, [0.0] * len(q.sum_fields))
+            row.count += 1
+            for i, name in enumerate(q.sum_fields):
+                value = p.fields.get(name)
+                if isinstance(value, int | float) and not isinstance(value, bool):
+                    row.sums[i] += float(value) * share
+        return list(rows.values())
 
     @abc.abstractmethod
     def latest(self, measurement: str) -> list[Point]:

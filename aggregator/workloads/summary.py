@@ -247,17 +247,23 @@ def price_of(model: str, prices: dict[str, float]) -> float | None:
     return best[1] if best else None
 
 
-def usage(
-    summaries: list[Summary], since_s: float, until_s: float, by: str, prices: dict[str, float]
-) -> list[UsageRow]:
-    """GPU-hours by owner over [since, until): each workload's allocated GPU-hours within the
-    range (a workload crossing the range's edges counts its share of its time inside, its
-    effective and idle hours in the same proportion), most allocated first."""
-    if by not in USAGE_DIMENSIONS:
-        raise ValueError(f"usage by {by!r}: use one of {', '.join(USAGE_DIMENSIONS)}")
-    rows: dict[str, list[float]] = {}
-    counts: dict[str, int] = {}
-    priced: dict[str, bool] = {}
+@dataclass(frozen=True)
+class UsagePart:
+    """Some workloads' GPU-hours within a usage range, under one owner, on one GPU model."""
+
+    owner: str
+    model: str
+    workloads: int
+    gpu_hours_allocated: float
+    gpu_hours_effective: float
+    gpu_hours_idle: float
+
+
+def summary_parts(summaries: list[Summary], since_s: float, until_s: float, by: str) -> list[UsagePart]:
+    """Each workload's GPU-hours within [since, until): a workload crossing the range's edges
+    counts the share of its time inside, its effective and idle hours in the same proportion
+    (the running ones: up to until)."""
+    parts = []
     for s in summaries:
         end = s.end_unix_s if s.end_unix_s is not None else until_s
         span = end - s.start_unix_s
@@ -265,19 +271,35 @@ def usage(
         if inside <= 0 or span <= 0:
             continue
         share = inside / span
-        allocated = s.gpu_hours_allocated * share
-        effective = (s.gpu_hours_effective or 0.0) * share
-        owner = s.owner(by) or "(none)"
-        row = rows.setdefault(owner, [0.0, 0.0, 0.0, 0.0, 0.0])
-        row[0] += allocated
-        row[1] += effective
-        row[2] += s.gpu_hours_idle * share
-        price = price_of(s.model, prices) if prices else None
+        parts.append(
+            UsagePart(
+                s.owner(by) or "(none)",
+                s.model,
+                1,
+                s.gpu_hours_allocated * share,
+                (s.gpu_hours_effective or 0.0) * share,
+                s.gpu_hours_idle * share,
+            )
+        )
+    return parts
+
+
+def usage(parts: list[UsagePart], prices: dict[str, float]) -> list[UsageRow]:
+    """GPU-hours by owner, most allocated first; cost where the model has a price."""
+    rows: dict[str, list[float]] = {}
+    counts: dict[str, int] = {}
+    priced: dict[str, bool] = {}
+    for part in parts:
+        row = rows.setdefault(part.owner, [0.0, 0.0, 0.0, 0.0, 0.0])
+        row[0] += part.gpu_hours_allocated
+        row[1] += part.gpu_hours_effective
+        row[2] += part.gpu_hours_idle
+        price = price_of(part.model, prices) if prices else None
         if price is not None:
-            row[3] += allocated * price
-            row[4] += effective * price
-        priced[owner] = priced.get(owner, False) or price is not None
-        counts[owner] = counts.get(owner, 0) + 1
+            row[3] += part.gpu_hours_allocated * price
+            row[4] += part.gpu_hours_effective * price
+        priced[part.owner] = priced.get(part.owner, False) or price is not None
+        counts[part.owner] = counts.get(part.owner, 0) + part.workloads
     out = [
         UsageRow(
             owner,

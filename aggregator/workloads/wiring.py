@@ -17,18 +17,21 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from gpufleet.aggregator.fleet.state import FleetState
 from gpufleet.aggregator.store import Store, StoreError
-from gpufleet.aggregator.store.base import Point
+from gpufleet.aggregator.store.base import Point, ProratedSum
 from gpufleet.aggregator.workloads.ledger import REFUSAL_REASONS, Workload, WorkloadLedger
 from gpufleet.aggregator.workloads.schedulers import WORKLOAD_SCHEDULERS, SchedulerReadError
 from gpufleet.aggregator.workloads.summary import (
     MEASUREMENT,
     OWNER_DIMENSIONS,
+    USAGE_DIMENSIONS,
     Summary,
+    UsagePart,
     UsageRow,
     from_point,
     owner_points,
     parse_prices,
     summarise,
+    summary_parts,
     to_point,
     usage,
 )
@@ -203,7 +206,36 @@ class Workloads:
         return next((s for s in ended if scheduler in ("", s.scheduler) and s.id == workload_id), None)
 
     def usage(self, since_s: float, until_s: float, by: str) -> list[UsageRow]:
-        # A workload that ended after `until` is stored at its end, after the range: read up to now.
-        ended = self.ended(since_s, max(until_s, time.time()) + 1)
-        summaries = ended + [s for s in self.running() if s.start_unix_s < until_s]
-        return usage(summaries, since_s, until_s, by, self.prices)
+        """GPU-hours by owner in [since, until): the ended workloads summed where they are stored
+        (Store.sum_prorated: a workload is stored at its end, so those ending up to now are
+        read), the running ones and the summaries not yet durable from memory."""
+        if by not in USAGE_DIMENSIONS:
+            raise ValueError(f"usage by {by!r}: use one of {', '.join(USAGE_DIMENSIONS)}")
+        by_field = by in ("user",)  # a field of the summary, never a tag
+        stored = self._store.sum_prorated(
+            ProratedSum(
+                MEASUREMENT,
+                int(since_s * 1e9),
+                int((max(until_s, time.time()) + 1) * 1e9),
+                since_s,
+                until_s,
+                "start_unix_s",
+                "end_unix_s",
+                ("gpu_hours_allocated", "gpu_hours_effective", "gpu_hours_idle"),
+                ("model", *(("user",) if by_field else ())),
+            )
+        )
+        parts = [
+            UsagePart(
+                (row.group[1] if by_field else row.tags.get(by, "")) or "(none)",
+                row.group[0],
+                row.count,
+                *row.sums,
+            )
+            for row in stored
+        ]
+        pending = [from_point(p) for p in self._unwritten if p.measurement == MEASUREMENT]
+        parts += summary_parts(
+            pending + [s for s in self.running() if s.start_unix_s < until_s], since_s, until_s, by
+        )
+        return usage(parts, self.prices)

@@ -355,3 +355,45 @@ def test_a_workload_summary_round_trips_and_adds_no_series_per_job(store: Store)
     ]
     assert sorted(read, key=lambda s: s.id) == written
     assert len(store.latest(MEASUREMENT)) == 1, "one series for the account, not one per job"
+
+
+def test_prorated_sums_count_each_points_share_of_the_range(store: Store) -> None:
+    """Store.sum_prorated (the embedded store's in SQL, InfluxDB's over its points) weighs each
+    point by the share of its own interval inside the range, as the workloads' usage does in
+    Python for the running ones (aggregator/workloads/summary.py summary_parts)."""
+    from gpufleet.aggregator.store.base import ProratedSum
+
+    base = 1_700_000_000.0
+    points = [
+        # (account, start, end, allocated GPU-hours): inside, crossing each edge, outside.
+        ("vision", base + 100, base + 200, 1.0),
+        ("vision", base - 100, base + 100, 2.0),
+        ("llm", base + 900, base + 1100, 4.0),
+        ("llm", base - 500, base - 100, 8.0),
+    ]
+    store.write(
+        [
+            Point(
+                "workload",
+                {"account": account},
+                {"start_unix_s": start, "end_unix_s": end, "gpu_hours_allocated": hours, "model": "H100"},
+                int(end * 1e9) + k,
+            )
+            for k, (account, start, end, hours) in enumerate(points)
+        ]
+    )
+    rows = store.sum_prorated(
+        ProratedSum(
+            "workload",
+            int((base - 1000) * 1e9),
+            int((base + 2000) * 1e9),
+            base,
+            base + 1000,
+            "start_unix_s",
+            "end_unix_s",
+            ("gpu_hours_allocated", "gpu_hours_idle"),
+            ("model",),
+        )
+    )
+    got = {(r.tags["account"], r.group): (r.count, [round(v, 9) for v in r.sums]) for r in rows}
+    assert got == {("vision", ("H100",)): (2, [2.0, 0.0]), ("llm", ("H100",)): (1, [2.0, 0.0])}
