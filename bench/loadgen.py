@@ -119,6 +119,15 @@ def build_report(node: str, gpus: int, columnar: bool = False) -> ingest_pb2.Col
     return msg
 
 
+def bench_job_id(index: int) -> str:
+    """The Slurm job id bench node `index` runs (bench/workloads_bench.py records it)."""
+    return str(100_000 + index)
+
+
+def bench_node(index: int) -> str:
+    return f"bench-{index:05d}"
+
+
 async def node_stream(
     channel: grpc.aio.Channel,
     index: int,
@@ -127,7 +136,7 @@ async def node_stream(
     go: asyncio.Event,
     stop: asyncio.Event,
 ) -> None:
-    node = f"bench-{index:05d}"
+    node = bench_node(index)
     call = channel.stream_stream(
         METHOD,
         request_serializer=bytes,  # messages are written as bytes (ReportBytes)
@@ -152,6 +161,18 @@ async def node_stream(
     stats.connected += 1
     msg = build_report(node, args.gpus, args.columnar)
     msg.report.interval_s = args.interval
+    if args.workloads:
+        # The node's job on every GPU, as a collector names it from its processes' cgroup.
+        msg.report.workloads.add(
+            scheduler="slurm",
+            id=bench_job_id(index),
+            part="0",
+            gpu_indices=range(args.gpus),
+            pids=[5_000_000 + index],
+            process_count=1,
+            hbm_used_bytes=70 << 30,
+            source="cgroup",
+        )
     wire = ReportBytes(msg)
     sent_at: dict[int, float] = {}
     window = asyncio.Semaphore(args.window)
@@ -271,6 +292,7 @@ class Load:
     drain: float = 3.0
     procs: int = 2
     columnar: bool = False  # GPU samples as columns (GpuColumns), as collectors send by default
+    workloads: bool = False  # each report names its node's job (bench/workloads_bench.py)
 
 
 class CpuSampler(threading.Thread):
@@ -325,6 +347,7 @@ def drive(load: Load) -> dict[str, object]:
         for name in ("address", "secret", "nodes", "gpus", "interval", "mode", "window", "seconds", "warmup"):
             argv += [f"--{name}", str(getattr(load, name))]
         argv += ["--drain", str(load.drain), *(["--columnar"] if load.columnar else [])]
+        argv += ["--workloads"] if load.workloads else []
         children.append(subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True))
         first += count
     try:
@@ -389,6 +412,7 @@ def main() -> None:
     p.add_argument("--warmup", type=float, default=3.0)
     p.add_argument("--drain", type=float, default=3.0)
     p.add_argument("--columnar", action="store_true", help="GPU samples as columns")
+    p.add_argument("--workloads", action="store_true", help="each report names its node's job")
     args = p.parse_args()
     print(json.dumps(asyncio.run(child(args))), flush=True)
 
