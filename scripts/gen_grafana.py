@@ -718,12 +718,70 @@ def collector_prometheus() -> dict[str, Any]:
     )
 
 
+def workloads() -> dict[str, Any]:
+    """Owners of the GPUs (docs/workloads.md): the owner series the aggregator writes at each
+    scheduler read (owner_account, owner_team: bounded, never a user or a job) and the summary of
+    each workload that ended (the `workload` measurement)."""
+
+    def by(dimension: str, field_: str, agg: str = "mean") -> str:
+        return (
+            f'SELECT {agg}("{field_}") FROM "owner_{dimension}" WHERE $timeFilter '
+            f'GROUP BY time($__interval), "{dimension}" fill(none)'
+        )
+
+    return dashboard(
+        "gpufleet-workloads",
+        "gpufleet / Workloads",
+        "Whose work is on the GPUs: GPUs allocated and their utilization by account and by team (the "
+        "scheduler's owners, read by the aggregator), and GPU-hours and efficiency of the workloads that "
+        "ended in the range. User names are in the ended workloads' table: Grafana's own permissions "
+        "decide who may open this dashboard.",
+        INFLUX,
+        [],
+        [
+            Panel("GPUs allocated by account", [by("account", "gpus_allocated")], legend="$tag_account"),
+            Panel(
+                "GPU utilization by account",
+                [by("account", "util_gpu_pct")],
+                unit="percent",
+                legend="$tag_account",
+            ),
+            Panel("GPUs allocated by team", [by("team", "gpus_allocated")], legend="$tag_team"),
+            Panel(
+                "GPU utilization by team", [by("team", "util_gpu_pct")], unit="percent", legend="$tag_team"
+            ),
+            Panel(
+                "GPU-hours by account (workloads that ended in the range)",
+                [
+                    'SELECT sum("gpu_hours_allocated") AS "GPU-h allocated", sum("gpu_hours_effective") AS '
+                    '"GPU-h effective", sum("gpu_hours_idle") AS "GPU-h idle" FROM "workload" '
+                    'WHERE $timeFilter GROUP BY "account"'
+                ],
+                kind="table",
+                table=True,
+                width=24,
+            ),
+            Panel(
+                "Workloads that ended in the range",
+                [
+                    'SELECT "id", "user", "name", "nodes", "gpus", "gpu_hours_allocated", "util_mean_pct", '
+                    '"hbm_peak_bytes" FROM "workload" WHERE $timeFilter GROUP BY "account", "team"'
+                ],
+                kind="table",
+                table=True,
+                width=24,
+            ),
+        ],
+    )
+
+
 DASHBOARDS = {
     "gpufleet-fleet.json": fleet_overview,
     "gpufleet-node.json": node_drilldown,
     "gpufleet-kv-cache.json": kv_cache,
     "gpufleet-xids-repairs.json": xids_and_repairs,
     "gpufleet-collector-prometheus.json": collector_prometheus,
+    "gpufleet-workloads.json": workloads,
 }
 
 

@@ -187,6 +187,9 @@ class WorkloadLedger:
         self._live: dict[tuple[str, str], Workload] = {}
         self._by_node: dict[str, list[Workload]] = {}
         self.recent: deque[Workload] = deque(maxlen=RECENT_ENDED)
+        # The workloads already summarised (insertion-ordered, bounded): the scheduler lists a
+        # job for minutes after its end, and it is summarised once.
+        self._ended_keys: dict[tuple[str, str], None] = {}
         self.refreshed_unix_s: float | None = None
         self.refused_total: dict[str, int] = dict.fromkeys(REFUSAL_REASONS, 0)
         # (node, scheduler, id) claims refused, so each episode is counted once.
@@ -203,27 +206,15 @@ class WorkloadLedger:
         with self._lock:
             seen = set()
             for job in jobs.values():
-                key = (job.scheduler, job.id)
-                live = self._live.get(key)
-                if live is None and not job.gpu_limit and not any(job.gpus_by_node.values()):
-                    continue  # holds no GPU: not a GPU workload
-                if live is not None:
-                    job = _keep_known_gpus(job, live.job)
-                if job.running:
-                    seen.add(key)
-                    if live is None:
-                        self._live[key] = Workload(job)
-                    else:
-                        live.job = job
-                elif live is not None:
-                    live.job = job
-                    live.ended_unix_s = job.end_unix_s
-                    ended.append(self._live.pop(key))
+                self._take(job, seen, ended)
             # A job the scheduler no longer lists ended when it was last seen (at the latest now).
             for key in [k for k in self._live if k not in seen]:
                 gone = self._live.pop(key)
                 gone.ended_unix_s = now
                 ended.append(gone)
+                self._ended_keys[key] = None
+            while len(self._ended_keys) > RECENT_ENDED * 10:
+                self._ended_keys.pop(next(iter(self._ended_keys)))
             self._index()
             self.recent.extend(ended)
             self.refreshed_unix_s = now
@@ -232,6 +223,34 @@ class WorkloadLedger:
         for w in ended:
             self._on_end(w)
         return ended
+
+    def _take(self, job: Job, seen: set[tuple[str, str]], ended: list[Workload]) -> None:
+        """One job of the scheduler's answer: a new allocation opened, a live one updated, an
+        ended one closed (or, never seen running, summarised as it is)."""
+        key = (job.scheduler, job.id)
+        live = self._live.get(key)
+        if live is None and not job.gpu_limit and not any(job.gpus_by_node.values()):
+            return  # holds no GPU: not a GPU workload
+        if live is not None:
+            job = _keep_known_gpus(job, live.job)
+        if job.running:
+            seen.add(key)
+            if live is None:
+                self._live[key] = Workload(job)
+                self._ended_keys.pop(key, None)
+            else:
+                live.job = job
+            return
+        if live is not None:
+            live.job = job
+            live.ended_unix_s = job.end_unix_s
+            ended.append(self._live.pop(key))
+        elif key not in self._ended_keys:
+            # It ran and ended between two reads, or while this aggregator was not reading: its
+            # GPU-hours still count (no readings). Summarised once; a restart may write its
+            # summary again, which the store keeps as one point (same series, same time).
+            ended.append(Workload(job, ended_unix_s=job.end_unix_s))
+        self._ended_keys[key] = None
 
     def _index(self) -> None:
         """The live workloads by node, and by the other ids nodes may name them by."""

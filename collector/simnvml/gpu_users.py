@@ -119,6 +119,9 @@ ROSTER = (
 )
 
 
+TEAMS = {"llm-train": "foundation", "vision": "perception", "research": "science"}
+
+
 @dataclass
 class DemoJob:
     job_id: str
@@ -179,6 +182,7 @@ class DemoJobs:
             "id": job.job_id,
             "user": job.user,
             "account": job.account,
+            "team": TEAMS[job.account],
             "partition": job.partition,
             "name": job.name,
             "nodes": {self.node: list(range(self.gpu_count))},

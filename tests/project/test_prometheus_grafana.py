@@ -18,6 +18,7 @@ import re
 import shutil
 import subprocess
 import sys
+import time
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -145,12 +146,14 @@ def test_generated_dashboards_are_committed_and_sound() -> None:
         "gpufleet-kv-cache.json",
         "gpufleet-xids-repairs.json",
         "gpufleet-collector-prometheus.json",
+        "gpufleet-workloads.json",
     }
     assert len({d["uid"] for d in dashboards.values()}) == len(dashboards)
     for name, d in dashboards.items():
         assert structure_problems(d) == [], name
         names = {v["name"] for v in d["templating"]["list"]}
-        assert "cluster" in names, f"{name}: a cluster variable"
+        # Owners are fleet-wide (an account's GPUs in every cluster): the workloads dashboard has none.
+        assert "cluster" in names or name == "gpufleet-workloads.json", f"{name}: a cluster variable"
     # The template variables SREs filter by: cluster, node and model.
     assert {"cluster", "node", "model"} <= {
         v["name"] for v in load("gpufleet-node.json")["templating"]["list"]
@@ -348,6 +351,14 @@ class Fleet:
         self.influx, self.database = influxd, f"grafana_{uuid.uuid4().hex[:10]}"
         policy = cluster.tmp / "policy.toml"
         policy.write_text("[workflow]\nvalidate_s = 2.0\n")
+        # Owners: the demo scheduler's records (the nodes' own jobs, as a site's scheduler), and a
+        # job that ran and ended before the aggregator read them (its GPU-hours still counted).
+        jobs = cluster.tmp / "jobs"
+        jobs.mkdir()
+        now = time.time()
+        ended = {"id": "41", "user": "ana", "account": "vision", "team": "cv", "nodes": {"graf-3": [0, 1, 2]}}
+        times = {"start_unix_s": now - 900, "end_unix_s": now - 60}
+        (jobs / "41.json").write_text(json.dumps({**ended, **times}))
         agg = cluster.aggregator(
             "aggregator",
             0,
@@ -360,6 +371,12 @@ class Fleet:
             "--influx-database",
             self.database,
             *repair_flags(policy),
+            "--workload-scheduler",
+            "site",
+            "--workload-site-jobs-dir",
+            str(jobs),
+            "--workload-poll-s",
+            "1",
         )
         (cluster.tmp / "faults.toml").write_text(FAULTS)
         ports = []
@@ -383,6 +400,8 @@ class Fleet:
                 str(cluster.tmp / "faults.toml"),
                 "--metrics-listen",
                 f"127.0.0.1:{port}",
+                "--sim-jobs-dir",
+                str(jobs),
                 *extra,
             )
         self.prometheus = PrometheusServer(cluster.tmp, ports, [agg.metrics])
@@ -405,9 +424,17 @@ class Fleet:
             kinds = {row[1] for s in shown for row in s["values"]}
             repairs = self.influxql('SELECT count("outcome") FROM "repair" WHERE "action" = \'ticket\'')
             engines = self.influxql('SELECT count("kv_cache_usage_ratio") FROM "engine" GROUP BY "node"')
-            return {"xid", "gpu_lost"} <= kinds and bool(repairs) and len(engines) == 2
+            owners = self.influxql('SELECT count("util_gpu_pct") FROM "owner_account" GROUP BY "account"')
+            ended = self.influxql('SELECT count("gpu_hours_allocated") FROM "workload"')
+            return (
+                {"xid", "gpu_lost"} <= kinds
+                and bool(repairs)
+                and len(engines) == 2
+                and bool(owners)
+                and bool(ended)
+            )
 
-        wait_until(stored, 60, "XIDs, repairs and engines in InfluxDB")
+        wait_until(stored, 60, "XIDs, repairs, engines and workloads in InfluxDB")
 
         def scraped() -> bool:
             up = self.prometheus.api("query", query='up{job="gpufleet-collector"} == 1')["result"]
@@ -469,7 +496,13 @@ def influx_values(fleet: Fleet, d: dict[str, Any]) -> dict[str, dict[str, str]]:
 
 @pytest.mark.parametrize(
     "name",
-    ["gpufleet-fleet.json", "gpufleet-node.json", "gpufleet-kv-cache.json", "gpufleet-xids-repairs.json"],
+    [
+        "gpufleet-fleet.json",
+        "gpufleet-node.json",
+        "gpufleet-kv-cache.json",
+        "gpufleet-xids-repairs.json",
+        "gpufleet-workloads.json",
+    ],
 )
 def test_every_influxql_query_returns_data(fleet: Fleet, name: str) -> None:
     d = load(name)
