@@ -32,6 +32,7 @@ def add_parsers(sub: Any, client: argparse.ArgumentParser, add_watch: Any) -> No
     p = sub.add_parser("job", parents=[client], help="one workload's report: per node and GPU")
     p.add_argument("id", help="the job id (Slurm) or workload id; SCHEDULER:ID for another scheduler")
     p.add_argument("--json", action="store_true")
+    p.add_argument("--csv", action="store_true", help="one row per node and GPU")
     p = sub.add_parser("usage", parents=[client], help="GPU-hours, efficiency and cost by owner")
     p.add_argument("--by", default="account", choices=USAGE_BY)
     p.add_argument("--since", default="7d", help="start: 10m, 2h, 7d ago, or ISO time (default 7d)")
@@ -55,10 +56,8 @@ def run(client: FleetClient, args: Any) -> None:
         scheduler, sep, wid = args.id.partition(":")
         if not sep:
             scheduler, wid = "", args.id
-        print_job(
-            client.call(FleetRpc.GetWorkload, fleet_pb2.GetWorkloadRequest(scheduler=scheduler, id=wid)),
-            args.json,
-        )
+        detail = client.call(FleetRpc.GetWorkload, fleet_pb2.GetWorkloadRequest(scheduler=scheduler, id=wid))
+        print_job(detail, _output(args))
     elif args.command == "usage":
         request = fleet_pb2.UsageRequest(
             start_unix_ns=parse_time_ns(args.since), end_unix_ns=parse_time_ns(args.until), by=args.by
@@ -139,7 +138,7 @@ def print_jobs(resp: fleet_pb2.ListWorkloadsResponse, output: str) -> None:
         )
 
 
-def print_job(detail: fleet_pb2.WorkloadDetail, as_json: bool) -> None:
+def print_job(detail: fleet_pb2.WorkloadDetail, output: str) -> None:
     w = detail.summary
     row = workload_row(w)
     gpus = [
@@ -160,8 +159,11 @@ def print_job(detail: fleet_pb2.WorkloadDetail, as_json: bool) -> None:
         {"node": c.node, "gpus": list(c.gpu_indices), "pids": list(c.pids), "processes": c.process_count}
         for c in detail.claims
     ]
-    if as_json:
+    if output == "json":
         print(json.dumps({**row, "per_gpu": gpus, "processes": claims}, indent=2))
+        return
+    if output == "csv":
+        print(rows_csv([{"workload": row["workload"], **g} for g in gpus]), end="")
         return
     state = f"ended {row['end']}" if row["end"] else "running"
     print(f"workload {workload_name(w)}: {row['name'] or NA}, {state}")

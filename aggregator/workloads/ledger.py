@@ -195,7 +195,8 @@ class WorkloadLedger:
         # (node, scheduler, id) claims refused, so each episode is counted once.
         self._refused: dict[tuple[str, str, str], str] = {}
         self._logged_at: dict[str, float] = {}
-        self._first_claimed: dict[tuple[str, str, str], float] = {}
+        # Claims of jobs the scheduler did not list when last read: (first made, GPUs named).
+        self._unknown: dict[tuple[str, str, str], tuple[float, list[int]]] = {}
         self._aliases: dict[tuple[str, str], tuple[str, str]] = {}  # (scheduler, pod UID) -> key
 
     # --- the scheduler's word ------------------------------------------------------
@@ -218,8 +219,7 @@ class WorkloadLedger:
             self._index()
             self.recent.extend(ended)
             self.refreshed_unix_s = now
-            if len(self._first_claimed) > 100_000:
-                self._first_claimed.clear()
+            self._settle_unknown(now)
         for w in ended:
             self._on_end(w)
         return ended
@@ -305,43 +305,58 @@ class WorkloadLedger:
                 continue
             episode = (node, claim.scheduler, claim.id)
             if self.scheduler == "none":
-                reason = "no_scheduler"
+                self._refuse(episode, "no_scheduler", list(claim.gpu_indices), "")
             elif live is not None:
-                reason = "not_on_node"
-            else:
-                # A job that started since the scheduler was last read is not refused yet: only
-                # once a read made after the node first named it still does not list it.
-                first = self._first_claimed.setdefault(episode, self._now())
-                if self.refreshed_unix_s is None or self.refreshed_unix_s <= first:
-                    continue
-                reason = "unknown_job"
-            if self._refused.get(episode) == reason:
-                continue
-            if len(self._refused) > 100_000:
-                self._refused.clear()
-            self._refused[episode] = reason
-            self.refused_total[reason] += 1
-            self._on_refused(reason, node)
-            now = time.monotonic()
-            if now - self._logged_at.get(node, -120.0) >= 60.0:
-                self._logged_at[node] = now
-                log.warning(
-                    "node %s names workload %s:%s on GPU(s) %s, which the scheduler %s: not attributed "
-                    "(counted in gpufleet_workload_claims_refused_total; said once a minute per node)",
-                    node,
-                    claim.scheduler,
-                    claim.id,
-                    list(claim.gpu_indices),
-                    {
-                        "unknown_job": "does not run",
-                        "not_on_node": f"runs on {', '.join(sorted(live.job.gpus_by_node))[:200]}"
-                        if live
-                        else "",
-                        "no_scheduler": "is not read (workload_scheduler = none)",
-                    }[reason],
-                    extra={"node": node, "workload": f"{claim.scheduler}:{claim.id}", "reason": reason},
+                self._refuse(
+                    episode, "not_on_node", list(claim.gpu_indices), ", ".join(sorted(live.job.gpus_by_node))
                 )
+            elif episode not in self._refused and len(self._unknown) < 100_000:
+                # Not refused yet: a job that started since the scheduler was last read is listed
+                # by the next read. The next read that still does not list it refuses it.
+                self._unknown.setdefault(episode, (self._now(), list(claim.gpu_indices)))
         return on_gpus
+
+    def _refuse(self, episode: tuple[str, str, str], reason: str, gpus: list[int], runs_on: str) -> None:
+        """A node's claim refused: counted once an episode, logged once a minute per node."""
+        if self._refused.get(episode) == reason:
+            return
+        if len(self._refused) > 100_000:
+            self._refused.clear()
+        self._refused[episode] = reason
+        self.refused_total[reason] += 1
+        node, scheduler, workload_id = episode
+        self._on_refused(reason, node)
+        now = time.monotonic()
+        if now - self._logged_at.get(node, -120.0) < 60.0:
+            return
+        self._logged_at[node] = now
+        said = {
+            "unknown_job": "does not run",
+            "not_on_node": f"runs on {runs_on[:200]}",
+            "no_scheduler": "is not read (workload_scheduler = none)",
+        }[reason]
+        log.warning(
+            "node %s names workload %s:%s on GPU(s) %s, which the scheduler %s: not attributed "
+            "(counted in gpufleet_workload_claims_refused_total; said once a minute per node)",
+            node,
+            scheduler,
+            workload_id,
+            gpus,
+            said,
+            extra={"node": node, "workload": f"{scheduler}:{workload_id}", "reason": reason},
+        )
+
+    def _settle_unknown(self, read_at: float) -> None:
+        """After a scheduler read: each claim of a job it did not list, first made before the read,
+        is refused (unknown_job); a claim of a job it now lists waits for that node's next report."""
+        for episode, (first, gpus) in list(self._unknown.items()):
+            _, scheduler, workload_id = episode
+            key = self._aliases.get((scheduler, workload_id), (scheduler, workload_id))
+            if key in self._live:
+                del self._unknown[episode]
+            elif first < read_at:
+                del self._unknown[episode]
+                self._refuse(episode, "unknown_job", gpus, "")
 
     @staticmethod
     def _learn_gpus(w: Workload, node: str, claim: telemetry_pb2.WorkloadSample) -> None:

@@ -21,6 +21,7 @@ from harness.k8s_standin import KubeStandin
 from harness.pod_resources import PodResourcesStandin
 from harness.processes import Cluster
 from harness.repair import gpufleet_cli
+from harness.streams import RawStream, hello, report
 from harness.waiting import wait_until
 
 NODE, OTHER = "k8s-gpu-a", "k8s-gpu-b"
@@ -144,6 +145,37 @@ def test_pods_gpus_come_from_the_kubelet_and_their_owners_from_the_api(
             gpufleet_cli(agg, cluster, "ops", "job", "research/elsewhere", "--json").stdout
         )
         assert elsewhere["per_gpu"] == [], "a node charged GPU time to another node's pod"
+
+        # Another enrolled node names pods by UID, as a kubepods cgroup does: llama-0's real UID
+        # (the API places it on NODE, not here) and a forged one. Both refused and counted.
+        llama_uid = kube.pods[("ml-serving", "llama-0")]["metadata"]["uid"]
+        before = {
+            r: agg.metric_value("gpufleet_workload_claims_refused_total", reason=r)
+            for r in ("not_on_node", "unknown_job")
+        }
+        liar = RawStream(agg.ingest, cluster.secrets.collector_token("k8s-gpu-c"))
+        try:
+            liar.send(hello("k8s-gpu-c", gpus=4))
+            assert liar.recv().WhichOneof("body") == "welcome"
+            forged = report("k8s-gpu-c", 1, gpus=4)
+            for uid in (llama_uid, "0f3c9d9e-6a3b-4c55-9a1e-2b7f1c4d5e6f"):
+                forged.report.workloads.add(
+                    scheduler="kubernetes", id=uid, part="a" * 12, gpu_indices=[0, 1], source="cgroup"
+                )
+            liar.send(forged)
+            assert liar.recv().WhichOneof("body") == "ack"
+            wait_until(
+                lambda: all(
+                    agg.metric_value("gpufleet_workload_claims_refused_total", reason=r) >= before[r] + 1
+                    for r in before
+                ),
+                30,
+                "the other node's UID claims refused: not_on_node (llama-0's), unknown_job (forged)",
+            )
+        finally:
+            liar.close()
+        again = json.loads(gpufleet_cli(agg, cluster, "ops", "job", "ml-serving/llama-0", "--json").stdout)
+        assert {p["node"] for p in again["processes"]} == {NODE}
 
         # Usage by namespace and by team: GPU-hours from the API's start time, the pods' GPUs.
         now = time.time()
