@@ -182,6 +182,19 @@ def slurm_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
 
 
 @pytest.fixture
+def kube() -> Iterator[Any]:
+    """A Kubernetes API server stand-in (tests/harness/k8s_standin.py) on loopback, closed after
+    the test even when it fails (the repair backend's tests and the workloads' use it)."""
+    from harness.k8s_standin import KubeStandin
+
+    standin = KubeStandin()
+    try:
+        yield standin
+    finally:
+        standin.close()
+
+
+@pytest.fixture
 def slurm(slurm_cluster: Any) -> Any:
     """The session's Slurm with every node resumed: each test starts from an idle cluster."""
     slurm_cluster.cancel_all()

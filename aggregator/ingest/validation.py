@@ -167,18 +167,7 @@ class Checker:
                 twice.append(at)
                 continue
             seen.add(key)
-            bad = [i for i in eng.gpu_indices if i >= gpu_count]
-            if bad:
-                dropped.append(
-                    DroppedPart(
-                        "gpu_index",
-                        f"{where} engine {eng.engine}:{eng.port} names GPU {bad[0]}; the node declared "
-                        f"{gpu_count}: kept without GPU(s) {bad}",
-                    )
-                )
-                kept = [i for i in eng.gpu_indices if i < gpu_count]
-                del eng.gpu_indices[:]
-                eng.gpu_indices.extend(kept)
+            dropped += _only_declared(eng.gpu_indices, gpu_count, f"{where} engine {eng.engine}:{eng.port}")
         _drop_at(report.engines, twice)
         if report.events:
             dropped += self._drop_events(report, gpu_count, where, now_ns or time.time_ns())
@@ -365,17 +354,19 @@ def _drop_workloads(report: telemetry_pb2.NodeReport, gpu_count: int, where: str
             gone.append(at)
             continue
         seen.add(key)
-        bad = [i for i in w.gpu_indices if i >= gpu_count]
-        if bad:
-            dropped.append(
-                DroppedPart(
-                    "gpu_index",
-                    f"{where} workload {w.scheduler}:{w.id} names GPU {bad[0]}; the node declared "
-                    f"{gpu_count}: kept without GPU(s) {bad}",
-                )
-            )
-            kept = [i for i in w.gpu_indices if i < gpu_count]
-            del w.gpu_indices[:]
-            w.gpu_indices.extend(kept)
+        dropped += _only_declared(w.gpu_indices, gpu_count, f"{where} workload {w.scheduler}:{w.id}")
     _drop_at(report.workloads, gone)
     return dropped
+
+
+def _only_declared(indices: Any, gpu_count: int, what: str) -> list[DroppedPart]:
+    """A part's GPU indices (a repeated field, changed in place) kept to the GPUs the hello
+    declared: one DroppedPart naming the rest, or none."""
+    bad = [i for i in indices if i >= gpu_count]
+    if not bad:
+        return []
+    kept = [i for i in indices if i < gpu_count]
+    del indices[:]
+    indices.extend(kept)
+    said = f"{what} names GPU {bad[0]}; the node declared {gpu_count}: kept without GPU(s) {bad}"
+    return [DroppedPart("gpu_index", said)]

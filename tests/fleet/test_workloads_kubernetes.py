@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterator
 from datetime import UTC, datetime
 
 import pytest
@@ -25,15 +24,6 @@ from harness.streams import RawStream, hello, report
 from harness.waiting import wait_until
 
 NODE, OTHER = "k8s-gpu-a", "k8s-gpu-b"
-
-
-@pytest.fixture
-def kube() -> Iterator[KubeStandin]:
-    standin = KubeStandin()
-    try:
-        yield standin
-    finally:
-        standin.close()
 
 
 @pytest.mark.slow

@@ -1,5 +1,6 @@
-"""The repair area's fixtures: a Kubernetes API stand-in and alert receivers, each closed after
-the test even when it fails (the real Slurm, shared with other areas, is in tests/conftest.py)."""
+"""The repair area's fixtures: alert receivers, each closed after the test even when it fails
+(the Kubernetes API stand-in and the real Slurm, shared with other areas, are in
+tests/conftest.py)."""
 
 from __future__ import annotations
 
@@ -9,17 +10,6 @@ from typing import Any
 import pytest
 
 from harness.alert_receiver import AlertReceiver
-from harness.k8s_standin import KubeStandin
-
-
-@pytest.fixture
-def kube() -> Iterator[KubeStandin]:
-    """A Kubernetes API server stand-in (tests/harness/k8s_standin.py) on loopback."""
-    standin = KubeStandin()
-    try:
-        yield standin
-    finally:
-        standin.close()
 
 
 @pytest.fixture
