@@ -120,20 +120,8 @@ class Store(abc.ABC):
     def bucket_stats(
         self, measurement: str, fields: Sequence[str], start_unix_ns: int, end_unix_ns: int, step_ns: int
     ) -> dict[tuple[tuple[tuple[str, str], ...], int], dict[str, float]]:
-        """Every series' mean, max, min and count of each field in step-wide buckets of
-        [start, end): {(sorted tags, bucket start): {"<field>_<stat>": value}} (what a roll-up
-        writes: aggregator/fleet/rollups.py). This asks query_history once per field and
-        statistic; a store that can answer all of them in one pass overrides it."""
-        merged: dict[tuple[tuple[tuple[str, str], ...], int], dict[str, float]] = {}
-        for name in fields:
-            for stat in BUCKET_STATS:
-                for series in self.query_history(
-                    HistoryQuery(measurement, name, start_unix_ns, end_unix_ns, step_ns, stat)
-                ):
-                    key = tuple(sorted(series.tags.items()))
-                    for t, v in zip(series.times_unix_ns, series.values, strict=True):
-                        merged.setdefault((key, t), {})[f"{name}_{stat}"] = int(v) if stat == "count" else v
-        return merged
+        """bucket_stats_by_query; a store that answers them all in one pass overrides it."""
+        return bucket_stats_by_query(self, measurement, fields, start_unix_ns, end_unix_ns, step_ns)
 
     @abc.abstractmethod
     def query_points(
@@ -146,30 +134,8 @@ class Store(abc.ABC):
         """Raw points in [start, end), oldest first."""
 
     def sum_prorated(self, q: ProratedSum) -> list[ProratedRow]:
-        """Sums of q.sum_fields over the points in [q.start_unix_ns, q.end_unix_ns), each point
-        weighted by the share of its interval (its q.start_field to its q.end_field, Unix
-        seconds) inside [q.since_s, q.until_s) (points with none inside are left out), grouped by
-        series and the values of q.group_fields. This reads every point (query_points); a store
-        that can sum where the points are overrides it (the embedded store: in SQL)."""
-        rows: dict[tuple[tuple[tuple[str, str], ...], tuple[str, ...]], ProratedRow] = {}
-        for p in self.query_points(q.measurement, q.start_unix_ns, q.end_unix_ns):
-            begin, end = p.fields.get(q.start_field), p.fields.get(q.end_field)
-            if not isinstance(begin, int | float) or not isinstance(end, int | float) or end <= begin:
-                continue
-            inside = min(float(end), q.until_s) - max(float(begin), q.since_s)
-            if inside <= 0:
-                continue
-            share = inside / (float(end) - float(begin))
-            key = (tuple(sorted(p.tags.items())), tuple(str(p.fields.get(f, "")) for f in q.group_fields))
-            row = rows.get(key)
-            if row is None:
-                row = rows[key] = ProratedRow(dict(key[0]), key[1], 0, [0.0] * len(q.sum_fields))
-            row.count += 1
-            for i, name in enumerate(q.sum_fields):
-                value = p.fields.get(name)
-                if isinstance(value, int | float) and not isinstance(value, bool):
-                    row.sums[i] += float(value) * share
-        return list(rows.values())
+        """prorated_sums over the points read; a store that sums in place overrides it."""
+        return prorated_sums(self.query_points(q.measurement, q.start_unix_ns, q.end_unix_ns), q)
 
     @abc.abstractmethod
     def latest(self, measurement: str) -> list[Point]:
@@ -191,3 +157,47 @@ class Store(abc.ABC):
 
 def matches(tags: Mapping[str, str], filters: Mapping[str, Sequence[str]] | None) -> bool:
     return not filters or all(tags.get(k) in set(v) for k, v in filters.items() if v)
+
+
+def prorated_sums(points: Sequence[Point], q: ProratedSum) -> list[ProratedRow]:
+    """Sums of q.sum_fields over points, each weighted by the share of its own interval (its
+    q.start_field to its q.end_field, Unix seconds) inside [q.since_s, q.until_s) (points with
+    none inside left out), grouped by series and the values of q.group_fields: what
+    Store.sum_prorated answers (the embedded store in SQL, where the points are)."""
+    rows: dict[tuple[tuple[tuple[str, str], ...], tuple[str, ...]], ProratedRow] = {}
+    for p in points:
+        begin, end = p.fields.get(q.start_field), p.fields.get(q.end_field)
+        if not isinstance(begin, int | float) or not isinstance(end, int | float) or end <= begin:
+            continue
+        inside = min(float(end), q.until_s) - max(float(begin), q.since_s)
+        if inside <= 0:
+            continue
+        share = inside / (float(end) - float(begin))
+        key = (tuple(sorted(p.tags.items())), tuple(str(p.fields.get(f, "")) for f in q.group_fields))
+        row = rows.get(key)
+        if row is None:
+            row = rows[key] = ProratedRow(dict(key[0]), key[1], 0, [0.0] * len(q.sum_fields))
+        row.count += 1
+        for i, name in enumerate(q.sum_fields):
+            value = p.fields.get(name)
+            if isinstance(value, int | float) and not isinstance(value, bool):
+                row.sums[i] += float(value) * share
+    return list(rows.values())
+
+
+def bucket_stats_by_query(
+    store: Store, measurement: str, fields: Sequence[str], start_unix_ns: int, end_unix_ns: int, step_ns: int
+) -> dict[tuple[tuple[tuple[str, str], ...], int], dict[str, float]]:
+    """Every series' mean, max, min and count of each field in step-wide buckets of
+    [start, end): {(sorted tags, bucket start): {"<field>_<stat>": value}} (what a roll-up
+    writes: aggregator/fleet/rollups.py), asking query_history once per field and statistic."""
+    merged: dict[tuple[tuple[tuple[str, str], ...], int], dict[str, float]] = {}
+    for name in fields:
+        for stat in BUCKET_STATS:
+            for series in store.query_history(
+                HistoryQuery(measurement, name, start_unix_ns, end_unix_ns, step_ns, stat)
+            ):
+                key = tuple(sorted(series.tags.items()))
+                for t, v in zip(series.times_unix_ns, series.values, strict=True):
+                    merged.setdefault((key, t), {})[f"{name}_{stat}"] = int(v) if stat == "count" else v
+    return merged
