@@ -99,6 +99,10 @@ class Aggregator:
             else None
         )
         self.repair_state = self.control_plane.state if self.control_plane else open_control_plane()
+        if self.control_plane is None:
+            # One box: the running workloads' figures are kept in the control-plane state and
+            # survive a restart (with replicas each replica keeps its own streams' in memory).
+            self.workloads.keep_in(self.repair_state.kept)
         if self.control_plane is not None:
             register_metrics(self.control_plane, self.metrics.registry)
         self.loops = BackgroundLoops(

@@ -97,6 +97,7 @@ class Workload:
     # What the nodes said of it: (node, pids listed, processes, HBM its processes hold).
     claims: dict[str, telemetry_pb2.WorkloadSample] = field(default_factory=dict)
     ended_unix_s: float | None = None
+    listed_unix_s: float = 0.0  # when the scheduler last listed it running
 
     @property
     def key(self) -> tuple[str, str]:
@@ -208,10 +209,11 @@ class WorkloadLedger:
             seen = set()
             for job in jobs.values():
                 self._take(job, seen, ended)
-            # A job the scheduler no longer lists ended when it was last seen (at the latest now).
+            # A job the scheduler no longer lists at all ended after it was last listed running:
+            # counted to then (a read's interval short at most, never past its end).
             for key in [k for k in self._live if k not in seen]:
                 gone = self._live.pop(key)
-                gone.ended_unix_s = now
+                gone.ended_unix_s = gone.listed_unix_s or now
                 ended.append(gone)
                 self._ended_keys[key] = None
             while len(self._ended_keys) > RECENT_ENDED * 10:
@@ -236,10 +238,11 @@ class WorkloadLedger:
         if job.running:
             seen.add(key)
             if live is None:
-                self._live[key] = Workload(job)
+                live = self._live[key] = Workload(job)
                 self._ended_keys.pop(key, None)
             else:
                 live.job = job
+            live.listed_unix_s = self._now()
             return
         if live is not None:
             live.job = job
@@ -251,6 +254,41 @@ class WorkloadLedger:
             # summary again, which the store keeps as one point (same series, same time).
             ended.append(Workload(job, ended_unix_s=job.end_unix_s))
         self._ended_keys[key] = None
+
+    # --- kept across a restart (wiring.py keeps it in the control-plane state) -----------
+    def snapshot(self, limit: int = 20_000) -> list[dict[str, object]]:
+        """The live workloads: their job and each GPU's figures so far, as JSON-ready values."""
+        with self._lock:
+            return [
+                {
+                    "job": dataclasses.asdict(w.job),
+                    "listed_unix_s": w.listed_unix_s,
+                    "gpus": [[node, index, dataclasses.asdict(g)] for (node, index), g in w.gpus.items()],
+                }
+                for w in list(self._live.values())[:limit]
+            ]
+
+    def restore(self, kept: list[dict[str, object]]) -> int:
+        """The live workloads a snapshot held (before any scheduler read): their figures go on
+        from where they were; the next read closes those that ended. How many were taken."""
+        taken = 0
+        with self._lock:
+            for entry in kept:
+                try:
+                    raw = dict(entry["job"])  # type: ignore[call-overload]
+                    raw["gpus_by_node"] = {n: tuple(g) for n, g in raw["gpus_by_node"].items()}
+                    raw["aliases"] = tuple(raw.get("aliases", ()))
+                    job = Job(**raw)
+                    w = Workload(job, listed_unix_s=float(entry.get("listed_unix_s") or 0.0))  # type: ignore[arg-type]
+                    for node, index, figures in entry["gpus"]:  # type: ignore[union-attr]
+                        w.gpus[(str(node), int(index))] = GpuFigures(**figures)
+                except (KeyError, TypeError, ValueError, AttributeError) as exc:
+                    log.warning("a kept workload could not be read back (%s): skipped", exc)
+                    continue
+                self._live[w.key] = w
+                taken += 1
+            self._index()
+        return taken
 
     def _index(self) -> None:
         """The live workloads by node, and by the other ids nodes may name them by."""

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import time
 from collections.abc import Awaitable, Callable
@@ -35,13 +36,17 @@ from gpufleet.aggregator.workloads.summary import (
     to_point,
     usage,
 )
+from gpufleet.repair.state import StateError
 
 if TYPE_CHECKING:
     from gpufleet.aggregator.config import AggregatorConfig
     from gpufleet.aggregator.ingest.fanout import Fanout
+    from gpufleet.repair.kept_values import KeptValues
 
 log = logging.getLogger("gpufleet.aggregator.workloads")
 MAX_UNWRITTEN_OWNER_POINTS = 10_000
+KEPT_KEY = "workloads_live"
+KEEP_EVERY_S = 30.0
 
 
 class Workloads:
@@ -94,6 +99,38 @@ class Workloads:
             registry=registry,
         ).set_function(self._read_age_s)
         fanout.on_report("workloads", self.ledger.on_report)
+        self._kept: KeptValues | None = None
+        self._saved_at = 0.0
+
+    def keep_in(self, kept: KeptValues) -> None:
+        """Keep the running workloads' figures in the control-plane state (one box): read back at
+        start, written at most every KEEP_EVERY_S."""
+        self._kept = kept
+
+    async def _restore(self) -> None:
+        if self._kept is None:
+            return
+        try:
+            raw = await asyncio.to_thread(self._kept.get, KEPT_KEY)
+            taken = self.ledger.restore(json.loads(raw)) if raw else 0
+        except (StateError, ValueError) as exc:
+            log.warning("cannot read the kept workloads back (%s): their figures start again", exc)
+            return
+        if taken:
+            log.info(
+                "%d running workload(s) read back from the control-plane state: their figures go on", taken
+            )
+
+    async def _keep(self, now: float) -> None:
+        if self._kept is None or now - self._saved_at < KEEP_EVERY_S:
+            return
+        self._saved_at = now
+        try:
+            await asyncio.to_thread(self._kept.put, KEPT_KEY, json.dumps(self.ledger.snapshot()))
+        except StateError as exc:
+            log.warning(
+                "cannot keep the running workloads' figures (%s): retried in %.0f s", exc, KEEP_EVERY_S
+            )
 
     def _read_age_s(self) -> float:
         read = self.ledger.refreshed_unix_s
@@ -126,6 +163,7 @@ class Workloads:
         if self.scheduler == "none":
             await stop.wait()
             return
+        await self._restore()
         while not stop.is_set():
             try:
                 jobs = await asyncio.to_thread(self.source.read)
@@ -144,9 +182,12 @@ class Workloads:
             for dimension in OWNER_DIMENSIONS:
                 self._unwritten += owner_points(self.ledger.owner_readings(dimension), dimension, now_ns)
             await self._flush()
+            await self._keep(time.monotonic())
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), self.poll_s)
         await self._flush()
+        self._saved_at = 0.0
+        await self._keep(time.monotonic())  # as it stopped: a restart goes on from here
 
     async def _flush(self) -> None:
         if not self._unwritten:

@@ -11,6 +11,7 @@ runs elsewhere is refused and counted."""
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 from typing import Any
 
@@ -157,6 +158,32 @@ def test_jobs_of_two_users_in_two_accounts_are_attributed_from_slurm(slurm: Any,
     detail_b = _cli_json(agg, cluster, "job", job_b)
     assert [p["node"] for p in detail_b["processes"]] == [NODE_B]
     assert all(g["node"] == NODE_B for g in detail_b["per_gpu"])
+
+    # The aggregator restarts mid-job (same data, same ports: the collectors reconnect): the
+    # running jobs' figures go on from the control-plane state, not from zero.
+    read = {g["gpu"]: g["seconds"] for g in _cli_json(agg, cluster, "job", job_a)["per_gpu"]}
+    args = (
+        "--workload-scheduler",
+        "slurm",
+        "--workload-slurm-conf",
+        str(slurm.conf),
+        "--workload-poll-s",
+        "1",
+    )
+    agg.proc.stop(signal.SIGTERM, timeout_s=15)
+    ingest_port, fleet_port = (int(a.rsplit(":", 1)[1]) for a in (agg.ingest, agg.fleet))
+    agg = cluster.aggregator(
+        "aggregator-again", ingest_port, fleet_port, agg.data_dir, *args, "--gpu-hour-prices", "H100=2.00"
+    )
+    stub = agg.fleet_stub()
+
+    def goes_on() -> bool:
+        detail = stub.GetWorkload(fleet_pb2.GetWorkloadRequest(id=job_a), metadata=meta, timeout=10)
+        return all(g.seconds > read[g.gpu] for g in detail.gpus) and len(detail.gpus) == 2
+
+    wait_until(goes_on, 60, "job A's figures going on after the restart")
+    again = {r["workload"]: r for r in _cli_json(agg, cluster, "jobs")["running"]}[f"slurm:{job_a}"]
+    assert again["util_mean_pct"] == pytest.approx(UTIL_A, abs=1e-9) and again["user"] == "gpufleet-alice"
 
     # Job A ends: its summary stays, GPU-hours to the second from Slurm's own times.
     slurm.run("scancel", job_a)
