@@ -91,11 +91,12 @@ class CollectorConfig:
     kubelet_gpu_resources: str = _setting(
         "nvidia.com/gpu", "the extended resource names whose devices are GPUs (comma-separated)"
     )
-    sim_gpu_users_from_proc: bool = _setting(
-        False,
-        "with simulate: the GPUs run exactly what real processes on this machine say they run "
-        "(SLURMD_NODENAME or GPUFLEET_SIM_NODE = this node, GPUFLEET_SIM_UTIL_PCT, their GPUs in "
-        "SLURM_JOB_GPUS or CUDA_VISIBLE_DEVICES); no simulated job of the node's own",
+    sim_gpu_users_tag: str = _setting(
+        "",
+        "with simulate: the GPUs run exactly what real processes on this machine say they run: those "
+        "with GPUFLEET_SIM_TAG = this tag, SLURMD_NODENAME or GPUFLEET_SIM_NODE = this node, "
+        "GPUFLEET_SIM_UTIL_PCT, their GPUs in SLURM_JOB_GPUS or CUDA_VISIBLE_DEVICES; no simulated job "
+        "of the node's own; empty: off",
     )
     sim_jobs_dir: str = _setting(
         "",

@@ -50,7 +50,11 @@ def open_source(
             config.sim_gpus,
             config.sim_model,
             scheduled=scheduled,
-            gpu_users=ProcGpuUsers(config.node, config.sim_gpus) if config.sim_gpu_users_from_proc else None,
+            gpu_users=(
+                ProcGpuUsers(config.node, config.sim_gpus, config.sim_gpu_users_tag)
+                if config.sim_gpu_users_tag
+                else None
+            ),
             demo_jobs=(
                 DemoJobs(config.node, config.sim_gpus, Path(config.sim_jobs_dir))
                 if config.sim_jobs_dir

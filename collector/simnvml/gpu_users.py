@@ -2,11 +2,12 @@
 
 - ProcGpuUsers: real processes on this machine that say they run on this node's GPUs, as a CUDA
   program holds a context on the devices it was given: a process whose environment has
-  `SLURMD_NODENAME` (or `GPUFLEET_SIM_NODE`) equal to this node, `GPUFLEET_SIM_UTIL_PCT` (the
-  load it runs) and its GPUs in `SLURM_JOB_GPUS` or `CUDA_VISIBLE_DEVICES`
-  (`GPUFLEET_SIM_HBM_BYTES`: memory it holds on each, default 1 GiB). The tests' real Slurm
-  jobs are such processes: NVML then lists their real pids on the GPUs Slurm gave them, at
-  exactly their load, and the collector maps those pids as on any node.
+  `GPUFLEET_SIM_TAG` equal to the collector's tag (one machine may run several test Slurms whose
+  node names are the same: the tag says whose), `SLURMD_NODENAME` (or `GPUFLEET_SIM_NODE`) equal
+  to this node, `GPUFLEET_SIM_UTIL_PCT` (the load it runs) and its GPUs in `SLURM_JOB_GPUS` or
+  `CUDA_VISIBLE_DEVICES` (`GPUFLEET_SIM_HBM_BYTES`: memory it holds on each, default 1 GiB).
+  The tests' real Slurm jobs are such processes: NVML then lists their real pids on the GPUs
+  Slurm gave them, at exactly their load, and the collector maps those pids as on any node.
 - DemoJobs: the demo's scheduler, for the node's own simulated jobs: each job is a Slurm-like
   job of a user in an account, with a cgroup file for its made-up pid (in a folder of its own
   beside /proc: made-up pids are above Linux's pid_max, so they never name a real process) and
@@ -49,6 +50,7 @@ def _environ(pid_dir: Path) -> dict[str, str]:
         if sep and key in (
             b"SLURMD_NODENAME",
             b"GPUFLEET_SIM_NODE",
+            b"GPUFLEET_SIM_TAG",
             b"GPUFLEET_SIM_UTIL_PCT",
             b"GPUFLEET_SIM_HBM_BYTES",
             b"SLURM_JOB_GPUS",
@@ -70,8 +72,8 @@ class ProcGpuUsers:
     """The real processes that run on this simulated node's GPUs, read from /proc at most once
     a SCAN_EVERY_S."""
 
-    def __init__(self, node: str, gpu_count: int, proc: Path = Path("/proc")) -> None:
-        self.node, self.gpu_count, self.proc = node, gpu_count, proc
+    def __init__(self, node: str, gpu_count: int, tag: str, proc: Path = Path("/proc")) -> None:
+        self.node, self.gpu_count, self.tag, self.proc = node, gpu_count, tag, proc
         self._scanned_at = float("-inf")
         self._uses: dict[int, list[GpuUse]] = {}
 
@@ -89,7 +91,7 @@ class ProcGpuUsers:
             if not entry.name.isdigit() or int(entry.name) == me:
                 continue
             env = _environ(Path(entry.path))
-            if "GPUFLEET_SIM_UTIL_PCT" not in env:
+            if "GPUFLEET_SIM_UTIL_PCT" not in env or env.get("GPUFLEET_SIM_TAG") != self.tag:
                 continue
             if self.node not in (env.get("SLURMD_NODENAME"), env.get("GPUFLEET_SIM_NODE")):
                 continue

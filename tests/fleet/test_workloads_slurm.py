@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import signal
 import subprocess
+import uuid
 from typing import Any
 
 import pytest
@@ -29,7 +30,9 @@ UTIL_A, UTIL_B = 40.0, 90.0
 GIB = 1 << 30
 
 
-def _sbatch(slurm: Any, user: str, account: str, node: str, gpus: int, util: float, name: str) -> str:
+def _sbatch(
+    slurm: Any, user: str, account: str, node: str, gpus: int, util: float, name: str, tag: str
+) -> str:
     """A real batch job as `user` (sbatch --uid, run as root) on node, holding `gpus` GPUs and
     running `util` % on each (the simulated NVML reads it from the process)."""
     out = slurm.run(
@@ -46,7 +49,8 @@ def _sbatch(slurm: Any, user: str, account: str, node: str, gpus: int, util: flo
         "-o",
         "/dev/null",
         "--chdir=/tmp",
-        f"--export=ALL,GPUFLEET_SIM_UTIL_PCT={util:g},GPUFLEET_SIM_HBM_BYTES={3 * GIB}",
+        f"--export=ALL,GPUFLEET_SIM_TAG={tag},GPUFLEET_SIM_UTIL_PCT={util:g},"
+        f"GPUFLEET_SIM_HBM_BYTES={3 * GIB}",
         "--wrap",
         "exec sleep 600",
     )
@@ -82,12 +86,14 @@ def test_jobs_of_two_users_in_two_accounts_are_attributed_from_slurm(slurm: Any,
         "--gpu-hour-prices",
         "H100=2.00",
     )
+    # This run's jobs only (another test Slurm on this machine may name its nodes the same).
+    tag = uuid.uuid4().hex[:12]
     for node in (NODE_A, NODE_B):
         cluster.collector(
-            node, agg.ingest, "--interval-s", "1", "--sim-gpus", "4", "--sim-gpu-users-from-proc"
+            node, agg.ingest, "--interval-s", "1", "--sim-gpus", "4", "--sim-gpu-users-tag", tag
         )
-    job_a = _sbatch(slurm, "gpufleet-alice", "vision", NODE_A, 2, UTIL_A, "vit-finetune")
-    job_b = _sbatch(slurm, "gpufleet-bob", "llm-train", NODE_B, 3, UTIL_B, "pretrain")
+    job_a = _sbatch(slurm, "gpufleet-alice", "vision", NODE_A, 2, UTIL_A, "vit-finetune", tag)
+    job_b = _sbatch(slurm, "gpufleet-bob", "llm-train", NODE_B, 3, UTIL_B, "pretrain", tag)
 
     stub, meta = agg.fleet_stub(), cluster.secrets.metadata("ops")
 
