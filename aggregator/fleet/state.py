@@ -12,6 +12,7 @@ freeze the view the repair controller reads."""
 
 from __future__ import annotations
 
+import heapq
 import time
 from collections import deque
 from collections.abc import Iterable
@@ -150,6 +151,15 @@ class FleetState:
         self.silent_after_intervals = silent_after_intervals
         self.default_interval_s = default_interval_s
         self.nodes: dict[str, NodeLive] = {}
+        # Every node's liveness as last worked out, kept up to date at each liveness_by_node by
+        # recomputing only the nodes whose liveness may have changed: those heard while not
+        # reporting (or whose interval changed), and those whose next threshold (stale, then
+        # silent) has come, from a heap of (when, node) with one live entry a node. Was: every
+        # node each second, on the loop that acknowledges reports (55 ms a second at 20,000).
+        self._liveness_now: dict[str, int] = {}
+        self._liveness_dirty: set[str] = set()
+        self._liveness_due: list[tuple[int, str]] = []
+        self._liveness_due_at: dict[str, int] = {}
         # Nodes whose live state this process changed since take_changed() (what a replica
         # writes to the shared live view).
         self._changed: set[str] = set()
@@ -158,6 +168,7 @@ class FleetState:
         live = self.nodes.get(name)
         if live is None:
             live = self.nodes[name] = NodeLive(name)
+            self._liveness_dirty.add(name)
         return live
 
     # --- updates -------------------------------------------------------------------
@@ -185,6 +196,7 @@ class FleetState:
             live.order_time_ns = min(live.order_time_ns, now_ns)
         live.cluster = hello.cluster
         live.interval_s = hello.interval_s
+        self._liveness_dirty.add(hello.node)
         live.simulated = hello.simulated
         live.driver_version = hello.driver_version
         live.gpu_count = len(hello.gpus)
@@ -200,9 +212,17 @@ class FleetState:
             self.nodes[node].connected = False
             self._changed.add(node)
 
+    def _heard(self, live: NodeLive, heard_ns: int, interval_s: float) -> None:
+        """A report heard: its liveness is worked out again at the next read where it may have
+        changed (the node was not reporting, or says another interval)."""
+        live.last_heard_ns = max(live.last_heard_ns, heard_ns)
+        reporting = self._liveness_now.get(live.node) == vocabulary_pb2.LIVENESS_REPORTING
+        if not reporting or (interval_s and interval_s != live.interval_s):
+            self._liveness_dirty.add(live.node)
+
     def on_report(self, report: telemetry_pb2.NodeReport, heard_ns: int, stream: int = 0) -> None:
         live = self._node(report.node)
-        live.last_heard_ns = max(live.last_heard_ns, heard_ns)
+        self._heard(live, heard_ns, report.interval_s)
         self._changed.add(report.node)
         for event in report.events[-RECENT_EVENTS:]:
             live.events.add(event)
@@ -261,6 +281,7 @@ class FleetState:
             on_bus = p.fields.get("gpus_on_pci_bus")
             live.gpus_on_pci_bus = None if on_bus is None else int(on_bus)
             live.interval_s = float(p.fields.get("interval_s", 0.0))
+            self._liveness_dirty.add(live.node)
         numeric = {f.name for f in telemetry_pb2.GpuSample.DESCRIPTOR.fields} - {
             "index",
             "uuid",
@@ -295,6 +316,7 @@ class FleetState:
         live.cluster, live.boot_id, live.last_seq = s.cluster, s.boot_id, s.last_seq
         live.last_report_ns, live.last_heard_ns = s.last_report_unix_ns, heard_ns
         live.last_sample_ns, live.interval_s = s.last_sample_unix_ns, s.interval_s
+        self._liveness_dirty.add(live.node)
         live.simulated, live.driver_version, live.gpu_count = s.simulated, s.driver_version, s.gpu_count
         live.connected = connected
         live.gpus_on_pci_bus = s.gpus_on_pci_bus if s.HasField("gpus_on_pci_bus") else None
@@ -323,10 +345,40 @@ class FleetState:
         live = self.nodes.get(node)
         return live.cluster if live is not None else ""
 
-    def liveness_by_node(self) -> dict[str, int]:
-        """Every known node's liveness now (what the repair controller compares tick to tick)."""
-        now_ns = time.time_ns()
-        return {node: self.liveness(live, now_ns) for node, live in self.nodes.items()}
+    def liveness_by_node(self, now_ns: int | None = None) -> dict[str, int]:
+        """Every known node's liveness now (what the repair controller compares tick to tick),
+        recomputing only the nodes whose liveness may have changed since the last call."""
+        now_ns = now_ns or time.time_ns()
+        redo, self._liveness_dirty = self._liveness_dirty, set()
+        due = self._liveness_due
+        while due and due[0][0] <= now_ns:
+            when, node = heapq.heappop(due)
+            if self._liveness_due_at.get(node) == when:  # else superseded by an earlier entry
+                del self._liveness_due_at[node]
+                redo.add(node)
+        for node in redo:
+            live = self.nodes.get(node)
+            if live is None:
+                self._liveness_now.pop(node, None)
+                continue
+            self._liveness_now[node] = self.liveness(live, now_ns)
+            when = self._next_liveness_change_ns(live, now_ns)
+            if when is not None and when < self._liveness_due_at.get(node, when + 1):
+                self._liveness_due_at[node] = when
+                heapq.heappush(due, (when, node))
+        return dict(self._liveness_now)
+
+    def _next_liveness_change_ns(self, live: NodeLive, now_ns: int) -> int | None:
+        """When the node's liveness next changes if it is not heard from meanwhile: its stale,
+        then its silent threshold (1 ms after, so the recomputation is past it); None: silent."""
+        if not live.last_heard_ns:
+            return None
+        interval = live.interval_s or self.default_interval_s
+        for intervals in (self.stale_after_intervals, self.silent_after_intervals):
+            when = live.last_heard_ns + int(intervals * interval * 1e9) + 1_000_000
+            if when > now_ns:
+                return when
+        return None
 
     def summary(self, live: NodeLive, now_ns: int | None = None) -> fleet_pb2.NodeSummary:
         now_ns = now_ns or time.time_ns()
