@@ -7,6 +7,7 @@ import json
 import logging
 import os
 import signal
+import time
 from pathlib import Path
 
 import grpc
@@ -34,9 +35,10 @@ from gpufleet.aggregator.workloads.wiring import Workloads
 from gpufleet.common.bounded_http import BoundedHTTPServer
 from gpufleet.common.memory import fix_mmap_threshold
 from gpufleet.protos import fleet_pb2_grpc
-from gpufleet.repair.state import RepairState, open_state
+from gpufleet.repair.state import RepairState, StateError, open_state
 
 log = logging.getLogger("gpufleet.aggregator")
+START_RETRY_S = 30.0  # how long a start waits for a control plane that does not answer yet
 WORKER_START_S = 30.0  # how long a start waits for the ingest workers' first word
 
 
@@ -94,11 +96,11 @@ class Aggregator:
         # One box: the repair state in SQLite, one repair term from start to stop. Replicas: the
         # shared PostgreSQL, and a term only while this replica holds the lease.
         self.control_plane = (
-            ControlPlane(config, open_control_plane, self.fleet, self.ingest, self.repair, self.supervisor)
+            ControlPlane(config, self._open_at_start, self.fleet, self.ingest, self.repair, self.supervisor)
             if config.replicated
             else None
         )
-        self.repair_state = self.control_plane.state if self.control_plane else open_control_plane()
+        self.repair_state = self.control_plane.state if self.control_plane else self._open_at_start()
         if self.control_plane is None:
             # One box: the running workloads' figures are kept in the control-plane state and
             # survive a restart (with replicas each replica keeps its own streams' in memory).
@@ -145,6 +147,21 @@ class Aggregator:
         self._http: BoundedHTTPServer | None = None
         self._tasks = self.lifecycle.tasks  # watched by the status's watchdog
         self._loops: list[asyncio.Task[None]] = []
+
+    def _open_at_start(self, purpose: str = "repair") -> RepairState:
+        """The control plane at start: a server that does not answer yet (starting, or slow under
+        load: a fresh-clone run saw PostgreSQL miss a 0.75 s call during the migration check) is
+        tried again for START_RETRY_S, each failure logged; then the start fails with its error."""
+        deadline, wait_s = time.monotonic() + START_RETRY_S, 0.5
+        while True:
+            try:
+                return self._open_control_plane(purpose)
+            except StateError as exc:
+                if time.monotonic() + wait_s > deadline:
+                    raise
+                log.warning("control plane not ready at start (%s); trying again in %.1f s", exc, wait_s)
+                time.sleep(wait_s)  # the start's own back-off, before anything serves
+                wait_s = min(wait_s * 2, 5.0)
 
     def _open_control_plane(self, purpose: str = "repair") -> RepairState:
         # A connect attempt is bounded well inside the lease, and no call waits for an answer
