@@ -98,6 +98,7 @@ class Workload:
     claims: dict[str, telemetry_pb2.WorkloadSample] = field(default_factory=dict)
     ended_unix_s: float | None = None
     listed_unix_s: float = 0.0  # when the scheduler last listed it running
+    model: str = ""  # its GPUs' model, once read from the live view (Workloads.model_of)
 
     @property
     def key(self) -> tuple[str, str]:

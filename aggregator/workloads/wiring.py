@@ -137,11 +137,15 @@ class Workloads:
         return time.time() - read if read is not None else float("nan")
 
     def model_of(self, w: Workload) -> str:
-        for node in sorted(w.job.gpus_by_node):
-            live = self._fleet.nodes.get(node)
-            if live is not None and live.gpus:
-                return next(iter(live.gpus.values())).model
-        return ""
+        """Its GPUs' model, read once from the live view and kept (a node's `gpus` decodes its
+        latest columns: not something to do for every workload at every listing)."""
+        if not w.model:
+            for node in sorted(w.job.gpus_by_node):
+                live = self._fleet.nodes.get(node)
+                if live is not None and live.gpus:
+                    w.model = next(iter(live.gpus.values())).model
+                    break
+        return w.model
 
     def _ended(self, w: Workload) -> None:
         s = summarise(w, time.time(), self.model_of(w))
@@ -240,11 +244,20 @@ class Workloads:
         live = self.ledger.find(scheduler, workload_id)
         if live is not None:
             return summarise(live, now, self.model_of(live))
-        try:
-            ended = self.ended(now - search_s, now + 1)
-        except StoreError:
-            return None
-        return next((s for s in ended if scheduler in ("", s.scheduler) and s.id == workload_id), None)
+        # A summary is stored at its workload's end: read back a day at a time, newest first,
+        # so finding last night's job does not read a month of summaries.
+        until = now + 1
+        while until > now - search_s:
+            since = max(until - 86_400, now - search_s)
+            try:
+                ended = self.ended(since, until)
+            except StoreError:
+                return None
+            found = [s for s in ended if scheduler in ("", s.scheduler) and s.id == workload_id]
+            if found:
+                return found[-1]
+            until = since
+        return None
 
     def usage(self, since_s: float, until_s: float, by: str) -> list[UsageRow]:
         """GPU-hours by owner in [since, until): the ended workloads summed where they are stored
