@@ -19,10 +19,14 @@ from gpufleet.cli import settings
 from gpufleet.client.exits import Exit
 
 
-def add_arguments(sub: Any) -> None:
+def add_arguments(sub: Any, whole: bool = True) -> None:
+    """`gpufleet alert`; not whole: listed without its flags (the aggregator's settings, ~30 ms
+    to import, built only when the command line names it)."""
+    p = sub.add_parser("alert", help="gpufleet's own alerts")
+    if not whole:
+        return
     from gpufleet.aggregator.config import AggregatorConfig
 
-    p = sub.add_parser("alert", help="gpufleet's own alerts")
     a = p.add_subparsers(dest="action", required=True)
     q = a.add_parser(
         "test", help="send a test alert through every configured sink and say what each answered"

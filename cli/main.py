@@ -52,11 +52,26 @@ def _client_flags() -> argparse.ArgumentParser:
     return p
 
 
-def build_parser() -> argparse.ArgumentParser:
-    from gpufleet.aggregator.config import AggregatorConfig
-    from gpufleet.cli import demo
-    from gpufleet.collector.config import CollectorConfig
+# The commands whose flags come from the components' settings (each of their parsers imports the
+# settings of every plug-in: ~70 ms of a CLI call's ~210 ms of CPU, for a flag no Fleet API
+# command has); `alert` is one too (cli/alert_cmd.py).
+COMPONENT_COMMANDS = ("collector", "aggregator", "db", "demo")
 
+
+def command_of(argv: list[str]) -> str | None:
+    """The command a command line names (its first word after the top-level options), or None
+    (none, or a top-level --help/--version): the parser is then built whole."""
+    pre = argparse.ArgumentParser(add_help=False)
+    pre.add_argument("--log-level")
+    pre.add_argument("--config")
+    pre.add_argument("command", nargs="?")
+    known, _ = pre.parse_known_args(argv)
+    return known.command
+
+
+def build_parser(only: str | None = None) -> argparse.ArgumentParser:
+    """Every command's parser; with `only`, the component commands other than that one are
+    listed without their flags (built when named)."""
     parser = argparse.ArgumentParser(prog="gpufleet", description=DESCRIPTION, epilog=sentence())
     parser.add_argument("--version", action="version", version=f"gpufleet {__version__}")
     parser.add_argument("--log-level", default=os.environ.get("GPUFLEET_LOG_LEVEL", "info"))
@@ -67,32 +82,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     client = _client_flags()
 
-    col = sub.add_parser("collector", help="the per-node collector")
-    col_sub = col.add_subparsers(dest="action", required=True)
-    settings.add_flags(
-        col_sub.add_parser("run", help="sample GPUs and stream to the aggregator"),
-        CollectorConfig,
-        "collector",
-    )
-    probe = col_sub.add_parser("probe", help="one sample of this node's GPUs, printed")
-    settings.add_flags(probe, CollectorConfig, "collector")
-    probe.add_argument("--json", action="store_true")
-
-    agg = sub.add_parser("aggregator", help="the control-plane aggregator")
-    agg_sub = agg.add_subparsers(dest="action", required=True)
-    settings.add_flags(
-        agg_sub.add_parser("run", help="serve ingest and the Fleet API"), AggregatorConfig, "aggregator"
-    )
-
-    db = sub.add_parser("db", help="the control-plane store's schema (SQLite or PostgreSQL)")
-    db_sub = db.add_subparsers(dest="action", required=True)
-    for name, text in (
-        ("migrate", "apply the schema migrations not yet applied (the aggregator also does at start)"),
-        ("status", "the schema version applied and the migrations still to apply"),
-    ):
-        settings.add_flags(db_sub.add_parser(name, help=text), AggregatorConfig, "aggregator")
-
-    demo.add_arguments(sub.add_parser("demo", help="run a simulated fleet on this machine"))
+    _component_parsers(sub, only)
 
     dash = sub.add_parser("dashboard", parents=[client], help="serve the Streamlit dashboard")
     dash.add_argument("--port", type=int, default=8501)
@@ -192,7 +182,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--secrets", required=True)
 
     repair_cmds.add_arguments(sub, client, add_watch)
-    alert_cmd.add_arguments(sub)
+    alert_cmd.add_arguments(sub, whole=only in (None, "alert"))
 
     p = sub.add_parser(
         "gpu-reset-helper",
@@ -222,6 +212,68 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("completion", help="a shell completion script: `source <(gpufleet completion bash)`")
     p.add_argument("shell", choices=completion.SHELLS)
     return parser
+
+
+def _component_parsers(sub: argparse._SubParsersAction, only: str | None) -> None:
+    """The component commands: whole when `only` is None or names them, else listed only."""
+    helps = {
+        "collector": "the per-node collector",
+        "aggregator": "the control-plane aggregator",
+        "db": "the control-plane store's schema (SQLite or PostgreSQL)",
+        "demo": "run a simulated fleet on this machine",
+    }
+    for command in COMPONENT_COMMANDS:
+        p = sub.add_parser(command, help=helps[command])
+        if only is None or only == command:
+            _COMPONENT_FLAGS[command](p)
+
+
+def _collector_flags(col: argparse.ArgumentParser) -> None:
+    from gpufleet.collector.config import CollectorConfig
+
+    col_sub = col.add_subparsers(dest="action", required=True)
+    settings.add_flags(
+        col_sub.add_parser("run", help="sample GPUs and stream to the aggregator"),
+        CollectorConfig,
+        "collector",
+    )
+    probe = col_sub.add_parser("probe", help="one sample of this node's GPUs, printed")
+    settings.add_flags(probe, CollectorConfig, "collector")
+    probe.add_argument("--json", action="store_true")
+
+
+def _aggregator_flags(agg: argparse.ArgumentParser) -> None:
+    from gpufleet.aggregator.config import AggregatorConfig
+
+    agg_sub = agg.add_subparsers(dest="action", required=True)
+    settings.add_flags(
+        agg_sub.add_parser("run", help="serve ingest and the Fleet API"), AggregatorConfig, "aggregator"
+    )
+
+
+def _db_flags(db: argparse.ArgumentParser) -> None:
+    from gpufleet.aggregator.config import AggregatorConfig
+
+    db_sub = db.add_subparsers(dest="action", required=True)
+    for name, text in (
+        ("migrate", "apply the schema migrations not yet applied (the aggregator also does at start)"),
+        ("status", "the schema version applied and the migrations still to apply"),
+    ):
+        settings.add_flags(db_sub.add_parser(name, help=text), AggregatorConfig, "aggregator")
+
+
+def _demo_flags(p: argparse.ArgumentParser) -> None:
+    from gpufleet.cli import demo
+
+    demo.add_arguments(p)
+
+
+_COMPONENT_FLAGS: dict[str, Callable[[argparse.ArgumentParser], None]] = {
+    "collector": _collector_flags,
+    "aggregator": _aggregator_flags,
+    "db": _db_flags,
+    "demo": _demo_flags,
+}
 
 
 def add_watch(p: argparse.ArgumentParser) -> None:
@@ -538,7 +590,8 @@ def _end_watch() -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    words = sys.argv[1:] if argv is None else argv
+    args = build_parser(command_of(words)).parse_args(words)
     try:
         local = LOCAL_COMMANDS.get(args.command)
         if args.command == "auth" and args.action != "revoke":
