@@ -28,3 +28,12 @@ MEANING = {
 def sentence() -> str:
     """The exit codes as the README says them."""
     return "Exit codes: " + ", ".join(f"{int(code)} {MEANING[code]}" for code in Exit) + "."
+
+
+class ClientError(Exception):
+    """Something the user must fix; exit_code tells scripts which kind (the table above). Here,
+    not in client/fleet.py, so the CLI can catch it without importing gRPC for a component."""
+
+    def __init__(self, message: str, exit_code: int = Exit.FAILED) -> None:
+        super().__init__(message)
+        self.exit_code = exit_code

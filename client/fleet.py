@@ -23,7 +23,7 @@ from pathlib import Path
 
 import grpc
 
-from gpufleet.client.exits import Exit
+from gpufleet.client.exits import ClientError, Exit
 from gpufleet.client.rpcs import FleetRpc, Req, Resp, Rpc
 from gpufleet.common.net import dial_host, is_loopback
 from gpufleet.protos import fleet_pb2, fleet_pb2_grpc
@@ -45,14 +45,6 @@ class ClientSettings:
     tls_ca: str
     source: str  # where the address came from, for error messages
     allow_plaintext: bool = False  # send the token without TLS off loopback (a trusted network)
-
-
-class ClientError(Exception):
-    """Something the user must fix; exit_code tells scripts which kind (client/exits.py)."""
-
-    def __init__(self, message: str, exit_code: int = Exit.FAILED) -> None:
-        super().__init__(message)
-        self.exit_code = exit_code
 
 
 def resolve_client(
