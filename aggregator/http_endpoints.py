@@ -79,19 +79,22 @@ class MetricsSnapshot:
                 self.computed_total += 1
             age_s = max(0.0, self._clock() - self._at)
             body, computed = self._body, self.computed_total
-        return body + (
-            "# HELP gpufleet_metrics_snapshot_age_seconds how old this answer's metrics are "
-            "(the aggregator's metrics_snapshot_s)\n"
-            "# TYPE gpufleet_metrics_snapshot_age_seconds gauge\n"
-            f"gpufleet_metrics_snapshot_age_seconds {age_s:.3f}\n"
-            "# HELP gpufleet_metrics_snapshots_computed_total /metrics snapshots computed since start\n"
-            "# TYPE gpufleet_metrics_snapshots_computed_total counter\n"
-            f"gpufleet_metrics_snapshots_computed_total {computed}\n"
-            "# HELP gpufleet_metrics_scrapes_refused_total scrapes answered 503 (past "
-            "metrics_max_scrapes_per_s)\n"
-            "# TYPE gpufleet_metrics_scrapes_refused_total counter\n"
-            f"gpufleet_metrics_scrapes_refused_total {self.refused_total}\n"
-        ).encode()
+        return (
+            body
+            + (
+                "# HELP gpufleet_metrics_snapshot_age_seconds how old this answer's metrics are "
+                "(the aggregator's metrics_snapshot_s)\n"
+                "# TYPE gpufleet_metrics_snapshot_age_seconds gauge\n"
+                f"gpufleet_metrics_snapshot_age_seconds {age_s:.3f}\n"
+                "# HELP gpufleet_metrics_snapshots_computed_total /metrics snapshots computed since start\n"
+                "# TYPE gpufleet_metrics_snapshots_computed_total counter\n"
+                f"gpufleet_metrics_snapshots_computed_total {computed}\n"
+                "# HELP gpufleet_metrics_scrapes_refused_total scrapes answered 503 (past "
+                "metrics_max_scrapes_per_s)\n"
+                "# TYPE gpufleet_metrics_scrapes_refused_total counter\n"
+                f"gpufleet_metrics_scrapes_refused_total {self.refused_total}\n"
+            ).encode()
+        )
 
 
 def serve(

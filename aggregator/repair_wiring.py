@@ -31,7 +31,7 @@ from gpufleet.repair.backends import open_backend
 from gpufleet.repair.controller import Hooks, Rails, RepairController
 from gpufleet.repair.gpu_health import gpu_states, raised
 from gpufleet.repair.health import Health
-from gpufleet.repair.model import NodeSnapshot
+from gpufleet.repair.model import NodeSnapshot, ProcessClaim, WorkloadOnNode
 from gpufleet.repair.policy import Policy, load_policy
 from gpufleet.repair.replay.engine import ReplayConfig
 from gpufleet.repair.rules import WATCH_FIELDS
@@ -41,11 +41,17 @@ T = TypeVar("T")
 log = logging.getLogger("gpufleet.aggregator.repair")
 
 
-def snapshots(fleet: FleetState, only: set[str] | None = None) -> list[NodeSnapshot]:
+WasteView = Callable[[str], tuple[tuple[WorkloadOnNode, ...], tuple[ProcessClaim, ...]]]
+
+
+def snapshots(
+    fleet: FleetState, only: set[str] | None = None, waste_view: WasteView | None = None
+) -> list[NodeSnapshot]:
     now = time.time_ns()
     out = []
     lives = fleet.nodes.values() if only is None else [fleet.nodes[n] for n in only if n in fleet.nodes]
     for live in lives:
+        workloads, claims = waste_view(live.node) if waste_view is not None else ((), ())
         out.append(
             NodeSnapshot(
                 node=live.node,
@@ -59,6 +65,8 @@ def snapshots(fleet: FleetState, only: set[str] | None = None) -> list[NodeSnaps
                 events=list(live.events),
                 sample_time_ns=live.last_sample_ns,
                 gpus_on_pci_bus=live.gpus_on_pci_bus,
+                workloads=workloads,
+                claims=claims,
             )
         )
     return out
@@ -157,6 +165,8 @@ class RepairWiring:
             registry=r,
         )
         self.term: RepairTerm | None = None  # the running term (one at a time)
+        # Each node's workloads and process claims (aggregator/workloads: the server sets it).
+        self.waste_view: WasteView | None = None
         self._main: asyncio.AbstractEventLoop | None = None  # the loop the fleet's state lives on
         # How commands reach a node whose stream another replica holds (None: one box).
         self.remote_command: Callable[[RepairState, str, ingest_pb2.Command], bool] | None = None
@@ -280,7 +290,7 @@ class RepairWiring:
             self._rails(),
             Hooks(config.repair_reboot_command, config.repair_ticket_command, config.repair_hook_timeout_s),
             dispatcher,
-            lambda only: call_on(main, snapshots, fleet, only),
+            lambda only: call_on(main, snapshots, fleet, only, self.waste_view),
             lambda node, command: self._send_command(main, state, node, command),
             on_action=lambda node, action, outcome: self._actions.labels(
                 action=action, outcome=outcome.status.value

@@ -88,8 +88,17 @@ class Aggregator:
         )
         self.repair = RepairWiring(config, self.fleet, self.ingest, self.metrics, self.writer.write)
         self.workloads = Workloads(
-            config, self.fleet, self.store, self.fanout, self.writer.write, self.metrics.registry
+            config,
+            self.fleet,
+            self.store,
+            self.fanout,
+            self.writer.write,
+            self.metrics.registry,
+            lambda: self.repair.policy,
         )
+        # Whose work is on each node, in its repair snapshot (the waste rules, and the workloads
+        # an incident names).
+        self.repair.waste_view = self.workloads.ledger.waste_view
 
         open_control_plane = self._open_control_plane
 

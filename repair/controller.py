@@ -41,6 +41,7 @@ from gpufleet.repair.rails import Breaker, Gate, Rails, SchedulerView
 from gpufleet.repair.serving import ReplicaReading
 from gpufleet.repair.state import Fenced, RepairState, StateError, Workflow
 from gpufleet.repair.step_runner import Hooks, StepRunner
+from gpufleet.repair.waste_desk import WasteDesk
 from gpufleet.repair.workflow_moves import WorkflowMoves
 from gpufleet.repair.workflow_steps import WorkflowSteps
 
@@ -89,7 +90,8 @@ class RepairController:
         self._liveness = liveness or (lambda: {s.node: s.liveness for s in snapshots(None)})
         self._full_pass_s = observe_interval_s
         self._seen_liveness: dict[str, int] = {}  # as each node's last evaluation saw it
-        self.desk = IncidentDesk(state, dispatcher, on_action, clock)
+        self.waste = WasteDesk(dispatcher, clock)
+        self.desk = IncidentDesk(state, dispatcher, on_action, clock, self.waste.workloads_on)
         self.breaker = Breaker(state.kept, rails)
         self.scheduler = SchedulerWatch(backend, observe_interval_s)
         self.capacity = CapacityGuard(policy.serving, serving, self.desk, clock)
@@ -295,6 +297,7 @@ class RepairController:
                 self.findings[node] = findings
                 if snap is not None:
                     self._seen_liveness[node] = snap.liveness
+                findings = self.waste.route(node, findings, snap, self.evaluator, now)
                 # A shallow copy is enough: the controller replaces a workflow's lists, never
                 # changes them in place.
                 before = dict(vars(wf))
@@ -308,6 +311,7 @@ class RepairController:
                     # must not hold the event loop for 2,000 fsyncs.
                     if changed:
                         self.state.save(wf)
+            self.waste.passed(None if only is not None else set(snaps), now)
             self.passes += 1
             self.last_pass_s = time.monotonic() - started
 

@@ -24,6 +24,7 @@ class Evaluator:
         self.policy = policy
         self._state = state
         self.rules = {name: factory() for name, factory in RULES.items()}
+        self._restarting = {name for name, rule in self.rules.items() if rule.window_from_seen}
         # node -> finding key -> first seen (ns): by node, so a node's evaluation touches only
         # its own entries, not the whole fleet's.
         self._first_seen: dict[str, dict[tuple[str, int | None, str], int]] = {}
@@ -56,7 +57,7 @@ class Evaluator:
             del mine[key]
         new = {}
         for f in found:
-            if f.key not in mine:
+            if f.key not in mine or (f.code in self._restarting and f.seen_ns > mine[f.key]):
                 new[f.key] = mine[f.key] = min(f.seen_ns or now, now)
         if not mine:
             del self._first_seen[snap.node]

@@ -12,13 +12,43 @@ from gpufleet.repair.alerts.base import Alert
 from gpufleet.repair.alerts.dispatcher import AlertDispatcher
 from gpufleet.repair.evaluator import finding_id
 from gpufleet.repair.health import Health
-from gpufleet.repair.model import Finding
+from gpufleet.repair.model import Finding, WorkloadOnNode
 from gpufleet.repair.outcome import OK, IncidentOutcome, Outcome, Status
 from gpufleet.repair.state import AuditRecord, Incident, RepairState, StateError, Workflow
 
 log = logging.getLogger("gpufleet.repair")
 
 AUTOMATION = "automation"
+
+
+def workloads_hit(on_node: tuple[WorkloadOnNode, ...], findings: list[Finding]) -> list[dict[str, object]]:
+    """The workloads on the node at the fault, each with its owner and whether the fault hit it
+    (a finding on one of its GPUs, or one of the whole node)."""
+    faulted = {f.gpu for f in findings}
+    whole_node = None in faulted
+    return [
+        {
+            "workload": w.key,
+            "name": w.name,
+            "user": w.owner.user,
+            "account": w.owner.account,
+            "namespace": w.owner.namespace,
+            "team": w.owner.team,
+            "gpus": list(w.gpus),
+            "hit": whole_node or bool(faulted.intersection(w.gpus)),
+        }
+        for w in on_node
+    ]
+
+
+def workloads_text(workloads: list[dict[str, object]]) -> str:
+    """One line naming them, those the fault hit first: `slurm:42 (alice, llm-train) hit`."""
+    ordered = sorted(workloads, key=lambda w: not w.get("hit"))
+    parts = []
+    for w in ordered:
+        owner = ", ".join(str(w[k]) for k in ("user", "account", "namespace", "team") if w.get(k))
+        parts.append(f"{w['workload']} ({owner or 'owner unknown'}){' hit' if w.get('hit') else ''}")
+    return "; ".join(parts)
 
 
 class IncidentDesk:
@@ -28,7 +58,9 @@ class IncidentDesk:
         alerts: AlertDispatcher,
         on_action: Callable[[str, str, Outcome], None],
         clock: Callable[[], int] = time.time_ns,
+        workloads_on: Callable[[str], tuple[WorkloadOnNode, ...]] = lambda node: (),
     ) -> None:
+        self._workloads_on = workloads_on
         self._state = state
         self._clock = clock
         self.alerts = alerts
@@ -61,6 +93,9 @@ class IncidentDesk:
         incident = self._state.incident(wf.incident_id) if wf.incident_id else None
         if incident is None or not incident.open:
             incident = self._state.open_incident(wf.node, findings, wf.state, self._clock())
+            incident.workloads = workloads_hit(self._workloads_on(wf.node), findings)
+            if incident.workloads:
+                self._state.put_incident(incident)
             wf.incident_id = incident.id
             log.warning(
                 "incident %s opened: %s",
@@ -146,6 +181,9 @@ class IncidentDesk:
         elif worst:
             where = f" on GPU {worst.gpu}" if worst.gpu is not None else ""
             summary = f"{worst.code}{where}: {worst.reason}"
+            hit = [w for w in incident.workloads if w.get("hit")]
+            if hit:
+                summary += f"; work hit: {workloads_text(hit)}"
         else:
             summary = wf.detail
         self.alerts.notify(
@@ -163,6 +201,7 @@ class IncidentDesk:
                     "outcome": str(incident.outcome or ""),
                     "closure": incident.outcome.closure.value if incident.outcome else "",
                     "opened_unix_ns": incident.opened_ns,
+                    "workloads": incident.workloads,
                 },
             )
         )

@@ -19,6 +19,63 @@ LADDER_STEPS = (Step.RESET_GPU, Step.REBOOT, Step.TICKET)  # the steps a ladder 
 DEFAULT_LADDER = LADDER_STEPS  # a cordoning table's ladder when it names none
 
 
+# The waste findings' codes (repair/rules/waste.py): about whose GPUs are held and not used, not
+# a fault of the GPU: on a GPU's health word they read "watch" at most (repair/gpu_health.py).
+WASTE_RULES = ("idle_allocation", "orphaned_process", "gpu_outside_allocation")
+
+
+@dataclass(frozen=True)
+class Owner:
+    """Whose a workload is, as its scheduler says (empty where it does not say)."""
+
+    user: str = ""
+    account: str = ""
+    namespace: str = ""
+    team: str = ""
+
+    def label(self) -> str:
+        """One line: user, then account or namespace, then team, where known."""
+        parts = [self.user, self.account or self.namespace, f"team {self.team}" if self.team else ""]
+        return ", ".join(p for p in parts if p) or "owner unknown"
+
+
+@dataclass(frozen=True)
+class WorkloadOnNode:
+    """One scheduler allocation on one node, as the aggregator's workload ledger keeps it
+    (aggregator/workloads/ledger.py): the scheduler's word for whose and which GPUs; the node's
+    own GPU readings for whether they work."""
+
+    key: str  # scheduler:id, e.g. slurm:4242
+    name: str
+    owner: Owner
+    gpus: tuple[int, ...]  # its GPUs on this node
+    start_unix_s: float
+    # Since when every one of its GPUs here read under the policy's activity threshold, with no
+    # engine request on them (None: active at the last report, or not read yet).
+    idle_since_unix_s: float | None = None
+    hbm_used_bytes: int = 0  # what its GPUs here hold, at the last report
+
+
+# What the scheduler says of the workload a node's processes name (ProcessClaim.status).
+CLAIM_RUNNING = "running"  # the scheduler runs it on this node
+CLAIM_ENDED = "ended"  # it ran on this node and has ended
+CLAIM_UNKNOWN = "unknown"  # the scheduler never placed it on this node (the node's word only)
+CLAIM_NONE = "none"  # the processes belong to no workload (no job's cgroup or environment)
+
+
+@dataclass(frozen=True)
+class ProcessClaim:
+    """Processes a node says hold some of its GPUs, one workload's (NodeReport.workloads), and
+    what the scheduler says of that workload."""
+
+    workload: str  # scheduler:id as the node named it ("" for none)
+    status: str  # CLAIM_*
+    gpus: tuple[int, ...]
+    pids: tuple[int, ...]
+    hbm_used_bytes: int
+    owner: Owner = Owner()  # its job's owner where the scheduler placed it here (running, ended)
+
+
 @dataclass
 class NodeSnapshot:
     """One node as the aggregator sees it now."""
@@ -34,6 +91,10 @@ class NodeSnapshot:
     events: list[telemetry_pb2.Event] = field(default_factory=list)  # recent, oldest first
     sample_time_ns: int = 0  # the newest report's time
     gpus_on_pci_bus: int | None = None  # NVIDIA GPUs the node's PCI bus shows (None: not counted)
+    # Whose work is on it (docs/workloads.md): the allocations the scheduler places here, and the
+    # processes the node's last report named; empty where no scheduler is read.
+    workloads: tuple[WorkloadOnNode, ...] = ()
+    claims: tuple[ProcessClaim, ...] = ()
 
     @classmethod
     def reporting(
@@ -70,6 +131,7 @@ class Finding:
     # The drain for it may wait for serving capacity (docs/repair.md "Serving-aware repair");
     # false (urgent): it drains at once whatever the node serves.
     may_wait: bool = False
+    workload: str = ""  # the workload it is about (scheduler:id): the waste findings' owner
 
     @property
     def key(self) -> tuple[str, int | None, str]:

@@ -62,6 +62,13 @@ _WORKFLOW_DEFAULTS = {
 
 
 _WORKFLOW_FLAGS = frozenset({"lemon_quarantine"})  # true/false keys of [workflow]
+# [waste]: what the waste rules (repair/rules/waste.py) read beside their [rules.*] tables.
+_WASTE_DEFAULTS = {
+    # A GPU holding at least this share of its HBM is not idle, whatever its utilization (Job
+    # Defense Shield's gpu_mem_eff_pct, asked for by its users: a job that fills memory and
+    # computes little may be memory-bound). 0: off, the default (HBM held alone is not work).
+    "idle_hbm_exempt_ratio": 0.0,
+}
 
 
 class PolicyError(ValueError):
@@ -82,7 +89,9 @@ class Entry:
     enabled: bool = True
     may_wait: bool = False  # its drain may wait for serving capacity (repair/capacity.py)
 
-    def finding(self, node: str, gpu: int | None, code: str, evidence: str, seen_ns: int) -> Finding:
+    def finding(
+        self, node: str, gpu: int | None, code: str, evidence: str, seen_ns: int, workload: str = ""
+    ) -> Finding:
         return Finding(
             node,
             gpu,
@@ -96,6 +105,7 @@ class Entry:
             self.ladder,
             seen_ns,
             self.may_wait,
+            workload,
         )
 
 
@@ -116,6 +126,7 @@ class Policy:
     workflow: dict[str, float] = field(default_factory=lambda: dict(_WORKFLOW_DEFAULTS))
     serving: ServingFloor = field(default_factory=ServingFloor)
     placement: Placement = field(default_factory=Placement)  # [serving.pools]: repair/placement.py
+    waste: dict[str, float] = field(default_factory=lambda: dict(_WASTE_DEFAULTS))
     sources: tuple[str, ...] = ()
 
     def xid_entry(self, xid: int, with_xids: set[int] | frozenset[int] = frozenset()) -> tuple[Entry, str]:
@@ -240,7 +251,7 @@ def _check_entry(where: str, merged: dict[str, Any]) -> None:
 
 
 # The tables a policy override file may hold.
-POLICY_TABLES = frozenset({"workflow", "serving", "buckets", "xid", "xid_workflow", "rules"})
+POLICY_TABLES = frozenset({"workflow", "serving", "waste", "buckets", "xid", "xid_workflow", "rules"})
 
 
 def _apply(policy: Policy, data: dict[str, Any], source: str) -> None:
@@ -252,6 +263,7 @@ def _apply(policy: Policy, data: dict[str, Any], source: str) -> None:
         )
     _apply_workflow(policy, data.get("workflow", {}), source)
     _apply_serving(policy, data.get("serving", {}), source)
+    _apply_waste(policy, data.get("waste", {}), source)
     _apply_buckets(policy, data.get("buckets", {}), source)
     _apply_xids(policy, data.get("xid", {}), source)
     _apply_xid_workflows(policy, data.get("xid_workflow", []), source)
@@ -270,6 +282,17 @@ def _apply_workflow(policy: Policy, table: dict[str, Any], source: str) -> None:
         elif isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
             raise PolicyError(f"{source}: [workflow] {key} = {value!r} must be a number ≥ 0")
         policy.workflow[key] = float(value)
+
+
+def _apply_waste(policy: Policy, table: dict[str, Any], source: str) -> None:
+    if not isinstance(table, dict):
+        raise PolicyError(f"{source}: [waste] must be a table")
+    for key, value in table.items():
+        if key not in _WASTE_DEFAULTS:
+            raise PolicyError(f"{source}: [waste] unknown key {key!r}; known: {', '.join(_WASTE_DEFAULTS)}")
+        if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value <= 1:
+            raise PolicyError(f"{source}: [waste] {key} = {value!r} must be a share from 0 to 1 (0: off)")
+        policy.waste[key] = float(value)
 
 
 def _apply_serving(policy: Policy, table: dict[str, Any], source: str) -> None:

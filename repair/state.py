@@ -111,6 +111,9 @@ class Incident:
     attempts: int = 0
     findings: list[Finding] = field(default_factory=list)
     alerted: bool = False
+    # The workloads on the node when it opened, their owners, and whether the fault hit each
+    # (repair/incidents.py workloads_hit).
+    workloads: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def open(self) -> bool:

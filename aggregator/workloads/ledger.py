@@ -33,6 +33,15 @@ from dataclasses import dataclass, field
 
 from gpufleet.aggregator.workloads.schedulers import Job
 from gpufleet.protos import columns, telemetry_pb2
+from gpufleet.repair.model import (
+    CLAIM_ENDED,
+    CLAIM_NONE,
+    CLAIM_RUNNING,
+    CLAIM_UNKNOWN,
+    Owner,
+    ProcessClaim,
+    WorkloadOnNode,
+)
 
 log = logging.getLogger("gpufleet.aggregator.workloads")
 
@@ -41,7 +50,43 @@ IDLE_UTIL_PCT = 5.0  # a report interval under this utilization counts as idle G
 # processes are on it (a job that has not started its GPU work yet is not charged idle time).
 LOADING_GRACE_S = 60.0
 RECENT_ENDED = 10_000  # ended workloads kept in memory for listing (the store keeps them all)
-_FIELDS = ("util_gpu_pct", "sm_active_pct", "hbm_used_bytes", "power_w")
+_FIELDS = ("util_gpu_pct", "sm_active_pct", "hbm_used_bytes", "hbm_total_bytes", "power_w")
+MAX_CLAIMS_KEPT = 256  # a node's process claims kept for the waste rules (MAX_WORKLOADS_PER_REPORT)
+
+
+@dataclass(frozen=True)
+class Activity:
+    """When an allocated GPU counts as working, from the policy ([rules.idle_allocation]
+    threshold and [waste] idle_hbm_exempt_ratio: repair/rules/waste.py)."""
+
+    min_pct: float = 5.0  # SM activity where GPM has it, else utilization
+    hbm_exempt_ratio: float = 0.0  # a GPU holding this share of its HBM is working (0: off)
+
+    def working(self, reading: dict[str, float]) -> bool | None:
+        """Whether this GPU reading is work; None: the reading says nothing of it."""
+        ratio = self.hbm_exempt_ratio
+        hbm, total = reading.get("hbm_used_bytes"), reading.get("hbm_total_bytes")
+        if ratio > 0 and hbm is not None and total and hbm / total >= ratio:
+            return True
+        sm = reading.get("sm_active_pct")
+        active = sm if sm is not None else reading.get("util_gpu_pct")
+        return None if active is None else active >= self.min_pct
+
+
+def owner_of(job: Job) -> Owner:
+    return Owner(job.user, job.account, job.namespace, job.team)
+
+
+def engine_busy_gpus(report: telemetry_pb2.NodeReport) -> set[int]:
+    """GPUs an inference engine with requests running or waiting is on: a serving replica
+    between bursts of requests is not idle while it has any."""
+    busy: set[int] = set()
+    for e in report.engines:
+        if e.requests_running > 0 or e.requests_waiting > 0:
+            busy.update(e.gpu_indices)
+    return busy
+
+
 REFUSAL_REASONS = ("unknown_job", "not_on_node", "no_scheduler")
 
 
@@ -99,6 +144,10 @@ class Workload:
     ended_unix_s: float | None = None
     listed_unix_s: float = 0.0  # when the scheduler last listed it running
     model: str = ""  # its GPUs' model, once read from the live view (Workloads.model_of)
+    # Per node: since when all its GPUs there read idle (None: working at the last report), and
+    # the HBM they held then (the idle_allocation rule's input: repair/rules/waste.py).
+    idle_since: dict[str, float | None] = field(default_factory=dict)
+    hbm_now: dict[str, int] = field(default_factory=dict)
 
     @property
     def key(self) -> tuple[str, str]:
@@ -141,6 +190,65 @@ class Workload:
     def energy_j(self) -> float:
         return sum(g.energy_j for g in self.gpus.values())
 
+    def note_activity(
+        self,
+        node: str,
+        indices: tuple[int, ...],
+        readings: dict[int, dict[str, float]],
+        serving: set[int],
+        activity: Activity,
+        time_s: float,
+    ) -> None:
+        """Whether its GPUs on this node worked in this report: any GPU over the activity
+        threshold, or an engine request on one, makes it working; all of them read and under it
+        makes it idle (from this report, or from its start if never seen working); a report
+        without its GPUs' readings says nothing."""
+        said = [activity.working(readings[i]) for i in indices if i in readings]
+        if not said or all(v is None for v in said):
+            return
+        self.hbm_now[node] = int(sum(readings[i].get("hbm_used_bytes", 0) for i in indices if i in readings))
+        if any(said) or serving.intersection(indices):
+            self.idle_since[node] = None
+        elif self.idle_since.get(node) is None:
+            # Idle from the job's start when this is its first reading here (the loading time is
+            # within the rule's window); else from this report.
+            self.idle_since[node] = self.job.start_unix_s if node not in self.idle_since else time_s
+
+    def learn_gpus(self, node: str, claim: telemetry_pb2.WorkloadSample) -> None:
+        """A pod's GPUs on its node, as the node's kubelet says (its PodResources answer), no
+        more than the API gave the pod: the scheduler placed the pod on this node, and the node
+        names which of its own GPUs (docs/workloads.md "Trust")."""
+        if not self.job.gpu_limit or claim.source != "podresources":
+            return
+        learned = tuple(sorted(set(claim.gpu_indices))[: self.job.gpu_limit])
+        if learned and self.job.gpus_by_node.get(node) != learned:
+            self.job = dataclasses.replace(self.job, gpus_by_node={**self.job.gpus_by_node, node: learned})
+
+    def on_node_view(self, node: str) -> WorkloadOnNode:
+        """It on one node, as the repair snapshot holds it (repair/rules/waste.py)."""
+        j = self.job
+        gpus = tuple(j.gpus_by_node.get(node, ()))
+        since, hbm = self.idle_since.get(node), self.hbm_now.get(node, 0)
+        return WorkloadOnNode(f"{j.scheduler}:{j.id}", j.name, owner_of(j), gpus, j.start_unix_s, since, hbm)
+
+    def to_kept(self) -> dict[str, object]:
+        """Its job and each GPU's figures so far, as JSON-ready values (kept across a restart)."""
+        return {
+            "job": dataclasses.asdict(self.job),
+            "listed_unix_s": self.listed_unix_s,
+            "gpus": [[node, index, dataclasses.asdict(g)] for (node, index), g in self.gpus.items()],
+        }
+
+    @classmethod
+    def from_kept(cls, entry: dict[str, object]) -> Workload:
+        raw = dict(entry["job"])  # type: ignore[call-overload]
+        raw["gpus_by_node"] = {n: tuple(g) for n, g in raw["gpus_by_node"].items()}
+        raw["aliases"] = tuple(raw.get("aliases", ()))
+        w = cls(Job(**raw), listed_unix_s=float(entry.get("listed_unix_s") or 0.0))  # type: ignore[arg-type]
+        for node, index, figures in entry["gpus"]:  # type: ignore[union-attr]
+            w.gpus[(str(node), int(index))] = GpuFigures(**figures)
+        return w
+
 
 def gpu_readings(report: telemetry_pb2.NodeReport, wanted: set[int]) -> dict[int, dict[str, float]]:
     """The _FIELDS of the wanted GPUs of a (checked) report, whichever form it carries."""
@@ -180,8 +288,10 @@ class WorkloadLedger:
         on_end: Callable[[Workload], None],
         on_refused: Callable[[str, str], None] = lambda reason, node: None,
         now: Callable[[], float] = time.time,
+        activity: Callable[[], Activity] = Activity,
     ) -> None:
         self.scheduler = scheduler
+        self._activity = activity
         self._on_end = on_end
         self._on_refused = on_refused
         self._now = now
@@ -190,8 +300,11 @@ class WorkloadLedger:
         self._by_node: dict[str, list[Workload]] = {}
         self.recent: deque[Workload] = deque(maxlen=RECENT_ENDED)
         # The workloads already summarised (insertion-ordered, bounded): the scheduler lists a
-        # job for minutes after its end, and it is summarised once.
-        self._ended_keys: dict[tuple[str, str], None] = {}
+        # job for minutes after its end, and it is summarised once. The job where known: a
+        # process of it still on a GPU is an orphan of that job, on the nodes it ran on.
+        self._ended_keys: dict[tuple[str, str], Job | None] = {}
+        # Each node's processes as its last report named them, judged (the waste rules' input).
+        self._claims: dict[str, tuple[ProcessClaim, ...]] = {}
         self.refreshed_unix_s: float | None = None
         self.refused_total: dict[str, int] = dict.fromkeys(REFUSAL_REASONS, 0)
         # (node, scheduler, id) claims refused, so each episode is counted once.
@@ -216,7 +329,7 @@ class WorkloadLedger:
                 gone = self._live.pop(key)
                 gone.ended_unix_s = gone.listed_unix_s or now
                 ended.append(gone)
-                self._ended_keys[key] = None
+                self._ended_keys[key] = gone.job
             while len(self._ended_keys) > RECENT_ENDED * 10:
                 self._ended_keys.pop(next(iter(self._ended_keys)))
             self._index()
@@ -254,20 +367,13 @@ class WorkloadLedger:
             # GPU-hours still count (no readings). Summarised once; a restart may write its
             # summary again, which the store keeps as one point (same series, same time).
             ended.append(Workload(job, ended_unix_s=job.end_unix_s))
-        self._ended_keys[key] = None
+        self._ended_keys[key] = job
 
     # --- kept across a restart (wiring.py keeps it in the control-plane state) -----------
     def snapshot(self, limit: int = 20_000) -> list[dict[str, object]]:
         """The live workloads: their job and each GPU's figures so far, as JSON-ready values."""
         with self._lock:
-            return [
-                {
-                    "job": dataclasses.asdict(w.job),
-                    "listed_unix_s": w.listed_unix_s,
-                    "gpus": [[node, index, dataclasses.asdict(g)] for (node, index), g in w.gpus.items()],
-                }
-                for w in list(self._live.values())[:limit]
-            ]
+            return [w.to_kept() for w in list(self._live.values())[:limit]]
 
     def restore(self, kept: list[dict[str, object]]) -> int:
         """The live workloads a snapshot held (before any scheduler read): their figures go on
@@ -276,13 +382,7 @@ class WorkloadLedger:
         with self._lock:
             for entry in kept:
                 try:
-                    raw = dict(entry["job"])  # type: ignore[call-overload]
-                    raw["gpus_by_node"] = {n: tuple(g) for n, g in raw["gpus_by_node"].items()}
-                    raw["aliases"] = tuple(raw.get("aliases", ()))
-                    job = Job(**raw)
-                    w = Workload(job, listed_unix_s=float(entry.get("listed_unix_s") or 0.0))  # type: ignore[arg-type]
-                    for node, index, figures in entry["gpus"]:  # type: ignore[union-attr]
-                        w.gpus[(str(node), int(index))] = GpuFigures(**figures)
+                    w = Workload.from_kept(entry)
                 except (KeyError, TypeError, ValueError, AttributeError) as exc:
                     log.warning("a kept workload could not be read back (%s): skipped", exc)
                     continue
@@ -308,30 +408,45 @@ class WorkloadLedger:
         with self._lock:
             held = self._by_node.get(node)
             on_gpus: dict[tuple[str, str], set[int]] = {}
+            judged: list[ProcessClaim] = []
             if report.workloads:
-                on_gpus = self._check_claims(node, report.workloads)
+                on_gpus = self._check_claims(node, report.workloads, judged)
+            if judged or node in self._claims:
+                self._claims[node] = tuple(judged)
             if not held:
                 return
             wanted = {i for w in held for i in w.job.gpus_by_node.get(node, ())}
             readings = gpu_readings(report, wanted)
             interval = report.interval_s or 0.0
             time_s = report.time_unix_ns / 1e9
+            activity = self._activity()
+            serving = engine_busy_gpus(report) if report.engines else set()
             for w in held:
                 # A GPU's reading counts while the job's processes are on it, and after its
                 # loading time whatever is on it (a GPU held with nothing running is idle time).
                 used = on_gpus.get(w.key, set())
                 loaded = time_s - w.job.start_unix_s >= LOADING_GRACE_S
-                for index in w.job.gpus_by_node.get(node, ()):
+                indices = w.job.gpus_by_node.get(node, ())
+                for index in indices:
                     reading = readings.get(index)
                     if reading and (loaded or index in used):
                         w.gpus.setdefault((node, index), GpuFigures()).add(reading, interval)
+                w.note_activity(node, indices, readings, serving, activity, time_s)
 
     def _check_claims(
-        self, node: str, claims: Iterable[telemetry_pb2.WorkloadSample]
+        self, node: str, claims: Iterable[telemetry_pb2.WorkloadSample], judged: list[ProcessClaim]
     ) -> dict[tuple[str, str], set[int]]:
-        """The GPUs each attributed workload's processes are on; the others refused."""
+        """The GPUs each attributed workload's processes are on; the others refused. Each claim,
+        judged (what the scheduler says of its workload), goes into `judged`."""
         on_gpus: dict[tuple[str, str], set[int]] = {}
         for claim in claims:
+            status, owner = self._judge(node, claim)
+            if len(judged) < MAX_CLAIMS_KEPT and claim.gpu_indices:
+                canonical = self._aliases.get((claim.scheduler, claim.id), (claim.scheduler, claim.id))
+                named = "" if claim.scheduler == "none" else ":".join(canonical)
+                pids = tuple(claim.pids)
+                hbm = claim.hbm_used_bytes
+                judged.append(ProcessClaim(named, status, tuple(claim.gpu_indices), pids, hbm, owner))
             if claim.scheduler == "none":
                 continue
             key = (claim.scheduler, claim.id)
@@ -339,7 +454,7 @@ class WorkloadLedger:
             live = self._live.get(key)
             if live is not None and node in live.job.gpus_by_node:
                 live.claims[node] = claim
-                self._learn_gpus(live, node, claim)
+                live.learn_gpus(node, claim)
                 on_gpus.setdefault(key, set()).update(claim.gpu_indices)
                 continue
             episode = (node, claim.scheduler, claim.id)
@@ -354,6 +469,30 @@ class WorkloadLedger:
                 # by the next read. The next read that still does not list it refuses it.
                 self._unknown.setdefault(episode, (self._now(), list(claim.gpu_indices)))
         return on_gpus
+
+    def _judge(self, node: str, claim: telemetry_pb2.WorkloadSample) -> tuple[str, Owner]:
+        """What the scheduler says of the workload a node's processes name: running here, ended
+        after running here (its owner named), or unknown here (the node's word only: another
+        node's job is never named as this node's)."""
+        if claim.scheduler == "none":
+            return CLAIM_NONE, Owner()
+        key = self._aliases.get((claim.scheduler, claim.id), (claim.scheduler, claim.id))
+        live = self._live.get(key)
+        if live is not None:
+            if node in live.job.gpus_by_node:
+                return CLAIM_RUNNING, owner_of(live.job)
+            return CLAIM_UNKNOWN, Owner()
+        ended = self._ended_keys.get(key)
+        if ended is not None and node in ended.gpus_by_node:
+            return CLAIM_ENDED, owner_of(ended)
+        return CLAIM_UNKNOWN, Owner()
+
+    def waste_view(self, node: str) -> tuple[tuple[WorkloadOnNode, ...], tuple[ProcessClaim, ...]]:
+        """The node's allocations (with their idle state) and judged process claims, for its
+        repair snapshot (repair/rules/waste.py)."""
+        with self._lock:
+            workloads = tuple(w.on_node_view(node) for w in self._by_node.get(node, ()))
+            return workloads, self._claims.get(node, ())
 
     def _refuse(self, episode: tuple[str, str, str], reason: str, gpus: list[int], runs_on: str) -> None:
         """A node's claim refused: counted once an episode, logged once a minute per node."""
@@ -396,17 +535,6 @@ class WorkloadLedger:
             elif first < read_at:
                 del self._unknown[episode]
                 self._refuse(episode, "unknown_job", gpus, "")
-
-    @staticmethod
-    def _learn_gpus(w: Workload, node: str, claim: telemetry_pb2.WorkloadSample) -> None:
-        """A pod's GPUs on its node, as the node's kubelet says (its PodResources answer), no
-        more than the API gave the pod: the scheduler placed the pod on this node, and the node
-        names which of its own GPUs (docs/workloads.md "Trust")."""
-        if not w.job.gpu_limit or claim.source != "podresources":
-            return
-        learned = tuple(sorted(set(claim.gpu_indices))[: w.job.gpu_limit])
-        if learned and w.job.gpus_by_node.get(node) != learned:
-            w.job = dataclasses.replace(w.job, gpus_by_node={**w.job.gpus_by_node, node: learned})
 
     def owner_readings(self, dimension: str) -> dict[str, list[dict[str, float]]]:
         """Each owner's (by account, namespace, team or partition) running GPUs' newest

@@ -81,7 +81,9 @@ class AlertmanagerSink(Sink):
             "source": "gpufleet",
             "severity": alert.severity,
         }
-        if not breaker:
+        if alert.labels:  # a waste finding's own: routed by its owner (repair/waste_desk.py)
+            labels.update(alert.labels, node=alert.node)
+        elif not breaker:
             labels.update(incident=alert.key, node=alert.node)
         annotations = {
             "summary": alert.summary[:1024],

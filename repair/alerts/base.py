@@ -21,11 +21,15 @@ class Alert:
     details: dict[str, Any] = field(default_factory=dict)
     # The dashboard pages that explain it (dashboard_url set): "incident" and "node" (links()).
     links: dict[str, str] = field(default_factory=dict)
+    # Labels of its own (a waste finding's: alertname, finding, workload and its owner), which
+    # sinks with labels (Alertmanager) send in place of an incident's.
+    labels: dict[str, str] = field(default_factory=dict)
 
     @property
     def link(self) -> str:
         """The one page to open first: the incident's, else the node's (or the repairs page)."""
-        return self.links.get("incident") or self.links.get("node") or self.links.get("repairs", "")
+        first = self.links.get("incident") or self.links.get("workloads") or self.links.get("node")
+        return first or self.links.get("repairs", "")
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -39,6 +43,7 @@ class Alert:
             "time_unix_ns": self.time_ns,
             "details": self.details,
             "links": self.links,
+            "labels": self.labels,
         }
 
 
@@ -49,7 +54,9 @@ def links(alert: Alert, dashboard_url: str) -> dict[str, str]:
         return {}
     base = dashboard_url.rstrip("/") + "/?"
     out = {"repairs": base + urllib.parse.urlencode({"page": "repairs"})}
-    if alert.key != "breaker":
+    if alert.key.startswith("waste/"):  # a waste finding's: its workload's page, no incident
+        out["workloads"] = base + urllib.parse.urlencode({"page": "workloads"})
+    elif alert.key != "breaker":
         incident = alert.key.split("/", 1)[0]  # an incident's capacity alert is "ID/capacity"
         out["incident"] = base + urllib.parse.urlencode({"page": "repairs", "incident": incident})
     if alert.node:

@@ -16,6 +16,7 @@ from gpufleet.repair.rules.retired_pages import RetiredPages, RetiredPagesPendin
 from gpufleet.repair.rules.silent import CollectorSilent
 from gpufleet.repair.rules.slowness import GpuSlow
 from gpufleet.repair.rules.throttle import PowerSlowdown, ThermalSlowdown
+from gpufleet.repair.rules.waste import GpuOutsideAllocation, IdleAllocation, OrphanedProcess
 from gpufleet.repair.rules.xid import Xid
 
 # Every rule but xid has a [rules.NAME] table in the policy; xid reads [buckets], [xid], [[xid_workflow]].
@@ -44,6 +45,10 @@ RULES: Registry[type[Rule]] = Registry(
         GpuMissingFromDriver,
         EccCorrectedStorm,
         GpuSlow,
+        # GPUs held and not used (docs/workloads.md "Waste findings"): notify, never cordon by default.
+        IdleAllocation,
+        OrphanedProcess,
+        GpuOutsideAllocation,
     ),
 )
 

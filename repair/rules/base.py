@@ -28,6 +28,10 @@ class Rule(abc.ABC):
     # Whether its findings change with time alone, the samples staying the same (a rate falls
     # as a counter stands still): a replay looks at such a finding again as time passes.
     changes_with_time = False
+    # Whether a finding's seen time is its window's start: a later one (the signal stopped and
+    # began again between two evaluations) restarts the window (the evaluator keeps the first
+    # seen time of a finding that stays active otherwise).
+    window_from_seen = False
     # A threshold that is a fraction must stay under this (a policy with more is refused).
     threshold_max: float | None = None
 
