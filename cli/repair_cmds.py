@@ -11,6 +11,7 @@ from typing import Any
 from tabulate import tabulate
 
 from gpufleet.client.fleet import FleetClient
+from gpufleet.client.present import incident_work_label, incident_workload_row
 from gpufleet.client.rpcs import FleetRpc
 from gpufleet.client.timeparse import iso
 from gpufleet.protos import fleet_pb2
@@ -125,6 +126,7 @@ def _incident_json(i: fleet_pb2.Incident) -> dict[str, Any]:
         "attempts": i.attempts,
         "findings": [_finding_json(f) for f in i.findings],
         "actions": [_audit_json(a) for a in i.actions],
+        "workloads": [incident_workload_row(w) for w in i.workloads],
     }
 
 
@@ -198,11 +200,12 @@ def run(client: FleetClient, args: argparse.Namespace) -> None:
                                 f["code"] + ("" if f["gpu"] is None else f"@gpu{f['gpu']}")
                                 for f in r["findings"]
                             ),
+                            incident_work_label(r["workloads"]),
                             r["outcome"],
                         ]
                         for r in rows
                     ],
-                    headers=["INCIDENT", "NODE", "STATE", "OPENED", "FINDINGS", "OUTCOME"],
+                    headers=["INCIDENT", "NODE", "STATE", "OPENED", "FINDINGS", "WORK HIT", "OUTCOME"],
                 )
             )
     elif args.command == "audit":

@@ -317,3 +317,29 @@ def owner_label(w: fleet_pb2.WorkloadSummary) -> str:
     """A workload as one short label: `slurm:1234 (llm-train)`, its account, namespace or team."""
     owner = w.account or w.namespace or w.team
     return f"{workload_name(w)} ({owner})" if owner else workload_name(w)
+
+
+def incident_workload_row(w: fleet_pb2.IncidentWorkload) -> dict[str, Any]:
+    """A workload an incident names, as every surface shows it (the hidden user as for jobs)."""
+    return {
+        "workload": w.workload,
+        "name": w.name,
+        "user": USER_HIDDEN if w.user_hidden else w.user,
+        "account": w.account,
+        "namespace": w.namespace,
+        "team": w.team,
+        "gpus": list(w.gpus),
+        "hit": w.hit,
+    }
+
+
+def incident_work_label(rows: list[dict[str, Any]]) -> str:
+    """The work an incident hit, in one cell: `slurm:42 (llm-train)`; "-" when none was named."""
+    hit = [r for r in rows if r["hit"]]
+    return (
+        ", ".join(
+            f"{r['workload']} ({o})" if (o := r["account"] or r["namespace"] or r["team"]) else r["workload"]
+            for r in hit
+        )
+        or "-"
+    )

@@ -283,7 +283,7 @@ class Finding(_message.Message):
     def __init__(self, node: _Optional[str] = ..., gpu_index: _Optional[int] = ..., code: _Optional[str] = ..., severity: _Optional[_Union[_vocabulary_pb2.Severity, str]] = ..., action: _Optional[_Union[_vocabulary_pb2.Action, str]] = ..., cordon: _Optional[bool] = ..., reason: _Optional[str] = ..., evidence: _Optional[str] = ..., first_seen_unix_ns: _Optional[int] = ..., window_s: _Optional[float] = ...) -> None: ...
 
 class Incident(_message.Message):
-    __slots__ = ("id", "node", "open", "state", "opened_unix_ns", "closed_unix_ns", "outcome", "findings", "actions", "attempts")
+    __slots__ = ("id", "node", "open", "state", "opened_unix_ns", "closed_unix_ns", "outcome", "findings", "actions", "attempts", "workloads")
     ID_FIELD_NUMBER: _ClassVar[int]
     NODE_FIELD_NUMBER: _ClassVar[int]
     OPEN_FIELD_NUMBER: _ClassVar[int]
@@ -294,6 +294,7 @@ class Incident(_message.Message):
     FINDINGS_FIELD_NUMBER: _ClassVar[int]
     ACTIONS_FIELD_NUMBER: _ClassVar[int]
     ATTEMPTS_FIELD_NUMBER: _ClassVar[int]
+    WORKLOADS_FIELD_NUMBER: _ClassVar[int]
     id: str
     node: str
     open: bool
@@ -304,7 +305,30 @@ class Incident(_message.Message):
     findings: _containers.RepeatedCompositeFieldContainer[Finding]
     actions: _containers.RepeatedCompositeFieldContainer[AuditEntry]
     attempts: int
-    def __init__(self, id: _Optional[str] = ..., node: _Optional[str] = ..., open: _Optional[bool] = ..., state: _Optional[_Union[_vocabulary_pb2.NodeHealth, str]] = ..., opened_unix_ns: _Optional[int] = ..., closed_unix_ns: _Optional[int] = ..., outcome: _Optional[str] = ..., findings: _Optional[_Iterable[_Union[Finding, _Mapping]]] = ..., actions: _Optional[_Iterable[_Union[AuditEntry, _Mapping]]] = ..., attempts: _Optional[int] = ...) -> None: ...
+    workloads: _containers.RepeatedCompositeFieldContainer[IncidentWorkload]
+    def __init__(self, id: _Optional[str] = ..., node: _Optional[str] = ..., open: _Optional[bool] = ..., state: _Optional[_Union[_vocabulary_pb2.NodeHealth, str]] = ..., opened_unix_ns: _Optional[int] = ..., closed_unix_ns: _Optional[int] = ..., outcome: _Optional[str] = ..., findings: _Optional[_Iterable[_Union[Finding, _Mapping]]] = ..., actions: _Optional[_Iterable[_Union[AuditEntry, _Mapping]]] = ..., attempts: _Optional[int] = ..., workloads: _Optional[_Iterable[_Union[IncidentWorkload, _Mapping]]] = ...) -> None: ...
+
+class IncidentWorkload(_message.Message):
+    __slots__ = ("workload", "name", "user", "user_hidden", "account", "namespace", "team", "gpus", "hit")
+    WORKLOAD_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    USER_FIELD_NUMBER: _ClassVar[int]
+    USER_HIDDEN_FIELD_NUMBER: _ClassVar[int]
+    ACCOUNT_FIELD_NUMBER: _ClassVar[int]
+    NAMESPACE_FIELD_NUMBER: _ClassVar[int]
+    TEAM_FIELD_NUMBER: _ClassVar[int]
+    GPUS_FIELD_NUMBER: _ClassVar[int]
+    HIT_FIELD_NUMBER: _ClassVar[int]
+    workload: str
+    name: str
+    user: str
+    user_hidden: bool
+    account: str
+    namespace: str
+    team: str
+    gpus: _containers.RepeatedScalarFieldContainer[int]
+    hit: bool
+    def __init__(self, workload: _Optional[str] = ..., name: _Optional[str] = ..., user: _Optional[str] = ..., user_hidden: _Optional[bool] = ..., account: _Optional[str] = ..., namespace: _Optional[str] = ..., team: _Optional[str] = ..., gpus: _Optional[_Iterable[int]] = ..., hit: _Optional[bool] = ...) -> None: ...
 
 class AuditEntry(_message.Message):
     __slots__ = ("time_unix_ns", "actor", "node", "action", "reason", "outcome", "incident_id", "status")

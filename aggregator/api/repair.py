@@ -36,11 +36,16 @@ log = logging.getLogger("gpufleet.aggregator.fleet")
 class RepairApi:
     """Incidents, the audit log, repair status, people's actions, the breaker, a policy replay."""
 
-    def __init__(self, gate: RpcGate, view: RepairView, store: Store) -> None:
+    def __init__(self, gate: RpcGate, view: RepairView, store: Store, show_user_names: bool = False) -> None:
+        self._show_user_names = show_user_names
         self._gate = gate
         self._view = view
         self._store = store
         self._replay_lock = asyncio.Lock()
+
+    def _sees_users(self, principal: Principal) -> bool:
+        """A user name is personal data: operators see it, viewers where show_user_names is on."""
+        return self._show_user_names or principal.has_role("operator")
 
     @property
     def _wiring(self) -> RepairWiring | None:
@@ -101,7 +106,8 @@ class RepairApi:
     async def ListIncidents(self, request: fleet_pb2.ListIncidentsRequest, principal: Principal) -> Any:
         def read(records: RepairState) -> list[fleet_pb2.Incident]:
             incidents = records.incidents(request.open_only, request.node, request.limit or 100)
-            return [_incident_pb(i, records.audit_log(incident_id=i.id, limit=100)) for i in incidents]
+            sees = self._sees_users(principal)
+            return [_incident_pb(i, records.audit_log(incident_id=i.id, limit=100), sees) for i in incidents]
 
         return fleet_pb2.ListIncidentsResponse(incidents=await self._view.read_records(read))
 
@@ -202,7 +208,22 @@ def _audit_pb(e: AuditRecord) -> fleet_pb2.AuditEntry:
     )
 
 
-def _incident_pb(i: Incident, actions: list[AuditRecord]) -> fleet_pb2.Incident:
+def _incident_workload_pb(w: dict[str, Any], sees_users: bool) -> fleet_pb2.IncidentWorkload:
+    user = str(w.get("user", ""))
+    return fleet_pb2.IncidentWorkload(
+        workload=str(w.get("workload", "")),
+        name=str(w.get("name", "")),
+        user=user if sees_users else "",
+        user_hidden=bool(user) and not sees_users,
+        account=str(w.get("account", "")),
+        namespace=str(w.get("namespace", "")),
+        team=str(w.get("team", "")),
+        gpus=[int(g) for g in w.get("gpus", ())],
+        hit=bool(w.get("hit")),
+    )
+
+
+def _incident_pb(i: Incident, actions: list[AuditRecord], sees_users: bool = False) -> fleet_pb2.Incident:
     return fleet_pb2.Incident(
         id=i.id,
         node=i.node,
@@ -214,4 +235,5 @@ def _incident_pb(i: Incident, actions: list[AuditRecord]) -> fleet_pb2.Incident:
         findings=[f.to_proto() for f in i.findings],
         actions=[_audit_pb(a) for a in actions],
         attempts=i.attempts,
+        workloads=[_incident_workload_pb(w, sees_users) for w in i.workloads],
     )

@@ -66,7 +66,7 @@ class FleetService(fleet_pb2_grpc.FleetServicer):
         groups = (
             NodesApi(gate, fleet, self.repair_view, status or fleet_pb2.AggregatorStatus),
             HistoryApi(gate, store),
-            RepairApi(gate, self.repair_view, store),
+            RepairApi(gate, self.repair_view, store, show_user_names),
             WorkloadsApi(gate, workloads, show_user_names),
         )
         for group in groups:

@@ -69,4 +69,3 @@ def test_no_node_without_an_accepted_report_reads_healthy_on_any_surface(
         assert (screen == "healthy") == (
             live.node in reported and summary.liveness != vocabulary_pb2.LIVENESS_SILENT
         )
-
