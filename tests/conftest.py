@@ -9,7 +9,7 @@ import resource
 import shutil
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -164,7 +164,7 @@ def influxd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 
 @pytest.fixture(scope="session")
 def slurm_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
-    """A real slurmctld with twenty slurmd nodes (gpu-node-01..20) for the session."""
+    """A real slurmctld with its slurmd nodes (gpu-node-01..22: harness/slurm.py) for the session."""
     from harness.slurm import SlurmCluster
 
     # Outside pytest's own temporary folder (mode 0700, root's): jobs run as other users
@@ -182,6 +182,26 @@ def slurm_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
 
 
 @pytest.fixture
+def alert_receiver() -> Iterator[Callable[..., Any]]:
+    """Makes real HTTP alert receivers (harness/alert_receiver.py; its arguments: fail_first,
+    port), each closed after the test even when it fails (the repair and workloads tests')."""
+    from harness.alert_receiver import AlertReceiver
+
+    made: list[AlertReceiver] = []
+
+    def make(**kwargs: Any) -> AlertReceiver:
+        receiver = AlertReceiver(**kwargs)
+        made.append(receiver)
+        return receiver
+
+    try:
+        yield make
+    finally:
+        for receiver in made:
+            receiver.close()
+
+
+@pytest.fixture
 def kube() -> Iterator[Any]:
     """A Kubernetes API server stand-in (tests/harness/k8s_standin.py) on loopback, closed after
     the test even when it fails (the repair backend's tests and the workloads' use it)."""
@@ -196,9 +216,12 @@ def kube() -> Iterator[Any]:
 
 @pytest.fixture
 def slurm(slurm_cluster: Any) -> Any:
-    """The session's Slurm with every node resumed: each test starts from an idle cluster."""
-    slurm_cluster.cancel_all()
-    slurm_cluster.resume_all()
+    """The session's Slurm with every node resumed: each test starts from an idle cluster (the
+    workloads tests' nodes aside: their jobs run while other tests start)."""
+    from harness.slurm import WORKLOAD_NODES
+
+    slurm_cluster.cancel_all(spare=WORKLOAD_NODES)
+    slurm_cluster.resume_all(spare=WORKLOAD_NODES)
     return slurm_cluster
 
 

@@ -82,7 +82,8 @@ def _allocated(snap: NodeSnapshot) -> dict[int, str]:
 
 def _claim_text(c: ProcessClaim) -> str:
     pids = ",".join(map(str, c.pids[:8])) + ("…" if len(c.pids) > 8 else "")
-    return f"pid(s) {pids or '?'} holding {_gib(c.hbm_used_bytes)}"
+    gpus = ",".join(map(str, c.gpus))
+    return f"pid(s) {pids or '?'} holding {_gib(c.hbm_used_bytes)} on GPU(s) {gpus}"
 
 
 class OrphanedProcess(Rule):

@@ -10,31 +10,47 @@ runs elsewhere is refused and counted."""
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import signal
 import subprocess
+import time
 import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from gpufleet.client.present import workload_row
 from gpufleet.protos import fleet_pb2
+from harness.alert_receiver import AlertReceiver
 from harness.processes import Cluster, gpufleet_argv
-from harness.repair import gpufleet_cli
+from harness.repair import FAST_POLICY, gpufleet_cli, repair_aggregator, slurm_args, xid_scenario
+from harness.slurm import WORKLOAD_NODES
 from harness.streams import RawStream, hello, report
 from harness.waiting import wait_until
 
-NODE_A, NODE_B = "gpu-node-19", "gpu-node-20"  # no other test's nodes
+NODE_A, NODE_B = WORKLOAD_NODES  # no other test's nodes
 UTIL_A, UTIL_B = 40.0, 90.0
 GIB = 1 << 30
 
 
 def _sbatch(
-    slurm: Any, user: str, account: str, node: str, gpus: int, util: float, name: str, tag: str
+    slurm: Any,
+    user: str,
+    account: str,
+    node: str,
+    gpus: int,
+    util: float,
+    name: str,
+    tag: str,
+    script: str = "exec sleep 600",
 ) -> str:
     """A real batch job as `user` (sbatch --uid, run as root) on node, holding `gpus` GPUs and
-    running `util` % on each (the simulated NVML reads it from the process)."""
+    running `util` % on each (the simulated NVML reads it from the process); `script` is what
+    the job runs."""
     out = slurm.run(
         "sbatch",
         "--parsable",
@@ -52,7 +68,7 @@ def _sbatch(
         f"--export=ALL,GPUFLEET_SIM_TAG={tag},GPUFLEET_SIM_UTIL_PCT={util:g},"
         f"GPUFLEET_SIM_HBM_BYTES={3 * GIB}",
         "--wrap",
-        "exec sleep 600",
+        script,
     )
     return out.strip().split(";")[0]
 
@@ -67,11 +83,33 @@ def _cli_json(agg: Any, cluster: Cluster, *args: str) -> Any:
     return json.loads(out.stdout)
 
 
-@pytest.mark.slow
-def test_jobs_of_two_users_in_two_accounts_are_attributed_from_slurm(slurm: Any, cluster: Cluster) -> None:
+@pytest.fixture
+def workload_nodes(slurm: Any) -> Iterator[Any]:
+    """The workloads tests' own Slurm nodes, idle and in service at their start and end (one
+    test at a time: the module's tests share an xdist group)."""
     for user in ("gpufleet-alice", "gpufleet-bob"):
         if subprocess.run(["id", user], capture_output=True).returncode != 0:
             pytest.fail(f"the system user {user} is missing: scripts/install-test-deps.sh creates it")
+
+    def idle() -> None:
+        slurm.cancel_on(WORKLOAD_NODES)
+        for node in WORKLOAD_NODES:
+            if slurm.state(node)[0] & {"DRAIN", "DRAINED", "DRAINING"}:
+                slurm.scontrol("update", f"NodeName={node}", "State=RESUME")
+
+    idle()
+    try:
+        yield slurm
+    finally:
+        idle()
+
+
+@pytest.mark.slow
+@pytest.mark.xdist_group("slurm-workloads")
+def test_jobs_of_two_users_in_two_accounts_are_attributed_from_slurm(
+    workload_nodes: Any, cluster: Cluster
+) -> None:
+    slurm = workload_nodes
     agg = cluster.aggregator(
         "aggregator",
         0,
@@ -236,3 +274,151 @@ def test_jobs_of_two_users_in_two_accounts_are_attributed_from_slurm(slurm: Any,
     assert seen["user"] == "(hidden)" and seen["account"] == "llm-train"
     by_user = gpufleet_cli(agg, cluster, "viewer", "usage", "--by", "user")
     assert by_user.returncode != 0 and "operator" in by_user.stderr
+
+
+WASTE_POLICY = (
+    FAST_POLICY
+    + """
+[rules.idle_allocation]
+window_s = 8.0
+[rules.orphaned_process]
+window_s = 3.0
+[rules.gpu_outside_allocation]
+window_s = 2.0
+"""
+)
+
+
+def _escaped(tag: str) -> list[int]:
+    """The processes a job left behind (they carry GPUFLEET_ORPHAN=tag in their environment)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if f"GPUFLEET_ORPHAN={tag}".encode() in (entry / "environ").read_bytes().split(b"\0"):
+                    found.append(int(entry.name))
+            except OSError:
+                continue
+    return found
+
+
+@pytest.mark.slow
+@pytest.mark.xdist_group("slurm-workloads")
+def test_idle_orphaned_and_outside_gpus_found_and_owners_told_and_an_xid_names_the_job(
+    workload_nodes: Any, cluster: Cluster, alert_receiver: Callable[..., AlertReceiver]
+) -> None:
+    """Issue 54 on the real Slurm: a job holding its GPUs idle is found within its window plus an
+    interval, its user and account in the alert, resolved when it ends; the process it left
+    behind after `scancel` (daemonised: proctrack/linuxproc no longer tracks it) is an orphan of
+    that job; a job's process on a GPU outside its GRES is found; an XID on a GPU a job runs on
+    opens an incident whose alert and `gpufleet incidents` name the job, user and account."""
+    slurm = workload_nodes
+    receiver = alert_receiver()
+    agg = repair_aggregator(
+        cluster,
+        *slurm_args(slurm, cluster),
+        "--repair-observe-interval-s",
+        "1",
+        "--workload-scheduler",
+        "slurm",
+        "--workload-slurm-conf",
+        str(slurm.conf),
+        "--workload-poll-s",
+        "1",
+        "--alert-webhooks",
+        receiver.url,
+        "--alert-group-wait-s",
+        "0.2",
+        policy=WASTE_POLICY,
+    )
+    tag = uuid.uuid4().hex[:12]
+    # Alice's job holds two GPUs and runs nothing on them; it starts a process that outlives it.
+    leave_behind = f"setsid -f env GPUFLEET_ORPHAN={tag} GPUFLEET_SIM_HBM_BYTES={2 * GIB} sleep 600"
+    idle_job = _sbatch(
+        slurm, "gpufleet-alice", "vision", NODE_A, 2, 0.0, "notebook", tag, f"{leave_behind}; exec sleep 600"
+    )
+    # Bob's job is given GPUs 0-1 and runs a process on GPU 3 too (the simulated NVML places it
+    # where SLURM_JOB_GPUS says, as CUDA would where a program picks its own device).
+    outside = "env SLURM_JOB_GPUS=3 sleep 600 & exec sleep 600"
+    busy_job = _sbatch(slurm, "gpufleet-bob", "llm-train", NODE_B, 2, UTIL_B, "pretrain", tag, outside)
+    xid = xid_scenario(cluster.tmp / "xid.toml", 79, gpu=0, at_s=25.0)
+    cluster.collector(NODE_A, agg.ingest, "--interval-s", "1", "--sim-gpus", "4", "--sim-gpu-users-tag", tag)
+    started = time.monotonic()
+    cluster.collector(
+        NODE_B,
+        agg.ingest,
+        "--interval-s",
+        "1",
+        "--sim-gpus",
+        "4",
+        "--sim-gpu-users-tag",
+        tag,
+        "--sim-scenario",
+        str(xid),
+    )
+    try:
+        idle_key = f"waste/idle_allocation/slurm:{idle_job}"
+        firing = wait_until(
+            lambda: next((a for a in receiver.for_key(idle_key) if a["status"] == "firing"), None),
+            8 + 30,
+            "the idle allocation's alert",
+            context=lambda: f"received: {[a['key'] for a in receiver.received]}",
+        )
+        assert firing["labels"] == {
+            "alertname": "GpufleetWaste",
+            "finding": "idle_allocation",
+            "user": "gpufleet-alice",
+            "account": "vision",
+            "workload": f"slurm:{idle_job}",
+        }
+        assert firing["node"] == NODE_A and "GPU(s) 0,1" in firing["summary"]
+
+        outside_key = f"waste/gpu_outside_allocation/slurm:{busy_job}"
+        seen = wait_until(lambda: receiver.for_key(outside_key), 30, "the GPU used outside its allocation")
+        assert seen[0]["labels"]["user"] == "gpufleet-bob" and seen[0]["labels"]["account"] == "llm-train"
+        assert "on GPU 3: a GPU no job was given" in seen[0]["summary"]
+        assert not receiver.for_key(f"waste/idle_allocation/slurm:{busy_job}"), "a working job is not idle"
+
+        # The XID on GPU 0 of bob's job: the incident and its alert name the job and its owner.
+        (incident,) = wait_until(
+            lambda: [i for i in _cli_json(agg, cluster, "incidents") if i["node"] == NODE_B] or None,
+            max(5.0, 25.0 - (time.monotonic() - started)) + 30,
+            "the XID's incident",
+        )
+        assert incident["workloads"] == [
+            {
+                "workload": f"slurm:{busy_job}",
+                "name": "pretrain",
+                "user": "gpufleet-bob",
+                "account": "llm-train",
+                "namespace": "",
+                "team": "",
+                "gpus": [0, 1],
+                "hit": True,
+            }
+        ]
+        paged = wait_until(lambda: receiver.for_key(incident["id"]), 20, "the incident's alert")
+        assert f"work hit: slurm:{busy_job} (gpufleet-bob, llm-train) hit" in paged[0]["summary"]
+        table = gpufleet_cli(agg, cluster, "viewer", "incidents")
+        assert f"slurm:{busy_job} (llm-train)" in table.stdout, table.stdout
+
+        # Alice's job ends: its idle alert resolves; what it left on GPU 0-1 is its orphan.
+        slurm.run("scancel", idle_job)
+        wait_until(
+            lambda: any(a["status"] == "resolved" for a in receiver.for_key(idle_key)),
+            30,
+            "the idle alert resolved at the job's end",
+        )
+        orphan_key = f"waste/orphaned_process/slurm:{idle_job}"
+        orphan = wait_until(lambda: receiver.for_key(orphan_key), 30, "the orphaned process's alert")[0]
+        (pid,) = _escaped(tag)
+        assert (
+            orphan["labels"]["user"] == "gpufleet-alice" and orphan["labels"]["finding"] == "orphaned_process"
+        )
+        assert str(pid) in orphan["summary"] and f"slurm:{idle_job}" in orphan["summary"]
+        # 2 GiB on each of the job's two GPUs.
+        assert "has ended" in orphan["summary"] and "4.0 GiB on GPU(s) 0,1" in orphan["summary"]
+    finally:
+        for pid in _escaped(tag):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)

@@ -18,8 +18,12 @@ import pytest
 from harness.processes import free_port
 from harness.waiting import wait_until
 
-# The session's Slurm (tests/conftest.py, slurm_cluster): twenty node names standing for GPU nodes.
-SLURM_NODES = [f"gpu-node-{i:02d}" for i in range(1, 21)]
+# The session's Slurm (tests/conftest.py, slurm_cluster): node names standing for GPU nodes. The
+# repair tests use gpu-node-01..20; the workloads tests (tests/fleet/test_workloads_slurm.py) run
+# jobs for a minute on WORKLOAD_NODES, which no other test touches (another test's start cancels
+# every job but theirs, and never resumes or drains them).
+SLURM_NODES = [f"gpu-node-{i:02d}" for i in range(1, 23)]
+WORKLOAD_NODES = ("gpu-node-21", "gpu-node-22")
 GPUS_PER_NODE = 4  # GPU GRES of each node
 
 CONF = """\
@@ -178,19 +182,39 @@ class SlurmCluster:
         state = re.search(r"\bState=(\S+)", self.scontrol("-o", "show", "node", node))
         return state.group(1) if state else ""
 
-    def cancel_all(self) -> None:
-        for job in self.run("squeue", "-h", "-o", "%i").split():
+    def jobs_by_node(self) -> list[tuple[str, str]]:
+        """(job id, its node list) of every job in the queue (pending: no nodes yet)."""
+        rows = [line.split() for line in self.run("squeue", "-h", "-o", "%i %N").splitlines()]
+        return [(r[0], r[1] if len(r) > 1 else "") for r in rows if r]
+
+    def cancel_all(self, spare: tuple[str, ...] = ()) -> None:
+        """Cancel every job but those on the `spare` nodes (another test's own), and wait."""
+
+        def left() -> list[str]:
+            return [job for job, nodes in self.jobs_by_node() if nodes not in spare]
+
+        for job in left():
             self.run("scancel", job)
-        wait_until(lambda: not self.run("squeue", "-h", "-o", "%i").split(), 30, "every job to end")
+        wait_until(lambda: not left(), 30, "every job to end")
 
     def wrapper(self, home: Path) -> FlakyScontrol:
         """An scontrol that logs each call and fails reads while told to (a scheduler that
         does not answer), for the aggregator's --repair-slurm-scontrol."""
         return FlakyScontrol(home, self.env)
 
-    def resume_all(self) -> None:
+    def cancel_on(self, nodes: tuple[str, ...]) -> None:
+        """Cancel the jobs on these nodes (a workloads test's own), and wait."""
+
+        def left() -> list[str]:
+            return [job for job, on in self.jobs_by_node() if on in nodes]
+
+        for job in left():
+            self.run("scancel", job)
+        wait_until(lambda: not left(), 30, "the jobs on " + ", ".join(nodes) + " to end")
+
+    def resume_all(self, spare: tuple[str, ...] = ()) -> None:
         for node in self.nodes:
-            if self.state(node)[0] & {"DRAIN", "DRAINED", "DRAINING"}:
+            if node not in spare and self.state(node)[0] & {"DRAIN", "DRAINED", "DRAINING"}:
                 self.scontrol("update", f"NodeName={node}", "State=RESUME")
 
 
