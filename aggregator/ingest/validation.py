@@ -339,13 +339,14 @@ class Checker:
 def _drop_workloads(report: telemetry_pb2.NodeReport, gpu_count: int, where: str) -> list[DroppedPart]:
     """A workload whose names break the grammar (protos/names.py) is dropped; one that names a
     GPU the hello did not declare keeps the GPUs it did; one named twice is dropped the second
-    time. Whether the scheduler places it on this node is the aggregator's check, later
+    time (the processes of no workload come one entry per GPU set: collector/sources/workloads.py).
+    Whether the scheduler places it on this node is the aggregator's check, later
     (aggregator/workloads/ledger.py)."""
     dropped: list[DroppedPart] = []
-    seen: set[tuple[str, str, str]] = set()
+    seen: set[tuple[object, ...]] = set()
     gone = []
     for at, w in enumerate(report.workloads):
-        key = (w.scheduler, w.id, w.part)
+        key = (w.scheduler, w.id, w.part) if w.scheduler != "none" else ("none", *w.gpu_indices)
         problem = workload_problem(w.scheduler, w.id, w.part) or ("named twice" if key in seen else "")
         if problem:
             dropped.append(

@@ -135,25 +135,29 @@ class WorkloadReader:
 
     def read(self, gpus: Sequence[telemetry_pb2.GpuSample]) -> list[telemetry_pb2.WorkloadSample]:
         """The workloads on these GPU samples' processes, the processes of no workload last (one
-        entry, scheduler "none"); at most MAX_WORKLOADS_PER_REPORT."""
-        found: dict[Owner, _Found] = {}
+        entry per GPU, scheduler "none": which process holds how much of which GPU is what an
+        orphan is named by); at most MAX_WORKLOADS_PER_REPORT."""
+        found: dict[tuple[Owner, int], _Found] = {}
         owners: dict[int, Owner] = {}
+        room = MAX_WORKLOADS_PER_REPORT - len(gpus)
         for gpu in gpus:
             for proc in gpu.processes:
                 owner = owners.get(proc.pid)
                 if owner is None:
                     owner = owners[proc.pid] = self.owner(proc.pid)
-                entry = found.get(owner)
+                if owner != NO_WORKLOAD and (owner, -1) not in found and len(found) >= room:
+                    owner = NO_WORKLOAD  # room is kept for each GPU's entry of no workload
+                key = (owner, gpu.index if owner == NO_WORKLOAD else -1)
+                entry = found.get(key)
                 if entry is None:
-                    if len(found) >= MAX_WORKLOADS_PER_REPORT - 1 and owner != NO_WORKLOAD:
-                        owner = NO_WORKLOAD
-                    entry = found.setdefault(owner, _Found(owner))
+                    entry = found[key] = _Found(owner)
                 entry.gpus.add(gpu.index)
                 entry.pids.append(proc.pid)
                 entry.hbm_used_bytes += proc.used_memory_bytes if proc.HasField("used_memory_bytes") else 0
-        ordered = sorted(
-            found.values(), key=lambda f: (f.owner == NO_WORKLOAD, f.owner.scheduler, f.owner.id)
-        )
+        ordered = [
+            found[k]
+            for k in sorted(found, key=lambda k: (k[0] == NO_WORKLOAD, k[0].scheduler, k[0].id, k[1]))
+        ]
         return [
             telemetry_pb2.WorkloadSample(
                 scheduler=f.owner.scheduler,

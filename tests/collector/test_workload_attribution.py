@@ -81,7 +81,9 @@ def test_processes_are_grouped_into_workloads_and_the_rest_named_as_none(tmp_pat
     assert [(w.scheduler, w.id, w.part, list(w.gpu_indices), list(w.pids)) for w in got] == [
         ("slurm", "5", "0", [0, 1], [10, 11]),
         ("slurm", "6", "batch", [1], [12]),
-        ("none", "", "", [0, 1], [13, 99]),
+        # The processes of no workload, one entry per GPU: which holds how much of which GPU.
+        ("none", "", "", [0], [13]),
+        ("none", "", "", [1], [99]),
     ]
     assert got[0].hbm_used_bytes == 2 << 30 and got[0].source == "cgroup" and got[1].source == "environ"
     assert reader.unreadable_total == 1

@@ -9,13 +9,18 @@ by a node is refused and counted."""
 from __future__ import annotations
 
 import json
+import os
+import subprocess
 import time
+from collections.abc import Callable
 from datetime import UTC, datetime
+from uuid import uuid4
 
 import pytest
 
 from gpufleet.client.present import workload_row
 from gpufleet.protos import fleet_pb2
+from harness.alert_receiver import AlertReceiver
 from harness.k8s_standin import KubeStandin
 from harness.pod_resources import PodResourcesStandin
 from harness.processes import Cluster
@@ -24,11 +29,34 @@ from harness.streams import RawStream, hello, report
 from harness.waiting import wait_until
 
 NODE, OTHER = "k8s-gpu-a", "k8s-gpu-b"
+GIB = 1 << 30
+
+
+WASTE_POLICY = """
+[rules.idle_allocation]
+window_s = 5.0
+[rules.orphaned_process]
+window_s = 2.0
+"""
+
+
+def _gpu_process(node: str, tag: str, gpus: str, util: float, hbm: int) -> subprocess.Popen[bytes]:
+    """A real process the simulated NVML lists on the node's GPUs (collector/simnvml/gpu_users.py),
+    in no pod's cgroup."""
+    env = {
+        **os.environ,
+        "GPUFLEET_SIM_NODE": node,
+        "GPUFLEET_SIM_TAG": tag,
+        "GPUFLEET_SIM_UTIL_PCT": f"{util:g}",
+        "GPUFLEET_SIM_HBM_BYTES": str(hbm),
+        "CUDA_VISIBLE_DEVICES": gpus,
+    }
+    return subprocess.Popen(["sleep", "600"], env=env)
 
 
 @pytest.mark.slow
 def test_pods_gpus_come_from_the_kubelet_and_their_owners_from_the_api(
-    kube: KubeStandin, cluster: Cluster
+    kube: KubeStandin, cluster: Cluster, alert_receiver: Callable[..., AlertReceiver]
 ) -> None:
     started = time.time() - 1800
     started_iso = datetime.fromtimestamp(int(started), UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
@@ -44,6 +72,13 @@ def test_pods_gpus_come_from_the_kubelet_and_their_owners_from_the_api(
     )  # fmt: skip
     kube.add_pod("research", "elsewhere", OTHER, labels={"team": "science"}, gpus=1, started=started_iso)
     kubelet = PodResourcesStandin(cluster.tmp / "kubelet.sock")
+    receiver = alert_receiver()
+    policy = cluster.tmp / "policy.toml"
+    policy.write_text(WASTE_POLICY)
+    # llama-0's GPUs 0-1 work (a process at 80 %); nb-1's GPU 3 reads idle; a process of no pod
+    # holds 3 GiB on GPU 2, which the API gives no pod on this node.
+    tag = uuid4().hex[:12]
+    procs = [_gpu_process(NODE, tag, "0,1", 80.0, GIB), _gpu_process(NODE, tag, "2", 0.0, 3 * GIB)]
     try:
         agg = cluster.aggregator(
             "aggregator",
@@ -56,6 +91,14 @@ def test_pods_gpus_come_from_the_kubelet_and_their_owners_from_the_api(
             str(kube.kubeconfig(cluster.tmp / "kubeconfig")),
             "--workload-poll-s",
             "1",
+            "--repair-policy-file",
+            str(policy),
+            "--repair-observe-interval-s",
+            "1",
+            "--alert-webhooks",
+            receiver.url,
+            "--alert-group-wait-s",
+            "0.2",
         )
         cluster.collector(
             NODE,
@@ -64,6 +107,8 @@ def test_pods_gpus_come_from_the_kubelet_and_their_owners_from_the_api(
             "1",
             "--sim-gpus",
             "4",
+            "--sim-gpu-users-tag",
+            tag,
             "--kubelet-pod-resources-socket",
             str(kubelet.path),
         )
@@ -183,5 +228,26 @@ def test_pods_gpus_come_from_the_kubelet_and_their_owners_from_the_api(
                     owner,
                     usage[owner],
                 )
+
+        # Issue 54: the pod holding its GPU idle is found, its namespace and team in the alert's
+        # labels (what Alertmanager routes on); the working pod is not; the process of no pod on
+        # a GPU no pod holds is an orphan of no job.
+        idle_key = "waste/idle_allocation/kubernetes:research/nb-1"
+        idle = wait_until(lambda: receiver.for_key(idle_key), 30, "the idle pod's alert")[0]
+        assert idle["labels"] == {
+            "alertname": "GpufleetWaste",
+            "finding": "idle_allocation",
+            "namespace": "research",
+            "team": "science",
+            "workload": "kubernetes:research/nb-1",
+        }
+        orphan = wait_until(
+            lambda: receiver.for_key(f"waste/orphaned_process/{NODE}:2"), 30, "the orphan of no pod"
+        )[0]
+        assert f"pid(s) {procs[1].pid} holding 3.0 GiB on GPU(s) 2 in no job" in orphan["summary"]
+        assert not receiver.for_key("waste/idle_allocation/kubernetes:ml-serving/llama-0"), "llama-0 works"
     finally:
+        for proc in procs:
+            proc.kill()
+            proc.wait()
         kubelet.close()
