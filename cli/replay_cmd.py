@@ -8,7 +8,12 @@ generated history (--generate llama3). The last two run here, with the shipped r
 
 --generate spread measures the slowness rule (gpu_slow) alone on a generated fleet with the
 spread identical GPUs show for good: its findings per 1,000 node-days on GPUs that are not slow,
-and how soon it finds GPUs made 15 % slow (docs/repair.md "Slowness from work, not time")."""
+and how soon it finds GPUs made 15 % slow (docs/repair.md "Slowness from work, not time").
+
+--generate jobs measures the waste findings (idle_allocation, orphaned_process,
+gpu_outside_allocation) on generated training, inference and interactive jobs: each rule's
+findings, the false ones per 1,000 job-hours of work, what it had to find and missed, and the
+GPU-hours flagged (docs/repair.md "Waste findings, replayed")."""
 
 from __future__ import annotations
 
@@ -38,8 +43,9 @@ def add_arguments(sub: Any, client: argparse.ArgumentParser) -> None:
     )
     src.add_argument(
         "--generate",
-        choices=["llama3", "spread"],
-        help="a generated history: llama3, the Llama 3 Table 5 mix; spread, gpu_slow on normal GPU spread",
+        choices=["llama3", "spread", "jobs"],
+        help="a generated history: llama3, the Llama 3 Table 5 mix; spread, gpu_slow on normal GPU "
+        "spread; jobs, the waste findings on generated job patterns",
     )
     p.add_argument("--until", default="now", help="with --since: the end (default now)")
     p.add_argument(
@@ -55,6 +61,9 @@ def add_arguments(sub: Any, client: argparse.ArgumentParser) -> None:
         help="fleet size, when larger than the trace's (generate llama3: 2048, spread: 250)",
     )
     p.add_argument("--gpus-per-node", type=int, default=8)
+    p.add_argument(
+        "--jobs", type=int, default=3000, help="with --generate jobs: how many jobs (default 3000)"
+    )
     p.add_argument(
         "--days", type=float, help="with --generate: days of history (default llama3 54, spread 4)"
     )
@@ -156,6 +165,31 @@ def _spread(args: argparse.Namespace) -> int:
     return 0
 
 
+def _jobs(args: argparse.Namespace) -> int:
+    """The waste findings on generated jobs, for the policy and the one compared with it."""
+    import tempfile
+
+    from gpufleet.repair.policy import load_policy
+    from gpufleet.repair.replay.waste import generate_jobs, replay_waste
+
+    if not 1 <= args.jobs <= 1_000_000:
+        print(f"gpufleet replay: --jobs {args.jobs} must be from 1 to 1000000", file=sys.stderr)
+        return 2
+    jobs = generate_jobs(args.jobs, args.seed)
+    out = []
+    with tempfile.TemporaryDirectory(prefix="gpufleet-replay-") as scratch:
+        for n, path in enumerate([args.policy, *([args.compare] if args.compare else [])]):
+            print(f"replaying the waste findings on {args.jobs:,} generated jobs ...", file=sys.stderr)
+            report = replay_waste(load_policy(path), jobs, str(Path(scratch) / f"state-{n}.sqlite3"))
+            out.append((path or "shipped policy", report))
+    if args.json:
+        reports = [{"policy": name, **r.as_dict()} for name, r in out]
+        print(json.dumps(reports[0] if len(reports) == 1 else reports, indent=2))
+    else:
+        print("\n\n".join(f"policy: {name}\n{r.render()}" for name, r in out))
+    return 0
+
+
 def _remote(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, Any] | None]:
     from gpufleet.client.rpcs import FleetRpc
     from gpufleet.protos import fleet_pb2
@@ -198,6 +232,8 @@ def run(args: argparse.Namespace) -> int:
     try:
         if args.generate == "spread":
             return _spread(args)
+        if args.generate == "jobs":
+            return _jobs(args)
         report, other = _remote(args) if args.since else _local(args)
     except (TraceError, PolicyError) as exc:
         print(f"gpufleet replay: {exc}", file=sys.stderr)

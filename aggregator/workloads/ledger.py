@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 
 from gpufleet.aggregator.workloads.schedulers import Job
 from gpufleet.protos import columns, telemetry_pb2
+from gpufleet.repair.idle import Activity, IdleClock
 from gpufleet.repair.model import (
     CLAIM_ENDED,
     CLAIM_NONE,
@@ -52,25 +53,6 @@ LOADING_GRACE_S = 60.0
 RECENT_ENDED = 10_000  # ended workloads kept in memory for listing (the store keeps them all)
 _FIELDS = ("util_gpu_pct", "sm_active_pct", "hbm_used_bytes", "hbm_total_bytes", "power_w")
 MAX_CLAIMS_KEPT = 256  # a node's process claims kept for the waste rules (MAX_WORKLOADS_PER_REPORT)
-
-
-@dataclass(frozen=True)
-class Activity:
-    """When an allocated GPU counts as working, from the policy ([rules.idle_allocation]
-    threshold and [waste] idle_hbm_exempt_ratio: repair/rules/waste.py)."""
-
-    min_pct: float = 5.0  # SM activity where GPM has it, else utilization
-    hbm_exempt_ratio: float = 0.0  # a GPU holding this share of its HBM is working (0: off)
-
-    def working(self, reading: dict[str, float]) -> bool | None:
-        """Whether this GPU reading is work; None: the reading says nothing of it."""
-        ratio = self.hbm_exempt_ratio
-        hbm, total = reading.get("hbm_used_bytes"), reading.get("hbm_total_bytes")
-        if ratio > 0 and hbm is not None and total and hbm / total >= ratio:
-            return True
-        sm = reading.get("sm_active_pct")
-        active = sm if sm is not None else reading.get("util_gpu_pct")
-        return None if active is None else active >= self.min_pct
 
 
 def owner_of(job: Job) -> Owner:
@@ -144,10 +126,9 @@ class Workload:
     ended_unix_s: float | None = None
     listed_unix_s: float = 0.0  # when the scheduler last listed it running
     model: str = ""  # its GPUs' model, once read from the live view (Workloads.model_of)
-    # Per node: since when all its GPUs there read idle (None: working at the last report), and
-    # the HBM they held then (the idle_allocation rule's input: repair/rules/waste.py).
-    idle_since: dict[str, float | None] = field(default_factory=dict)
-    hbm_now: dict[str, int] = field(default_factory=dict)
+    # Per node: since when all its GPUs there read idle, and the HBM they held (the
+    # idle_allocation rule's input: repair/rules/waste.py).
+    idle: IdleClock = field(default_factory=IdleClock)
 
     @property
     def key(self) -> tuple[str, str]:
@@ -190,30 +171,6 @@ class Workload:
     def energy_j(self) -> float:
         return sum(g.energy_j for g in self.gpus.values())
 
-    def note_activity(
-        self,
-        node: str,
-        indices: tuple[int, ...],
-        readings: dict[int, dict[str, float]],
-        serving: set[int],
-        activity: Activity,
-        time_s: float,
-    ) -> None:
-        """Whether its GPUs on this node worked in this report: any GPU over the activity
-        threshold, or an engine request on one, makes it working; all of them read and under it
-        makes it idle (from this report, or from its start if never seen working); a report
-        without its GPUs' readings says nothing."""
-        said = [activity.working(readings[i]) for i in indices if i in readings]
-        if not said or all(v is None for v in said):
-            return
-        self.hbm_now[node] = int(sum(readings[i].get("hbm_used_bytes", 0) for i in indices if i in readings))
-        if any(said) or serving.intersection(indices):
-            self.idle_since[node] = None
-        elif self.idle_since.get(node) is None:
-            # Idle from the job's start when this is its first reading here (the loading time is
-            # within the rule's window); else from this report.
-            self.idle_since[node] = self.job.start_unix_s if node not in self.idle_since else time_s
-
     def learn_gpus(self, node: str, claim: telemetry_pb2.WorkloadSample) -> None:
         """A pod's GPUs on its node, as the node's kubelet says (its PodResources answer), no
         more than the API gave the pod: the scheduler placed the pod on this node, and the node
@@ -228,7 +185,7 @@ class Workload:
         """It on one node, as the repair snapshot holds it (repair/rules/waste.py)."""
         j = self.job
         gpus = tuple(j.gpus_by_node.get(node, ()))
-        since, hbm = self.idle_since.get(node), self.hbm_now.get(node, 0)
+        since, hbm = self.idle.since.get(node), self.idle.hbm_bytes.get(node, 0)
         return WorkloadOnNode(f"{j.scheduler}:{j.id}", j.name, owner_of(j), gpus, j.start_unix_s, since, hbm)
 
     def to_kept(self) -> dict[str, object]:
@@ -431,7 +388,7 @@ class WorkloadLedger:
                     reading = readings.get(index)
                     if reading and (loaded or index in used):
                         w.gpus.setdefault((node, index), GpuFigures()).add(reading, interval)
-                w.note_activity(node, indices, readings, serving, activity, time_s)
+                w.idle.note(node, indices, readings, serving, activity, time_s, w.job.start_unix_s)
 
     def _check_claims(
         self, node: str, claims: Iterable[telemetry_pb2.WorkloadSample], judged: list[ProcessClaim]

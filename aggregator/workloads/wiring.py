@@ -19,7 +19,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 from gpufleet.aggregator.fleet.state import FleetState
 from gpufleet.aggregator.store import Store, StoreError
 from gpufleet.aggregator.store.base import Point, ProratedSum
-from gpufleet.aggregator.workloads.ledger import REFUSAL_REASONS, Activity, Workload, WorkloadLedger
+from gpufleet.aggregator.workloads.ledger import REFUSAL_REASONS, Workload, WorkloadLedger
 from gpufleet.aggregator.workloads.schedulers import WORKLOAD_SCHEDULERS, SchedulerReadError
 from gpufleet.aggregator.workloads.summary import (
     MEASUREMENT,
@@ -36,8 +36,8 @@ from gpufleet.aggregator.workloads.summary import (
     to_point,
     usage,
 )
+from gpufleet.repair.idle import Activity
 from gpufleet.repair.policy import Policy, load_policy
-from gpufleet.repair.rules.waste import IdleAllocation
 from gpufleet.repair.state import StateError
 
 if TYPE_CHECKING:
@@ -49,12 +49,6 @@ log = logging.getLogger("gpufleet.aggregator.workloads")
 MAX_UNWRITTEN_OWNER_POINTS = 10_000
 KEPT_KEY = "workloads_live"
 KEEP_EVERY_S = 30.0
-
-
-def activity_of(policy: Policy) -> Activity:
-    """When an allocated GPU is working, as the policy's idle_allocation rule says."""
-    idle = policy.rules.get(IdleAllocation.name)
-    return Activity(idle.threshold if idle else 5.0, policy.waste["idle_hbm_exempt_ratio"])
 
 
 class Workloads:
@@ -96,7 +90,7 @@ class Workloads:
             self.scheduler,
             on_end=self._ended,
             on_refused=lambda reason, node: self.refused.labels(reason=reason).inc(),
-            activity=lambda: activity_of(policy()),
+            activity=lambda: Activity.of(policy()),
         )
         Gauge(
             "gpufleet_workloads_running",
