@@ -89,7 +89,7 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
         # A component's own command line: the Fleet API commands' parsers (and the gRPC client
         # their modules import, ~50 ms of every collector's start) are not built.
         return parser
-    from gpufleet.cli import alert_cmd, completion, repair_cmds, replay_cmd, workloads_cmd
+    from gpufleet.cli import alert_cmd, completion, repair_cmds, replay_cmd, waste_cmd, workloads_cmd
 
     client = _client_flags()
 
@@ -109,6 +109,7 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="every figure, and each pool's replicas")
     add_watch(p)
     workloads_cmd.add_parsers(sub, client, add_watch)
+    waste_cmd.add_parser(sub, client)
     p = sub.add_parser("node", parents=[client], help="one node's GPUs, engines and events")
     p.add_argument("name")
     p.add_argument("--json", action="store_true")
@@ -528,7 +529,7 @@ def _run_whoami(client: FleetClient, args: argparse.Namespace) -> None:
 
 
 def _run_fleet_command(args: argparse.Namespace) -> None:
-    from gpufleet.cli import repair_cmds, sre, workloads_cmd
+    from gpufleet.cli import repair_cmds, sre, waste_cmd, workloads_cmd
     from gpufleet.client.fleet import FleetClient, resolve_client
 
     client = FleetClient(
@@ -544,6 +545,8 @@ def _run_fleet_command(args: argparse.Namespace) -> None:
             repair_cmds.run(client, args)
         elif args.command in workloads_cmd.COMMANDS:
             workloads_cmd.run(client, args)
+        elif args.command in waste_cmd.COMMANDS:
+            waste_cmd.run(client, args)
         else:
             sre.run(client, args)
 

@@ -343,3 +343,26 @@ def incident_work_label(rows: list[dict[str, Any]]) -> str:
         )
         or "-"
     )
+
+
+def waste_row(w: fleet_pb2.WasteNow) -> dict[str, Any]:
+    """A waste finding firing now (docs/workloads.md "Waste findings"), as every surface shows
+    it: the finding's code is its one word; the user hidden as for jobs."""
+    return {
+        "finding": w.finding,
+        "workload": w.workload or None,
+        "user": USER_HIDDEN if w.user_hidden else w.user,
+        "account": w.account,
+        "namespace": w.namespace,
+        "team": w.team,
+        "nodes": list(w.nodes),
+        "gpus": list(w.gpus),
+        "hbm_used_bytes": w.hbm_used_bytes,
+        "since": iso(w.since_unix_ns),
+        "evidence": w.evidence,
+    }
+
+
+def waste_by_gpu(resp: fleet_pb2.ListWorkloadsResponse) -> dict[tuple[str, int], str]:
+    """(node, GPU) -> the waste finding on it now (its first node's GPUs), for a heat map's mark."""
+    return {(w.nodes[0], g): w.finding for w in resp.waste if w.nodes for g in w.gpus}

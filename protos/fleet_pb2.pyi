@@ -91,18 +91,48 @@ class ListWorkloadsRequest(_message.Message):
     def __init__(self, ended: _Optional[bool] = ..., ended_since_unix_ns: _Optional[int] = ..., node: _Optional[str] = ...) -> None: ...
 
 class ListWorkloadsResponse(_message.Message):
-    __slots__ = ("running", "ended", "scheduler", "scheduler_read_age_s", "placements")
+    __slots__ = ("running", "ended", "scheduler", "scheduler_read_age_s", "placements", "waste")
     RUNNING_FIELD_NUMBER: _ClassVar[int]
     ENDED_FIELD_NUMBER: _ClassVar[int]
     SCHEDULER_FIELD_NUMBER: _ClassVar[int]
     SCHEDULER_READ_AGE_S_FIELD_NUMBER: _ClassVar[int]
     PLACEMENTS_FIELD_NUMBER: _ClassVar[int]
+    WASTE_FIELD_NUMBER: _ClassVar[int]
     running: _containers.RepeatedCompositeFieldContainer[WorkloadSummary]
     ended: _containers.RepeatedCompositeFieldContainer[WorkloadSummary]
     scheduler: str
     scheduler_read_age_s: float
     placements: _containers.RepeatedCompositeFieldContainer[WorkloadPlacement]
-    def __init__(self, running: _Optional[_Iterable[_Union[WorkloadSummary, _Mapping]]] = ..., ended: _Optional[_Iterable[_Union[WorkloadSummary, _Mapping]]] = ..., scheduler: _Optional[str] = ..., scheduler_read_age_s: _Optional[float] = ..., placements: _Optional[_Iterable[_Union[WorkloadPlacement, _Mapping]]] = ...) -> None: ...
+    waste: _containers.RepeatedCompositeFieldContainer[WasteNow]
+    def __init__(self, running: _Optional[_Iterable[_Union[WorkloadSummary, _Mapping]]] = ..., ended: _Optional[_Iterable[_Union[WorkloadSummary, _Mapping]]] = ..., scheduler: _Optional[str] = ..., scheduler_read_age_s: _Optional[float] = ..., placements: _Optional[_Iterable[_Union[WorkloadPlacement, _Mapping]]] = ..., waste: _Optional[_Iterable[_Union[WasteNow, _Mapping]]] = ...) -> None: ...
+
+class WasteNow(_message.Message):
+    __slots__ = ("finding", "workload", "nodes", "gpus", "user", "user_hidden", "account", "namespace", "team", "since_unix_ns", "hbm_used_bytes", "evidence")
+    FINDING_FIELD_NUMBER: _ClassVar[int]
+    WORKLOAD_FIELD_NUMBER: _ClassVar[int]
+    NODES_FIELD_NUMBER: _ClassVar[int]
+    GPUS_FIELD_NUMBER: _ClassVar[int]
+    USER_FIELD_NUMBER: _ClassVar[int]
+    USER_HIDDEN_FIELD_NUMBER: _ClassVar[int]
+    ACCOUNT_FIELD_NUMBER: _ClassVar[int]
+    NAMESPACE_FIELD_NUMBER: _ClassVar[int]
+    TEAM_FIELD_NUMBER: _ClassVar[int]
+    SINCE_UNIX_NS_FIELD_NUMBER: _ClassVar[int]
+    HBM_USED_BYTES_FIELD_NUMBER: _ClassVar[int]
+    EVIDENCE_FIELD_NUMBER: _ClassVar[int]
+    finding: str
+    workload: str
+    nodes: _containers.RepeatedScalarFieldContainer[str]
+    gpus: _containers.RepeatedScalarFieldContainer[int]
+    user: str
+    user_hidden: bool
+    account: str
+    namespace: str
+    team: str
+    since_unix_ns: int
+    hbm_used_bytes: int
+    evidence: str
+    def __init__(self, finding: _Optional[str] = ..., workload: _Optional[str] = ..., nodes: _Optional[_Iterable[str]] = ..., gpus: _Optional[_Iterable[int]] = ..., user: _Optional[str] = ..., user_hidden: _Optional[bool] = ..., account: _Optional[str] = ..., namespace: _Optional[str] = ..., team: _Optional[str] = ..., since_unix_ns: _Optional[int] = ..., hbm_used_bytes: _Optional[int] = ..., evidence: _Optional[str] = ...) -> None: ...
 
 class WorkloadPlacement(_message.Message):
     __slots__ = ("node", "gpu", "scheduler", "id")

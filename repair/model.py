@@ -35,8 +35,13 @@ class Owner:
 
     def label(self) -> str:
         """One line: user, then account or namespace, then team, where known."""
-        parts = [self.user, self.account or self.namespace, f"team {self.team}" if self.team else ""]
-        return ", ".join(p for p in parts if p) or "owner unknown"
+        return ", ".join(p for p in (self.user, self.group()) if p) or "owner unknown"
+
+    def group(self) -> str:
+        """Account or namespace, then team: what a finding's evidence says (it reaches every
+        screen, and a user name is for the roles that may see it: docs/workloads.md)."""
+        parts = [self.account or self.namespace, f"team {self.team}" if self.team else ""]
+        return ", ".join(p for p in parts if p)
 
 
 @dataclass(frozen=True)

@@ -39,6 +39,8 @@ class Episode:
     owner: Owner
     by_node: dict[str, Finding] = field(default_factory=dict)
     opened_ns: int = 0
+    hbm_used_bytes: int = 0  # what the idle GPUs or the processes held when it was found
+    gpus: tuple[int, ...] = ()  # its GPUs on its first node
 
 
 class WasteDesk:
@@ -50,6 +52,17 @@ class WasteDesk:
         self._workloads_seen: dict[str, tuple[WorkloadOnNode, ...]] = {}
         # Alerts a previous process left firing: resolved after the first full pass unless found.
         self._carried = {k for k in alerts.outstanding() if k.startswith(KEY_PREFIX)}
+
+    def now(self) -> list[tuple[str, Episode, tuple[str, ...]]]:
+        """The findings whose alerts fire now: (alert key, episode, its nodes), for the Fleet API's
+        threads (a copy taken under the GIL of a dict the term's thread changes: retried once if
+        it changed under the copy)."""
+        for _ in range(3):
+            try:
+                return [(k, e, tuple(sorted(e.by_node))) for k, e in list(self.episodes.items())]
+            except RuntimeError:  # changed while copied
+                continue
+        return []
 
     def workloads_on(self, node: str) -> tuple[WorkloadOnNode, ...]:
         """The node's allocations as its last look had them (an incident names whom it hit)."""
@@ -82,7 +95,8 @@ class WasteDesk:
         for key, f in keys.items():
             episode = self.episodes.get(key)
             if episode is None:
-                episode = self.episodes[key] = Episode(f, _owner(f, snap), opened_ns=now)
+                gpus, hbm = _held(f, snap)
+                episode = self.episodes[key] = Episode(f, _owner(f, snap), {}, now, hbm, gpus)
                 episode.by_node[node] = f
                 self._carried.discard(key)
                 self._by_node.setdefault(node, set()).add(key)
@@ -98,6 +112,8 @@ class WasteDesk:
             else:
                 episode.by_node[node] = f
                 self._by_node.setdefault(node, set()).add(key)
+            if f.gpu is not None and node == episode.first.node and f.gpu not in episode.gpus:
+                episode.gpus = tuple(sorted({*episode.gpus, f.gpu}))  # an orphan on two GPUs
         if not self._by_node.get(node):
             self._by_node.pop(node, None)
 
@@ -169,6 +185,19 @@ class WasteDesk:
                 labels=labels,
             )
         )
+
+
+def _held(f: Finding, snap: NodeSnapshot | None) -> tuple[tuple[int, ...], int]:
+    """The GPUs a finding is about on its node and the HBM held there: an idle allocation's GPUs,
+    or the GPU the processes hold and what they hold on it."""
+    if snap is None:
+        return ((f.gpu,) if f.gpu is not None else ()), 0
+    for w in snap.workloads:
+        if f.code == WASTE_RULES[0] and w.key == f.workload:
+            return w.gpus, w.hbm_used_bytes
+    claims = [c for c in snap.claims if f.gpu in c.gpus and (c.workload == f.workload or not f.workload)]
+    gpus = (f.gpu,) if f.gpu is not None else ()
+    return gpus, sum(c.hbm_used_bytes for c in claims)
 
 
 def _owner(f: Finding, snap: NodeSnapshot | None) -> Owner:

@@ -67,7 +67,7 @@ class FleetService(fleet_pb2_grpc.FleetServicer):
             NodesApi(gate, fleet, self.repair_view, status or fleet_pb2.AggregatorStatus),
             HistoryApi(gate, store),
             RepairApi(gate, self.repair_view, store, show_user_names),
-            WorkloadsApi(gate, workloads, show_user_names),
+            WorkloadsApi(gate, workloads, show_user_names, self.repair_view),
         )
         for group in groups:
             # What grpc's add_FleetServicer_to_server registers: each RPC's name on this object.

@@ -11,6 +11,7 @@ from typing import Any
 import grpc
 
 from gpufleet.aggregator.api.base import Refused, RpcGate, rpc
+from gpufleet.aggregator.api.repair_view import RepairView
 from gpufleet.aggregator.auth.tokens import Principal
 from gpufleet.aggregator.store import StoreError
 from gpufleet.aggregator.workloads.summary import USAGE_DIMENSIONS, Summary, price_of
@@ -22,7 +23,14 @@ DAY_S = 86_400.0
 
 
 class WorkloadsApi:
-    def __init__(self, gate: RpcGate, workloads: Workloads | None, show_user_names: bool) -> None:
+    def __init__(
+        self,
+        gate: RpcGate,
+        workloads: Workloads | None,
+        show_user_names: bool,
+        repair: RepairView | None = None,
+    ) -> None:
+        self._repair = repair
         self._gate = gate
         self._workloads = workloads
         self._show_user_names = show_user_names
@@ -70,6 +78,35 @@ class WorkloadsApi:
                 out.cost_effective = s.gpu_hours_effective * price
         return out
 
+    def waste_now(self, principal: Principal, node: str = "") -> list[fleet_pb2.WasteNow]:
+        """The waste findings firing now (repair/waste_desk.py), newest first."""
+        controller = self._repair.repair if self._repair is not None else None
+        if controller is None:
+            return []
+        sees = self._sees_users(principal)
+        out = []
+        for _key, e, nodes in controller.waste.now():
+            if node and node not in nodes:
+                continue
+            owner = e.owner
+            out.append(
+                fleet_pb2.WasteNow(
+                    finding=e.first.code,
+                    workload=e.first.workload,
+                    nodes=list(nodes) or [e.first.node],
+                    gpus=list(e.gpus),
+                    user=owner.user if sees else "",
+                    user_hidden=bool(owner.user) and not sees,
+                    account=owner.account,
+                    namespace=owner.namespace,
+                    team=owner.team,
+                    since_unix_ns=e.opened_ns,
+                    hbm_used_bytes=e.hbm_used_bytes,
+                    evidence=e.first.evidence[:500],
+                )
+            )
+        return sorted(out, key=lambda w: -w.since_unix_ns)
+
     @rpc("viewer")
     async def ListWorkloads(self, request: fleet_pb2.ListWorkloadsRequest, principal: Principal) -> Any:
         w = self._need()
@@ -87,6 +124,7 @@ class WorkloadsApi:
                     continue
                 for gpu in gpus:
                     out.placements.add(node=node, gpu=gpu, scheduler=live.job.scheduler, id=live.job.id)
+        out.waste.extend(self.waste_now(principal, request.node))
         if request.ended:
             now = time.time()
             since = request.ended_since_unix_ns / 1e9 if request.ended_since_unix_ns else now - DAY_S

@@ -22,6 +22,7 @@ from gpufleet.repair.model import (
     WASTE_RULES,
     Finding,
     NodeSnapshot,
+    Owner,
     ProcessClaim,
 )
 from gpufleet.repair.policy import Entry, Policy
@@ -29,6 +30,10 @@ from gpufleet.repair.rules.base import Rule
 
 GIB = 1 << 30
 MIB = 1 << 20
+
+
+def _whose(owner: Owner) -> str:
+    return owner.group() or "owner unknown"
 
 
 def _gib(n: int) -> str:
@@ -61,7 +66,7 @@ class IdleAllocation(Rule):
             since_ns = int(w.idle_since_unix_s * 1e9)
             idle_s = max(0.0, (now_ns - since_ns) / 1e9)
             evidence = (
-                f"{w.key} ({w.owner.label()}) holds GPU(s) {','.join(map(str, w.gpus))} idle for "
+                f"{w.key} ({_whose(w.owner)}) holds GPU(s) {','.join(map(str, w.gpus))} idle for "
                 f"{idle_s:.0f} s (under {entry.threshold:g} % activity, no engine request; "
                 f"{_gib(w.hbm_used_bytes)} of HBM held)"
             )
@@ -102,7 +107,7 @@ class OrphanedProcess(Rule):
             if c.hbm_used_bytes < entry.threshold * MIB or not c.gpus:
                 continue
             if c.status == CLAIM_ENDED:
-                said = f"{_claim_text(c)}: its job {c.workload} ({c.owner.label()}) has ended"
+                said = f"{_claim_text(c)}: its job {c.workload} ({_whose(c.owner)}) has ended"
                 gpus = c.gpus
             elif c.status in (CLAIM_NONE, CLAIM_UNKNOWN):
                 gpus = tuple(g for g in c.gpus if g not in allocated)
@@ -147,7 +152,7 @@ class GpuOutsideAllocation(Rule):
                 holder = allocated.get(gpu)
                 whose = f"{holder}'s GPU" if holder else "a GPU no job was given"
                 evidence = (
-                    f"{c.workload} ({c.owner.label()}), given GPU(s) "
+                    f"{c.workload} ({_whose(c.owner)}), given GPU(s) "
                     f"{','.join(map(str, sorted(given[c.workload]))) or 'none'} here, runs {_claim_text(c)} "
                     f"on GPU {gpu}: {whose}"
                 )

@@ -372,6 +372,26 @@ def test_idle_orphaned_and_outside_gpus_found_and_owners_told_and_an_xid_names_t
             "workload": f"slurm:{idle_job}",
         }
         assert firing["node"] == NODE_A and "GPU(s) 0,1" in firing["summary"]
+        # `gpufleet waste` says the same: the job, its owner, its GPUs and what they hold.
+        now = {
+            r["finding"]: r
+            for r in _cli_json(agg, cluster, "waste")["now"]
+            if r["workload"] == f"slurm:{idle_job}"
+        }
+        idle_row = now["idle_allocation"]
+        assert (idle_row["user"], idle_row["account"], idle_row["nodes"], idle_row["gpus"]) == (
+            "gpufleet-alice",
+            "vision",
+            [NODE_A],
+            [0, 1],
+        )
+        # On each of its two GPUs: the job's process (3 GiB), the one it leaves behind (2 GiB) and
+        # the driver's 512 MiB.
+        assert idle_row["hbm_used_bytes"] == 2 * (5 * GIB + 512 * (1 << 20))
+        viewer = gpufleet_cli(agg, cluster, "viewer", "waste", "--json")
+        assert viewer.returncode == 0, viewer.stderr
+        seen_by_viewer = json.loads(viewer.stdout)
+        assert {r["user"] for r in seen_by_viewer["now"]} == {"(hidden)"}
 
         outside_key = f"waste/gpu_outside_allocation/slurm:{busy_job}"
         seen = wait_until(lambda: receiver.for_key(outside_key), 30, "the GPU used outside its allocation")
