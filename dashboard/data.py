@@ -16,11 +16,14 @@ from gpufleet.client.present import (
     every_replica,
     finite,
     gpu_health,
+    incident_work_label,
+    incident_workload_row,
     node_row,
     opt,
     series_label,
     usage_row,
     varying_tags,
+    waste_row,
     workload_row,
 )
 from gpufleet.client.timeparse import iso
@@ -447,6 +450,8 @@ def incidents_frame(incidents: list[fleet_pb2.Incident]) -> pd.DataFrame:
                 "action": action_name(worst.action) if worst else "",
                 "outcome": i.outcome,
                 "steps": len(i.actions),
+                # Whose work the fault hit, as `gpufleet incidents` says it (WORK HIT).
+                "work hit": incident_work_label([incident_workload_row(w) for w in i.workloads]),
             }
         )
     return pd.DataFrame(
@@ -462,6 +467,7 @@ def incidents_frame(incidents: list[fleet_pb2.Incident]) -> pd.DataFrame:
             "action",
             "outcome",
             "steps",
+            "work hit",
         ],
     )
 
@@ -567,3 +573,25 @@ def usage_frame(resp: fleet_pb2.UsageResponse) -> pd.DataFrame:
         columns=[resp.by, "workloads", "GPU-h allocated", "GPU-h effective", "GPU-h idle", "efficiency %",
                  "cost allocated", "cost effective"],
     )  # fmt: skip
+
+
+def waste_frame(waste: Iterable[fleet_pb2.WasteNow]) -> pd.DataFrame:
+    """GPUs held and not used now, as `gpufleet waste` lists them (client/present.waste_row)."""
+    rows = []
+    for w in waste:
+        row = waste_row(w)
+        rows.append(
+            {
+                "finding": row["finding"],
+                "workload": row["workload"],
+                "user": row["user"] or None,
+                "account": row["account"] or row["namespace"] or None,
+                "team": row["team"] or None,
+                "nodes": ", ".join(row["nodes"]),
+                "GPUs": ", ".join(map(str, row["gpus"])),
+                "HBM held GiB": _rounded(row["hbm_used_bytes"] / GIB, 1),
+                "found": pd.Timestamp(row["since"]),
+            }
+        )
+    columns = ["finding", "workload", "user", "account", "team", "nodes", "GPUs", "HBM held GiB", "found"]
+    return pd.DataFrame(rows, columns=columns)

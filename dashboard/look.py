@@ -18,6 +18,7 @@ from gpufleet.client.colours import (
     CLOSED,
     NODE_STATE_COLOURS,
     OTHERS,
+    REDDISH_PURPLE,
     SERIES_PALETTE,
 )
 from gpufleet.client.present import NA
@@ -33,6 +34,10 @@ def md(text: str) -> str:
     or "**urgent**" shows as written (docs/security.md "Serving pools and the capacity guard")."""
     return "".join("\\" + c if c in _MARKDOWN_SPECIAL else c for c in text)
 
+
+# A heat map cell's outline for a GPU held and not used (a waste finding): a colour the viridis
+# scale under it never takes.
+WASTE_OUTLINE = REDDISH_PURPLE
 
 TIME_TITLE = "time (UTC)"
 # A chart's time axis by the span it shows: 24-hour clock, seconds only when minutes matter.

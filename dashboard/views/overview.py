@@ -7,7 +7,7 @@ import altair as alt
 import pandas as pd
 import streamlit as st
 
-from gpufleet.client.present import owner_label, owner_of_gpu
+from gpufleet.client.present import owner_label, owner_of_gpu, waste_by_gpu
 from gpufleet.client.rpcs import FleetRpc
 from gpufleet.dashboard import look
 from gpufleet.dashboard.data import HEAT_METRICS, NODE_COLUMNS, STATES, gpus_frame, headline, nodes_frame
@@ -22,9 +22,9 @@ def render() -> None:
     # Whose job each cell is (docs/workloads.md): the running workloads' GPUs, in the tooltip.
     on_gpus, _ = try_call(FleetRpc.ListWorkloads, fleet_pb2.ListWorkloadsRequest())
     owners = {key: owner_label(w) for key, w in owner_of_gpu(on_gpus).items()} if on_gpus else {}
-    gpus = gpus.assign(
-        workload=[owners.get((n, int(g))) for n, g in zip(gpus["node"], gpus["gpu"], strict=True)]
-    )
+    wasted = waste_by_gpu(on_gpus) if on_gpus else {}
+    keys = [(n, int(g)) for n, g in zip(gpus["node"], gpus["gpu"], strict=True)]
+    gpus = gpus.assign(workload=[owners.get(k) for k in keys], waste=[wasted.get(k) for k in keys])
     if nodes.empty:
         st.info("No nodes have reported to this aggregator yet. Start collectors, or `gpufleet demo`.")
         return
@@ -70,7 +70,8 @@ def render() -> None:
     st.altair_chart(heat_map(gpus[gpus["node"].isin(drawn)], shown), width="stretch")
     st.caption(
         "Left column: the node's state (silent: its collector is not heard from). Grey cells: the GPU "
-        "did not report this value (absent, not zero)."
+        "did not report this value (absent, not zero). Outlined cells: GPUs held and not used (an "
+        "idle allocation, an orphaned process, a GPU used outside its allocation: the Workloads page)."
     )
     shown_columns = [c for c in NODE_COLUMNS if c != "lemon" or (nodes["lemon"] != "").any()]
     look.table(
@@ -125,6 +126,7 @@ def heat_map(gpus: pd.DataFrame, shown: str) -> alt.HConcatChart:
             "node",
             "gpu",
             "workload",
+            "waste",
             "model",
             "uuid",
             "state",
@@ -133,8 +135,16 @@ def heat_map(gpus: pd.DataFrame, shown: str) -> alt.HConcatChart:
         ],
     )
     # Grey underneath, value on top: a GPU that did not report the value stays grey.
-    heat = alt.layer(
+    # A GPU held and not used (a waste finding: docs/workloads.md) is outlined.
+    layers = [
         base.mark_rect(color="#d9d9d9"),
         base.mark_rect().encode(color=alt.Color(f"{column}:Q", title=shown, scale=scale)),
-    ).properties(height=alt.Step(row_px), width=alt.Step(56))
+    ]
+    if "waste" in gpus and gpus["waste"].notna().any():
+        layers.append(
+            base.transform_filter("isValid(datum.waste)").mark_rect(
+                fill=None, stroke=look.WASTE_OUTLINE, strokeWidth=3
+            )
+        )
+    heat = alt.layer(*layers).properties(height=alt.Step(row_px), width=alt.Step(56))
     return alt.hconcat(state_strip, heat, spacing=4).resolve_scale(color="independent")

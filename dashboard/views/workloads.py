@@ -1,6 +1,7 @@
 """Workloads: whose work is on the GPUs (docs/workloads.md). Top owners by GPU-hours and
-efficiency over a chosen range, the running workloads with their efficiency, and one workload's
-report (per node and GPU). Every figure is the aggregator's (`gpufleet usage`, `jobs`, `job ID`
+efficiency over a chosen range and their idle GPU-hours, the GPUs held and not used now (the waste
+findings), the running workloads with their efficiency, and one workload's report (per node and
+GPU). Every figure is the aggregator's (`gpufleet usage`, `jobs`, `job ID`
 print the same); user names only for the roles that may see them."""
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from gpufleet.client.present import workload_name
 from gpufleet.client.rpcs import FleetRpc
 from gpufleet.client.timeparse import parse_time_ns
 from gpufleet.dashboard import look
-from gpufleet.dashboard.data import usage_frame, workloads_frame
+from gpufleet.dashboard.data import usage_frame, waste_frame, workloads_frame
 from gpufleet.dashboard.fleet import call, try_call
 from gpufleet.protos import fleet_pb2
 
@@ -52,6 +53,25 @@ def render() -> None:
                 "(intervals under 5 % utilization); efficiency = effective / allocated."
             )
             look.table(frame)
+            idle = frame[frame["GPU-h idle"] > 0].sort_values("GPU-h idle", ascending=False)
+            st.subheader(f"Waste in the {range_label}")
+            if idle.empty:
+                st.caption(f"No GPU-hour was idle in the {range_label}.")
+            else:
+                st.caption(f"Idle GPU-hours by {by}, most first (`gpufleet waste --by {by}`).")
+                look.table(idle[[by, "workloads", "GPU-h idle", "GPU-h allocated"]])
+
+    waste = waste_frame(listed.waste)
+    st.subheader(f"Held and not used now ({len(waste)})")
+    if waste.empty:
+        st.caption("No idle allocation, orphaned process or GPU used outside its allocation is found now.")
+    else:
+        st.caption(
+            "Each finding has waited out its window (the policy's [rules.idle_allocation], "
+            "[rules.orphaned_process], [rules.gpu_outside_allocation]) and its owner was alerted; "
+            "`gpufleet waste` lists the same."
+        )
+        look.table(waste)
 
     running = workloads_frame(listed.running)
     st.subheader(f"Running ({len(running)})")
