@@ -211,7 +211,16 @@ def write_demo_policy(data_dir: Path, pools: dict[str, list[str]]) -> Path:
     """The demo's repair policy: the shipped one, and the serving pools the demo runs declared
     (repair/placement.py: a replica counts in a pool only where the control plane places it)."""
     path = data_dir / "policy.toml"
-    lines = ["# written by `gpufleet demo`: which demo nodes serve which model (docs/repair.md)"]
+    lines = [
+        "# written by `gpufleet demo`: which demo nodes serve which model (docs/repair.md), and the",
+        "# waste findings' windows in minutes, not the shipped hour (docs/workloads.md): the demo's",
+        "# research notebooks hold GPUs idle, and one that ends leaves a process behind",
+        "[rules.idle_allocation]",
+        "window_s = 120.0",
+        "[rules.orphaned_process]",
+        "window_s = 60.0",
+        "",
+    ]
     for model, nodes in sorted(pools.items()):
         table = f"[serving.pools.{json.dumps(model)}]"
         lines += [table, 'cluster = "demo"', f"nodes = {json.dumps(nodes)}", ""]

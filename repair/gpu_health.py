@@ -7,8 +7,8 @@ open finding is never "ok" (docs/architecture.md "GPU health").
   faulty   a critical finding is open on it
   suspect  a warning finding is open on it, the node's open incident is about it, or its
            sample says it failed (`hard_signals`: a stuck driver call, an uncorrected error)
-  watch    an info finding, a waste finding (an idle allocation, an orphaned process: whose work,
-           not a fault), or another signal the sample raises (see `raised`)
+  watch    an info finding, or another signal the sample raises (see `raised`)
+A waste finding (an idle allocation, an orphaned process) is not the GPU's health: it is left out.
   ok       none of these"""
 
 from __future__ import annotations
@@ -61,11 +61,13 @@ def gpu_state(
 ) -> fleet_pb2.GpuState:
     """One GPU's state: `findings` are the node's open ones (those on other GPUs, or on the
     whole node, are not this GPU's), `wf` the node's workflow (None: repair off)."""
-    mine = sorted((f for f in findings if f.gpu == g.index), key=lambda f: -f.severity_rank)
-    # A waste finding (an idle allocation, an orphan) is about whose work, not the GPU: watch.
-    health = max(
-        (WATCH if f.code in WASTE_RULES else _BY_SEVERITY.get(f.severity, WATCH) for f in mine), default=OK
+    # A waste finding (an idle allocation, an orphan: docs/workloads.md) is about whose work is
+    # on the GPU, not its health: the Workloads page and the heat map's outline say it.
+    mine = sorted(
+        (f for f in findings if f.gpu == g.index and f.code not in WASTE_RULES),
+        key=lambda f: -f.severity_rank,
     )
+    health = max((_BY_SEVERITY.get(f.severity, WATCH) for f in mine), default=OK)
     words = [f.code for f in mine]
     if wf is not None and wf.state is not Health.HEALTHY and g.index in wf.gpus:
         health = max(health, SUSPECT)

@@ -449,6 +449,10 @@ class WorkloadLedger:
         repair snapshot (repair/rules/waste.py)."""
         with self._lock:
             workloads = tuple(w.on_node_view(node) for w in self._by_node.get(node, ()))
+            if self.scheduler == "none" or self.refreshed_unix_s is None:
+                # Without the scheduler's word no process can be judged: every one would look
+                # like no job's (an orphan). Nothing is found until a scheduler is read.
+                return workloads, ()
             return workloads, self._claims.get(node, ())
 
     def _refuse(self, episode: tuple[str, str, str], reason: str, gpus: list[int], runs_on: str) -> None:

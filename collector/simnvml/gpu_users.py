@@ -122,6 +122,9 @@ ROSTER = (
 
 
 TEAMS = {"llm-train": "foundation", "vision": "perception", "research": "science"}
+# The demo's orphans: a research notebook that ends leaves a process on its node's first GPU,
+# holding this much HBM for this long (bytes, seconds): what the orphaned_process rule finds.
+LEAVES_BEHIND = {"research": (6 << 30, 600.0)}
 
 
 @dataclass
@@ -166,10 +169,11 @@ class DemoJobs:
         limit_s = max(60.0, ends_in_s * 1.5)
         self._record(job, {"start_unix_s": time.time(), "time_limit_s": limit_s, "end_unix_s": None})
 
-    def ended(self, job: DemoJob, pid: int) -> None:
-        (self.proc_dir / str(pid) / "cgroup").unlink(missing_ok=True)
-        with contextlib.suppress(OSError):
-            (self.proc_dir / str(pid)).rmdir()
+    def ended(self, job: DemoJob, pid: int, keep_process: bool = False) -> None:
+        """The job ended: its record says so; its process goes, unless it is left behind (its
+        cgroup file stays until forget(pid): the demo's orphaned process)."""
+        if not keep_process:
+            self.forget(pid)
         path = self.jobs_dir / f"{job.job_id}.json"
         try:
             record = json.loads(path.read_text())
@@ -177,6 +181,12 @@ class DemoJobs:
             return
         record["end_unix_s"] = time.time()
         _write(path, json.dumps(record))
+
+    def forget(self, pid: int) -> None:
+        """A made-up process is gone: its /proc entry too."""
+        (self.proc_dir / str(pid) / "cgroup").unlink(missing_ok=True)
+        with contextlib.suppress(OSError):
+            (self.proc_dir / str(pid)).rmdir()
 
     def _record(self, job: DemoJob, times: dict[str, object]) -> None:
         record = {

@@ -19,7 +19,7 @@ import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from gpufleet.collector.simnvml.gpu_users import MADE_UP_PID_BASE, DemoJobs, ProcGpuUsers
+from gpufleet.collector.simnvml.gpu_users import LEAVES_BEHIND, MADE_UP_PID_BASE, DemoJobs, ProcGpuUsers
 from gpufleet.collector.simnvml.scheduler import DRAINED, IN_SERVICE, ScheduledState
 
 log = logging.getLogger("gpufleet.collector.sim")
@@ -223,6 +223,9 @@ class SimulatedGpu:
     xid_listeners: list[object] = field(default_factory=list)
 
     # --- fault injection ---------------------------------------------------------------
+    # A process the demo's ended job left on this GPU: (pid, HBM bytes it holds), or None.
+    leftover: tuple[int, int] | None = None
+
     def inject_xid(self, xid: int) -> None:
         """Deliver an XID through every NVML event set registered for this GPU."""
         for deliver in list(self.xid_listeners):
@@ -365,6 +368,10 @@ class SimulatedGpu:
             self.processes = list(job.processes)
         else:
             self.processes = [(job.pid, max(0, self.hbm_used_bytes - 512 * MIB))] if job else []
+        if self.leftover is not None:  # a process an ended job left behind, still holding HBM
+            pid, held = self.leftover
+            self.processes.append((pid, held))
+            self.hbm_used_bytes = int(_clamp(self.hbm_used_bytes + held, 0, total))
         self._step_work(dt_s, job)
 
     def _step_work(self, dt_s: float, job: _Job | None) -> None:
@@ -447,6 +454,7 @@ class SimulatedNode:
         # A steady job at this utilization from now on (None: jobs come and go at random).
         self.forced_util_pct: float | None = None
         self._job: _Job | None = None
+        self._leftover_until_s = 0.0
         self._idle_until_s = 0.0
         self._last_s = self._clock()
         self._t_s = 0.0  # simulated seconds since start
@@ -492,6 +500,7 @@ class SimulatedNode:
                         gpu.step(step, jobs.get(gpu.index))
                     continue
                 self._schedule_jobs()
+                self._end_leftover()
                 for gpu in self.gpus:
                     gpu.step(step, self._job)
 
@@ -513,7 +522,12 @@ class SimulatedNode:
         """The node's own job from now on: its owner told (the demo scheduler's record)."""
         old = self._job
         if old is not None and old is not job and old.workload is not None and self.demo_jobs:
-            self.demo_jobs.ended(old.workload, old.pid)  # type: ignore[arg-type]
+            left = LEAVES_BEHIND.get(old.workload.account)  # type: ignore[attr-defined]
+            if left is not None and self.gpus and self.gpus[0].leftover is None:
+                # The demo's orphan: the job ends, one of its processes does not.
+                self.gpus[0].leftover = (old.pid, left[0])
+                self._leftover_until_s = self._t_s + left[1]
+            self.demo_jobs.ended(old.workload, old.pid, keep_process=left is not None)  # type: ignore[arg-type]
         if job is not None and job is not old and self.demo_jobs is not None:
             owner = self.demo_jobs.pick(self._rng.random())
             if job.util_target_pct > 0 and not job.exact and self.forced_util_pct is None:
@@ -567,6 +581,15 @@ class SimulatedNode:
                     tensor_share=0.6 if training else 0.35,
                 )
             )
+
+    def _end_leftover(self) -> None:
+        """The process an ended demo job left behind exits at its time (its cgroup goes too)."""
+        gpu = self.gpus[0] if self.gpus else None
+        if gpu is None or gpu.leftover is None or self._t_s < self._leftover_until_s:
+            return
+        if self.demo_jobs is not None:
+            self.demo_jobs.forget(gpu.leftover[0])
+        gpu.leftover = None
 
     def _made_up_pid(self) -> int:
         """A simulated job's process id: above any real pid (gpu_users.py MADE_UP_PID_BASE), so

@@ -226,3 +226,17 @@ def test_the_owner_reaches_each_sink_in_its_labels_escaped(
     assert "&amp;co" in slack and "team&lt;x&gt;" in slack and "<x>" not in slack
     pd = PagerDutySink("key", "http://pd.example").request(alert).body
     assert pd["payload"]["custom_details"]["owner"]["user"] == "<!channel> eve"
+
+
+def test_without_a_schedulers_word_no_process_is_judged() -> None:
+    # workload_scheduler = none (or before the first read): every process would look like no
+    # job's, on GPUs no job holds: an orphan everywhere. None is judged, none is found.
+    ledger = WorkloadLedger("none", on_end=lambda w: None, now=lambda: T0)
+    ledger.on_report(_report("a", [("none", "", [0], 60 * GIB)]))
+    assert ledger.waste_view("a") == ((), ())
+    slurm = WorkloadLedger("slurm", on_end=lambda w: None, now=lambda: T0)
+    slurm.on_report(_report("a", [("none", "", [0], 60 * GIB)]))
+    assert slurm.waste_view("a") == ((), ()), "before the scheduler's first read"
+    slurm.refresh({})
+    slurm.on_report(_report("a", [("none", "", [0], 60 * GIB)]))
+    assert [c.status for c in slurm.waste_view("a")[1]] == [CLAIM_NONE]
