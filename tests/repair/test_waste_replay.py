@@ -15,14 +15,14 @@ def test_the_shipped_waste_rules_on_generated_jobs_find_every_case_at_under_one_
     None
 ):
     out = subprocess.run(
-        gpufleet_argv("replay", "--generate", "jobs", "--jobs", "1500", "--seed", "7", "--json"),
+        gpufleet_argv("replay", "--generate", "jobs", "--jobs", "800", "--seed", "7", "--json"),
         capture_output=True,
         text=True,
         timeout=120,
     )
     assert out.returncode == 0, out.stderr
     report = json.loads(out.stdout)
-    assert report["jobs"] == 1500 and report["busy_job_hours"] > 10_000
+    assert report["jobs"] == 800 and report["busy_job_hours"] > 10_000
     idle = report["rules"]["idle_allocation"]
     assert idle["to_find"] > 100 and idle["missed"] == 0, idle
     assert idle["false_per_1000_busy_job_hours"] <= 1.0, idle
@@ -40,7 +40,7 @@ def test_a_window_shorter_than_the_pauses_of_real_work_is_what_makes_false_findi
     policy.write_text("[rules.idle_allocation]\nwindow_s = 300.0\n")
     out = subprocess.run(
         gpufleet_argv(
-            "replay", "--generate", "jobs", "--jobs", "300", "--seed", "7", "--policy", str(policy), "--json"
+            "replay", "--generate", "jobs", "--jobs", "150", "--seed", "7", "--policy", str(policy), "--json"
         ),
         capture_output=True,
         text=True,

@@ -80,8 +80,10 @@ def _argvs(path: Path) -> list[list[str]]:
 def _logger(path: Path, log: Path, then: str | None) -> Path:
     """An executable that appends its argv (as JSON) to log, then runs `then` with it (or exits 0)."""
     run = f"os.execvp({then!r}, [{then!r}, *sys.argv[1:]])" if then else "sys.exit(0)"
+    # -S: no site (no virtualenv path, no .pth files): the logger needs only json, os and sys, and
+    # it runs ~1,000 times a run (a third of this module's CPU was their start-up).
     path.write_text(
-        f"#!{sys.executable}\nimport json, os, sys\n"
+        f"#!{sys.executable} -S\nimport json, os, sys\n"
         f"with open({str(log)!r}, 'a') as f:\n    f.write(json.dumps(sys.argv[1:]) + '\\n')\n{run}\n"
     )
     path.chmod(0o755)
