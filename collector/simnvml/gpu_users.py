@@ -117,7 +117,7 @@ ROSTER = (
     ("alice", "llm-train", "gpu", 0.35, (85.0, 99.0)),
     ("bob", "llm-train", "gpu", 0.2, (80.0, 97.0)),
     ("carol", "vision", "gpu", 0.25, (40.0, 75.0)),
-    ("dave", "research", "debug", 0.2, (1.0, 6.0)),
+    ("dave", "research", "debug", 0.2, (0.5, 3.0)),
 )
 
 

@@ -331,7 +331,9 @@ class SimulatedGpu:
         target = job.util_target_pct if job else 0.0
         exact = job is not None and job.exact
         if job and not exact:
-            target += self.rng.gauss(0.0, 4.0)
+            # Noise in proportion, up to 4 points: a GPU that barely works reads barely working,
+            # not a random 0-9 % (what the idle_allocation rule's threshold is about).
+            target += self.rng.gauss(0.0, min(4.0, 0.25 * target))
         # Mean-reverting walk: fast enough to follow a job start within a few seconds.
         alpha = 1.0 if exact else min(1.0, dt_s / 3.0)
         self.util_gpu_pct = _clamp(self.util_gpu_pct + alpha * (target - self.util_gpu_pct), 0, 100)

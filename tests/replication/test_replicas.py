@@ -282,9 +282,9 @@ def test_breaker_and_cap_hold_across_a_leader_change(cluster: Cluster, pg_url: s
     assert out.returncode == 0, out.stderr
 
     def both_repaired() -> bool:
-        return all(
-            any(i["node"] == n and not i["open"] for i in incidents(b, cluster, "--all")) for n in frozen
-        )
+        # Polled through the Fleet API (a CLI process per look was most of this test's CPU).
+        listed = fleet.call(b, "ListIncidents", fleet_pb2.ListIncidentsRequest(limit=100)).incidents
+        return all(any(i.node == n and not i.open for i in listed) for n in frozen)
 
     wait_until(both_repaired, 90, "both nodes repaired under agg-b, one at a time")
     rows = [r for r in audit(b, cluster) if r["outcome"] == "ok" and r["action"] in ("cordon", "uncordon")]
@@ -312,10 +312,12 @@ def test_a_gpu_reset_reaches_a_node_whose_stream_another_replica_holds(
         node, follower.ingest, "--interval-s", "1", "--sim-scenario", str(cluster.tmp / "faults.toml")
     )
 
-    def repaired() -> dict[str, Any] | None:
-        return next((i for i in incidents(leader, cluster, "--all") if not i["open"]), None)
+    def repaired() -> bool:
+        listed = fleet.call(leader, "ListIncidents", fleet_pb2.ListIncidentsRequest(limit=100)).incidents
+        return any(not i.open for i in listed)
 
-    incident = wait_until(repaired, 90, "the node repaired by a reset sent through the other replica")
+    wait_until(repaired, 90, "the node repaired by a reset sent through the other replica")
+    incident = next(i for i in incidents(leader, cluster, "--all") if not i["open"])  # as a person reads it
     assert incident["outcome"] == "repaired by reset_gpu"
     log = (cluster.tmp / f"{node}.log").read_text()
     assert log.count("reset GPU 5 (simulated)") == 1
