@@ -16,6 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gpufleet.protos import fleet_pb2
+from gpufleet.protos.names import health_name
 from gpufleet.repair.incidents import AUTOMATION
 from gpufleet.repair.outcome import Status
 from gpufleet.repair.policy import load_policy, load_policy_text
@@ -26,7 +27,7 @@ from gpufleet.repair.replay.history import TRACE_KEYS, FaultHistory, FaultInput,
 from gpufleet.repair.replay.report import render, summarize
 from harness.paths import REPO
 from harness.processes import Cluster, gpufleet_argv
-from harness.repair import FAST_POLICY, audit, gpufleet_cli, incidents, repair_aggregator, repair_status
+from harness.repair import FAST_POLICY, audit, gpufleet_cli, repair_aggregator
 from harness.waiting import wait_until
 
 # Three nodes fail at different times; one only runs hot (a warning, never cordoned).
@@ -114,9 +115,15 @@ def test_replaying_the_store_takes_out_the_nodes_the_live_controller_did_in_orde
             node, agg.ingest, "--interval-s", "0.5", "--sim-scenario", str(cluster.tmp / "faults.toml")
         )
 
+    stub, meta = agg.fleet_stub(), cluster.secrets.metadata("viewer")
+
     def settled() -> bool:
-        closed = {i["node"] for i in incidents(agg, cluster, "--all") if not i["open"]}
-        states = {n["node"]: n["state"] for n in repair_status(agg, cluster)["nodes"]}
+        # Polled through the Fleet API (two CLI processes per look were a third of this test's
+        # CPU); what a person reads is read once it has settled, below.
+        listed = stub.ListIncidents(fleet_pb2.ListIncidentsRequest(limit=100), metadata=meta, timeout=30)
+        closed = {i.node for i in listed.incidents if not i.open}
+        status = stub.GetRepairStatus(fleet_pb2.RepairStatusRequest(), metadata=meta, timeout=30)
+        states = {n.node: health_name(n.state) for n in status.nodes}
         return {"ecc-node", "gsp-node"} <= closed and states.get("bus-node") == "quarantined"
 
     wait_until(settled, 90, "the live controller to repair two nodes and quarantine one")
