@@ -186,6 +186,7 @@ class Cluster:
         fleet_port: int = 0,
         data_dir: Path | None = None,
         *extra: str,
+        env: dict[str, str] | None = None,
     ) -> AggregatorHandle:
         data_dir = data_dir or self.tmp / "data"
         if "--ingest-workers" not in extra:
@@ -220,6 +221,7 @@ class Cluster:
                 str(ready),
                 *extra,
             ),
+            env,
         )
 
         def is_ready() -> dict[str, Any] | None:
