@@ -153,10 +153,20 @@ def _spread(args: argparse.Namespace) -> int:
     spread = Spread(clock_static=args.clock_spread, gpm=not args.without_gpm)
     nodes, days = args.nodes or 250, 4.0 if args.days is None else args.days
     out = []
-    for path in [args.policy, *([args.compare] if args.compare else [])]:
+    for path in _policy_paths(args):
         print(f"measuring gpu_slow on {nodes} generated nodes for {days:g} day(s) ...", file=sys.stderr)
         report = measure_slowness(load_policy(path), nodes, days, args.seed, spread)
         out.append((path or "shipped policy", report))
+    return _print_measured(args, out)
+
+
+def _policy_paths(args: argparse.Namespace) -> list[str | None]:
+    """The policy replayed (None: the shipped one) and the one compared with it, if any."""
+    return [args.policy, *([args.compare] if args.compare else [])]
+
+
+def _print_measured(args: argparse.Namespace, out: list[tuple[str, Any]]) -> int:
+    """A generated measurement's reports, one per policy: JSON, or each rendered under its name."""
     if args.json:
         reports = [{"policy": name, **r.as_dict()} for name, r in out]
         print(json.dumps(reports[0] if len(reports) == 1 else reports, indent=2))
@@ -178,16 +188,11 @@ def _jobs(args: argparse.Namespace) -> int:
     jobs = generate_jobs(args.jobs, args.seed)
     out = []
     with tempfile.TemporaryDirectory(prefix="gpufleet-replay-") as scratch:
-        for n, path in enumerate([args.policy, *([args.compare] if args.compare else [])]):
+        for n, path in enumerate(_policy_paths(args)):
             print(f"replaying the waste findings on {args.jobs:,} generated jobs ...", file=sys.stderr)
             report = replay_waste(load_policy(path), jobs, str(Path(scratch) / f"state-{n}.sqlite3"))
             out.append((path or "shipped policy", report))
-    if args.json:
-        reports = [{"policy": name, **r.as_dict()} for name, r in out]
-        print(json.dumps(reports[0] if len(reports) == 1 else reports, indent=2))
-    else:
-        print("\n\n".join(f"policy: {name}\n{r.render()}" for name, r in out))
-    return 0
+    return _print_measured(args, out)
 
 
 def _remote(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, Any] | None]:
