@@ -52,6 +52,23 @@ class RpcGate:
         return principal
 
 
+class UserNames:
+    """Who may see a user name (personal data, docs/workloads.md "Who sees user names"):
+    operators always, viewers where the aggregator's show_user_names is on. One rule for every
+    answer that carries a user: jobs, waste findings, the workloads an incident names."""
+
+    def __init__(self, show_user_names: bool) -> None:
+        self.show_user_names = show_user_names
+
+    def sees(self, principal: Principal) -> bool:
+        return self.show_user_names or principal.has_role("operator")
+
+    @staticmethod
+    def fields(user: str, sees: bool) -> dict[str, Any]:
+        """The `user` and `user_hidden` fields of an answer: the name, or empty and hidden."""
+        return {"user": user if sees else "", "user_hidden": bool(user) and not sees}
+
+
 def served_rpcs(group: object) -> dict[str, Callable[..., Awaitable[Any]]]:
     """The Fleet RPCs a group (or its class) serves, by name: its methods marked by `rpc`."""
     cls = group if isinstance(group, type) else type(group)

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 import grpc
 
-from gpufleet.aggregator.api.base import Refused, RpcGate, rpc
+from gpufleet.aggregator.api.base import Refused, RpcGate, UserNames, rpc
 from gpufleet.aggregator.api.repair_view import RepairView
 from gpufleet.aggregator.auth.tokens import Principal
 from gpufleet.aggregator.fleet.replay_source import history_from_store
@@ -37,15 +37,11 @@ class RepairApi:
     """Incidents, the audit log, repair status, people's actions, the breaker, a policy replay."""
 
     def __init__(self, gate: RpcGate, view: RepairView, store: Store, show_user_names: bool = False) -> None:
-        self._show_user_names = show_user_names
+        self._users = UserNames(show_user_names)
         self._gate = gate
         self._view = view
         self._store = store
         self._replay_lock = asyncio.Lock()
-
-    def _sees_users(self, principal: Principal) -> bool:
-        """A user name is personal data: operators see it, viewers where show_user_names is on."""
-        return self._show_user_names or principal.has_role("operator")
 
     @property
     def _wiring(self) -> RepairWiring | None:
@@ -106,7 +102,7 @@ class RepairApi:
     async def ListIncidents(self, request: fleet_pb2.ListIncidentsRequest, principal: Principal) -> Any:
         def read(records: RepairState) -> list[fleet_pb2.Incident]:
             incidents = records.incidents(request.open_only, request.node, request.limit or 100)
-            sees = self._sees_users(principal)
+            sees = self._users.sees(principal)
             return [_incident_pb(i, records.audit_log(incident_id=i.id, limit=100), sees) for i in incidents]
 
         return fleet_pb2.ListIncidentsResponse(incidents=await self._view.read_records(read))
@@ -209,12 +205,10 @@ def _audit_pb(e: AuditRecord) -> fleet_pb2.AuditEntry:
 
 
 def _incident_workload_pb(w: dict[str, Any], sees_users: bool) -> fleet_pb2.IncidentWorkload:
-    user = str(w.get("user", ""))
     return fleet_pb2.IncidentWorkload(
         workload=str(w.get("workload", "")),
         name=str(w.get("name", "")),
-        user=user if sees_users else "",
-        user_hidden=bool(user) and not sees_users,
+        **UserNames.fields(str(w.get("user", "")), sees_users),
         account=str(w.get("account", "")),
         namespace=str(w.get("namespace", "")),
         team=str(w.get("team", "")),

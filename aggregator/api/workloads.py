@@ -10,7 +10,7 @@ from typing import Any
 
 import grpc
 
-from gpufleet.aggregator.api.base import Refused, RpcGate, rpc
+from gpufleet.aggregator.api.base import Refused, RpcGate, UserNames, rpc
 from gpufleet.aggregator.api.repair_view import RepairView
 from gpufleet.aggregator.auth.tokens import Principal
 from gpufleet.aggregator.store import StoreError
@@ -33,10 +33,7 @@ class WorkloadsApi:
         self._repair = repair
         self._gate = gate
         self._workloads = workloads
-        self._show_user_names = show_user_names
-
-    def _sees_users(self, principal: Principal) -> bool:
-        return self._show_user_names or principal.has_role("operator")
+        self._users = UserNames(show_user_names)
 
     def _need(self) -> Workloads:
         if self._workloads is None:
@@ -44,12 +41,11 @@ class WorkloadsApi:
         return self._workloads
 
     def message(self, s: Summary, principal: Principal) -> fleet_pb2.WorkloadSummary:
-        sees = self._sees_users(principal)
+        sees = self._users.sees(principal)
         out = fleet_pb2.WorkloadSummary(
             scheduler=s.scheduler,
             id=s.id,
-            user=s.user if sees else "",
-            user_hidden=not sees and bool(s.user),
+            **UserNames.fields(s.user, sees),
             account=s.account,
             partition=s.partition,
             namespace=s.namespace,
@@ -83,7 +79,7 @@ class WorkloadsApi:
         controller = self._repair.repair if self._repair is not None else None
         if controller is None:
             return []
-        sees = self._sees_users(principal)
+        sees = self._users.sees(principal)
         out = []
         for _key, e, nodes in controller.waste.now():
             if node and node not in nodes:
@@ -95,8 +91,7 @@ class WorkloadsApi:
                     workload=e.first.workload,
                     nodes=list(nodes) or [e.first.node],
                     gpus=list(e.gpus),
-                    user=owner.user if sees else "",
-                    user_hidden=bool(owner.user) and not sees,
+                    **UserNames.fields(owner.user, sees),
                     account=owner.account,
                     namespace=owner.namespace,
                     team=owner.team,
@@ -185,7 +180,7 @@ class WorkloadsApi:
             raise Refused(
                 grpc.StatusCode.INVALID_ARGUMENT, f"usage by {by!r}: use one of {', '.join(USAGE_DIMENSIONS)}"
             )
-        if by == "user" and not self._sees_users(principal):
+        if by == "user" and not self._users.sees(principal):
             raise Refused(
                 grpc.StatusCode.PERMISSION_DENIED,
                 "usage by user needs the operator role (or show_user_names on the aggregator); "
