@@ -50,19 +50,15 @@ class WasteDesk:
         self.episodes: dict[str, Episode] = {}
         self._by_node: dict[str, set[str]] = {}
         self._workloads_seen: dict[str, tuple[WorkloadOnNode, ...]] = {}
+        self._firing: tuple[tuple[str, Episode, tuple[str, ...]], ...] = ()
         # Alerts a previous process left firing: resolved after the first full pass unless found.
         self._carried = {k for k in alerts.outstanding() if k.startswith(KEY_PREFIX)}
 
-    def now(self) -> list[tuple[str, Episode, tuple[str, ...]]]:
-        """The findings whose alerts fire now: (alert key, episode, its nodes), for the Fleet API's
-        threads (a copy taken under the GIL of a dict the term's thread changes: retried once if
-        it changed under the copy)."""
-        for _ in range(3):
-            try:
-                return [(k, e, tuple(sorted(e.by_node))) for k, e in list(self.episodes.items())]
-            except RuntimeError:  # changed while copied
-                continue
-        return []
+    def now(self) -> tuple[tuple[str, Episode, tuple[str, ...]], ...]:
+        """The findings whose alerts fire now: (alert key, episode, its nodes). For the Fleet
+        API's threads: a tuple the term's thread replaces whole after each change (`_publish`),
+        never a dict it is changing."""
+        return self._firing
 
     def workloads_on(self, node: str) -> tuple[WorkloadOnNode, ...]:
         """The node's allocations as its last look had them (an incident names whom it hit)."""
@@ -116,6 +112,7 @@ class WasteDesk:
                 episode.gpus = tuple(sorted({*episode.gpus, f.gpu}))  # an orphan on two GPUs
         if not self._by_node.get(node):
             self._by_node.pop(node, None)
+        self._publish()
 
     def passed(self, nodes: set[str] | None, now: int) -> None:
         """After a pass over every node (`nodes`; None: a pass over some): episodes of nodes gone
@@ -133,6 +130,11 @@ class WasteDesk:
                 Alert(key, "resolved", "", "waste", "warning", "no longer found", now, {"kind": "waste"})
             )
         self._carried.clear()
+        self._publish()
+
+    def _publish(self) -> None:
+        """What now() answers, as one tuple replaced whole (readers on other threads)."""
+        self._firing = tuple((k, e, tuple(sorted(e.by_node))) for k, e in self.episodes.items())
 
     def _leave(self, key: str, node: str, now: int) -> None:
         keys = self._by_node.get(node)
