@@ -397,18 +397,16 @@ class WorkloadLedger:
         judged (what the scheduler says of its workload), goes into `judged`."""
         on_gpus: dict[tuple[str, str], set[int]] = {}
         for claim in claims:
-            status, owner = self._judge(node, claim)
+            key = self._aliases.get((claim.scheduler, claim.id), (claim.scheduler, claim.id))
+            live = self._live.get(key)
+            status, owner = self._judge(node, key, live)
             if len(judged) < MAX_CLAIMS_KEPT and claim.gpu_indices:
-                canonical = self._aliases.get((claim.scheduler, claim.id), (claim.scheduler, claim.id))
-                named = "" if claim.scheduler == "none" else ":".join(canonical)
+                named = "" if status == CLAIM_NONE else ":".join(key)
                 pids = tuple(claim.pids)
                 hbm = claim.hbm_used_bytes
                 judged.append(ProcessClaim(named, status, tuple(claim.gpu_indices), pids, hbm, owner))
-            if claim.scheduler == "none":
+            if status == CLAIM_NONE:
                 continue
-            key = (claim.scheduler, claim.id)
-            key = self._aliases.get(key, key)
-            live = self._live.get(key)
             if live is not None and node in live.job.gpus_by_node:
                 live.claims[node] = claim
                 live.learn_gpus(node, claim)
@@ -427,14 +425,13 @@ class WorkloadLedger:
                 self._unknown.setdefault(episode, (self._now(), list(claim.gpu_indices)))
         return on_gpus
 
-    def _judge(self, node: str, claim: telemetry_pb2.WorkloadSample) -> tuple[str, Owner]:
-        """What the scheduler says of the workload a node's processes name: running here, ended
-        after running here (its owner named), or unknown here (the node's word only: another
-        node's job is never named as this node's)."""
-        if claim.scheduler == "none":
+    def _judge(self, node: str, key: tuple[str, str], live: Workload | None) -> tuple[str, Owner]:
+        """What the scheduler says of the workload (`key`, its id resolved; `live`, its running
+        allocation) a node's processes name: running here, ended after running here (its owner
+        named), or unknown here (the node's word only: another node's job is never named as this
+        node's)."""
+        if key[0] == "none":
             return CLAIM_NONE, Owner()
-        key = self._aliases.get((claim.scheduler, claim.id), (claim.scheduler, claim.id))
-        live = self._live.get(key)
         if live is not None:
             if node in live.job.gpus_by_node:
                 return CLAIM_RUNNING, owner_of(live.job)
