@@ -28,6 +28,7 @@ from typing import Any, TypeVar
 from gpufleet.aggregator.fleet.export import EventExporter
 from gpufleet.aggregator.loop_thread import LoopThread
 from gpufleet.aggregator.supervise import Supervisor
+from gpufleet.aggregator.workloads.digest import WasteDigest
 from gpufleet.repair.alerts.dispatcher import AlertDispatcher
 from gpufleet.repair.controller import RepairController
 from gpufleet.repair.state import RepairState, StateError
@@ -45,6 +46,7 @@ class TermParts:
     dispatcher: AlertDispatcher
     exporter: EventExporter | None
     interval_s: float
+    digest: WasteDigest | None = None  # the waste digest through the sinks (None: not set)
 
 
 class RepairTerm:
@@ -113,7 +115,10 @@ class RepairTerm:
         exporter = parts.exporter
         if exporter is not None:
             work.append(self._spawn("history-export", lambda: exporter.run(self._stop)))
-        await asyncio.wait(work)  # both end when the term is stopped (a pass is not cut short)
+        digest = parts.digest
+        if digest is not None:
+            work.append(self._spawn("waste-digest", lambda: digest.run(self._stop)))
+        await asyncio.wait(work)  # all end when the term is stopped (a pass is not cut short)
         await parts.dispatcher.close()
 
     async def _loaded(self) -> TermParts | None:

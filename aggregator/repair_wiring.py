@@ -23,6 +23,8 @@ from gpufleet.aggregator.metrics import AggregatorMetrics
 from gpufleet.aggregator.repair_term import RepairTerm, Spawn, TermParts
 from gpufleet.aggregator.store import Point
 from gpufleet.aggregator.supervise import Supervisor
+from gpufleet.aggregator.workloads.digest import WasteDigest
+from gpufleet.aggregator.workloads.summary import UsageRow
 from gpufleet.protos import columns, ingest_pb2, telemetry_pb2, vocabulary_pb2
 from gpufleet.protos.names import HEALTH_STATES, gpu_health_name
 from gpufleet.repair.alerts import open_sinks
@@ -126,6 +128,34 @@ class HealthWatch:
             self._poke(node)
 
 
+def hooks_of(config: AggregatorConfig) -> Hooks:
+    """The commands the repair controller runs (reboot, ticket, an orphan's cleanup)."""
+    return Hooks(
+        config.repair_reboot_command,
+        config.repair_ticket_command,
+        config.repair_hook_timeout_s,
+        config.repair_orphan_command,
+    )
+
+
+def waste_digest(
+    config: AggregatorConfig,
+    usage: Callable[[float, float, str], list[UsageRow]] | None,
+    dispatcher: AlertDispatcher,
+) -> WasteDigest | None:
+    """The waste digest through the term's alert sinks (None: off, or no workloads to read)."""
+    if usage is None or config.waste_digest_every_s <= 0:
+        return None
+    return WasteDigest(
+        usage,
+        dispatcher,
+        config.waste_digest_every_s,
+        config.waste_digest_at_utc,
+        config.waste_digest_by,
+        config.waste_digest_min_idle_gpu_hours,
+    )
+
+
 class RepairWiring:
     """The repair controller of this aggregator, term by term. With the one-box control plane
     there is one term, from start to stop. With replicas, a term is this replica's time as
@@ -167,6 +197,9 @@ class RepairWiring:
         self.term: RepairTerm | None = None  # the running term (one at a time)
         # Each node's workloads and process claims (aggregator/workloads: the server sets it).
         self.waste_view: WasteView | None = None
+        # GPU-hours by owner over a range (aggregator/workloads: the server sets it), which the
+        # waste digest reads.
+        self.usage: Callable[[float, float, str], list[UsageRow]] | None = None
         self._main: asyncio.AbstractEventLoop | None = None  # the loop the fleet's state lives on
         # How commands reach a node whose stream another replica holds (None: one box).
         self.remote_command: Callable[[RepairState, str, ingest_pb2.Command], bool] | None = None
@@ -198,7 +231,7 @@ class RepairWiring:
         return ReplayConfig(
             rails=self._rails(),
             simulate_hooks=False,
-            hooks=Hooks(c.repair_reboot_command, c.repair_ticket_command, c.repair_hook_timeout_s),
+            hooks=hooks_of(c),
             from_store=True,
             tick_s=c.repair_interval_s,
         )
@@ -288,7 +321,7 @@ class RepairWiring:
             state,
             backend,
             self._rails(),
-            Hooks(config.repair_reboot_command, config.repair_ticket_command, config.repair_hook_timeout_s),
+            hooks_of(config),
             dispatcher,
             lambda only: call_on(main, snapshots, fleet, only, self.waste_view),
             lambda node, command: self._send_command(main, state, node, command),
@@ -309,7 +342,8 @@ class RepairWiring:
                 return asyncio.wrap_future(asyncio.run_coroutine_threadsafe(_awaited(write(points)), main))
 
             exporter = EventExporter(state, write_on_main, fleet.cluster_of)
-        return TermParts(controller, dispatcher, exporter, config.repair_interval_s)
+        digest = waste_digest(config, self.usage, dispatcher)
+        return TermParts(controller, dispatcher, exporter, config.repair_interval_s, digest)
 
     @property
     def controller(self) -> RepairController | None:

@@ -99,6 +99,7 @@ class Aggregator:
         # Whose work is on each node, in its repair snapshot (the waste rules, and the workloads
         # an incident names).
         self.repair.waste_view = self.workloads.ledger.waste_view
+        self.repair.usage = self.workloads.usage
 
         open_control_plane = self._open_control_plane
 

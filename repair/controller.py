@@ -34,6 +34,7 @@ from gpufleet.repair.hooks import HookRunner, run_hook
 from gpufleet.repair.incidents import AUTOMATION, IncidentDesk
 from gpufleet.repair.model import Finding, NodeSnapshot
 from gpufleet.repair.observe import SchedulerWatch
+from gpufleet.repair.orphan_cleanup import orphan_cleanup
 from gpufleet.repair.outcome import Outcome
 from gpufleet.repair.person_actions import PersonActions, RepairRefused
 from gpufleet.repair.policy import Policy
@@ -90,7 +91,7 @@ class RepairController:
         self._liveness = liveness or (lambda: {s.node: s.liveness for s in snapshots(None)})
         self._full_pass_s = observe_interval_s
         self._seen_liveness: dict[str, int] = {}  # as each node's last evaluation saw it
-        self.waste = WasteDesk(dispatcher, clock)
+        self.waste = WasteDesk(dispatcher, clock, orphan_cleanup(hooks, state, rails, clock, hook_runner))
         self.desk = IncidentDesk(state, dispatcher, on_action, clock, self.waste.workloads_on)
         self.breaker = Breaker(state.kept, rails)
         self.scheduler = SchedulerWatch(backend, observe_interval_s)
@@ -311,7 +312,7 @@ class RepairController:
                     # must not hold the event loop for 2,000 fsyncs.
                     if changed:
                         self.state.save(wf)
-            self.waste.passed(None if only is not None else set(snaps), now)
+            await self.waste.passed(None if only is not None else set(snaps), now, self.breaker.tripped)
             self.passes += 1
             self.last_pass_s = time.monotonic() - started
 

@@ -31,6 +31,7 @@ class Hooks:
     reboot_command: str = ""
     ticket_command: str = ""
     timeout_s: float = 600.0
+    orphan_command: str = ""  # the opt-in cleanup of an orphaned process (repair/orphan_cleanup.py)
 
 
 def reset_target(wf: Workflow) -> str:

@@ -14,6 +14,7 @@ from gpufleet.repair.alerts.base import Alert
 from gpufleet.repair.alerts.dispatcher import AlertDispatcher
 from gpufleet.repair.evaluator import Evaluator
 from gpufleet.repair.model import WASTE_RULES, Finding, NodeSnapshot, Owner, WorkloadOnNode
+from gpufleet.repair.orphan_cleanup import OrphanCleanup
 
 log = logging.getLogger("gpufleet.repair.waste")
 KEY_PREFIX = "waste/"
@@ -44,8 +45,12 @@ class Episode:
 
 
 class WasteDesk:
-    def __init__(self, alerts: AlertDispatcher, clock: Callable[[], int]) -> None:
+    def __init__(
+        self, alerts: AlertDispatcher, clock: Callable[[], int], cleanup: OrphanCleanup | None = None
+    ) -> None:
+        """cleanup: the opt-in action on orphaned processes (None: alerts only, the default)."""
         self.alerts = alerts
+        self.cleanup = cleanup
         self._clock = clock
         self.episodes: dict[str, Episode] = {}
         self._by_node: dict[str, set[str]] = {}
@@ -86,6 +91,10 @@ class WasteDesk:
     def update(self, node: str, persisted: list[Finding], snap: NodeSnapshot | None, now: int) -> None:
         """The node's waste findings that have persisted for their window, at this look."""
         keys = {alert_key(f): f for f in persisted}
+        if self.cleanup is not None:
+            for f in persisted:
+                if f.code == WASTE_RULES[1]:  # orphaned_process
+                    self.cleanup.found(f, snap)
         for key in self._by_node.get(node, set()) - keys.keys():
             self._leave(key, node, now)
         for key, f in keys.items():
@@ -114,10 +123,13 @@ class WasteDesk:
             self._by_node.pop(node, None)
         self._publish()
 
-    def passed(self, nodes: set[str] | None, now: int) -> None:
-        """After a pass over every node (`nodes`; None: a pass over some): episodes of nodes gone
-        from the fleet view end, and so do alerts the last process left firing that nothing found
-        again."""
+    async def passed(self, nodes: set[str] | None, now: int, halted: bool = False) -> None:
+        """After a pass: the opt-in cleanup of the orphans it found (none while halted: the breaker
+        is tripped). After a pass over every node (`nodes`; None: a pass over some): episodes of
+        nodes gone from the fleet view end, and so do alerts the last process left firing that
+        nothing found again."""
+        if self.cleanup is not None:
+            await self.cleanup.act(halted)
         if nodes is None:
             return
         for gone in [n for n in self._workloads_seen if n not in nodes]:

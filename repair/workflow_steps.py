@@ -11,7 +11,7 @@ from gpufleet.repair.backends.base import AUTOMATION_PREFIX, Backend, BackendErr
 from gpufleet.repair.engine_drain import EngineDrain
 from gpufleet.repair.evaluator import Evaluator
 from gpufleet.repair.health import Health, Step
-from gpufleet.repair.incidents import IncidentDesk
+from gpufleet.repair.incidents import IncidentDesk, workloads_hit, workloads_text
 from gpufleet.repair.model import Finding, NodeSnapshot
 from gpufleet.repair.observe import SchedulerWatch
 from gpufleet.repair.outcome import CLEARED, OK, STARTED, Outcome, Status, failed, repaired
@@ -22,6 +22,7 @@ from gpufleet.repair.step_runner import StepRunner, reset_target
 from gpufleet.repair.workflow_moves import WorkflowMoves
 
 log = logging.getLogger("gpufleet.repair")
+WAITS_NAMED = 5  # a drain's detail names at most this many of the workloads it waits for
 
 
 class WorkflowSteps:
@@ -116,7 +117,13 @@ class WorkflowSteps:
             wf.detail = f"drain check failed, retrying: {exc}"
             return
         if not progress.done:
-            wf.detail = progress.detail
+            # Whose work the drain waits for, as the scheduler says (the workload ledger's
+            # allocations on the node): what the node page, `gpufleet nodes` and the repairs read.
+            snap = self.moves.snapshot(wf.node)
+            on_node = snap.workloads if snap is not None else ()
+            waits = workloads_text(workloads_hit(on_node[:WAITS_NAMED], [])) if on_node else ""
+            more = f" and {len(on_node) - WAITS_NAMED} more" if len(on_node) > WAITS_NAMED else ""
+            wf.detail = progress.detail + (f"; waits for {waits}{more}" if waits else "")
             return
         self.desk.audit(wf, Step.DRAIN, progress.detail, OK, now)
         self.moves.move(wf, Health.REPAIRING, "drained")

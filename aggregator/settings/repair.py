@@ -41,6 +41,11 @@ class RepairSettings:
         "", "command that reboots a node ({node}, {incident}, {gpus}, {reason}); empty: skip reboots"
     )
     repair_ticket_command: str = setting("", "command that opens a hardware ticket (same placeholders)")
+    repair_orphan_command: str = setting(
+        "",
+        "the site's cleanup of an orphaned process, run once per process when its finding has "
+        "persisted, e.g. 'ssh {node} kill {pid}' ({node}, {gpu}, {pid}, {workload}); empty: alert only",
+    )
     scheduler_name_regex: str = setting(
         "",
         "collector node names the scheduler knows by another name: a regular expression matching the "

@@ -54,7 +54,7 @@ def links(alert: Alert, dashboard_url: str) -> dict[str, str]:
         return {}
     base = dashboard_url.rstrip("/") + "/?"
     out = {"repairs": base + urllib.parse.urlencode({"page": "repairs"})}
-    if alert.key.startswith("waste/"):  # a waste finding's: its workload's page, no incident
+    if alert.key.startswith(("waste/", "waste-digest/")):  # waste's: the Workloads page, no incident
         out["workloads"] = base + urllib.parse.urlencode({"page": "workloads"})
     elif alert.key != "breaker":
         incident = alert.key.split("/", 1)[0]  # an incident's capacity alert is "ID/capacity"

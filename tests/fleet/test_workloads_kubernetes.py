@@ -8,12 +8,14 @@ by a node is refused and counted."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
+from pathlib import Path
 from uuid import uuid4
 
 import pytest
@@ -37,6 +39,8 @@ WASTE_POLICY = """
 window_s = 5.0
 [rules.orphaned_process]
 window_s = 2.0
+[rules.gpu_outside_allocation]
+window_s = 2.0
 """
 
 
@@ -52,6 +56,36 @@ def _gpu_process(node: str, tag: str, gpus: str, util: float, hbm: int) -> subpr
         "CUDA_VISIBLE_DEVICES": gpus,
     }
     return subprocess.Popen(["sleep", "600"], env=env)
+
+
+CGROUP_ROOTS = (Path("/sys/fs/cgroup/pids"), Path("/sys/fs/cgroup/unified"), Path("/sys/fs/cgroup"))
+
+
+@contextlib.contextmanager
+def _in_pod_cgroup(pod_uid: str, proc: subprocess.Popen[bytes]) -> Iterator[Path]:
+    """proc moved into a real kernel cgroup named as the kubelet's cgroupfs driver names a pod's
+    container (/kubepods/burstable/pod<UID>/<container id>): what the collector reads in
+    /proc/PID/cgroup on a Kubernetes node. Skips where this machine lets no cgroup be made."""
+    made: list[Path] = []
+    for root in CGROUP_ROOTS:
+        folder = root / "kubepods" / "burstable" / f"pod{pod_uid}" / uuid4().hex.ljust(64, "0")
+        try:
+            folder.mkdir(parents=True)
+            (folder / "cgroup.procs").write_text(str(proc.pid))
+        except OSError:
+            continue
+        made = [folder, *folder.parents[:3]]
+        break
+    if not made:
+        pytest.skip(f"no writable cgroup hierarchy under {', '.join(map(str, CGROUP_ROOTS))}")
+    try:
+        yield made[0]
+    finally:
+        proc.kill()
+        proc.wait()
+        for folder in made:  # the pod's folders, leaf first; kubepods kept if another test uses it
+            with contextlib.suppress(OSError):
+                folder.rmdir()
 
 
 @pytest.mark.slow
@@ -99,6 +133,13 @@ def test_pods_gpus_come_from_the_kubelet_and_their_owners_from_the_api(
             receiver.url,
             "--alert-group-wait-s",
             "0.2",
+            # The waste digest every 3 s (a day by default), by namespace, every owner in it.
+            "--waste-digest-every-s",
+            "3",
+            "--waste-digest-by",
+            "namespace",
+            "--waste-digest-min-idle-gpu-hours",
+            "0",
         )
         cluster.collector(
             NODE,
@@ -246,6 +287,31 @@ def test_pods_gpus_come_from_the_kubelet_and_their_owners_from_the_api(
         )[0]
         assert f"pid(s) {procs[1].pid} holding 3.0 GiB on GPU(s) 2 in no job" in orphan["summary"]
         assert not receiver.for_key("waste/idle_allocation/kubernetes:ml-serving/llama-0"), "llama-0 works"
+
+        # The digest through the sinks: the idle pod's namespace, with its idle GPU-hours over the
+        # period, routed by its namespace label; the working pod's namespace is not in it.
+        digest = wait_until(
+            lambda: receiver.for_key("waste-digest/namespace/research"), 30, "the research namespace's digest"
+        )[0]
+        assert digest["labels"] == {"alertname": "GpufleetWasteDigest", "namespace": "research"}, digest
+        said = digest["summary"]
+        assert said.startswith("namespace research: ") and "GPU-hours idle of" in said, said
+        assert digest["details"]["gpu_hours_idle"] > 0, digest["details"]
+        assert not receiver.for_key("waste-digest/namespace/ml-serving"), "a working pod is not waste"
+
+        # nb-1's own process (in its pod's cgroup, read by the collector from /proc/PID/cgroup) on
+        # GPU 2, which the kubelet did not give it: a GPU used outside its allocation.
+        nb_uid = kube.pods[("research", "nb-1")]["metadata"]["uid"]
+        stray = _gpu_process(NODE, tag, "2", 50.0, GIB)
+        with _in_pod_cgroup(nb_uid, stray):
+            outside = wait_until(
+                lambda: receiver.for_key("waste/gpu_outside_allocation/kubernetes:research/nb-1"),
+                30,
+                "nb-1's process on a GPU the kubelet did not give it",
+            )[0]
+            assert outside["labels"]["namespace"] == "research" and outside["labels"]["team"] == "science"
+            said = outside["summary"]
+            assert f"runs pid(s) {stray.pid}" in said and "on GPU 2" in said, outside
     finally:
         for proc in procs:
             proc.kill()

@@ -329,6 +329,10 @@ def test_idle_orphaned_and_outside_gpus_found_and_owners_told_and_an_xid_names_t
         receiver.url,
         "--alert-group-wait-s",
         "0.2",
+        # The site's own cleanup of an orphan (opt-in): here a real kill of the real process the
+        # simulated node's NVML lists, as `ssh {node} kill {pid}` would be on a fleet.
+        "--repair-orphan-command",
+        "kill {pid}",
         policy=WASTE_POLICY,
     )
     tag = uuid.uuid4().hex[:12]
@@ -421,8 +425,23 @@ def test_idle_orphaned_and_outside_gpus_found_and_owners_told_and_an_xid_names_t
         assert f"work hit: slurm:{busy_job} (gpufleet-bob, llm-train) hit" in paged[0]["summary"]
         table = gpufleet_cli(agg, cluster, "viewer", "incidents")
         assert f"slurm:{busy_job} (llm-train)" in table.stdout, table.stdout
+        # Slurm drains the node and lets bob's job finish: the drain says whose work it waits for.
+        waits = wait_until(
+            lambda: next(
+                (
+                    n["health_detail"]
+                    for n in _cli_json(agg, cluster, "nodes")["nodes"]
+                    if n["node"] == NODE_B and "waits for" in n["health_detail"]
+                ),
+                None,
+            ),
+            30,
+            "the drain naming the job it waits for",
+        )
+        assert f"waits for slurm:{busy_job} (gpufleet-bob, llm-train)" in waits, waits
 
         # Alice's job ends: its idle alert resolves; what it left on GPU 0-1 is its orphan.
+        (pid,) = _escaped(tag)
         slurm.run("scancel", idle_job)
         wait_until(
             lambda: any(a["status"] == "resolved" for a in receiver.for_key(idle_key)),
@@ -431,13 +450,28 @@ def test_idle_orphaned_and_outside_gpus_found_and_owners_told_and_an_xid_names_t
         )
         orphan_key = f"waste/orphaned_process/slurm:{idle_job}"
         orphan = wait_until(lambda: receiver.for_key(orphan_key), 30, "the orphaned process's alert")[0]
-        (pid,) = _escaped(tag)
         assert (
             orphan["labels"]["user"] == "gpufleet-alice" and orphan["labels"]["finding"] == "orphaned_process"
         )
         assert str(pid) in orphan["summary"] and f"slurm:{idle_job}" in orphan["summary"]
         # 2 GiB on each of the job's two GPUs.
         assert "has ended" in orphan["summary"] and "4.0 GiB on GPU(s) 0,1" in orphan["summary"]
+        # The opt-in cleanup ran once for that process (not once per GPU it held), audited; the
+        # process is gone, so the orphan's alert resolves.
+        wait_until(
+            lambda: any(a["status"] == "resolved" for a in receiver.for_key(orphan_key)),
+            30,
+            "the orphan's alert resolved once its process was killed",
+            context=lambda: repr(_cli_json(agg, cluster, "audit", "--node", NODE_A)),
+        )
+        assert not _escaped(tag), "the orphaned process outlived its cleanup"
+        cleanups = [
+            a for a in _cli_json(agg, cluster, "audit", "--node", NODE_A) if a["action"] == "orphan_cleanup"
+        ]
+        assert [(a["actor"], a["status"], a["reason"]) for a in cleanups] == [
+            ("automation", "started", f"pid {pid} on GPU 0 (job slurm:{idle_job})"),
+            ("automation", "ok", f"pid {pid} on GPU 0 (job slurm:{idle_job})"),
+        ], cleanups
     finally:
         for pid in _escaped(tag):
             with contextlib.suppress(ProcessLookupError):

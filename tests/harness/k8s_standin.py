@@ -31,6 +31,7 @@ import re
 import threading
 import time
 import urllib.parse
+import uuid
 from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -230,7 +231,8 @@ class KubeStandin:
             "metadata": {
                 "name": name,
                 "namespace": namespace,
-                "uid": f"pod-uid-{namespace}-{name}-{len(self.pods)}",
+                # A UUID, as the API server gives every pod (the kubelet names its cgroup by it).
+                "uid": str(uuid.uuid4()),
                 "labels": labels or {},
                 "ownerReferences": [
                     {
