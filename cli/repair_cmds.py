@@ -183,8 +183,8 @@ def run(client: FleetClient, args: argparse.Namespace) -> None:
             fleet_pb2.ListIncidentsRequest(open_only=not args.all, node=args.node, limit=args.limit),
         )
         rows = [_incident_json(i) for i in resp.incidents]
-        if args.json:
-            print(json.dumps(rows, indent=2))
+        if args.json:  # an object, as every command's --json: when it was answered, and the rows
+            print(json.dumps({"server_time": iso(resp.server_time_unix_ns), "incidents": rows}, indent=2))
         elif not rows:
             print("no open incidents" if not args.all else "no incidents")
         else:
@@ -212,7 +212,7 @@ def run(client: FleetClient, args: argparse.Namespace) -> None:
         resp = client.call(FleetRpc.ListAudit, fleet_pb2.ListAuditRequest(node=args.node, limit=args.limit))
         rows = [_audit_json(e) for e in resp.entries]
         if args.json:
-            print(json.dumps(rows, indent=2))
+            print(json.dumps({"server_time": iso(resp.server_time_unix_ns), "entries": rows}, indent=2))
         elif not rows:
             print("the audit log is empty")
         else:

@@ -37,18 +37,22 @@ from gpufleet.client.present import (
     varying_tags,
 )
 from gpufleet.client.rpcs import FleetRpc
-from gpufleet.client.timeparse import iso, parse_duration_ns, parse_time_ns
+from gpufleet.client.timeparse import iso, parse_duration_ns, parse_range_ns, parse_time_ns
 from gpufleet.protos import fleet_pb2, telemetry_pb2, vocabulary_pb2
 from gpufleet.protos.names import aggregate_name
 
 
-def print_nodes(resp: fleet_pb2.ListNodesResponse, as_json: bool) -> None:
+def print_nodes(resp: fleet_pb2.ListNodesResponse, as_json: bool, clusters: list[str] | None = None) -> None:
     rows = [node_row(n) for n in resp.nodes]
     if as_json:
         print(json.dumps({"server_time": iso(resp.server_time_unix_ns), "nodes": rows}, indent=2))
         return
     if not rows:
-        print("no nodes have reported to this aggregator yet")
+        print(
+            f"no node is in cluster {', '.join(clusters)}; `gpufleet nodes` lists every node's cluster"
+            if clusters
+            else "no nodes have reported to this aggregator yet"
+        )
         return
     table = [
         [
@@ -229,8 +233,7 @@ def print_node(detail: fleet_pb2.NodeDetail, stored: fleet_pb2.EventsResponse, a
 
 
 def history_request(args: Any) -> fleet_pb2.HistoryRequest:
-    start = parse_time_ns(args.since)
-    end = parse_time_ns(args.until)
+    start, end = parse_range_ns(args.since, args.until)
     return fleet_pb2.HistoryRequest(
         metric=args.metric,
         nodes=args.node or [],
@@ -299,9 +302,10 @@ def print_history(resp: fleet_pb2.HistoryResponse, fmt_: str) -> None:
 
 
 def events_request(args: Any) -> fleet_pb2.EventsRequest:
+    start, end = parse_range_ns(args.since, args.until)
     return fleet_pb2.EventsRequest(
-        start_unix_ns=parse_time_ns(args.since),
-        end_unix_ns=parse_time_ns(args.until),
+        start_unix_ns=start,
+        end_unix_ns=end,
         nodes=args.node or [],
         gpus=args.gpu or [],
         xids=args.xid or [],
@@ -311,7 +315,23 @@ def events_request(args: Any) -> fleet_pb2.EventsRequest:
     )
 
 
-def print_events(resp: fleet_pb2.EventsResponse, fmt_: str) -> None:
+def _filters_said(request: fleet_pb2.EventsRequest) -> str:
+    """The filters of an events request as a person typed them: `node a, b; kind xid`."""
+    parts = [
+        f"{name} {', '.join(map(str, values))}"
+        for name, values in (
+            ("node", request.nodes),
+            ("GPU", request.gpus),
+            ("XID", request.xids),
+            ("kind", request.kinds),
+            ("cluster", request.clusters),
+        )
+        if values
+    ]
+    return "; ".join(parts) or "no filter"
+
+
+def print_events(resp: fleet_pb2.EventsResponse, fmt_: str, request: fleet_pb2.EventsRequest) -> None:
     if fmt_ == "json":
         print(
             json.dumps(
@@ -329,7 +349,7 @@ def print_events(resp: fleet_pb2.EventsResponse, fmt_: str) -> None:
         sys.stdout.write(events_csv(resp.events))
         return
     if not resp.events:
-        print(f"no events in {iso(resp.start_unix_ns)} .. {iso(resp.end_unix_ns)} for these filters")
+        print(f"no events in {iso(resp.start_unix_ns)} .. {iso(resp.end_unix_ns)} ({_filters_said(request)})")
         return
     rows = [
         [
@@ -570,7 +590,11 @@ def _output(args: Any) -> str:
 
 def run(client: FleetClient, args: Any) -> None:
     if args.command == "nodes":
-        print_nodes(client.list_nodes(fleet_pb2.ListNodesRequest(clusters=args.cluster or [])), args.json)
+        print_nodes(
+            client.list_nodes(fleet_pb2.ListNodesRequest(clusters=args.cluster or [])),
+            args.json,
+            args.cluster,
+        )
     elif args.command == "node":
         detail = client.call(FleetRpc.GetNode, fleet_pb2.GetNodeRequest(node=args.name))
         stored = client.call(
@@ -584,7 +608,11 @@ def run(client: FleetClient, args: Any) -> None:
             _known_nodes(client, args.node)
         print_history(resp, _output(args))
     elif args.command == "events":
-        print_events(client.call(FleetRpc.QueryEvents, events_request(args)), _output(args))
+        request = events_request(args)
+        resp = client.call(FleetRpc.QueryEvents, request)
+        if not resp.events and args.node:
+            _known_nodes(client, args.node)
+        print_events(resp, _output(args), request)
     elif args.command == "status":
         print_status(client.call(FleetRpc.GetStatus, fleet_pb2.StatusRequest()), args.json)
     elif args.command == "pools":

@@ -55,5 +55,18 @@ def parse_time_ns(text: str, now_ns: int | None = None) -> int:
     return int(dt.timestamp() * 10**9)
 
 
+def parse_range_ns(since: str, until: str, now_ns: int | None = None) -> tuple[int, int]:
+    """(start, end) of a --since/--until pair, read against one "now"; a ValueError in the words
+    the user typed when the start is not before the end (never raw nanoseconds)."""
+    now_ns = now_ns or time.time_ns()
+    start, end = parse_time_ns(since, now_ns), parse_time_ns(until, now_ns)
+    if start >= end:
+        raise ValueError(
+            f"--since {since} ({iso(start)}) must be before --until {until} ({iso(end)}); "
+            "a time ago such as 2h is further back than 1h"
+        )
+    return start, end
+
+
 def iso(ns: int) -> str:
     return datetime.fromtimestamp(ns / 1e9, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")

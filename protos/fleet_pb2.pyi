@@ -391,10 +391,12 @@ class ListIncidentsRequest(_message.Message):
     def __init__(self, open_only: _Optional[bool] = ..., node: _Optional[str] = ..., limit: _Optional[int] = ...) -> None: ...
 
 class ListIncidentsResponse(_message.Message):
-    __slots__ = ("incidents",)
+    __slots__ = ("incidents", "server_time_unix_ns")
     INCIDENTS_FIELD_NUMBER: _ClassVar[int]
+    SERVER_TIME_UNIX_NS_FIELD_NUMBER: _ClassVar[int]
     incidents: _containers.RepeatedCompositeFieldContainer[Incident]
-    def __init__(self, incidents: _Optional[_Iterable[_Union[Incident, _Mapping]]] = ...) -> None: ...
+    server_time_unix_ns: int
+    def __init__(self, incidents: _Optional[_Iterable[_Union[Incident, _Mapping]]] = ..., server_time_unix_ns: _Optional[int] = ...) -> None: ...
 
 class ListAuditRequest(_message.Message):
     __slots__ = ("node", "limit")
@@ -405,10 +407,12 @@ class ListAuditRequest(_message.Message):
     def __init__(self, node: _Optional[str] = ..., limit: _Optional[int] = ...) -> None: ...
 
 class ListAuditResponse(_message.Message):
-    __slots__ = ("entries",)
+    __slots__ = ("entries", "server_time_unix_ns")
     ENTRIES_FIELD_NUMBER: _ClassVar[int]
+    SERVER_TIME_UNIX_NS_FIELD_NUMBER: _ClassVar[int]
     entries: _containers.RepeatedCompositeFieldContainer[AuditEntry]
-    def __init__(self, entries: _Optional[_Iterable[_Union[AuditEntry, _Mapping]]] = ...) -> None: ...
+    server_time_unix_ns: int
+    def __init__(self, entries: _Optional[_Iterable[_Union[AuditEntry, _Mapping]]] = ..., server_time_unix_ns: _Optional[int] = ...) -> None: ...
 
 class RepairStatusRequest(_message.Message):
     __slots__ = ()

@@ -105,12 +105,15 @@ class RepairApi:
             sees = self._users.sees(principal)
             return [_incident_pb(i, records.audit_log(incident_id=i.id, limit=100), sees) for i in incidents]
 
-        return fleet_pb2.ListIncidentsResponse(incidents=await self._view.read_records(read))
+        incidents = await self._view.read_records(read)
+        return fleet_pb2.ListIncidentsResponse(incidents=incidents, server_time_unix_ns=time.time_ns())
 
     @rpc("viewer")
     async def ListAudit(self, request: fleet_pb2.ListAuditRequest, principal: Principal) -> Any:
         entries = await self._view.read_records(lambda r: r.audit_log(request.node, request.limit or 200))
-        return fleet_pb2.ListAuditResponse(entries=[_audit_pb(e) for e in entries])
+        return fleet_pb2.ListAuditResponse(
+            entries=[_audit_pb(e) for e in entries], server_time_unix_ns=time.time_ns()
+        )
 
     @rpc("viewer", forward=True)
     async def GetRepairStatus(self, request: fleet_pb2.RepairStatusRequest, principal: Principal) -> Any:

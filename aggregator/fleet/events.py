@@ -99,4 +99,12 @@ def read_events(store: Store, query: EventQuery) -> list[fleet_pb2.HistoryEvent]
                     continue
             points.append(p)
     points.sort(key=lambda p: (p.time_unix_ns, p.measurement))
+    # The steps of one repair pass share its nanosecond, and the export moves a step whose tags
+    # equal another's 1 ns on (one point per identity): time alone can put "drain ok" after the
+    # next step. Their audit log's order (seq) is the order they happened in; the repair points
+    # keep their places among the others, in seq order (points written before seq keep time's).
+    slots = [i for i, p in enumerate(points) if p.measurement == "repair" and p.fields.get("seq")]
+    in_order = sorted((points[i] for i in slots), key=lambda p: int(p.fields["seq"]))
+    for i, p in zip(slots, in_order, strict=True):
+        points[i] = p
     return [to_event(p) for p in points]

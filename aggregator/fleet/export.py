@@ -51,7 +51,9 @@ def _tags(**values: str) -> dict[str, str]:
     return {k: v for k, v in values.items() if v}
 
 
-def repair_point(record: AuditRecord, cluster: str) -> Point:
+def repair_point(record: AuditRecord, cluster: str, seq: int = 0) -> Point:
+    """seq: the audit row's place in the log. The steps of one repair pass share its time to the
+    nanosecond; readers order them by it (aggregator/fleet/events.py), as they happened."""
     return Point(
         "repair",
         _tags(node=record.node, cluster=cluster, action=record.action, by=actor_kind(record.actor)),
@@ -61,6 +63,7 @@ def repair_point(record: AuditRecord, cluster: str) -> Point:
             "outcome": str(record.outcome),
             "result": record.outcome.status.value,
             "incident_id": record.incident_id,
+            "seq": seq,
         },
         record.time_ns,
     )
@@ -144,7 +147,7 @@ class EventExporter:
         """Copy what is new; return how many points were made durable."""
         cursor = int(await asyncio.to_thread(self._state.kept.get, CURSOR_KEY) or 0)
         rows = await asyncio.to_thread(self._state.audit_after, cursor, BATCH_ROWS)
-        points = [repair_point(r, self._cluster_of(r.node)) for _, r in rows]
+        points = [repair_point(r, self._cluster_of(r.node), seq) for seq, r in rows]
         incidents = await asyncio.to_thread(
             self._state.incidents_open_or_opened_since, self._incidents_since_ns, BATCH_ROWS
         )

@@ -120,7 +120,8 @@ def test_a_repair_reset_goes_through_the_helper(cluster: Cluster) -> None:
 
     def reset_ok() -> bool:
         out = subprocess.run(out_argv, capture_output=True, text=True, timeout=60)
-        return any(e["action"] == "reset_gpu" and e["outcome"] == "ok" for e in json.loads(out.stdout))
+        entries = json.loads(out.stdout)["entries"]
+        return any(e["action"] == "reset_gpu" and e["outcome"] == "ok" for e in entries)
 
     wait_until(reset_ok, 30, "the audit to say the reset went through")
 

@@ -8,6 +8,7 @@ import csv
 import io
 import json
 import os
+import re
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -155,6 +156,33 @@ def test_the_cli_says_what_a_newcomer_meant(demo: tuple[dict[str, str], Path]) -
     missing = cli(env, "history", "util_gpu_pct", "--node", "demo-node-99")
     assert missing.returncode == 5, (missing.returncode, missing.stdout, missing.stderr)
     assert "no node named demo-node-99 is known to this aggregator" in missing.stderr
+
+
+def test_nothing_found_says_what_it_looked_for_with_the_readmes_exit_codes(
+    demo: tuple[dict[str, str], Path],
+) -> None:
+    """Issue 55: a filter that matches nothing is 0 with the filter named; an unknown node is 5
+    on every command that takes one; a reversed range is 2 in the words typed, never
+    nanoseconds; every --json answer is an object with the time the aggregator answered."""
+    env, _ = demo
+    cluster = cli(env, "nodes", "--cluster", "nosuch")
+    assert cluster.returncode == 0, cluster.stderr
+    assert cluster.stdout.startswith("no node is in cluster nosuch"), cluster.stdout
+    for command in (("history", "util_gpu_pct"), ("events",)):
+        missing = cli(env, *command, "--node", "demo-node-99")
+        assert missing.returncode == 5, (command, missing.returncode, missing.stdout, missing.stderr)
+        assert "no node named demo-node-99 is known to this aggregator" in missing.stderr
+    quiet = cli(env, "events", "--node", "demo-node-01", "--kind", "xid", "--since", "10s")
+    assert quiet.returncode == 0 and "(node demo-node-01; kind xid)" in quiet.stdout, quiet.stdout
+    for command in (("history", "util_gpu_pct"), ("events",)):
+        reversed_range = cli(env, *command, "--since", "1h", "--until", "2h")
+        assert reversed_range.returncode == 2, reversed_range.stderr
+        said = reversed_range.stderr
+        assert "--since 1h (" in said and "must be before --until 2h (" in said, said
+        assert not re.search(r"\d{15,}", said), f"nanoseconds shown: {said}"
+    for command, rows in (("incidents", "incidents"), ("audit", "entries"), ("nodes", "nodes")):
+        answer = json.loads(cli(env, command, "--json").stdout)
+        assert isinstance(answer, dict) and answer["server_time"].endswith("Z") and rows in answer, answer
 
 
 def test_config_check_says_what_each_example_is_and_checks_it(tmp_path: Path) -> None:

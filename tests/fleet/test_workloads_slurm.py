@@ -27,7 +27,14 @@ from gpufleet.client.present import workload_row
 from gpufleet.protos import fleet_pb2
 from harness.alert_receiver import AlertReceiver
 from harness.processes import Cluster, gpufleet_argv
-from harness.repair import FAST_POLICY, gpufleet_cli, repair_aggregator, slurm_args, xid_scenario
+from harness.repair import (
+    FAST_POLICY,
+    audit,
+    gpufleet_cli,
+    repair_aggregator,
+    slurm_args,
+    xid_scenario,
+)
 from harness.slurm import WORKLOAD_NODES
 from harness.streams import RawStream, hello, report
 from harness.waiting import wait_until
@@ -405,7 +412,9 @@ def test_idle_orphaned_and_outside_gpus_found_and_owners_told_and_an_xid_names_t
 
         # The XID on GPU 0 of bob's job: the incident and its alert name the job and its owner.
         (incident,) = wait_until(
-            lambda: [i for i in _cli_json(agg, cluster, "incidents") if i["node"] == NODE_B] or None,
+            lambda: (
+                [i for i in _cli_json(agg, cluster, "incidents")["incidents"] if i["node"] == NODE_B] or None
+            ),
             max(5.0, 25.0 - (time.monotonic() - started)) + 30,
             "the XID's incident",
         )
@@ -462,12 +471,10 @@ def test_idle_orphaned_and_outside_gpus_found_and_owners_told_and_an_xid_names_t
             lambda: any(a["status"] == "resolved" for a in receiver.for_key(orphan_key)),
             30,
             "the orphan's alert resolved once its process was killed",
-            context=lambda: repr(_cli_json(agg, cluster, "audit", "--node", NODE_A)),
+            context=lambda: repr(audit(agg, cluster, NODE_A)),
         )
         assert not _escaped(tag), "the orphaned process outlived its cleanup"
-        cleanups = [
-            a for a in _cli_json(agg, cluster, "audit", "--node", NODE_A) if a["action"] == "orphan_cleanup"
-        ]
+        cleanups = [a for a in audit(agg, cluster, NODE_A) if a["action"] == "orphan_cleanup"]
         assert [(a["actor"], a["status"], a["reason"]) for a in cleanups] == [
             ("automation", "started", f"pid {pid} on GPU 0 (job slurm:{idle_job})"),
             ("automation", "ok", f"pid {pid} on GPU 0 (job slurm:{idle_job})"),

@@ -94,13 +94,13 @@ def gpufleet_cli(
 def audit(agg: AggregatorHandle, cluster: Cluster, node: str = "") -> list[dict[str, Any]]:
     out = gpufleet_cli(agg, cluster, "viewer", "audit", "--json", *(["--node", node] if node else []))
     assert out.returncode == 0, out.stderr
-    return json.loads(out.stdout)
+    return json.loads(out.stdout)["entries"]
 
 
 def incidents(agg: AggregatorHandle, cluster: Cluster, *extra: str) -> list[dict[str, Any]]:
     out = gpufleet_cli(agg, cluster, "viewer", "incidents", "--json", *extra)
     assert out.returncode == 0, out.stderr
-    return json.loads(out.stdout)
+    return json.loads(out.stdout)["incidents"]
 
 
 def lines(path: Path) -> list[str]:

@@ -167,7 +167,7 @@ def test_a_kubectl_cordon_between_our_read_and_write_is_never_overwritten(
     assert all(r["code"] == 409 and r["body"]["metadata"]["resourceVersion"] for r in writes), writes
 
     out = gpufleet_cli(agg, cluster, "viewer", "incidents", "--all", "--json")
-    (incident,) = json.loads(out.stdout)
+    (incident,) = json.loads(out.stdout)["incidents"]
     assert not incident["open"] and incident["outcome"].startswith("taken over by a person")
 
 

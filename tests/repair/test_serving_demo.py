@@ -93,7 +93,8 @@ def test_the_demo_holds_a_drain_for_capacity_then_drains_gracefully_when_a_repli
             "demo-node-01's drain to go on and finish",
         )
         assert drained["state"] in ("repairing", "validating", "healthy"), drained
-        incident = next(i for i in _cli(env, "incidents", "--all") if i["node"] == "demo-node-01")
+        listed = _cli(env, "incidents", "--all")["incidents"]
+        incident = next(i for i in listed if i["node"] == "demo-node-01")
         steps = [(a["action"], a["outcome"].split(":")[0]) for a in incident["actions"]]
         assert ("drain", "held") in steps and ("drain_engines", "ok") in steps, steps
         assert steps.index(("drain_engines", "ok")) < steps.index(("drain", "ok")), steps

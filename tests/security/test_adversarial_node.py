@@ -260,7 +260,7 @@ def _reset_outcomes(env: Env, node: str) -> list[str]:
     assert out.returncode == 0, out.stderr
     return [
         e["outcome"]
-        for e in json.loads(out.stdout)
+        for e in json.loads(out.stdout)["entries"]
         if e["action"] == "reset_gpu" and e["outcome"] != "started"
     ]
 
@@ -519,7 +519,7 @@ def test_one_token_is_revoked_without_rotating_the_fleet_secret(env: Env) -> Non
     # Another token of the same node, and every other node, are unaffected.
     fresh = open_stream_with(env, env.token("revoked-node"), "revoked-node")
     fresh.close()
-    entries = json.loads(env.cli("audit", "--json", "--node", "revoked-node").stdout)
+    entries = json.loads(env.cli("audit", "--json", "--node", "revoked-node").stdout)["entries"]
     assert any(
         e["action"] == "revoke_token" and token_id in e["reason"] and e["actor"] == "ops" for e in entries
     )
