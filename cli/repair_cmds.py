@@ -97,6 +97,8 @@ def _finding_json(f: fleet_pb2.Finding) -> dict[str, Any]:
         "cordon": f.cordon,
         "reason": f.reason,
         "evidence": f.evidence,
+        # When gpufleet raised it, and when its evidence starts (a windowed rule's window).
+        "detected": iso(f.detected_unix_ns or f.first_seen_unix_ns),
         "first_seen": iso(f.first_seen_unix_ns),
     }
 

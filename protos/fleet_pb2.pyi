@@ -289,7 +289,7 @@ class ReplayResponse(_message.Message):
     def __init__(self, report_json: _Optional[str] = ..., compare_json: _Optional[str] = ..., difference_json: _Optional[str] = ...) -> None: ...
 
 class Finding(_message.Message):
-    __slots__ = ("node", "gpu_index", "code", "severity", "action", "cordon", "reason", "evidence", "first_seen_unix_ns", "window_s")
+    __slots__ = ("node", "gpu_index", "code", "severity", "action", "cordon", "reason", "evidence", "first_seen_unix_ns", "window_s", "detected_unix_ns")
     NODE_FIELD_NUMBER: _ClassVar[int]
     GPU_INDEX_FIELD_NUMBER: _ClassVar[int]
     CODE_FIELD_NUMBER: _ClassVar[int]
@@ -300,6 +300,7 @@ class Finding(_message.Message):
     EVIDENCE_FIELD_NUMBER: _ClassVar[int]
     FIRST_SEEN_UNIX_NS_FIELD_NUMBER: _ClassVar[int]
     WINDOW_S_FIELD_NUMBER: _ClassVar[int]
+    DETECTED_UNIX_NS_FIELD_NUMBER: _ClassVar[int]
     node: str
     gpu_index: int
     code: str
@@ -310,7 +311,8 @@ class Finding(_message.Message):
     evidence: str
     first_seen_unix_ns: int
     window_s: float
-    def __init__(self, node: _Optional[str] = ..., gpu_index: _Optional[int] = ..., code: _Optional[str] = ..., severity: _Optional[_Union[_vocabulary_pb2.Severity, str]] = ..., action: _Optional[_Union[_vocabulary_pb2.Action, str]] = ..., cordon: _Optional[bool] = ..., reason: _Optional[str] = ..., evidence: _Optional[str] = ..., first_seen_unix_ns: _Optional[int] = ..., window_s: _Optional[float] = ...) -> None: ...
+    detected_unix_ns: int
+    def __init__(self, node: _Optional[str] = ..., gpu_index: _Optional[int] = ..., code: _Optional[str] = ..., severity: _Optional[_Union[_vocabulary_pb2.Severity, str]] = ..., action: _Optional[_Union[_vocabulary_pb2.Action, str]] = ..., cordon: _Optional[bool] = ..., reason: _Optional[str] = ..., evidence: _Optional[str] = ..., first_seen_unix_ns: _Optional[int] = ..., window_s: _Optional[float] = ..., detected_unix_ns: _Optional[int] = ...) -> None: ...
 
 class Incident(_message.Message):
     __slots__ = ("id", "node", "open", "state", "opened_unix_ns", "closed_unix_ns", "outcome", "findings", "actions", "attempts", "workloads")

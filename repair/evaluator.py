@@ -7,6 +7,8 @@ and a finding older than the node's last closed incident is already dealt with."
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from gpufleet.repair.kept_values import KeptValues
 from gpufleet.repair.model import Finding, NodeSnapshot
 from gpufleet.repair.policy import Policy
@@ -28,6 +30,10 @@ class Evaluator:
         # node -> finding key -> first seen (ns): by node, so a node's evaluation touches only
         # its own entries, not the whole fleet's.
         self._first_seen: dict[str, dict[tuple[str, int | None, str], int]] = {}
+        # node -> finding key -> the pass that first raised it (ns): the finding's detection
+        # time, which surfaces show (its window may start earlier). In memory: after a restart a
+        # finding still active is detected again (its incident keeps the first time).
+        self._detected: dict[str, dict[tuple[str, int | None, str], int]] = {}
         for key, seen_ns in state.first_seen().items():
             self._first_seen.setdefault(key[0], {})[key] = seen_ns
 
@@ -47,6 +53,7 @@ class Evaluator:
         wf.suppressed = [s for s in wf.suppressed if s in active_ids or not _gpu_present(s, present)]
         found = [f for f in found if finding_id(f) not in wf.suppressed and f.seen_ns >= wf.cleared_before_ns]
         keys = {f.key for f in found}
+        found = self._stamp(snap.node, found, keys, now)
         mine = self._first_seen.get(snap.node)
         if mine is None:
             if not found:
@@ -64,6 +71,22 @@ class Evaluator:
         if gone or new:
             self._state.put_first_seen(snap.node, gone, new)
         return found
+
+    def _stamp(
+        self, node: str, found: list[Finding], keys: set[tuple[str, int | None, str]], now: int
+    ) -> list[Finding]:
+        """The findings with their detection time (the pass that first raised each)."""
+        detected = self._detected.get(node)
+        if detected is None:
+            if not found:
+                return found
+            detected = self._detected[node] = {}
+        for key in [k for k in detected if k not in keys]:
+            del detected[key]
+        out = [replace(f, detected_ns=detected.setdefault(f.key, max(now, f.seen_ns))) for f in found]
+        if not detected:
+            del self._detected[node]
+        return out
 
     def _seen(self, f: Finding, default: int) -> int:
         return self._first_seen.get(f.node, {}).get(f.key, default)

@@ -137,6 +137,9 @@ class Finding:
     # false (urgent): it drains at once whatever the node serves.
     may_wait: bool = False
     workload: str = ""  # the workload it is about (scheduler:id): the waste findings' owner
+    # When gpufleet first raised it (the evaluator's pass that found it): what every surface shows
+    # as its time. seen_ns is when its evidence starts (a windowed rule's window start), earlier.
+    detected_ns: int = 0
 
     @property
     def key(self) -> tuple[str, int | None, str]:
@@ -157,6 +160,7 @@ class Finding:
             evidence=self.evidence,
             first_seen_unix_ns=first_seen_ns or self.seen_ns,
             window_s=self.window_s,
+            detected_unix_ns=self.detected_ns or first_seen_ns or self.seen_ns,
         )
         if self.gpu is not None:
             msg.gpu_index = self.gpu

@@ -86,8 +86,11 @@ def health_points(incident: Incident, cluster: str) -> list[Point]:
                 "reason": f.reason,
                 "evidence": f.evidence,
                 "incident_id": incident.id,
+                "window_start_unix_ns": f.seen_ns,
             },
-            f.seen_ns or incident.opened_ns,
+            # When it was detected, not when its evidence (a window) starts: a storm's finding
+            # is drawn at or after the first sample over the threshold, never before it.
+            f.detected_ns or f.seen_ns or incident.opened_ns,
         )
         for f in incident.findings
     ]
