@@ -44,9 +44,10 @@ COMPUTE_BOUND_UTIL_PCT = 70.0
 LOAD_CLASS_RULE = (
     f"idle: no request running or waiting. KV-bound: KV-cache usage ≥ {KV_BOUND_USAGE:.0%}, "
     f"or ≥ {KV_BOUND_USAGE_WITH_QUEUE:.0%} with requests waiting or preemptions seen — the cache, "
-    "not the GPU, limits the batch. compute-bound: busy with KV-cache room to spare — the GPUs "
-    f"(mean utilization, ≥ {COMPUTE_BOUND_UTIL_PCT:.0f} % for most) are the limit. unknown: the "
-    "engine does not report enough to tell."
+    "not the GPU, limits the batch. compute-bound: busy with KV-cache room to spare and its GPUs' "
+    f"mean utilization ≥ {COMPUTE_BOUND_UTIL_PCT:.0f} % — the GPUs are the limit. light: busy "
+    f"with KV-cache room and its GPUs under {COMPUTE_BOUND_UTIL_PCT:.0f} % — neither is the limit; "
+    "it could take more requests. unknown: the engine or its GPUs do not report enough to tell."
 )
 PROJECTION_RULE = (
     "projected KV-cache usage when k of n serving replicas leave = mean usage x n / (n - k); "
@@ -196,9 +197,9 @@ def classify(
     queued = (waiting or 0) > 0 or (preemptions or 0) > 0
     if kv >= KV_BOUND_USAGE or (kv >= KV_BOUND_USAGE_WITH_QUEUE and queued):
         return "KV-bound"
-    if running is None and gpu_util_pct is None:
-        return "unknown"
-    return "compute-bound"
+    if gpu_util_pct is None:
+        return "unknown"  # the rule's line is its GPUs' utilization: no figure, no guess
+    return "compute-bound" if gpu_util_pct >= COMPUTE_BOUND_UTIL_PCT else "light"
 
 
 def replica_state(reading: ReplicaReading, node_state: Health) -> ReplicaState:

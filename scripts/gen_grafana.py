@@ -411,7 +411,8 @@ def kv_cache() -> dict[str, Any]:
         "gpufleet / KV-cache pressure",
         "Inference engines (vLLM, SGLang, TGI, TensorRT-LLM): KV-cache usage, queues and preemptions "
         "per replica, next to the GPU utilization of the nodes they run on. A replica with a full KV "
-        "cache and a queue is KV-bound; one with busy GPUs and room in its cache is compute-bound.",
+        "cache and a queue is KV-bound; one with GPUs at 70 % or more and room in its cache is "
+        "compute-bound; one busy under 70 % with room in its cache is light.",
         INFLUX,
         [
             *_influx_vars("engine"),

@@ -23,8 +23,15 @@ from gpufleet.dashboard.data import (
 from gpufleet.dashboard.fleet import call
 from gpufleet.protos import fleet_pb2
 
-CLASSES = ["KV-bound", "compute-bound", "idle", "unknown", "unreadable"]
-CLASS_COLOURS = [colours.VERMILLION, colours.BLUE, colours.GREY, colours.LIGHT_GREY, colours.BLACK]
+CLASSES = ["KV-bound", "compute-bound", "light", "idle", "unknown", "unreadable"]
+CLASS_COLOURS = [
+    colours.VERMILLION,
+    colours.BLUE,
+    colours.SKY_BLUE,
+    colours.GREY,
+    colours.LIGHT_GREY,
+    colours.BLACK,
+]
 
 
 def render() -> None:
@@ -36,9 +43,9 @@ def render() -> None:
         st.info("No inference engines found in the fleet (vLLM, SGLang, TGI, TensorRT-LLM).")
         return
     counts = replicas["class"].value_counts()
-    cols = st.columns(4)
+    cols = st.columns(5)
     cols[0].metric("replicas", len(replicas))
-    for col, name in zip(cols[1:], ["KV-bound", "compute-bound", "idle"], strict=True):
+    for col, name in zip(cols[1:], ["KV-bound", "compute-bound", "light", "idle"], strict=True):
         col.metric(name, int(counts.get(name, 0)))
     st.subheader("Serving pools")
     st.caption(

@@ -47,7 +47,7 @@ def test_every_page_against_a_simulated_fleet(cluster: Cluster, monkeypatch: pyt
     assert list(pools["serving"]) == [1] and list(pools["headroom replicas"]) == [0]
     replicas = at.dataframe[1].value
     assert list(replicas["node"]) == ["dash-1"] and list(replicas["engine"]) == ["vllm"]
-    assert replicas["class"][0] in ("KV-bound", "compute-bound", "idle")
+    assert replicas["class"][0] in ("KV-bound", "compute-bound", "light", "idle")
     assert 0 <= replicas["KV-cache usage %"][0] <= 100 and replicas["GPUs"][0] == "0,1,2,3"
 
     at.sidebar.radio[0].set_value("Failures and repairs").run()

@@ -236,6 +236,9 @@ def test_load_classes() -> None:
     assert cls(40.0, running=8, waiting=0, kv=0.95) == "KV-bound"
     assert cls(60.0, running=8, waiting=3, kv=0.8) == "KV-bound"
     assert cls(95.0, running=8, waiting=0, kv=0.4) == "compute-bound"
+    assert cls(70.0, running=8, waiting=0, kv=0.4) == "compute-bound"  # the printed rule's line
+    assert cls(44.0, running=8, waiting=0, kv=0.8) == "light", "44 % under a ≥ 70 % rule is not compute-bound"
+    assert cls(None, running=8, waiting=0, kv=0.4) == "unknown", "no GPU figure: no guess"
     assert cls(90.0, running=8) == "unknown", "no KV-cache figure: no guess"
     assert classify(False, None, None, None, None, None) == "unreadable"
 
