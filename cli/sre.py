@@ -189,14 +189,14 @@ def print_node(detail: fleet_pb2.NodeDetail, stored: fleet_pb2.EventsResponse, a
                         e.model,
                         e.port,
                         ",".join(map(str, e.gpu_indices)),
-                        fmt(opt(e, "kv_cache_usage_ratio"), ".2f"),
+                        percent(opt(e, "kv_cache_usage_ratio")),
                         fmt(opt(e, "requests_running")),
                         fmt(opt(e, "requests_waiting")),
                         "ok" if e.readable else f"unreadable: {e.unreadable_reason}",
                     ]
                     for e in detail.engines
                 ],
-                headers=["ENGINE", "MODEL", "PORT", "GPUS", "KV USAGE", "RUNNING", "WAITING", "STATUS"],
+                headers=["ENGINE", "MODEL", "PORT", "GPUS", "KV %", "RUNNING", "WAITING", "STATUS"],
             )
         )
         for d in detail.if_drained:

@@ -225,15 +225,20 @@ def projection_row(d: fleet_pb2.DrainProjection) -> dict[str, Any]:
     return {k: finite(v) if isinstance(v, float) else v for k, v in message_fields(d).items()}
 
 
+# A projection past the pool's floor: its KV-cache usage over the floor's, or too few replicas
+# left. Said so, not "below the floor" (a usage above the floor's figure read as "below" it).
+BREAKS_FLOOR = "(breaks the serving floor)"
+
+
 def describe_projection(d: fleet_pb2.DrainProjection) -> str:
-    """e.g. "demo/llama 3 → 2 replicas, KV 85 % → 128 % (below the floor)"."""
+    """e.g. "demo/llama 3 → 2 replicas, KV 85 % → 128 % (breaks the serving floor)"."""
     text = f"{d.cluster}/{d.model} {d.replicas_now} → {d.replicas_after} replicas"
     if d.HasField("kv_cache_usage_now_ratio") and d.HasField("kv_cache_usage_after_ratio"):
         after = percent(d.kv_cache_usage_after_ratio)
         text += (
             f", KV {percent(d.kv_cache_usage_now_ratio)} % → {after}{'' if after == 'none left' else ' %'}"
         )
-    return text + (" (below the floor)" if d.below_floor else "")
+    return text + (f" {BREAKS_FLOOR}" if d.below_floor else "")
 
 
 # --- workloads (docs/workloads.md) ---------------------------------------------------------

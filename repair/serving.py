@@ -325,11 +325,12 @@ class Projection:
     below_floor: bool
 
     def describe(self) -> str:
-        """e.g. "llama-70b 3 → 2 replicas, projected KV 0.88 → 1.32"."""
+        """e.g. "llama-70b 3 → 2 replicas, projected KV 88 % → 132 %": KV-cache usage as a percent,
+        as every surface says it (docs/components.md)."""
         text = f"{self.model} {self.replicas_now} → {self.replicas_after} replicas"
         if self.kv_now is not None and self.kv_after is not None:
-            after = "∞" if math.isinf(self.kv_after) else f"{self.kv_after:.2f}"
-            text += f", projected KV {self.kv_now:.2f} → {after}"
+            after = "none left" if math.isinf(self.kv_after) else f"{100 * self.kv_after:.0f} %"
+            text += f", projected KV {100 * self.kv_now:.0f} % → {after}"
         return text
 
 

@@ -9,7 +9,7 @@ import pandas as pd
 import streamlit as st
 
 from gpufleet.client import colours
-from gpufleet.client.present import owner_label, owner_of_gpu
+from gpufleet.client.present import BREAKS_FLOOR, owner_label, owner_of_gpu
 from gpufleet.client.rpcs import FleetRpc
 from gpufleet.client.timeparse import parse_duration_ns, parse_time_ns
 from gpufleet.dashboard import actions, links, look
@@ -154,7 +154,7 @@ def render() -> None:
         st.subheader("Inference engines")
         look.table(engines_frame(detail.engines))
         for line in if_drained_lines(detail):
-            (st.warning if "below the floor" in line else st.caption)(look.md(line))
+            (st.warning if BREAKS_FLOOR in line else st.caption)(look.md(line))
         elabel = st.selectbox("engine series", list(ENGINE_SERIES))
         emetric, efactor = ENGINE_SERIES[elabel].field, ENGINE_SERIES[elabel].label_scale
         ehist = history_frame(

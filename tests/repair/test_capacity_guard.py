@@ -46,7 +46,7 @@ def test_a_drain_that_may_wait_waits_for_capacity_then_goes_within_one_pass_of_a
         wf = repair.workflows["n1"]
         assert wf.state == "cordoned", (wf.state, wf.detail)
         assert wf.held is not None and wf.held.kind is HoldKind.CAPACITY
-        assert wf.detail == f"waiting for capacity: {MODEL} 3 → 2 replicas, projected KV 0.85 → 1.27"
+        assert wf.detail == f"waiting for capacity: {MODEL} 3 → 2 replicas, projected KV 85 % → 127 %"
         assert drains_started(state, "n1") == 0
         (held,) = [a for a in state.audit_log("n1") if a.action == "drain"]
         assert held.outcome.status is Status.HELD and "waiting for capacity" in str(held.outcome)

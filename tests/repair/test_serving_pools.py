@@ -181,7 +181,7 @@ def test_no_engines_no_pools() -> None:
 def test_one_replica_never_drains_for_a_fault_that_may_wait() -> None:
     (p,) = Pools([reading("n1", kv=0.01)], {}).projections("n1", {}, ServingFloor())
     assert (p.replicas_now, p.replicas_after, p.below_floor) == (1, 0, True)
-    assert math.isinf(p.kv_after) and p.describe() == "m 1 → 0 replicas, projected KV 0.01 → ∞"
+    assert math.isinf(p.kv_after) and p.describe() == "m 1 → 0 replicas, projected KV 1 % → none left"
     (p,) = Pools([reading("n1", kv=0.01)], {}).projections("n1", {}, ServingFloor(min_serving_replicas=0))
     assert p.below_floor, "no replica left and load on it: above any KV floor"
 

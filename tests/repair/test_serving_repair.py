@@ -78,9 +78,9 @@ def test_a_deferrable_fault_waits_for_capacity_then_drains_when_a_fourth_replica
     assert text.returncode == 0, text.stderr
     assert "85" in text.stdout and "127" in text.stdout and "+0" in text.stdout, text.stdout
     node = gpufleet_cli(agg, cluster, "viewer", "node", "s2")
-    assert f"if drained: test/{MODEL} 3 → 2 replicas, KV 85 % → 127 % (below the floor)" in node.stdout, (
-        node.stdout
-    )
+    assert (
+        f"if drained: test/{MODEL} 3 → 2 replicas, KV 85 % → 127 % (breaks the serving floor)" in node.stdout
+    ), node.stdout
 
     # s1 restarts with an XID the policy says may wait (its engine stays in the pool).
     s1.stop()
@@ -95,7 +95,7 @@ def test_a_deferrable_fault_waits_for_capacity_then_drains_when_a_fourth_replica
         "s1 waiting for capacity",
     )
     assert waiting["state"] == "cordoned"
-    assert waiting["detail"] == f"waiting for capacity: {MODEL} 3 → 2 replicas, projected KV 0.85 → 1.27"
+    assert waiting["detail"] == f"waiting for capacity: {MODEL} 3 → 2 replicas, projected KV 85 % → 127 %"
     assert pool(agg, cluster)["nodes_waiting"] == ["s1"]
     assert agg.metric_value("gpufleet_pool_repairs_waiting_for_capacity", cluster="test", model=MODEL) == 1
     assert agg.metric_value("gpufleet_pool_headroom_replicas", cluster="test", model=MODEL) == 0
@@ -109,7 +109,7 @@ def test_a_deferrable_fault_waits_for_capacity_then_drains_when_a_fourth_replica
     assert list(pools_table["serving"]) == [3] and list(pools_table["repairs waiting"]) == ["s1"]
     waiting_table = next(f for f in frames if "waiting for" in f.columns)
     assert list(waiting_table["node"]) == ["s1"]
-    assert list(waiting_table["waiting for"]) == [f"{MODEL} 3 → 2 replicas, projected KV 0.85 → 1.27"]
+    assert list(waiting_table["waiting for"]) == [f"{MODEL} 3 → 2 replicas, projected KV 85 % → 127 %"]
     assert any("Repairs waiting for capacity" in h.value for h in at.subheader)
 
     # A fourth replica comes up with room in its cache: the drain goes on.
