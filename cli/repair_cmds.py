@@ -161,7 +161,7 @@ def _print_status(st: fleet_pb2.RepairStatus) -> None:
         else "ok"
     )
     print(f"backend {st.backend}{' (dry-run)' if st.dry_run else ''}; breaker {breaker}")
-    print(f"out of service: {st.out_of_service} of a cap of {st.out_of_service_cap}")
+    print(f"nodes out of service: {st.out_of_service} of a cap of {st.out_of_service_cap}")
     if st.nodes:
         print(
             tabulate(

@@ -143,6 +143,7 @@ def gpus_frame(resp: fleet_pb2.ListNodesResponse) -> pd.DataFrame:
                     "node": n.node,
                     "cluster": n.cluster,
                     "state": state,
+                    "workflow": health_name(n.health),
                     "liveness": liveness_name(n.liveness),
                     "gpu": g.index,
                     "model": g.model,
@@ -158,6 +159,7 @@ def gpus_frame(resp: fleet_pb2.ListNodesResponse) -> pd.DataFrame:
             "node",
             "cluster",
             "state",
+            "workflow",
             "liveness",
             "gpu",
             "model",
@@ -237,18 +239,41 @@ for _signal in _SIGNAL_COLUMNS:
 NODE_GPU_COLUMNS += ["UUID", "PCI bus"]
 
 
+OUT_OF_SERVICE_MEANING = (
+    "Nodes out of service: cordoned by the automation or a person, draining, in repair, validating "
+    "or quarantined (the repair cap counts these; `gpufleet breaker status` says the same)."
+)
+HEADLINE_HELP = {
+    "nodes out of service": OUT_OF_SERVICE_MEANING,
+    "GPUs out of service": "The GPUs on the nodes out of service. " + OUT_OF_SERVICE_MEANING,
+    "GPUs in repair": "Of the GPUs out of service, those on nodes draining, in repair or validating.",
+    "GPUs silent": "GPUs on nodes whose collector is not heard from (and not out of service).",
+}
+
+
 def headline(nodes: pd.DataFrame, gpus: pd.DataFrame) -> dict[str, object]:
-    """GPUs in service / out of service / in repair, and the fleet's mean utilization (of the
-    GPUs that report it; absent values do not count as 0)."""
-    per_state = gpus.groupby("state").size() if not gpus.empty else pd.Series(dtype=int)
-    in_repair = int(per_state.get("in repair", 0))
-    out = int(sum(per_state.get(s, 0) for s in ("cordoned", "quarantined", "silent")))
+    """The overview's figures. "Out of service" has one meaning on every surface: a node whose
+    workflow state is one of OUT_OF_SERVICE_STATES (cordoned by the automation or a person,
+    draining, in repair, validating, quarantined) — the repair cap's count, which the Repairs
+    page and `gpufleet breaker status` show in nodes; here also the GPUs on those nodes (of
+    them, those in repair). A silent node's GPUs are neither in service nor out: nothing is heard
+    from them. The fleet's mean utilization is of the GPUs that report it (absent is not 0)."""
+    out_nodes = int(nodes["workflow"].isin(OUT_OF_SERVICE_STATES).sum()) if not nodes.empty else 0
+    if gpus.empty:
+        out = in_repair = silent = 0
+    else:
+        out_of_service = gpus["workflow"].isin(OUT_OF_SERVICE_STATES)
+        out = int(out_of_service.sum())
+        in_repair = int((gpus["state"] == "in repair").sum())
+        silent = int(((gpus["state"] == "silent") & ~out_of_service).sum())
     util = gpus["util_gpu_pct"].mean() if not gpus.empty else float("nan")
     return {
         "nodes": len(nodes),
-        "GPUs in service": int(len(gpus) - in_repair - out),
+        "nodes out of service": out_nodes,
+        "GPUs in service": int(len(gpus) - out - silent),
         "GPUs out of service": out,
         "GPUs in repair": in_repair,
+        "GPUs silent": silent,
         "fleet mean utilization": None if pd.isna(util) else float(util),
     }
 

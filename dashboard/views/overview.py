@@ -10,7 +10,15 @@ import streamlit as st
 from gpufleet.client.present import owner_label, owner_of_gpu, waste_by_gpu
 from gpufleet.client.rpcs import FleetRpc
 from gpufleet.dashboard import look
-from gpufleet.dashboard.data import HEAT_METRICS, NODE_COLUMNS, STATES, gpus_frame, headline, nodes_frame
+from gpufleet.dashboard.data import (
+    HEADLINE_HELP,
+    HEAT_METRICS,
+    NODE_COLUMNS,
+    STATES,
+    gpus_frame,
+    headline,
+    nodes_frame,
+)
 from gpufleet.dashboard.fleet import list_nodes, try_call
 from gpufleet.protos import fleet_pb2
 
@@ -42,13 +50,11 @@ def render() -> None:
         gpus, nodes = gpus[gpus["state"].isin(wanted)], nodes[nodes["state"].isin(wanted)]
 
     counts = headline(nodes, gpus)
-    cols = st.columns(5)
-    cols[0].metric("nodes", counts["nodes"])
-    cols[1].metric("GPUs in service", counts["GPUs in service"])
-    cols[2].metric("GPUs out of service", counts["GPUs out of service"])
-    cols[3].metric("GPUs in repair", counts["GPUs in repair"])
+    cols = st.columns(7)
+    for col, label in zip(cols[:6], list(counts)[:6], strict=True):
+        col.metric(label, counts[label], help=HEADLINE_HELP.get(label))
     util = counts["fleet mean utilization"]
-    cols[4].metric("fleet mean utilization", "N/A" if util is None else f"{util:.0f} %")
+    cols[6].metric("fleet mean utilization", "N/A" if util is None else f"{util:.0f} %")
     lemons = nodes[nodes["lemon"] != ""]
     if not lemons.empty:
         st.warning(

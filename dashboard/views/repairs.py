@@ -10,7 +10,7 @@ import streamlit as st
 from gpufleet.client.rpcs import FleetRpc
 from gpufleet.client.timeparse import iso
 from gpufleet.dashboard import links, look
-from gpufleet.dashboard.data import audit_frame, display_state_of, incidents_frame, queue_frame
+from gpufleet.dashboard.data import HEADLINE_HELP, audit_frame, display_state_of, incidents_frame, queue_frame
 from gpufleet.dashboard.fleet import call
 from gpufleet.protos import fleet_pb2
 from gpufleet.protos.names import action_name, severity_name
@@ -27,8 +27,8 @@ def render() -> None:
     else:
         st.success(f"Repair breaker ok · backend {status.backend}" + (" · DRY RUN" if status.dry_run else ""))
     cols = st.columns(3)
-    cols[0].metric("out of service", status.out_of_service)
-    cols[1].metric("cap", status.out_of_service_cap)
+    cols[0].metric("nodes out of service", status.out_of_service, help=HEADLINE_HELP["nodes out of service"])
+    cols[1].metric("cap (nodes)", status.out_of_service_cap)
     incidents = call(FleetRpc.ListIncidents, fleet_pb2.ListIncidentsRequest(limit=500)).incidents
     frame = incidents_frame(list(incidents))
     cols[2].metric("open incidents", int((frame["state"] != "closed").sum()) if not frame.empty else 0)

@@ -32,6 +32,10 @@ def test_every_page_against_a_simulated_fleet(cluster: Cluster, monkeypatch: pyt
     metrics = {m.label: m.value for m in at.metric}
     assert metrics["nodes"] == "2" and metrics["GPUs in service"] == "4"
     assert metrics["GPUs out of service"] == "4" and metrics["GPUs in repair"] == "0"
+    # One meaning of "out of service", in nodes, on the overview, the Repairs page and the CLI.
+    assert metrics["nodes out of service"] == "1" and metrics["GPUs silent"] == "0"
+    breaker = gpufleet_cli(agg, cluster, "viewer", "breaker", "status")
+    assert "nodes out of service: 1 of a cap of" in breaker.stdout, breaker.stdout
     assert metrics["fleet mean utilization"].endswith("%")
     table = at.dataframe[0].value
     assert list(table["node"]) == ["dash-1", "dash-2"] and list(table["state"]) == ["healthy", "quarantined"]
@@ -53,6 +57,7 @@ def test_every_page_against_a_simulated_fleet(cluster: Cluster, monkeypatch: pyt
     at.sidebar.radio[0].set_value("Failures and repairs").run()
     assert not at.exception, at.exception
     assert any("Repair breaker ok" in s.value for s in at.success)
+    assert {m.label: m.value for m in at.metric}["nodes out of service"] == metrics["nodes out of service"]
     queue = at.dataframe[0].value
     assert list(queue["node"]) == ["dash-2"] and list(queue["state"]) == ["quarantined"]
     incidents = at.dataframe[1].value
