@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import random
 import threading
+import time
 from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from gpufleet.collector.simnvml.machine import SimulatedNode
 
 ENGINES = ("vllm", "sglang")
+FINISH_S = 8.0  # out of rotation, the requests in flight are all done within this
 MODELS = {"vllm": "meta-llama/Llama-3.1-70B-Instruct", "sglang": "Qwen/Qwen2.5-72B-Instruct"}
 
 
@@ -32,6 +34,7 @@ class SimulatedEngine:
         self._prefix_queries = 0
         self._prefix_hits = 0
         self._server: ThreadingHTTPServer | None = None
+        self._left: tuple[float, int, float] | None = None  # (when, running, KV) at leaving rotation
 
     def _state(self) -> tuple[float, int, int]:
         self.node.advance()
@@ -40,6 +43,16 @@ class SimulatedEngine:
         kv = min(1.0, max(0.0, 0.05 + 0.95 * util / 100 + self._rng.gauss(0, 0.02)))
         running = int(util * 0.6)
         waiting = int(max(0.0, kv - 0.9) * 400)
+        if not self.node.engines_in_rotation:
+            # Out of rotation (the drain's leave): no request arrives; those in flight finish
+            # within FINISH_S, their KV-cache freed as they do, so a graceful drain sees 0 running.
+            now = time.monotonic()
+            if self._left is None:
+                self._left = (now, running, kv)
+            since, running_then, kv_then = self._left
+            share = max(0.0, 1.0 - (now - since) / FINISH_S)
+            return kv_then * share, int(running_then * share), 0
+        self._left = None
         with self._lock:
             if kv > 0.95:
                 self._preemptions += self._rng.randint(1, 3)

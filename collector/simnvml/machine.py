@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from gpufleet.collector.simnvml.gpu_users import LEAVES_BEHIND, MADE_UP_PID_BASE, DemoJobs, ProcGpuUsers
-from gpufleet.collector.simnvml.scheduler import DRAINED, IN_SERVICE, ScheduledState
+from gpufleet.collector.simnvml.scheduler import DRAINED, IN_SERVICE, OUT_OF_ROTATION, ScheduledState
 
 log = logging.getLogger("gpufleet.collector.sim")
 
@@ -538,6 +538,12 @@ class SimulatedNode:
             job.workload = owner
             self.demo_jobs.started(owner, job.pid, job.ends_at_s - self._t_s)
         self._job = job
+
+    @property
+    def engines_in_rotation(self) -> bool:
+        """False once the demo scheduler took the node's engines out of rotation (or drained it):
+        its simulated engines then get no new request (engine_server.py)."""
+        return self._scheduled_state not in (OUT_OF_ROTATION, DRAINED)
 
     def _obey_scheduler(self) -> bool:
         """The demo scheduler's word on this node (scheduler.py): True while no job may start.

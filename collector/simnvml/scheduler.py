@@ -15,8 +15,11 @@ log = logging.getLogger("gpufleet.collector.sim")
 
 IN_SERVICE = ""
 CORDONED = "cordoned"
+# Cordoned, and its inference engines out of rotation (the drain's first step, before it
+# evicts): no request reaches them, those in flight finish (engine_server.py).
+OUT_OF_ROTATION = "out_of_rotation"
 DRAINED = "drained"
-STATES = (IN_SERVICE, CORDONED, DRAINED)
+STATES = (IN_SERVICE, CORDONED, OUT_OF_ROTATION, DRAINED)
 
 
 class ScheduledState:

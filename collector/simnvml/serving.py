@@ -29,7 +29,13 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 from gpufleet.collector.simnvml.engine_server import serve_metrics
-from gpufleet.collector.simnvml.scheduler import CORDONED, DRAINED, IN_SERVICE, ScheduledState
+from gpufleet.collector.simnvml.scheduler import (
+    CORDONED,
+    DRAINED,
+    IN_SERVICE,
+    OUT_OF_ROTATION,
+    ScheduledState,
+)
 
 MODEL = "meta-llama/Llama-3.1-70B-Instruct"
 
@@ -172,7 +178,7 @@ class Control:
 
     ACTIONS = ("leave", "evict", "cordon", "uncordon")
     # What each command makes of the node in the demo's scheduler.
-    SCHEDULED = {"cordon": CORDONED, "evict": DRAINED, "uncordon": IN_SERVICE}
+    SCHEDULED = {"cordon": CORDONED, "leave": OUT_OF_ROTATION, "evict": DRAINED, "uncordon": IN_SERVICE}
 
     def __init__(
         self, replicas: dict[str, Replica], scheduled: dict[str, ScheduledState] | None = None
