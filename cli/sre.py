@@ -25,6 +25,7 @@ from gpufleet.client.present import (
     fmt,
     gib_of,
     gpu_health,
+    health_said,
     history_csv,
     mean,
     message_fields,
@@ -60,7 +61,8 @@ def print_nodes(resp: fleet_pb2.ListNodesResponse, as_json: bool, clusters: list
             r["cluster"],
             r["liveness"] + ("" if r["connected"] else " (disconnected)"),
             f"{r['seconds_since_report']:.1f}s ago" if r["last_report"] else "never",
-            r["health"] + (f" LEMON ({r['recent_incidents']} incidents)" if r["lemon"] else ""),
+            health_said(r["health"], r["health_detail"])
+            + (f" LEMON ({r['recent_incidents']} incidents)" if r["lemon"] else ""),
             f"{r['gpu_count']}" + (f" ({r['gpus_lost']} LOST)" if r["gpus_lost"] else ""),
             fmt(r["util_gpu_mean_pct"]),
             gib_of(r["hbm_used_bytes"], r["hbm_total_bytes"]),

@@ -12,7 +12,13 @@ from typing import Any
 
 from gpufleet.client.timeparse import iso
 from gpufleet.protos import fleet_pb2
-from gpufleet.protos.names import AGGREGATES, gpu_health_name, health_name, liveness_name
+from gpufleet.protos.names import (
+    AGGREGATES,
+    CAPACITY_WAIT_PREFIX,
+    gpu_health_name,
+    health_name,
+    liveness_name,
+)
 
 __all__ = ["AGGREGATES"]
 
@@ -223,6 +229,12 @@ def pool_row(p: fleet_pb2.ServingPool) -> dict[str, Any]:
 
 def projection_row(d: fleet_pb2.DrainProjection) -> dict[str, Any]:
     return {k: finite(v) if isinstance(v, float) else v for k, v in message_fields(d).items()}
+
+
+def health_said(health: str, detail: str) -> str:
+    """A node's workflow word as every surface writes it: a drain held for serving capacity says
+    so beside its state (`cordoned, waiting for capacity`), not a bare `cordoned`."""
+    return f"{health}, waiting for capacity" if detail.startswith(CAPACITY_WAIT_PREFIX) else health
 
 
 # A projection past the pool's floor: its KV-cache usage over the floor's, or too few replicas

@@ -16,6 +16,7 @@ from gpufleet.client.present import (
     every_replica,
     finite,
     gpu_health,
+    health_said,
     incident_work_label,
     incident_workload_row,
     node_row,
@@ -114,7 +115,7 @@ def nodes_frame(resp: fleet_pb2.ListNodesResponse) -> pd.DataFrame:
                 "node": r["node"],
                 "cluster": r["cluster"],
                 "state": display_state(n),
-                "workflow": r["health"],
+                "workflow": health_said(r["health"], r["health_detail"]),
                 "detail": r["health_detail"],
                 "GPUs": r["gpu_count"],
                 "GPUs lost": r["gpus_lost"],
@@ -258,7 +259,9 @@ def headline(nodes: pd.DataFrame, gpus: pd.DataFrame) -> dict[str, object]:
     page and `gpufleet breaker status` show in nodes; here also the GPUs on those nodes (of
     them, those in repair). A silent node's GPUs are neither in service nor out: nothing is heard
     from them. The fleet's mean utilization is of the GPUs that report it (absent is not 0)."""
-    out_nodes = int(nodes["workflow"].isin(OUT_OF_SERVICE_STATES).sum()) if not nodes.empty else 0
+    # The workflow column is health_said's ("cordoned, waiting for capacity"): its state word first.
+    states = nodes["workflow"].str.split(",").str[0] if not nodes.empty else pd.Series(dtype=str)
+    out_nodes = int(states.isin(OUT_OF_SERVICE_STATES).sum())
     if gpus.empty:
         out = in_repair = silent = 0
     else:

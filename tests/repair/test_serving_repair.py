@@ -95,6 +95,10 @@ def test_a_deferrable_fault_waits_for_capacity_then_drains_when_a_fourth_replica
         "s1 waiting for capacity",
     )
     assert waiting["state"] == "cordoned"
+    listed = gpufleet_cli(agg, cluster, "viewer", "nodes")
+    assert "cordoned, waiting for capacity" in next(
+        ln for ln in listed.stdout.splitlines() if ln.startswith("s1 ")
+    ), listed.stdout
     assert waiting["detail"] == f"waiting for capacity: {MODEL} 3 → 2 replicas, projected KV 85 % → 127 %"
     assert pool(agg, cluster)["nodes_waiting"] == ["s1"]
     assert agg.metric_value("gpufleet_pool_repairs_waiting_for_capacity", cluster="test", model=MODEL) == 1
