@@ -129,10 +129,25 @@ class WorkflowSteps:
         self.moves.move(wf, Health.REPAIRING, "drained")
         await self._repair(wf, self.moves.snapshot(wf.node), view, now)
 
+    def _skipped(self, wf: Workflow) -> str:
+        """The ladder's steps this incident skipped for want of a command, and the setting that
+        would run each: what the node page says beside "quarantined" (issue 55: a reboot the demo
+        skipped said nothing on screen)."""
+        skipped = [
+            f"{step} skipped: no repair_{step}_command set"
+            for i, step in enumerate(wf.ladder)
+            if (o := self.state.action_outcome(f"{wf.incident_id}:{i}:{step}")) is not None
+            and o.status is Status.SKIPPED
+            and o.detail.startswith("no ")
+        ]
+        return f" ({'; '.join(skipped)})" if skipped else ""
+
     async def _repair(self, wf: Workflow, snap: NodeSnapshot | None, view: SchedulerView, now: int) -> None:
         if wf.step >= len(wf.ladder):
             self.desk.audit(wf, "quarantine", "every repair step was tried", OK, now)
-            self.moves.move(wf, Health.QUARANTINED, "repair steps exhausted; a person decides")
+            self.moves.move(
+                wf, Health.QUARANTINED, f"repair steps exhausted{self._skipped(wf)}; a person decides"
+            )
             return
         step = wf.ladder[wf.step]
         key = f"{wf.incident_id}:{wf.step}:{step}"
@@ -147,7 +162,10 @@ class WorkflowSteps:
             self.steps.check_running(wf, step, key, now)
             return
         if step is Step.TICKET:
-            self.moves.move(wf, Health.QUARANTINED, f"hardware ticket: {str(outcome)[:200]}")
+            said = f"hardware ticket: {str(outcome)[:200]}" if outcome.status is not Status.SKIPPED else ""
+            self.moves.move(
+                wf, Health.QUARANTINED, said or f"quarantined{self._skipped(wf)}; a person decides"
+            )
             return
         if not outcome.ok:
             wf.step += 1

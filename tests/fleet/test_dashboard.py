@@ -36,6 +36,9 @@ def test_every_page_against_a_simulated_fleet(cluster: Cluster, monkeypatch: pyt
     assert metrics["nodes out of service"] == "1" and metrics["GPUs silent"] == "0"
     breaker = gpufleet_cli(agg, cluster, "viewer", "breaker", "status")
     assert "nodes out of service: 1 of a cap of" in breaker.stdout, breaker.stdout
+    # Quarantined with steps skipped for want of a command: the node's detail says which, and what
+    # to set (issue 55: the demo's skipped reboot said nothing on screen).
+    assert "reboot skipped: no repair_reboot_command set" in breaker.stdout, breaker.stdout
     assert metrics["fleet mean utilization"].endswith("%")
     table = at.dataframe[0].value
     assert list(table["node"]) == ["dash-1", "dash-2"] and list(table["state"]) == ["healthy", "quarantined"]
