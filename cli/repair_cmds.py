@@ -103,7 +103,7 @@ def _finding_json(f: fleet_pb2.Finding) -> dict[str, Any]:
     }
 
 
-def _audit_json(e: fleet_pb2.AuditEntry) -> dict[str, Any]:
+def audit_json(e: fleet_pb2.AuditEntry) -> dict[str, Any]:
     return {
         "time": iso(e.time_unix_ns),
         "actor": e.actor,
@@ -116,7 +116,7 @@ def _audit_json(e: fleet_pb2.AuditEntry) -> dict[str, Any]:
     }
 
 
-def _incident_json(i: fleet_pb2.Incident) -> dict[str, Any]:
+def incident_json(i: fleet_pb2.Incident) -> dict[str, Any]:
     return {
         "id": i.id,
         "node": i.node,
@@ -127,12 +127,12 @@ def _incident_json(i: fleet_pb2.Incident) -> dict[str, Any]:
         "outcome": i.outcome,
         "attempts": i.attempts,
         "findings": [_finding_json(f) for f in i.findings],
-        "actions": [_audit_json(a) for a in i.actions],
+        "actions": [audit_json(a) for a in i.actions],
         "workloads": [incident_workload_row(w) for w in i.workloads],
     }
 
 
-def _status_json(st: fleet_pb2.RepairStatus) -> dict[str, Any]:
+def status_json(st: fleet_pb2.RepairStatus) -> dict[str, Any]:
     return {
         "backend": st.backend,
         "dry_run": st.dry_run,
@@ -184,7 +184,7 @@ def run(client: FleetClient, args: argparse.Namespace) -> None:
             FleetRpc.ListIncidents,
             fleet_pb2.ListIncidentsRequest(open_only=not args.all, node=args.node, limit=args.limit),
         )
-        rows = [_incident_json(i) for i in resp.incidents]
+        rows = [incident_json(i) for i in resp.incidents]
         if args.json:  # an object, as every command's --json: when it was answered, and the rows
             print(json.dumps({"server_time": iso(resp.server_time_unix_ns), "incidents": rows}, indent=2))
         elif not rows:
@@ -212,7 +212,7 @@ def run(client: FleetClient, args: argparse.Namespace) -> None:
             )
     elif args.command == "audit":
         resp = client.call(FleetRpc.ListAudit, fleet_pb2.ListAuditRequest(node=args.node, limit=args.limit))
-        rows = [_audit_json(e) for e in resp.entries]
+        rows = [audit_json(e) for e in resp.entries]
         if args.json:
             print(json.dumps({"server_time": iso(resp.server_time_unix_ns), "entries": rows}, indent=2))
         elif not rows:
@@ -233,6 +233,6 @@ def run(client: FleetClient, args: argparse.Namespace) -> None:
         else:
             st = client.call(FleetRpc.GetRepairStatus, fleet_pb2.RepairStatusRequest())
         if args.json:
-            print(json.dumps(_status_json(st), indent=2))
+            print(json.dumps(status_json(st), indent=2))
         else:
             _print_status(st)

@@ -1,6 +1,6 @@
 """The repair tests' shared steps: a fast policy, an XID scenario, an aggregator with repair on,
-the CLI as a person runs it (audit, incidents, breaker status) and the audit log read straight
-from the repair state."""
+the CLI as a person runs it, the audit, incidents and breaker status as its --json says them,
+and the audit log read straight from the repair state."""
 
 from __future__ import annotations
 
@@ -10,6 +10,10 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
+import grpc
+
+from gpufleet.cli.repair_cmds import audit_json, incident_json, status_json
+from gpufleet.protos import fleet_pb2, fleet_pb2_grpc
 from gpufleet.repair.outcome import Outcome
 from harness.processes import AggregatorHandle, Cluster, gpufleet_argv
 
@@ -91,16 +95,26 @@ def gpufleet_cli(
     )
 
 
+# The repair side's answers as `gpufleet audit|incidents|breaker status --json` print them, read
+# through the Fleet API in this process with the CLI's own formatting (cli/repair_cmds.py): tests
+# poll these many times a second, and a CLI process per look was ~0.1 s of CPU each. The CLI's
+# own text and exit codes are tested as a person runs them (tests/fleet/test_demo_and_cli.py).
+def _ask(agg: AggregatorHandle, cluster: Cluster, rpc: str, request: Any) -> Any:
+    with grpc.insecure_channel(agg.fleet) as channel:
+        call = getattr(fleet_pb2_grpc.FleetStub(channel), rpc)
+        return call(request, metadata=cluster.secrets.metadata("viewer"), timeout=30)
+
+
 def audit(agg: AggregatorHandle, cluster: Cluster, node: str = "") -> list[dict[str, Any]]:
-    out = gpufleet_cli(agg, cluster, "viewer", "audit", "--json", *(["--node", node] if node else []))
-    assert out.returncode == 0, out.stderr
-    return json.loads(out.stdout)["entries"]
+    answer = _ask(agg, cluster, "ListAudit", fleet_pb2.ListAuditRequest(node=node, limit=200))
+    return [audit_json(e) for e in answer.entries]
 
 
 def incidents(agg: AggregatorHandle, cluster: Cluster, *extra: str) -> list[dict[str, Any]]:
-    out = gpufleet_cli(agg, cluster, "viewer", "incidents", "--json", *extra)
-    assert out.returncode == 0, out.stderr
-    return json.loads(out.stdout)["incidents"]
+    """extra: `incidents`' flags, --all and --node NODE."""
+    node = extra[extra.index("--node") + 1] if "--node" in extra else ""
+    request = fleet_pb2.ListIncidentsRequest(open_only="--all" not in extra, node=node, limit=100)
+    return [incident_json(i) for i in _ask(agg, cluster, "ListIncidents", request).incidents]
 
 
 def lines(path: Path) -> list[str]:
@@ -112,9 +126,7 @@ def drained(slurm: Any, node: str) -> bool:
 
 
 def repair_status(agg: AggregatorHandle, cluster: Cluster) -> dict[str, Any]:
-    out = gpufleet_cli(agg, cluster, "viewer", "breaker", "status", "--json")
-    assert out.returncode == 0, out.stderr
-    return json.loads(out.stdout)
+    return status_json(_ask(agg, cluster, "GetRepairStatus", fleet_pb2.RepairStatusRequest()))
 
 
 def audit_rows(data_dir: Path) -> list[dict[str, Any]]:
