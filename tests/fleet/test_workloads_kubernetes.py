@@ -26,11 +26,12 @@ from harness.alert_receiver import AlertReceiver
 from harness.k8s_standin import KubeStandin
 from harness.pod_resources import PodResourcesStandin
 from harness.processes import Cluster
-from harness.repair import gpufleet_cli
+from harness.repair import gpufleet_cli, incidents, xid_scenario
 from harness.streams import RawStream, hello, report
 from harness.waiting import wait_until
 
 NODE, OTHER = "k8s-gpu-a", "k8s-gpu-b"
+XID_AT_S = 15.0  # seconds after the collector starts: the pods are placed by then
 GIB = 1 << 30
 
 
@@ -152,6 +153,9 @@ def test_pods_gpus_come_from_the_kubelet_and_their_owners_from_the_api(
             tag,
             "--kubelet-pod-resources-socket",
             str(kubelet.path),
+            # An XID on llama-0's GPU 0 once the pods are placed: the incident names whom it hit.
+            "--sim-scenario",
+            str(xid_scenario(cluster.tmp / "xid.toml", 79, gpu=0, at_s=XID_AT_S)),
         )
         stub, meta = agg.fleet_stub(), cluster.secrets.metadata("ops")
         detail = wait_until(
@@ -312,6 +316,19 @@ def test_pods_gpus_come_from_the_kubelet_and_their_owners_from_the_api(
             assert outside["labels"]["namespace"] == "research" and outside["labels"]["team"] == "science"
             said = outside["summary"]
             assert f"runs pid(s) {stray.pid}" in said and "on GPU 2" in said, outside
+
+        # The XID on llama-0's GPU: its incident and the incident's alert name the pod, its
+        # namespace and team, as hit (nb-1, on GPU 3, is on the node and not hit).
+        (incident,) = wait_until(lambda: incidents(agg, cluster), XID_AT_S + 60, "the XID's incident")
+        hit = {w["workload"]: (w["namespace"], w["team"], w["hit"]) for w in incident["workloads"]}
+        assert hit == {
+            "kubernetes:ml-serving/llama-0": ("ml-serving", "inference", True),
+            "kubernetes:research/nb-1": ("research", "science", False),
+        }, incident["workloads"]
+        paged = wait_until(lambda: receiver.for_key(incident["id"]), 30, "the incident's alert")[0]
+        assert "work hit: kubernetes:ml-serving/llama-0 (ml-serving, inference) hit" in paged["summary"], (
+            paged
+        )
     finally:
         for proc in procs:
             proc.kill()

@@ -129,6 +129,18 @@ def repair_status(agg: AggregatorHandle, cluster: Cluster) -> dict[str, Any]:
     return status_json(_ask(agg, cluster, "GetRepairStatus", fleet_pb2.RepairStatusRequest()))
 
 
+def saved_state(data_dir: Path, node: str) -> str:
+    """The node's workflow state as the repair state holds it on disk (read-only): what a
+    restarted aggregator resumes from. The Fleet API shows a pass's state before the pass has
+    written it."""
+    db = sqlite3.connect(f"file:{data_dir / 'repair.sqlite3'}?mode=ro", uri=True)
+    try:
+        row = db.execute("SELECT body FROM workflow WHERE node = ?", (node,)).fetchone()
+    finally:
+        db.close()
+    return str(json.loads(row[0])["state"]) if row else "healthy"
+
+
 def audit_rows(data_dir: Path) -> list[dict[str, Any]]:
     """The audit log as the aggregator wrote it (read-only, straight from its repair state); each
     row's `status` is its outcome's, as the repair code reads it (repair/outcome.py)."""

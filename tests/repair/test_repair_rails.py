@@ -23,6 +23,7 @@ from harness.repair import (
     lines,
     repair_flags,
     repair_status,
+    saved_state,
     slurm_args,
     xid_scenario,
 )
@@ -169,7 +170,9 @@ def test_restart_into_dry_run_touches_nothing(cluster: Cluster, slurm: Any) -> N
     agg = start_aggregator(cluster, slurm, data, ports)
     resets = cluster.tmp / "resets.txt"
     job = job_and_fault(cluster, slurm, agg, node, 0, resets)
-    wait_until(lambda: state_of(agg, cluster, node) == "draining", 30, "draining behind the job")
+    # Killed once its draining is on disk: what the restart resumes from (the Fleet API shows a
+    # pass's state before the pass writes it).
+    wait_until(lambda: saved_state(agg.data_dir, node) == "draining", 30, "draining behind the job, saved")
     reason = slurm.state(node)[1]
     agg.proc.stop(signal.SIGKILL)
 
