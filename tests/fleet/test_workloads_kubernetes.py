@@ -31,7 +31,6 @@ from harness.streams import RawStream, hello, report
 from harness.waiting import wait_until
 
 NODE, OTHER = "k8s-gpu-a", "k8s-gpu-b"
-XID_AT_S = 15.0  # seconds after the collector starts: the pods are placed by then
 GIB = 1 << 30
 
 
@@ -142,21 +141,11 @@ def test_pods_gpus_come_from_the_kubelet_and_their_owners_from_the_api(
             "--waste-digest-min-idle-gpu-hours",
             "0",
         )
-        cluster.collector(
-            NODE,
-            agg.ingest,
-            "--interval-s",
-            "1",
-            "--sim-gpus",
-            "4",
-            "--sim-gpu-users-tag",
-            tag,
-            "--kubelet-pod-resources-socket",
-            str(kubelet.path),
-            # An XID on llama-0's GPU 0 once the pods are placed: the incident names whom it hit.
-            "--sim-scenario",
-            str(xid_scenario(cluster.tmp / "xid.toml", 79, gpu=0, at_s=XID_AT_S)),
-        )
+        collector_args = (
+            "--interval-s", "1", "--sim-gpus", "4", "--sim-gpu-users-tag", tag,
+            "--kubelet-pod-resources-socket", str(kubelet.path),
+        )  # fmt: skip
+        first = cluster.collector(NODE, agg.ingest, *collector_args)
         stub, meta = agg.fleet_stub(), cluster.secrets.metadata("ops")
         detail = wait_until(
             lambda: (
@@ -317,9 +306,15 @@ def test_pods_gpus_come_from_the_kubelet_and_their_owners_from_the_api(
             said = outside["summary"]
             assert f"runs pid(s) {stray.pid}" in said and "on GPU 2" in said, outside
 
-        # The XID on llama-0's GPU: its incident and the incident's alert name the pod, its
-        # namespace and team, as hit (nb-1, on GPU 3, is on the node and not hit).
-        (incident,) = wait_until(lambda: incidents(agg, cluster), XID_AT_S + 60, "the XID's incident")
+        # An XID on llama-0's GPU 0, the pods placed (the node's collector restarted with it: the
+        # same GPUs, the kubelet's allocations as they were): its incident and the incident's alert
+        # name the pod, its namespace and team, as hit (nb-1, on GPU 3, is on the node, not hit).
+        first.stop()
+        # The XID 10 s after the restart: the new collector has read the kubelet by then (it does
+        # at its first report), so the fault lands on GPUs whose pods are known, as on a node up.
+        xid = xid_scenario(cluster.tmp / "xid.toml", 79, gpu=0, at_s=10.0)
+        cluster.collector(NODE, agg.ingest, *collector_args, "--sim-scenario", str(xid))
+        (incident,) = wait_until(lambda: incidents(agg, cluster), 60, "the XID's incident")
         hit = {w["workload"]: (w["namespace"], w["team"], w["hit"]) for w in incident["workloads"]}
         assert hit == {
             "kubernetes:ml-serving/llama-0": ("ml-serving", "inference", True),
