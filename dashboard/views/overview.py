@@ -50,11 +50,16 @@ def render() -> None:
         gpus, nodes = gpus[gpus["state"].isin(wanted)], nodes[nodes["state"].isin(wanted)]
 
     counts = headline(nodes, gpus)
-    cols = st.columns(7)
-    for col, label in zip(cols[:6], list(counts)[:6], strict=True):
-        col.metric(label, counts[label], help=HEADLINE_HELP.get(label))
+    # Six tiles fit a 1,500-px window with their labels whole; those in repair are said under
+    # the GPUs out of service (a part of them), not in a seventh.
+    cols = st.columns(6)
+    tiles = ["nodes", "nodes out of service", "GPUs in service", "GPUs out of service", "GPUs silent"]
+    for col, label in zip(cols[:5], tiles, strict=True):
+        in_repair = f"{counts['GPUs in repair']} in repair" if label == "GPUs out of service" else None
+        said = HEADLINE_HELP.get(label)
+        col.metric(label, counts[label], delta=in_repair, delta_color="off", delta_arrow="off", help=said)
     util = counts["fleet mean utilization"]
-    cols[6].metric("fleet mean utilization", "N/A" if util is None else f"{util:.0f} %")
+    cols[5].metric("fleet mean utilization", "N/A" if util is None else f"{util:.0f} %")
     lemons = nodes[nodes["lemon"] != ""]
     if not lemons.empty:
         st.warning(
