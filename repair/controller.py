@@ -86,13 +86,13 @@ class RepairController:
         self.rails = rails
         self.alerts = dispatcher
         self._snapshots = snapshots
-        # Every known node's liveness now (cheap: no snapshot is built); None: take it from the
-        # snapshots, which builds one per node.
+        # Every known node's liveness now, cheaply (no snapshot built); None: from the snapshots.
         self._liveness = liveness or (lambda: {s.node: s.liveness for s in snapshots(None)})
         self._full_pass_s = observe_interval_s
         self._seen_liveness: dict[str, int] = {}  # as each node's last evaluation saw it
-        self.waste = WasteDesk(dispatcher, clock, orphan_cleanup(hooks, state, rails, clock, hook_runner))
+        self.waste = WasteDesk(dispatcher, clock)
         self.desk = IncidentDesk(state, dispatcher, on_action, clock, self.waste.workloads_on)
+        self.waste.cleanup = orphan_cleanup(hooks, state, self.desk, rails, clock, hook_runner)
         self.breaker = Breaker(state.kept, rails)
         self.scheduler = SchedulerWatch(backend, observe_interval_s)
         self.capacity = CapacityGuard(policy.serving, serving, self.desk, clock)

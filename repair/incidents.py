@@ -70,18 +70,32 @@ class IncidentDesk:
     def audit(
         self, wf: Workflow, action: str, reason: str, outcome: Outcome, now: int, actor: str = AUTOMATION
     ) -> None:
+        self.audit_node(wf.node, wf.incident_id, action, reason, outcome, now, actor)
+
+    def audit_node(
+        self,
+        node: str,
+        incident_id: str,
+        action: str,
+        reason: str,
+        outcome: Outcome,
+        now: int,
+        actor: str = AUTOMATION,
+    ) -> None:
+        """One audit row, logged and counted (gpufleet_repair_actions): a workflow's step, or an
+        action of no workflow (an orphan's cleanup, repair/orphan_cleanup.py)."""
         outcome = outcome.trimmed()
-        self._state.audit(AuditRecord(now, actor, wf.node, action, reason, outcome, wf.incident_id))
+        self._state.audit(AuditRecord(now, actor, node, action, reason, outcome, incident_id))
         log.warning(
             "%s %s by %s: %s (%s)",
             action,
-            wf.node,
+            node,
             actor,
             reason,
             outcome,
-            extra={"node": wf.node, "incident": wf.incident_id, "action": action},
+            extra={"node": node, "incident": incident_id, "action": action},
         )
-        self._on_action(wf.node, action, outcome)
+        self._on_action(node, action, outcome)
 
     def observed(self, wf: Workflow, action: str, reason: str, now: int) -> None:
         """Audit what a person did in the scheduler, as gpufleet saw it there."""

@@ -14,20 +14,18 @@ else left empty: a node's word never becomes an option of the site's command."""
 
 from __future__ import annotations
 
-import logging
 import re
 from collections.abc import Callable
 
 from gpufleet.repair.hooks import HookRunner, run_hook
+from gpufleet.repair.incidents import IncidentDesk
 from gpufleet.repair.model import CLAIM_ENDED, CLAIM_NONE, CLAIM_UNKNOWN, Finding, NodeSnapshot
 from gpufleet.repair.outcome import STARTED, Outcome, Status, failed
 from gpufleet.repair.rails import Rails
-from gpufleet.repair.state import AuditRecord, RepairState
+from gpufleet.repair.state import RepairState
 from gpufleet.repair.step_runner import Hooks
 
-log = logging.getLogger("gpufleet.repair.waste")
 ACTION = "orphan_cleanup"
-ACTOR = "automation"
 _SAFE_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:/@+=-]{0,199}")
 _ORPHAN_STATUSES = (CLAIM_ENDED, CLAIM_NONE, CLAIM_UNKNOWN)
 SEEN_MAX = 100_000
@@ -52,11 +50,13 @@ class OrphanCleanup:
         command: str,
         timeout_s: float,
         state: RepairState,
+        desk: IncidentDesk,
         dry_run: bool,
         clock: Callable[[], int],
         hook_runner: HookRunner = run_hook,
     ) -> None:
-        self._command, self._timeout_s, self._state = command, timeout_s, state
+        """desk: where every repair action is audited, logged and counted (its audit_node)."""
+        self._command, self._timeout_s, self._state, self._desk = command, timeout_s, state, desk
         self._dry_run, self._clock, self._run = dry_run, clock, hook_runner
         self._pending: list[tuple[Finding, list[int]]] = []
         # (node, GPU, pid) already handed to act(): the ledger is asked once per process, not
@@ -93,7 +93,7 @@ class OrphanCleanup:
         if not self._state.begin_action(key):
             return  # begun before, by this process, an earlier one or another replica
         where = f"pid {pid} on GPU {f.gpu}" + (f" (job {f.workload})" if f.workload else "")
-        self._audit(f.node, where, STARTED)
+        self._desk.audit_node(f.node, "", ACTION, where, STARTED, self._clock())
         if self._dry_run:
             outcome = Outcome(Status.DRY_RUN, "nothing run")
         else:
@@ -107,19 +107,18 @@ class OrphanCleanup:
             )
             outcome = Outcome(Status.OK, result.detail) if result.ok else failed(result.detail)
         self._state.finish_action(key, outcome)
-        self._audit(f.node, where, outcome)
-
-    def _audit(self, node: str, reason: str, outcome: Outcome) -> None:
-        outcome = outcome.trimmed()
-        self._state.audit(AuditRecord(self._clock(), ACTOR, node, ACTION, reason, outcome))
-        extra = {"node": node, "action": ACTION}
-        log.warning("%s %s by %s: %s (%s)", ACTION, node, ACTOR, reason, outcome, extra=extra)
+        self._desk.audit_node(f.node, "", ACTION, where, outcome, self._clock())
 
 
 def orphan_cleanup(
-    hooks: Hooks, state: RepairState, rails: Rails, clock: Callable[[], int], runner: HookRunner
+    hooks: Hooks,
+    state: RepairState,
+    desk: IncidentDesk,
+    rails: Rails,
+    clock: Callable[[], int],
+    runner: HookRunner,
 ) -> OrphanCleanup | None:
     """The cleanup the settings ask for; None when no command is set (the default: alerts only)."""
     if not hooks.orphan_command:
         return None
-    return OrphanCleanup(hooks.orphan_command, hooks.timeout_s, state, rails.dry_run, clock, runner)
+    return OrphanCleanup(hooks.orphan_command, hooks.timeout_s, state, desk, rails.dry_run, clock, runner)

@@ -19,8 +19,11 @@ from pathlib import Path
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from gpufleet.repair.alerts.dispatcher import AlertDispatcher
+from gpufleet.repair.incidents import IncidentDesk
 from gpufleet.repair.model import CLAIM_ENDED, CLAIM_NONE, CLAIM_RUNNING, Finding, NodeSnapshot, ProcessClaim
 from gpufleet.repair.orphan_cleanup import ACTION, OrphanCleanup, safe_id
+from gpufleet.repair.outcome import Outcome
 from gpufleet.repair.state import RepairState, open_state
 
 PRINT_ARGV = "printf '%s\\n' {node} {gpu} {pid} {workload} end"
@@ -41,8 +44,17 @@ def _orphan(
     return finding, snap
 
 
-def _cleanup(state: RepairState, command: str = PRINT_ARGV, dry_run: bool = False) -> OrphanCleanup:
-    return OrphanCleanup(command, 10.0, state, dry_run, lambda: 1_000)
+def _cleanup(
+    state: RepairState, command: str = PRINT_ARGV, dry_run: bool = False, counted: list[str] | None = None
+) -> OrphanCleanup:
+    """The cleanup on the repair's own desk (audit, log and the actions counter it feeds)."""
+    told = [] if counted is None else counted
+
+    def on_action(node: str, action: str, outcome: Outcome) -> None:
+        told.append(f"{action} {outcome.status}")
+
+    desk = IncidentDesk(state, AlertDispatcher([]), on_action, lambda: 1_000)
+    return OrphanCleanup(command, 10.0, state, desk, dry_run, lambda: 1_000)
 
 
 def _runs(state: RepairState) -> list[tuple[str, str, str]]:
@@ -92,7 +104,8 @@ def test_each_process_is_cleaned_once_across_gpus_and_restarts(tmp_path: Path) -
     marker = tmp_path / "killed"
     command = f"sh -c 'echo $0 >> {marker}' {{pid}}"
     claims = (ProcessClaim("", CLAIM_NONE, (0, 1), (4242,), 2 << 30),)
-    first = _cleanup(state, command)
+    counted: list[str] = []
+    first = _cleanup(state, command, counted=counted)
     for gpu in (0, 1):  # one process on two GPUs: two findings
         first.found(*_orphan("gpu-node-1", gpu, "", claims))
     asyncio.run(first.act())
@@ -102,6 +115,7 @@ def test_each_process_is_cleaned_once_across_gpus_and_restarts(tmp_path: Path) -
     restarted.found(*_orphan("gpu-node-1", 1, "", claims))
     asyncio.run(restarted.act())
     assert marker.read_text().split() == ["4242"]
+    assert counted == ["orphan_cleanup started", "orphan_cleanup ok"], "counted as repair actions"
     assert [(r[0], r[1]) for r in _runs(state)] == [
         ("pid 4242 on GPU 0", "started"),
         ("pid 4242 on GPU 0", "ok"),
