@@ -6,6 +6,8 @@ import re
 import time
 from datetime import UTC, datetime
 
+from gpufleet.common.timefmt import iso
+
 _UNITS_NS = {
     "ms": 10**6,
     "s": 10**9,
@@ -66,7 +68,3 @@ def parse_range_ns(since: str, until: str, now_ns: int | None = None) -> tuple[i
             "a time ago such as 2h is further back than 1h"
         )
     return start, end
-
-
-def iso(ns: int) -> str:
-    return datetime.fromtimestamp(ns / 1e9, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")

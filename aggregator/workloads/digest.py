@@ -17,10 +17,10 @@ import logging
 import math
 import time
 from collections.abc import Callable
-from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
 from gpufleet.aggregator.workloads.summary import UsageRow
+from gpufleet.common.timefmt import iso
 from gpufleet.repair.alerts.base import Alert
 
 if TYPE_CHECKING:  # the settings import this module's parser: they need no dispatcher
@@ -46,7 +46,7 @@ def next_run_s(now_s: float, every_s: float, offset_s: float) -> float:
 
 
 def _iso(seconds: float) -> str:
-    return datetime.fromtimestamp(seconds, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return iso(int(seconds * 1e9))
 
 
 class WasteDigest:

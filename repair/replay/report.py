@@ -31,10 +31,10 @@ import math
 import textwrap
 from collections import defaultdict
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from itertools import zip_longest
 from typing import Any
 
+from gpufleet.common.timefmt import iso
 from gpufleet.repair.health import Health
 from gpufleet.repair.incidents import AUTOMATION
 from gpufleet.repair.outcome import Status
@@ -44,10 +44,6 @@ from gpufleet.repair.state import AuditRecord
 
 FAULT_GAP_NS = 60 * 10**9
 _ALL = 10**9
-
-
-def iso(ns: int) -> str:
-    return datetime.fromtimestamp(ns / 1e9, UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
 
 
 OUTCOMES = (
