@@ -451,7 +451,7 @@ class _GpuHealthGauge:
     """`gpufleet_gpu_health{cluster, node, gpu, health}` for every GPU that is not ok: its level
     (vocabulary.proto GpuHealth: 2 watch, 3 suspect, 4 faulty, 5 lost) and its word, the same
     the Fleet API, `gpufleet node` and the dashboard show; Grafana maps the level to the word and
-    its colour (client/colours.py). A GPU that reads ok has no series: the fleet's size does not
+    its colour (protos/presentation.py). A GPU that reads ok has no series: the fleet's size does not
     set the series count, its trouble does. A scrape that cannot read the state in time is
     logged and answers without the family's samples, never fails the whole scrape."""
 

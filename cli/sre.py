@@ -31,10 +31,13 @@ from gpufleet.client.present import (
     message_fields,
     node_row,
     opt,
+    out_of_service,
+    out_of_service_said,
     percent,
     pool_row,
     projection_row,
     series_label,
+    states_said,
     varying_tags,
 )
 from gpufleet.client.rpcs import FleetRpc
@@ -59,10 +62,11 @@ def print_nodes(resp: fleet_pb2.ListNodesResponse, as_json: bool, clusters: list
         [
             r["node"],
             r["cluster"],
-            r["liveness"] + ("" if r["connected"] else " (disconnected)"),
-            f"{r['seconds_since_report']:.1f}s ago" if r["last_report"] else "never",
+            r["state"],
             health_said(r["health"], r["health_detail"])
             + (f" LEMON ({r['recent_incidents']} incidents)" if r["lemon"] else ""),
+            (f"{r['seconds_since_report']:.1f}s ago" if r["last_report"] else "never")
+            + ("" if r["connected"] else " (disconnected)"),
             f"{r['gpu_count']}" + (f" ({r['gpus_lost']} LOST)" if r["gpus_lost"] else ""),
             fmt(r["util_gpu_mean_pct"]),
             gib_of(r["hbm_used_bytes"], r["hbm_total_bytes"]),
@@ -78,8 +82,8 @@ def print_nodes(resp: fleet_pb2.ListNodesResponse, as_json: bool, clusters: list
                 "NODE",
                 "CLUSTER",
                 "STATE",
+                "WORKFLOW",
                 "LAST REPORT",
-                "HEALTH",
                 "GPUS",
                 "UTIL %",
                 "HBM GiB",
@@ -88,13 +92,11 @@ def print_nodes(resp: fleet_pb2.ListNodesResponse, as_json: bool, clusters: list
             ],
         )
     )
-    states: dict[str, int] = {}
-    for r in rows:
-        states[r["liveness"]] = states.get(r["liveness"], 0) + 1
     gpus = sum(r["gpu_count"] for r in rows)
     print(
-        f"\n{len(rows)} nodes ({', '.join(f'{v} {k}' for k, v in sorted(states.items()))}), "
-        f"{gpus} GPUs, fleet mean utilization {fmt(mean(r['util_gpu_mean_pct'] for r in rows))} %"
+        f"\n{len(rows)} nodes ({states_said(rows)}), "
+        f"{out_of_service_said(rows)}; {gpus} GPUs, fleet mean utilization "
+        f"{fmt(mean(r['util_gpu_mean_pct'] for r in rows))} %"
     )
     clipped = [r["node"] for r in rows if r["clipped_bytes"]]
     if clipped:
@@ -386,9 +388,16 @@ def print_metrics(resp: fleet_pb2.ListMetricsResponse, as_json: bool) -> None:
     )
 
 
-def print_status(st: fleet_pb2.AggregatorStatus, as_json: bool) -> None:
+def print_status(st: fleet_pb2.AggregatorStatus, nodes: list[dict[str, Any]], as_json: bool) -> None:
+    """nodes: node_rows of every node, for the fleet's line (what is out of service)."""
+    out_nodes, out_gpus = out_of_service(nodes)
     if as_json:
         out = message_fields(st)
+        out["fleet"] = {
+            "nodes": len(nodes),
+            "nodes_out_of_service": out_nodes,
+            "gpus_out_of_service": out_gpus,
+        }
         out["spool"] = message_fields(st.spool)
         out["unhealthy_reasons"] = list(st.unhealthy_reasons)
         out["tasks"] = [message_fields(t) for t in st.tasks]
@@ -403,6 +412,7 @@ def print_status(st: fleet_pb2.AggregatorStatus, as_json: bool) -> None:
     )
     for reason in st.unhealthy_reasons:
         print(f"  unhealthy: {reason}")
+    print(f"fleet: {len(nodes)} nodes ({states_said(nodes)}), {out_of_service_said(nodes)}")
     if not st.acknowledging:
         print(f"NOT ACKNOWLEDGING: {st.not_acknowledging_reason} (collectors keep their reports)")
     state = "ok" if st.store_ok else f"NOT TAKING WRITES: {st.store_error or 'unknown error'}"
@@ -492,7 +502,7 @@ def print_pools(resp: fleet_pb2.ListPoolsResponse, as_json: bool) -> None:
                     fmt(opt(p, "preemptions_per_s"), ".1f"),
                     percent(opt(p, "kv_cache_usage_if_one_leaves_ratio")),
                     f"{p.headroom_replicas:+d}",
-                    ", ".join(p.nodes_waiting) or "-",
+                    ", ".join(p.nodes_waiting) or NA,
                 ]
                 for p in resp.pools
             ],
@@ -616,7 +626,8 @@ def run(client: FleetClient, args: Any) -> None:
             _known_nodes(client, args.node)
         print_events(resp, _output(args), request)
     elif args.command == "status":
-        print_status(client.call(FleetRpc.GetStatus, fleet_pb2.StatusRequest()), args.json)
+        status = client.call(FleetRpc.GetStatus, fleet_pb2.StatusRequest())
+        print_status(status, [node_row(n) for n in client.list_nodes().nodes], args.json)
     elif args.command == "pools":
         request = fleet_pb2.ListPoolsRequest(
             clusters=args.cluster or [], model=args.model, replicas=args.json

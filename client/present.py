@@ -7,22 +7,24 @@ from __future__ import annotations
 import csv
 import io
 import math
+from collections import Counter
 from collections.abc import Iterable
 from typing import Any
 
 from gpufleet.client.timeparse import iso
-from gpufleet.protos import fleet_pb2
+from gpufleet.protos import fleet_pb2, vocabulary_pb2
 from gpufleet.protos.names import (
     AGGREGATES,
     CAPACITY_WAIT_PREFIX,
+    OUT_OF_SERVICE_STATES,
     gpu_health_name,
     health_name,
     liveness_name,
 )
+from gpufleet.protos.presentation import NA, NODE_STATES, node_state
 
-__all__ = ["AGGREGATES"]
+__all__ = ["AGGREGATES", "NA"]
 
-NA = "N/A"
 GIB = 1024**3
 
 
@@ -62,6 +64,7 @@ def node_row(n: fleet_pb2.NodeSummary) -> dict[str, Any]:
     return {
         "node": n.node,
         "cluster": n.cluster,
+        "state": node_state(health_name(n.health), silent=n.liveness == vocabulary_pb2.LIVENESS_SILENT),
         "liveness": liveness_name(n.liveness),
         "health": health_name(n.health),
         "health_detail": n.health_detail,
@@ -231,6 +234,25 @@ def projection_row(d: fleet_pb2.DrainProjection) -> dict[str, Any]:
     return {k: finite(v) if isinstance(v, float) else v for k, v in message_fields(d).items()}
 
 
+def out_of_service(rows: list[dict[str, Any]]) -> tuple[int, int]:
+    """(nodes, GPUs) out of service among node_rows: their workflow state is one of
+    OUT_OF_SERVICE_STATES (protos/presentation.py OUT_OF_SERVICE_MEANING), silent or not."""
+    out = [r for r in rows if r["health"] in OUT_OF_SERVICE_STATES]
+    return len(out), sum(r["gpu_count"] for r in out)
+
+
+def states_said(rows: list[dict[str, Any]]) -> str:
+    """How many nodes are in each state, in NODE_STATES' order: "15 healthy, 1 in repair"."""
+    states = Counter(r["state"] for r in rows)
+    return ", ".join(f"{states[w]} {w}" for w in NODE_STATES if states[w])
+
+
+def out_of_service_said(rows: list[dict[str, Any]]) -> str:
+    """How every surface says it: "1 node out of service (8 GPUs)"."""
+    nodes, gpus = out_of_service(rows)
+    return f"{nodes} node{'' if nodes == 1 else 's'} out of service ({gpus} GPU{'' if gpus == 1 else 's'})"
+
+
 def health_said(health: str, detail: str) -> str:
     """A node's workflow word as every surface writes it: a drain held for serving capacity says
     so beside its state (`cordoned, waiting for capacity`), not a bare `cordoned`."""
@@ -351,14 +373,14 @@ def incident_workload_row(w: fleet_pb2.IncidentWorkload) -> dict[str, Any]:
 
 
 def incident_work_label(rows: list[dict[str, Any]]) -> str:
-    """The work an incident hit, in one cell: `slurm:42 (llm-train)`; "-" when none was named."""
+    """The work an incident hit, in one cell: `slurm:42 (llm-train)`; NA when none was named."""
     hit = [r for r in rows if r["hit"]]
     return (
         ", ".join(
             f"{r['workload']} ({o})" if (o := r["account"] or r["namespace"] or r["team"]) else r["workload"]
             for r in hit
         )
-        or "-"
+        or NA
     )
 
 

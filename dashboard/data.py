@@ -7,7 +7,6 @@ from collections.abc import Iterable
 
 import pandas as pd
 
-from gpufleet.client.colours import NODE_STATE_COLOURS
 from gpufleet.client.present import (
     EVENT_COLUMNS,
     GIB,
@@ -37,6 +36,13 @@ from gpufleet.protos.names import (
     liveness_name,
     severity_name,
 )
+from gpufleet.protos.presentation import (
+    NODE_STATE_COLOURS,
+    NODE_STATE_MEANING,
+    OUT_OF_SERVICE_MEANING,
+    STEP_STATES,
+    node_state,
+)
 from gpufleet.protos.signals import GPU_SIGNALS, Signal
 
 # The heat map's choices: the catalog's heat signals by their chart's label, and HBM in use as a
@@ -48,52 +54,25 @@ HEAT_METRICS = {
     **{s.chart_label: s.field for s in _HEAT_SIGNALS[1:]},
 }
 
-# The states every page colours nodes by (client/colours.py): the repair workflow's, folded for a
-# glance, with "silent" (no collector heard from) above all of them.
+# The states every page colours nodes by (protos/presentation.py), as every surface says them.
 STATES = list(NODE_STATE_COLOURS)
-_FOLD = {
-    "healthy": "healthy",
-    "suspect": "suspect",
-    "waiting": "suspect",
-    "cordoned": "cordoned",
-    "human_cordoned": "cordoned",
-    "draining": "in repair",
-    "repairing": "in repair",
-    "validating": "in repair",
-    "quarantined": "quarantined",
-    "no_data": "no data",
-    "unspecified": "healthy",
-}
-# Every state the repair workflow counts as out of service (published once, protos/names.py)
-# is shown as such: a state added there without a colour here stops the import.
-if any(_FOLD.get(state, "healthy") in ("healthy", "suspect") for state in OUT_OF_SERVICE_STATES):
-    raise RuntimeError("dashboard/data.py _FOLD shows an out-of-service state as in service")
 
 
 def display_state(n: fleet_pb2.NodeSummary) -> str:
-    if n.liveness == vocabulary_pb2.LIVENESS_SILENT:
-        return "silent"
-    return display_state_of(health_name(n.health))
+    return node_state(health_name(n.health), silent=n.liveness == vocabulary_pb2.LIVENESS_SILENT)
 
 
-def display_state_of(workflow_state: str) -> str:
-    """A repair workflow state (health_name) as the screens fold and colour it."""
-    return _FOLD[workflow_state]
-
-
-# The overview table: what an SRE scans a fleet for, narrow enough to fit a laptop's width
-# (HBM as a percentage, one column for lost GPUs); each column says what it holds on hover.
+# The overview table: what an SRE scans a fleet for, narrow enough to fit a 1,600-px window
+# (HBM as a percentage; the GPU model is the model filter's and the heat map tooltip's, and the
+# node page's); each column says what it holds on hover.
 NODE_COLUMNS = {
     "node": "The node's name, as its collector reports it.",
     "cluster": "The cluster label its collector reports.",
-    "state": "The node's state at a glance: healthy, suspect (a finding open or waiting to drain), "
-    "cordoned (by repair or a person), in repair (draining, resetting, validating), quarantined "
-    "(out until a person looks), silent (its collector is not heard from).",
+    "state": "The node's state at a glance: " + NODE_STATE_MEANING + ".",
     "workflow": "The repair workflow's own state for the node (gpufleet repair status).",
     "detail": "What the workflow is doing or waiting for.",
     "GPUs": "GPUs on the node.",
     "GPUs lost": "GPUs that fell off the bus (NVML no longer sees them).",
-    "models": "The GPU models on the node.",
     "util %": "Mean GPU utilization of the GPUs reporting it (time busy, not work done).",
     "HBM used %": "HBM in use across the node's GPUs, as a percentage of their total.",
     "max temp °C": "The hottest GPU's temperature.",
@@ -103,6 +82,10 @@ NODE_COLUMNS = {
     "within repeat_offender_days). With lemon_quarantine on, its next incident quarantines it "
     "instead of trying the repair ladder again: a person decides.",
 }
+
+
+# The workflow's own state word (not shown: the table says it as "workflow"), for the figures.
+WORKFLOW_STATE = "workflow state"
 
 
 def nodes_frame(resp: fleet_pb2.ListNodesResponse) -> pd.DataFrame:
@@ -119,7 +102,6 @@ def nodes_frame(resp: fleet_pb2.ListNodesResponse) -> pd.DataFrame:
                 "detail": r["health_detail"],
                 "GPUs": r["gpu_count"],
                 "GPUs lost": r["gpus_lost"],
-                "models": ", ".join(sorted({g.model for g in n.gpus if g.model})),
                 "util %": _rounded(r["util_gpu_mean_pct"], 1),
                 "HBM used %": round(100 * used / total, 1) if used is not None and total else None,
                 "max temp °C": _rounded(r["temp_gpu_max_c"], 0),
@@ -127,9 +109,10 @@ def nodes_frame(resp: fleet_pb2.ListNodesResponse) -> pd.DataFrame:
                 "last report": pd.Timestamp(r["last_report"]) if r["last_report"] else pd.NaT,
                 # Flagged when its incidents recur (repair policy: repeat_offender_*).
                 "lemon": f"yes: {r['recent_incidents']} recent incidents" if r["lemon"] else "",
+                WORKFLOW_STATE: r["health"],
             }
         )
-    return pd.DataFrame(rows, columns=list(NODE_COLUMNS))
+    return pd.DataFrame(rows, columns=[*NODE_COLUMNS, WORKFLOW_STATE])
 
 
 def gpus_frame(resp: fleet_pb2.ListNodesResponse) -> pd.DataFrame:
@@ -238,12 +221,18 @@ for _signal in _SIGNAL_COLUMNS:
     if _signal.label == _HBM_TOTAL:
         NODE_GPU_COLUMNS.append("HBM used %")
 NODE_GPU_COLUMNS += ["UUID", "PCI bus"]
+# The node page's GPU table at a glance: which GPU, its health and owner, its load, heat and power,
+# narrow enough for a 1,600-px window; every other column is in the full table behind it.
+NODE_GPU_GLANCE = [
+    "GPU",
+    "health",
+    "workload",
+    *(GPU_SIGNALS[f].label for f in ("util_gpu_pct", "sm_active_pct", "temp_gpu_c", "power_w")),
+    "HBM used %",
+    "model",
+]
 
 
-OUT_OF_SERVICE_MEANING = (
-    "Nodes out of service: cordoned by the automation or a person, draining, in repair, validating "
-    "or quarantined (the repair cap counts these; `gpufleet breaker status` says the same)."
-)
 HEADLINE_HELP = {
     "nodes out of service": OUT_OF_SERVICE_MEANING,
     "GPUs out of service": "The GPUs on the nodes out of service. " + OUT_OF_SERVICE_MEANING,
@@ -259,9 +248,7 @@ def headline(nodes: pd.DataFrame, gpus: pd.DataFrame) -> dict[str, object]:
     page and `gpufleet breaker status` show in nodes; here also the GPUs on those nodes (of
     them, those in repair). A silent node's GPUs are neither in service nor out: nothing is heard
     from them. The fleet's mean utilization is of the GPUs that report it (absent is not 0)."""
-    # The workflow column is health_said's ("cordoned, waiting for capacity"): its state word first.
-    states = nodes["workflow"].str.split(",").str[0] if not nodes.empty else pd.Series(dtype=str)
-    out_nodes = int(states.isin(OUT_OF_SERVICE_STATES).sum())
+    out_nodes = int(nodes[WORKFLOW_STATE].isin(OUT_OF_SERVICE_STATES).sum())
     if gpus.empty:
         out = in_repair = silent = 0
     else:
@@ -293,7 +280,7 @@ REPLICA_COLUMNS = [
     "GPUs",
     "state",
     "GPU util %",
-    "KV-cache usage %",
+    "KV %",
     "running",
     "waiting",
     "preemptions",
@@ -306,12 +293,12 @@ POOL_COLUMNS = [
     "serving",
     "draining",
     "out",
-    "KV-cache mean %",
-    "KV-cache max %",
+    "KV mean %",
+    "KV max %",
     "running",
     "waiting",
     "preemptions/s",
-    "KV-cache if one leaves %",
+    "KV if one leaves %",
     "headroom replicas",
     "repairs waiting",
 ]
@@ -346,12 +333,12 @@ def pools_frame(resp: fleet_pb2.ListPoolsResponse) -> pd.DataFrame:
             "idle": p.replicas_idle,
             "draining": p.replicas_draining,
             "out": p.replicas_out,
-            "KV-cache mean %": _percent(opt(p, "kv_cache_usage_mean_ratio")),
-            "KV-cache max %": _percent(opt(p, "kv_cache_usage_max_ratio")),
+            "KV mean %": _percent(opt(p, "kv_cache_usage_mean_ratio")),
+            "KV max %": _percent(opt(p, "kv_cache_usage_max_ratio")),
             "running": opt(p, "requests_running"),
             "waiting": opt(p, "requests_waiting"),
             "preemptions/s": _rounded(opt(p, "preemptions_per_s"), 2),
-            "KV-cache if one leaves %": _percent(finite(opt(p, "kv_cache_usage_if_one_leaves_ratio"))),
+            "KV if one leaves %": _percent(finite(opt(p, "kv_cache_usage_if_one_leaves_ratio"))),
             "headroom replicas": p.headroom_replicas,
             "repairs waiting": ", ".join(p.nodes_waiting),
         }
@@ -373,7 +360,7 @@ def replicas_frame(resp: fleet_pb2.ListPoolsResponse) -> pd.DataFrame:
             "GPUs": ",".join(str(i) for i in r.gpu_indices),
             "state": r.state,
             "GPU util %": _rounded(opt(r, "gpu_util_pct"), 1),
-            "KV-cache usage %": _percent(opt(r, "kv_cache_usage_ratio")),
+            "KV %": _percent(opt(r, "kv_cache_usage_ratio")),
             "running": opt(r, "requests_running"),
             "waiting": opt(r, "requests_waiting"),
             "preemptions": opt(r, "preemptions_total"),
@@ -394,7 +381,7 @@ def engines_frame(engines: list) -> pd.DataFrame:
                 "model": e.model,
                 "port": e.port,
                 "GPUs": ",".join(str(i) for i in e.gpu_indices),
-                "KV-cache usage %": _percent(opt(e, "kv_cache_usage_ratio")),
+                "KV %": _percent(opt(e, "kv_cache_usage_ratio")),
                 "running": opt(e, "requests_running"),
                 "waiting": opt(e, "requests_waiting"),
                 "preemptions": opt(e, "preemptions_total"),
@@ -500,6 +487,49 @@ def incidents_frame(incidents: list[fleet_pb2.Incident]) -> pd.DataFrame:
     )
 
 
+# Audited steps that changed the node: begun (started, ok, observed), not held, refused or dry.
+_STEP_TOOK = {
+    vocabulary_pb2.OUTCOME_STATUS_STARTED,
+    vocabulary_pb2.OUTCOME_STATUS_OK,
+    vocabulary_pb2.OUTCOME_STATUS_OBSERVED,
+    vocabulary_pb2.OUTCOME_STATUS_UNKNOWN,
+}
+
+
+def incident_segments(incidents: list[fleet_pb2.Incident], now: pd.Timestamp) -> pd.DataFrame:
+    """The incident timeline: each incident as the node states it went through, from its audited
+    steps (protos/presentation.py STEP_STATES): suspect until its first step, cordoned from its
+    cordon (a wait for serving capacity stays cordoned), in repair from its drain, and so on, to
+    its close (or now, while open). An open incident's last segment is its state now."""
+    rows = []
+    for i in incidents:
+        start = pd.Timestamp(iso(i.opened_unix_ns))
+        end = pd.Timestamp(iso(i.closed_unix_ns)) if i.closed_unix_ns else now
+        changes: list[tuple[pd.Timestamp, str]] = [(start, "suspect")]
+        for e in sorted(i.actions, key=lambda e: e.time_unix_ns):
+            word = STEP_STATES.get(e.action)
+            if word and e.status in _STEP_TOOK and word != changes[-1][1]:
+                changes.append((max(start, pd.Timestamp(iso(e.time_unix_ns))), word))
+        if i.open and (now_word := node_state(health_name(i.state))) != changes[-1][1]:
+            # A change no step audited (a person's, a validation): from the incident's last entry.
+            last = max((e.time_unix_ns for e in i.actions), default=i.opened_unix_ns)
+            changes.append((max(changes[-1][0], pd.Timestamp(iso(last))), now_word))
+        for (at, word), (until, _) in zip(changes, [*changes[1:], (end, "")], strict=True):
+            if until <= at and word != changes[-1][1]:
+                continue  # a state left within the second it began: nothing to draw
+            rows.append(
+                {
+                    "incident": i.id,
+                    "node": i.node,
+                    "node state": word,
+                    "from": at,
+                    "until": max(at, until),
+                    "open": "open" if i.open else "closed",
+                }
+            )
+    return pd.DataFrame(rows, columns=["incident", "node", "node state", "from", "until", "open"])
+
+
 def audit_frame(entries: list[fleet_pb2.AuditEntry]) -> pd.DataFrame:
     return pd.DataFrame(
         [
@@ -552,6 +582,13 @@ WORKLOAD_COLUMNS = {
     "hbm_peak_bytes": "HBM peak GiB",
     "cost_allocated": "cost allocated",
 }
+
+
+# Left out of the running and ended tables so they fit a 1,600-px window: efficiency % says the
+# effective GPU-hours' share, and a workload's report below them has each (HBM peak per GPU).
+WORKLOAD_DETAIL_ONLY = [
+    WORKLOAD_COLUMNS[c] for c in ("gpu_hours_effective", "util_mean_pct", "hbm_peak_bytes")
+]
 
 
 def workloads_frame(workloads: Iterable[fleet_pb2.WorkloadSummary]) -> pd.DataFrame:

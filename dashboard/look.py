@@ -1,7 +1,7 @@
 """How every dashboard page shows a value, written once: times in UTC, 24-hour and labelled so
 (tables print them as the CLI does, client/timeparse.iso); one N/A for a missing value
 (client/present.NA, never "None" or "nan"); percentages as 0-100; one colour per node state and
-per GPU health (client/colours.py, shared with Grafana); the colour-blind-safe palette for
+per GPU health (protos/presentation.py, shared with Grafana); the colour-blind-safe palette for
 series, and legends that list every series they draw, uncut."""
 
 from __future__ import annotations
@@ -14,14 +14,13 @@ import altair as alt
 import pandas as pd
 import streamlit as st
 
-from gpufleet.client.colours import (
-    CLOSED,
+from gpufleet.protos.presentation import (
+    NA,
     NODE_STATE_COLOURS,
     OTHERS,
     REDDISH_PURPLE,
     SERIES_PALETTE,
 )
-from gpufleet.client.present import NA
 
 # Every character CommonMark, Streamlit's colour and emoji directives (":red[...]", ":x:") or its
 # LaTeX ("$...$") could read as more than itself.
@@ -65,10 +64,9 @@ def _scale(colours: Mapping[str, str]) -> alt.Scale:
     return alt.Scale(domain=list(colours), range=list(colours.values()))
 
 
-def node_state_colour(field: str = "state", title: str = "state", closed: bool = False) -> alt.Color:
-    """A node's (folded) state, in its one colour on every page; closed incidents neutral."""
-    colours = {**NODE_STATE_COLOURS, **({"closed": CLOSED} if closed else {})}
-    return alt.Color(f"{field}:N", scale=_scale(colours), title=title, legend=_LEGEND)
+def node_state_colour(field: str = "state", title: str = "state") -> alt.Color:
+    """A node's state (protos/presentation.py node_state), in its one colour on every page."""
+    return alt.Color(f"{field}:N", scale=_scale(NODE_STATE_COLOURS), title=title, legend=_LEGEND)
 
 
 # Legends list every entry they have (Vega cuts at 50 by default, and labels at 160 px), so an
@@ -106,6 +104,65 @@ OTHERS_LABEL = "the rest (min-max)"
 TABLE_TIME_FORMAT = "YYYY-MM-DD[T]HH:mm:ss[Z]"
 
 
+# What a table has across at a 1,600-px window beside the sidebar (measured in Chromium: 1,138 px),
+# less a margin for the estimate below: a table wider than this is cut at the right edge, and a
+# person never sees its last columns (issue 55; tests/fleet/test_demo_screens.py measures it).
+TABLE_WIDTH_PX = 1040
+# Glide's grid sizes a column to its widest text: ~7 px a character of Streamlit's 14-px font,
+# estimated at 8 (so the estimate errs wide), plus the cell's padding and the header's menu.
+_CHAR_PX, _CELL_PX = 8, 28
+_TEXT_MIN_PX = 96  # a text column is never narrowed below this: ~9 characters and an ellipsis
+_TIME_CHARS = len("2026-12-07T10:31:39Z")
+
+
+def _natural_px(frame: pd.DataFrame, name: str) -> int:
+    values = frame[name]
+    if pd.api.types.is_datetime64_any_dtype(values):
+        chars = _TIME_CHARS
+    else:
+        chars = int(values.map(lambda v: len(str(v)) if v is not None else 3).max()) if len(values) else 3
+    return _CELL_PX + _CHAR_PX * max(chars, len(str(name)) + 2)
+
+
+# Streamlit's named column widths, in pixels (its column_config documentation).
+_NAMED_PX = {"small": 75, "medium": 200, "large": 400}
+
+
+def fitted_widths(frame: pd.DataFrame, fixed: Mapping[str, Any]) -> dict[str, int]:
+    """Pixel widths for frame's free-text columns so the whole table fits TABLE_WIDTH_PX: the
+    widest text columns are narrowed to one common width (their text ends in an ellipsis; a click
+    on a cell shows all of it), the others keep their own. Numbers, times and the columns the page
+    configured itself (fixed) keep theirs: a page with too many of those must choose fewer."""
+    natural = {name: _natural_px(frame, name) for name in frame.columns}
+    for name, config in fixed.items():
+        width = config.get("width") if isinstance(config, Mapping) else None
+        if name in natural and width:
+            natural[name] = _NAMED_PX.get(width, width) if isinstance(width, str) else int(width)
+    text = [
+        n
+        for n in frame.columns
+        if n not in fixed
+        and (frame[n].dtype == object or pd.api.types.is_string_dtype(frame[n]))
+        and natural[n] > _TEXT_MIN_PX
+    ]
+    others = sum(w for n, w in natural.items() if n not in text)
+    if others + sum(natural[n] for n in text) <= TABLE_WIDTH_PX or not text:
+        return {}
+    # The common width: the largest cap under which the text columns and the rest fit.
+    room = max(TABLE_WIDTH_PX - others, _TEXT_MIN_PX * len(text))
+    widths = sorted(natural[n] for n in text)
+    cap, left = _TEXT_MIN_PX, len(widths)
+    for i, w in enumerate(widths):
+        share = (room - sum(widths[:i])) / left
+        if w > share:
+            cap = max(_TEXT_MIN_PX, int(share))
+            break
+        left -= 1
+    else:
+        return {}
+    return {n: cap for n in text if natural[n] > cap}
+
+
 def table(
     frame: pd.DataFrame,
     help: Mapping[str, str] | None = None,
@@ -113,16 +170,18 @@ def table(
     **columns: Any,
 ) -> None:
     """A table: a missing value reads N/A, a time reads as the CLI prints it (UTC), every column
-    in help explains itself on hover; columns overrides a column's config by name."""
+    in help explains itself on hover, the whole of it fits a 1,600-px window (fitted_widths);
+    columns overrides a column's config by name."""
     config: dict[str, Any] = {}
+    widths = fitted_widths(frame, fixed=columns)
     for name in frame.columns:
         text = (help or {}).get(name)
         if pd.api.types.is_datetime64_any_dtype(frame[name]):
             config[name] = st.column_config.DatetimeColumn(
                 help=text, format=TABLE_TIME_FORMAT, timezone="UTC"
             )
-        elif text:
-            config[name] = st.column_config.Column(help=text)
+        elif text or name in widths:
+            config[name] = st.column_config.Column(help=text, width=widths.get(name))
     config.update(columns)
     st.dataframe(
         frame,

@@ -21,8 +21,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gpufleet.client.colours import GPU_HEALTH_COLOURS
 from gpufleet.protos import vocabulary_pb2
+from gpufleet.protos.presentation import GPU_HEALTH_COLOURS
 from gpufleet.protos.signals import GPU_SIGNALS, charted
 
 OUT = Path(__file__).resolve().parent.parent / "deploy" / "grafana" / "dashboards"
@@ -557,7 +557,7 @@ def xids_and_repairs() -> dict[str, Any]:
 
 def gpu_health_mappings() -> dict[str, Any]:
     """gpufleet_gpu_health's level as its word, in the colour every screen gives it
-    (client/colours.py): Grafana's value mappings, so a panel reads "faulty" in vermillion as
+    (protos/presentation.py): Grafana's value mappings, so a panel reads "faulty" in vermillion as
     the dashboard and `gpufleet node` do, not 4."""
     options = {
         str(vocabulary_pb2.GpuHealth.Value(f"GPU_HEALTH_{word.upper()}")): {

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING
 
 from gpufleet.aggregator.workloads.summary import UsageRow
 from gpufleet.common.timefmt import iso
+from gpufleet.protos.presentation import NA
 from gpufleet.repair.alerts.base import Alert
 
 if TYPE_CHECKING:  # the settings import this module's parser: they need no dispatcher
@@ -80,7 +81,7 @@ class WasteDigest:
             key = f"{KEY_PREFIX}{self.by}/{r.owner}"
             told.append(key)
             allocated = r.gpu_hours_allocated
-            pct = f"{100.0 * r.gpu_hours_idle / allocated:.0f} %" if allocated else "-"
+            pct = f"{100.0 * r.gpu_hours_idle / allocated:.0f} %" if allocated else NA
             summary = (
                 f"{self.by} {r.owner}: {r.gpu_hours_idle:.2f} GPU-hours idle of "
                 f"{r.gpu_hours_allocated:.2f} allocated ({pct}) in {r.workloads} workload(s), "

@@ -9,7 +9,6 @@ from __future__ import annotations
 import altair as alt
 import streamlit as st
 
-from gpufleet.client.colours import SERIES_PALETTE
 from gpufleet.client.present import AGGREGATES, history_csv
 from gpufleet.client.rpcs import FleetRpc
 from gpufleet.client.timeparse import parse_duration_ns, parse_time_ns
@@ -17,6 +16,7 @@ from gpufleet.dashboard import links, look
 from gpufleet.dashboard.data import band_frame, history_frame, top_series
 from gpufleet.dashboard.fleet import call, list_nodes
 from gpufleet.protos import fleet_pb2
+from gpufleet.protos.presentation import SERIES_PALETTE
 
 # Lines a chart draws, each its own colour (the palette's, without reusing one); the rest of
 # the series are one band. The legend then lists every line it draws, uncut.

@@ -9,7 +9,6 @@ import altair as alt
 import pandas as pd
 import streamlit as st
 
-from gpufleet.client import colours
 from gpufleet.client.rpcs import FleetRpc
 from gpufleet.client.timeparse import parse_time_ns
 from gpufleet.dashboard import look
@@ -22,6 +21,7 @@ from gpufleet.dashboard.data import (
 )
 from gpufleet.dashboard.fleet import call
 from gpufleet.protos import fleet_pb2
+from gpufleet.protos import presentation as colours
 
 CLASSES = ["KV-bound", "compute-bound", "light", "idle", "unknown", "unreadable"]
 CLASS_COLOURS = [
@@ -81,15 +81,15 @@ def render() -> None:
     if pressure.empty:
         st.caption("No KV-cache history in this range.")
     else:
-        pressure["KV-cache usage %"] = (100 * pressure["kv_cache_usage_ratio"]).round(1)
+        pressure["KV %"] = (100 * pressure["kv_cache_usage_ratio"]).round(1)
         line = (
             alt.Chart(pressure)
             .mark_line()
             .encode(
                 x=look.time_x(pressure),
-                y=alt.Y("KV-cache usage %:Q", scale=alt.Scale(domain=[0, 100])),
+                y=alt.Y("KV %:Q", scale=alt.Scale(domain=[0, 100])),
                 color=look.series_colour(sorted(set(pressure["series"])), title="cluster/model"),
-                tooltip=[look.time_tooltip(), "series:N", "KV-cache usage %:Q"],
+                tooltip=[look.time_tooltip(), "series:N", "KV %:Q"],
             )
         )
         floor = (
@@ -100,11 +100,11 @@ def render() -> None:
         st.altair_chart(line + floor, width="stretch")
     st.subheader("Replicas")
     chart = (
-        alt.Chart(replicas.dropna(subset=["KV-cache usage %", "GPU util %"]))
+        alt.Chart(replicas.dropna(subset=["KV %", "GPU util %"]))
         .mark_circle(size=120)
         .encode(
             x=alt.X("GPU util %:Q", scale=alt.Scale(domain=[0, 100])),
-            y=alt.Y("KV-cache usage %:Q", scale=alt.Scale(domain=[0, 100])),
+            y=alt.Y("KV %:Q", scale=alt.Scale(domain=[0, 100])),
             color=alt.Color("class:N", scale=alt.Scale(domain=CLASSES, range=CLASS_COLOURS)),
             tooltip=[c for c in REPLICA_COLUMNS if c != "status"],
         )

@@ -8,13 +8,13 @@ import altair as alt
 import pandas as pd
 import streamlit as st
 
-from gpufleet.client import colours
 from gpufleet.client.present import BREAKS_FLOOR, owner_label, owner_of_gpu
 from gpufleet.client.rpcs import FleetRpc
 from gpufleet.client.timeparse import parse_duration_ns, parse_time_ns
 from gpufleet.dashboard import actions, links, look
 from gpufleet.dashboard.data import (
     GPU_TABLE_HELP,
+    NODE_GPU_GLANCE,
     display_state,
     engines_frame,
     events_frame,
@@ -25,6 +25,7 @@ from gpufleet.dashboard.data import (
 )
 from gpufleet.dashboard.fleet import call, list_nodes, try_call
 from gpufleet.protos import fleet_pb2
+from gpufleet.protos import presentation as colours
 from gpufleet.protos.names import health_name
 from gpufleet.protos.signals import ENGINE_SIGNALS, GPU_SIGNALS, charted
 
@@ -32,7 +33,7 @@ from gpufleet.protos.signals import ENGINE_SIGNALS, GPU_SIGNALS, charted
 # (protos/signals.py: title, unit, and what the chart shows per stored unit).
 GPU_SERIES = charted(GPU_SIGNALS)
 ENGINE_SERIES = charted(ENGINE_SIGNALS)
-# How each kind of stored event is marked on the chart (client/colours.py).
+# How each kind of stored event is marked on the chart (protos/presentation.py).
 EVENT_COLOURS = {
     "xid": colours.VERMILLION,
     "gpu_lost": colours.VERMILLION,
@@ -100,12 +101,14 @@ def render() -> None:
     # Whose work is on each GPU (the scheduler's word: docs/workloads.md); none read: no column.
     on_node, _ = try_call(FleetRpc.ListWorkloads, fleet_pb2.ListWorkloadsRequest(node=name))
     owners = {gpu: owner_label(w) for (_, gpu), w in owner_of_gpu(on_node).items()} if on_node else {}
-    look.table(
-        node_gpus_table(s, owners if on_node and on_node.scheduler != "none" else None),
-        GPU_TABLE_HELP,
-        health=st.column_config.TextColumn(help=GPU_TABLE_HELP["health"], width="large", pinned=True),
-        GPU=st.column_config.NumberColumn(width="small", pinned=True),
-    )
+    gpus = node_gpus_table(s, owners if on_node and on_node.scheduler != "none" else None)
+    pinned = {
+        "health": st.column_config.TextColumn(help=GPU_TABLE_HELP["health"], width="large", pinned=True),
+        "GPU": st.column_config.NumberColumn(width="small", pinned=True),
+    }
+    look.table(gpus[[c for c in NODE_GPU_GLANCE if c in gpus.columns]], GPU_TABLE_HELP, **pinned)
+    with st.expander("Every signal of each GPU, with its UUID and PCI bus"):
+        look.table(gpus, GPU_TABLE_HELP, **pinned)
     c1, c2 = st.columns(2)
     label = c1.selectbox("GPU series", list(GPU_SERIES))
     since = c2.selectbox("range", ["15m", "1h", "6h", "24h", "7d"], index=0)

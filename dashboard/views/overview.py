@@ -84,7 +84,14 @@ def render() -> None:
         "did not report this value (absent, not zero). Outlined cells: GPUs held and not used (an "
         "idle allocation, an orphaned process, a GPU used outside its allocation: the Workloads page)."
     )
-    shown_columns = [c for c in NODE_COLUMNS if c != "lemon" or (nodes["lemon"] != "").any()]
+    # Columns that say nothing here are left out, so the table fits a 1,600-px window: the
+    # cluster in a one-cluster fleet, lost GPUs and lemons where there are none.
+    said = {
+        "cluster": nodes["cluster"].nunique() > 1,
+        "GPUs lost": (nodes["GPUs lost"] > 0).any(),
+        "lemon": (nodes["lemon"] != "").any(),
+    }
+    shown_columns = [c for c in NODE_COLUMNS if said.get(c, True)]
     look.table(
         nodes[shown_columns],
         NODE_COLUMNS,

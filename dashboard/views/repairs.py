@@ -10,7 +10,13 @@ import streamlit as st
 from gpufleet.client.rpcs import FleetRpc
 from gpufleet.client.timeparse import iso
 from gpufleet.dashboard import links, look
-from gpufleet.dashboard.data import HEADLINE_HELP, audit_frame, display_state_of, incidents_frame, queue_frame
+from gpufleet.dashboard.data import (
+    HEADLINE_HELP,
+    audit_frame,
+    incident_segments,
+    incidents_frame,
+    queue_frame,
+)
 from gpufleet.dashboard.fleet import call
 from gpufleet.protos import fleet_pb2
 from gpufleet.protos.names import action_name, severity_name
@@ -44,27 +50,25 @@ def render() -> None:
     if frame.empty:
         st.caption("No incidents yet.")
     else:
-        closed = pd.to_datetime(frame["closed"], utc=True).dt.as_unit("ns")
-        still_open = closed.fillna(pd.Timestamp.now(tz="UTC"))  # open incidents reach to now
-        # Each bar in the node's state colour, as on every page; an ended incident neutral.
-        shown_state = frame["state"].map(lambda s: "closed" if s == "closed" else display_state_of(s))
-        timeline = frame.assign(closed=still_open, shown_state=shown_state)
+        # Each incident as the states its node went through (its audited steps), in each state's
+        # colour as on every page: a wait for capacity reads cordoned, a drain in repair.
+        timeline = incident_segments(list(incidents), pd.Timestamp.now(tz="UTC"))
         chart = (
             alt.Chart(timeline)
             .mark_bar(height=12)
             .encode(
-                x=look.time_x(timeline, "opened"),
-                x2="closed:T",
+                x=look.time_x(timeline, "from"),
+                x2="until:T",
                 y=alt.Y("node:N", title=None),
-                color=look.node_state_colour("shown_state", closed=True),
+                color=look.node_state_colour("node state", title="node state"),
+                opacity=alt.Opacity("open:N", scale=alt.Scale(domain=["open", "closed"], range=[1.0, 0.45])),
                 tooltip=[
                     "incident",
                     "node",
-                    alt.Tooltip("state", title="workflow"),
-                    look.time_tooltip("opened", "opened (UTC)"),
-                    "findings",
-                    "action",
-                    "outcome",
+                    "node state",
+                    look.time_tooltip("from", "from (UTC)"),
+                    look.time_tooltip("until", "until (UTC)"),
+                    alt.Tooltip("open:N", title="incident"),
                 ],
             )
         )

@@ -9,11 +9,11 @@ from __future__ import annotations
 import pandas as pd
 import streamlit as st
 
-from gpufleet.client.present import workload_name
+from gpufleet.client.present import fmt, workload_name, workload_row
 from gpufleet.client.rpcs import FleetRpc
 from gpufleet.client.timeparse import parse_time_ns
 from gpufleet.dashboard import look
-from gpufleet.dashboard.data import usage_frame, waste_frame, workloads_frame
+from gpufleet.dashboard.data import WORKLOAD_DETAIL_ONLY, usage_frame, waste_frame, workloads_frame
 from gpufleet.dashboard.fleet import call, try_call
 from gpufleet.protos import fleet_pb2
 
@@ -78,12 +78,12 @@ def render() -> None:
     if running.empty:
         st.caption("No workload holds a GPU now.")
     else:
-        look.table(running.drop(columns=["end"]))
+        look.table(running.drop(columns=["end", *WORKLOAD_DETAIL_ONLY]))
 
     ended = workloads_frame(listed.ended)
     st.subheader(f"Ended in the last 24 hours ({len(ended)})")
     if not ended.empty:
-        look.table(ended)
+        look.table(ended.drop(columns=WORKLOAD_DETAIL_ONLY))
 
     names = [workload_name(w) for w in [*listed.running, *listed.ended]]
     if names:
@@ -108,6 +108,12 @@ def report(detail: fleet_pb2.WorkloadDetail) -> None:
         if v
     )
     st.markdown(look.md(f"{workload_name(w)} — {w.name or 'unnamed'}: {owner}"))
+    row = workload_row(w)
+    st.caption(
+        f"GPU-hours allocated {fmt(row['gpu_hours_allocated'], '.2f')}, effective "
+        f"{fmt(row['gpu_hours_effective'], '.2f')} (efficiency {fmt(row['efficiency_pct'])} %); "
+        f"mean GPU utilization {fmt(row['util_mean_pct'])} %"
+    )
     gpus = pd.DataFrame(
         [
             {

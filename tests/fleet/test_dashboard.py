@@ -11,6 +11,7 @@ from typing import Any
 import pandas as pd
 import pytest
 
+from gpufleet.dashboard.data import NODE_GPU_GLANCE
 from gpufleet.protos import fleet_pb2
 from gpufleet.protos.names import health_name
 from harness.processes import Cluster, free_port
@@ -57,7 +58,7 @@ def test_every_page_against_a_simulated_fleet(cluster: Cluster, monkeypatch: pyt
     replicas = at.dataframe[1].value
     assert list(replicas["node"]) == ["dash-1"] and list(replicas["engine"]) == ["vllm"]
     assert replicas["class"][0] in ("KV-bound", "compute-bound", "light", "idle")
-    assert 0 <= replicas["KV-cache usage %"][0] <= 100 and replicas["GPUs"][0] == "0,1,2,3"
+    assert 0 <= replicas["KV %"][0] <= 100 and replicas["GPUs"][0] == "0,1,2,3"
 
     at.sidebar.radio[0].set_value("Failures and repairs").run()
     assert not at.exception, at.exception
@@ -75,22 +76,24 @@ def test_every_page_against_a_simulated_fleet(cluster: Cluster, monkeypatch: pyt
     at.sidebar.radio[0].set_value("Node").run()
     assert not at.exception, at.exception
     assert any("need an operator token" in c.value for c in at.caption), "a viewer sees no actions"
-    gpus = at.dataframe[0].value
+    glance, gpus = at.dataframe[0].value, at.dataframe[1].value  # the table, then every column of it
+    assert list(glance.columns) == [c for c in NODE_GPU_GLANCE if c in gpus.columns], glance.columns
+    assert glance.equals(gpus[glance.columns])
     assert list(gpus["GPU"]) == [0, 1, 2, 3] and gpus["UUID"].str.startswith("GPU-").all()
     # People's column names with units, values rounded as a person reads them.
     assert {"GPU util %", "HBM used GiB", "HBM used %", "temp °C", "power W"} <= set(gpus.columns)
     assert all(v == round(v, 1) for v in gpus["HBM used %"].dropna())
     assert all(v == round(v) for v in gpus["power W"].dropna())
     assert not any("_" in c for c in gpus.columns), "no raw field names"
-    engines = at.dataframe[1].value
+    engines = at.dataframe[2].value
     assert list(engines["engine"]) == ["vllm"] and list(engines["status"]) == ["ok"]
     at.selectbox[0].set_value("dash-2").run()
     assert not at.exception, at.exception
     metrics = {m.label: m.value for m in at.metric}
     assert metrics["state"] == "quarantined"
-    assert_node_events(at.dataframe[1].value)
+    assert_node_events(at.dataframe[2].value)
     assert any("No inference engines found on this node" in c.value for c in at.caption)
-    node_incidents = at.dataframe[2].value
+    node_incidents = at.dataframe[3].value
     assert list(node_incidents["state"]) == ["quarantined"]
 
     at.sidebar.radio[0].set_value("History explorer").run()
@@ -136,7 +139,7 @@ def test_node_page_events_survive_an_aggregator_restart(
     at.sidebar.radio[0].set_value("Node").run()
     at.selectbox[0].set_value("dash-2").run()
     assert not at.exception, at.exception
-    assert_node_events(at.dataframe[1].value)
+    assert_node_events(at.dataframe[2].value)
 
     # The same history from `gpufleet events`: JSON, CSV, filters by XID and kind.
     def events(*args: str) -> str:

@@ -51,7 +51,7 @@ def test_nodes_lists_every_node_with_live_utilization_and_hbm(demo: tuple[dict[s
             assert {"util_gpu_pct", "hbm_used_bytes", "temp_gpu_c", "power_w"} <= set(g)
     table = cli(env, "nodes")
     assert table.returncode == 0 and "demo-node-04" in table.stdout and "UTIL %" in table.stdout
-    assert "4 nodes (4 reporting), 32 GPUs" in table.stdout
+    assert "4 nodes (4 healthy), 0 nodes out of service (0 GPUs); 32 GPUs" in table.stdout, table.stdout
 
 
 def test_node_shows_every_gpu(demo: tuple[dict[str, str], Path]) -> None:

@@ -5,7 +5,7 @@ faults the examples' with their times scaled down so the test does not wait minu
 What the browser was sent is read from its WebSocket (harness/browser.py), so the checks are on
 what is drawn: no cell or text reads "None" (a missing value is N/A); every time axis is UTC and
 24-hour, and every time in a tooltip too; a state has one colour on every page
-(client/colours.py); the history page of 16 nodes draws few enough lines for its legend to
+(protos/presentation.py); the history page of 16 nodes draws few enough lines for its legend to
 list them all, uncut; the faulty GPU's health cell is not "ok" and says what `gpufleet node
 --json` says; an unknown node in the address stays "not found"; Streamlit's Deploy button is
 not there. A second demo, in the same home, shows none of the first one's nodes.
@@ -47,12 +47,20 @@ from harness.waiting import wait_until
 sync_api = pytest.importorskip("playwright.sync_api")
 pytest.importorskip("streamlit")
 
-from gpufleet.client.colours import CLOSED, GPU_HEALTH_COLOURS, NODE_STATE_COLOURS  # noqa: E402
 from gpufleet.dashboard.views.history import MAX_LINES  # noqa: E402
+from gpufleet.protos.presentation import GPU_HEALTH_COLOURS, NODE_STATE_COLOURS  # noqa: E402
 
 SPEED_UP = 5  # the examples' fault times divided by this
-PAGES = ["Fleet overview", "Inference", "Failures and repairs", "Node", "History explorer", "Policy what-if"]
-ONE_COLOUR = {**NODE_STATE_COLOURS, **GPU_HEALTH_COLOURS, "closed": CLOSED}
+PAGES = [
+    "Fleet overview",
+    "Inference",
+    "Workloads",
+    "Failures and repairs",
+    "Node",
+    "History explorer",
+    "Policy what-if",
+]
+ONE_COLOUR = {**NODE_STATE_COLOURS, **GPU_HEALTH_COLOURS}
 # "healthy" and "ok" share a colour on purpose (both: nothing wrong); no word has two colours.
 TWELVE_HOUR = re.compile(r"%[Ilp]")
 
@@ -136,6 +144,107 @@ def check_what_was_drawn(label: str, got: Received, colours_seen: dict[str, set[
                         colours_seen.setdefault(word, set()).add(label)
 
 
+WINDOW = {"width": 1600, "height": 1100}  # issue 55: every table the page chose fits this window
+
+
+def fits_the_window(page: Any, label: str, got: Received) -> None:
+    """No table shown is cut at the right edge: each grid's scroller is no wider than its box
+    (a table behind a closed expander, the page's detail, is not shown)."""
+    widths = page.evaluate(
+        """() => [...document.querySelectorAll('[data-testid="stDataFrame"] .dvn-scroller')]
+            .filter(s => s.offsetParent !== null).map(s => [s.scrollWidth, s.clientWidth])"""
+    )
+    cut = [w for w in widths if w[0] > w[1] + 1]
+    assert not cut, (
+        f"{label}: at {WINDOW['width']} px a table is cut (its width, the window's): {cut}; "
+        f"the tables' columns: {[t.columns for t in got.tables]}"
+    )
+
+
+def bracketed(label: str, fact: str, cli_read: Any, page_read: Any, near: Any = None) -> None:
+    """What the page shows of fact agrees with what the CLI says just before and just after it
+    (the demo moves on between them): equal to one of the two, or near one when given."""
+    before = cli_read()
+    shown = page_read()
+    after = cli_read()
+    ok = shown in (before, after) if near is None else near(shown, before) or near(shown, after)
+    assert ok, f"{label}: the page shows {fact} {shown!r}; the CLI said {before!r}, then {after!r}"
+
+
+def metric_shown(page: Any, name: str) -> str:
+    """A headline figure as the page draws it (the tile whose label is name)."""
+    tile = page.locator('[data-testid="stMetric"]').filter(
+        has=page.locator('[data-testid="stMetricLabel"]', has_text=re.compile(rf"^{re.escape(name)}$"))
+    )
+    return tile.first.locator('[data-testid="stMetricValue"]').inner_text().strip()
+
+
+def cli_json(env: dict[str, str], *args: str) -> Any:
+    out = cli(env, *args, "--json")
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout)
+
+
+def the_cli_and_the_page_agree(page: Any, got: Received, label: str, env: dict[str, str]) -> None:
+    """The same fact read from the CLI and from the page: each node's state word (overview),
+    the nodes out of service (overview, Failures and repairs, `gpufleet status`), each replica's
+    KV-cache as a percent (Inference, `gpufleet engines`)."""
+    if label in ("Fleet overview", "Failures and repairs"):
+        bracketed(
+            label,
+            "nodes out of service",
+            lambda: str(cli_json(env, "status")["fleet"]["nodes_out_of_service"]),
+            lambda: metric_shown(page, "nodes out of service"),
+        )
+    if label == "Fleet overview":
+
+        def states_shown() -> dict[str, str]:
+            got.clear()  # the next refresh's table: drawn after the CLI's first answer
+            table = wait_until(
+                lambda: page.evaluate("1") and next((t for t in got.tables if "state" in t.columns), None),
+                30,
+                "the overview's node table to refresh",
+            )
+            return {row["node"]: row["state"] for row in table.rows}
+
+        bracketed(
+            label,
+            "the nodes' states",
+            lambda: {n["node"]: n["state"] for n in cli_json(env, "nodes")["nodes"]},
+            states_shown,
+        )
+    if label == "Inference":
+
+        def kv_shown() -> dict[tuple[str, int], float]:
+            got.clear()
+            table = wait_until(
+                lambda: page.evaluate("1") and next((t for t in got.tables if "KV %" in t.columns), None),
+                30,
+                "the Inference page's replica table to refresh",
+            )
+            return {(r["node"], r["port"]): r["KV %"] for r in table.rows if r["KV %"] is not None}
+
+        def kv_said() -> dict[tuple[str, int], float]:
+            engines = cli_json(env, "engines")["engines"]
+            return {
+                (e["node"], e["port"]): 100 * e["kv_cache_usage_ratio"]
+                for e in engines
+                if e.get("kv_cache_usage_ratio") is not None
+            }
+
+        # The simulated engines' KV-cache moves by a few percent a report: the same figure in the
+        # same unit (a percent, not a ratio: 64, never 0.64) within 10 points of the CLI's.
+        bracketed(
+            label,
+            "each replica's KV %",
+            kv_said,
+            kv_shown,
+            near=lambda shown, said: (
+                shown.keys() == said.keys() and all(abs(shown[k] - said[k]) <= 10 for k in shown)
+            ),
+        )
+
+
 def read_every_page(page: Any, got: Received, url: str, scenario: Scenario, env: dict[str, str]) -> None:
     colours_seen: dict[str, set[str]] = {}
     got.clear()
@@ -163,6 +272,9 @@ def read_every_page(page: Any, got: Received, url: str, scenario: Scenario, env:
         text = page.evaluate("document.body.innerText")
         assert not re.search(r"\bNone\b|\bnan\b", text), f"{label}: the page reads {text!r}"
         check_what_was_drawn(label, got, colours_seen)
+        drawn(page)
+        fits_the_window(page, label, got)
+        the_cli_and_the_page_agree(page, got, label, env)
         if label == "Fleet overview":
             # Every node listed is this demo's: a second demo inherits none of the first's.
             listed = {row["node"] for t in got.tables if "node" in t.columns for row in t.rows}
@@ -259,7 +371,7 @@ def test_every_page_of_both_fault_demos_reads_true(tmp_path: Path) -> None:
                     120,
                     f"{node} GPU {gpu} to be flagged by the {scenario.example} faults",
                 )
-                page = browser.new_page(viewport={"width": 1500, "height": 1100})
+                page = browser.new_page(viewport=WINDOW)
                 got = listen(page)
                 the_faulty_gpu_reads_as_the_cli_says(page, got, url, scenario, env)
                 read_every_page(page, got, url, scenario, env)

@@ -77,8 +77,8 @@ def drawn(page: Any) -> None:
     """Wait until the browser has painted what it was sent: every table's grid and every chart
     on its canvas, then two animation frames (a screenshot taken sooner shows empty boxes)."""
     for selector in ('[data-testid="stDataFrame"]', '[data-testid="stVegaLiteChart"]'):
-        for i in range(page.locator(selector).count()):
-            page.locator(selector).nth(i).locator("canvas, svg").first.wait_for(timeout=60_000)
+        for i in range(page.locator(selector + ":visible").count()):
+            page.locator(selector + ":visible").nth(i).locator("canvas, svg").first.wait_for(timeout=60_000)
     page.evaluate("() => new Promise(r => requestAnimationFrame(() => requestAnimationFrame(r)))")
 
 

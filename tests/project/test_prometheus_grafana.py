@@ -164,9 +164,9 @@ def test_generated_dashboards_are_committed_and_sound() -> None:
 
 def test_gpu_health_reads_as_its_word_in_the_colour_of_every_other_screen() -> None:
     """Grafana's value mappings for gpufleet_gpu_health are the dashboard's words and colours
-    (client/colours.py), for every health level the proto defines."""
-    from gpufleet.client.colours import GPU_HEALTH_COLOURS
+    (protos/presentation.py), for every health level the proto defines."""
     from gpufleet.protos import vocabulary_pb2
+    from gpufleet.protos.presentation import GPU_HEALTH_COLOURS
 
     panels = [
         p for p in load("gpufleet-collector-prometheus.json")["panels"] if "gpufleet_gpu_health" in str(p)
