@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gpufleet.collector.simnvml.scheduler import ScheduledState
+from gpufleet.collector.simnvml.scheduler import ScheduledState, ServedLoad
 from gpufleet.collector.simnvml.serving import MODEL, Control, Replica, Router
 
 _KEYS = {"model", "nodes", "requests_per_s", "request_s", "kv_per_request", "join"}
@@ -147,6 +147,9 @@ class DemoServing:
             for node in plan.every_node
         }
         self.control = Control(self.replicas, scheduled)
+        # Each replica's load, for its node's simulated GPUs (their utilization and HBM follow it).
+        self._loads = {node: ServedLoad(data_dir / "scheduler" / node) for node in self.replicas}
+        self._loads_written: dict[str, tuple[float, float]] = {}
         self.router = Router(
             list(self.replicas.values()),
             lambda r: not r.left_rotation,
@@ -182,12 +185,21 @@ class DemoServing:
                         pending.remove(join)
                         print(f"serving: a replica of {self.plan.model} joined on {join.node}", flush=True)
                 self._write_figures()
+                self._write_loads()
             except OSError as exc:
                 self.failures += 1
                 if type(exc).__name__ not in said:
                     said.add(type(exc).__name__)
                     where = self._figures_path
                     print(f"gpufleet demo: serving figures not written to {where}: {exc}", flush=True)
+
+    def _write_loads(self) -> None:
+        """Each replica's GPU load where its node reads it (scheduler.py ServedLoad), on change."""
+        for node, replica in self.replicas.items():
+            load = replica.gpu_load()
+            if self._loads_written.get(node) != load:
+                self._loads[node].write(*load)
+                self._loads_written[node] = load
 
     def figures(self) -> dict[str, Any]:
         replicas = [r.figures() for r in self.replicas.values()]

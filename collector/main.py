@@ -19,7 +19,7 @@ from gpufleet.collector.simnvml.engine_server import SimulatedEngine
 from gpufleet.collector.simnvml.gpu_users import DemoJobs, ProcGpuUsers
 from gpufleet.collector.simnvml.machine import Hang
 from gpufleet.collector.simnvml.scenario import ScenarioRunner, load
-from gpufleet.collector.simnvml.scheduler import ScheduledState
+from gpufleet.collector.simnvml.scheduler import ScheduledState, ServedLoad
 from gpufleet.collector.sources.deadline import returns_within
 from gpufleet.collector.sources.nvml import NvmlSource
 from gpufleet.collector.sources.nvml_start import NvmlNotAnswering, open_nvml
@@ -60,6 +60,7 @@ def open_source(
                 if config.sim_jobs_dir
                 else None
             ),
+            served=ServedLoad(config.sim_scheduler_file) if config.sim_scheduler_file else None,
         )
         if config.sim_scenario:
             runner = ScenarioRunner(node, load(config.sim_scenario))

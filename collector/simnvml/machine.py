@@ -20,7 +20,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from gpufleet.collector.simnvml.gpu_users import LEAVES_BEHIND, MADE_UP_PID_BASE, DemoJobs, ProcGpuUsers
-from gpufleet.collector.simnvml.scheduler import DRAINED, IN_SERVICE, OUT_OF_ROTATION, ScheduledState
+from gpufleet.collector.simnvml.scheduler import (
+    DRAINED,
+    IN_SERVICE,
+    OUT_OF_ROTATION,
+    ScheduledState,
+    ServedLoad,
+)
 
 log = logging.getLogger("gpufleet.collector.sim")
 
@@ -156,6 +162,7 @@ class _Job:
     processes: tuple[tuple[int, int], ...] = ()
     # The demo scheduler's job this is (gpu_users.py DemoJobs), for its cgroup and its record.
     workload: object = None
+    serving: bool = False  # the demo's inference replica (scheduler.py ServedLoad): its load, as given
 
 
 @dataclass
@@ -421,6 +428,7 @@ class SimulatedNode:
         scheduled: ScheduledState | None = None,
         gpu_users: ProcGpuUsers | None = None,
         demo_jobs: DemoJobs | None = None,
+        served: ServedLoad | None = None,
     ) -> None:
         if model not in GPU_PROFILES:
             raise ValueError(
@@ -468,6 +476,8 @@ class SimulatedNode:
         self.gpu_users = gpu_users
         # The demo scheduler's owners of the node's own jobs (None: jobs belong to no one).
         self.demo_jobs = demo_jobs
+        # The demo's inference replica on this node, when it has one: its load is the node's job.
+        self.served = served
 
     def wait_if_hung(self, symbol: str) -> None:
         _wait_if_hung(self.hangs, symbol)
@@ -532,7 +542,7 @@ class SimulatedNode:
             self.demo_jobs.ended(old.workload, old.pid, keep_process=left is not None)  # type: ignore[arg-type]
         if job is not None and job is not old and self.demo_jobs is not None:
             owner = self.demo_jobs.pick(self._rng.random())
-            if job.util_target_pct > 0 and not job.exact and self.forced_util_pct is None:
+            if job.util_target_pct > 0 and not job.exact and not job.serving and self.forced_util_pct is None:
                 low, high = owner.util_range
                 job.util_target_pct = self._rng.uniform(low, high)
             job.workload = owner
@@ -562,8 +572,29 @@ class SimulatedNode:
             self._set_job(None)
         return state != IN_SERVICE
 
+    def _serve(self) -> bool:
+        """With a replica of the demo's serving pool on this node: its GPUs follow its load (the
+        job's target moves with the batch; HBM is what the engine holds). False: no replica."""
+        load = self.served.read() if self.served is not None else None
+        if load is None:
+            return False
+        util, hbm = load
+        if util == 0 and hbm == 0:  # its replica is down (not joined yet, or drained): idle GPUs
+            if self._job is not None:
+                self._set_job(None)
+            return True
+        if self._job is None or not self._job.serving:
+            self._set_job(
+                _Job(util, hbm, float("inf"), pid=self._made_up_pid(), tensor_share=0.35, serving=True)
+            )
+        self._job.util_target_pct, self._job.hbm_fraction = util, hbm
+        return True
+
     def _schedule_jobs(self) -> None:
-        if self._obey_scheduler():
+        stopped = self._obey_scheduler()
+        if self._serve():
+            return
+        if stopped:
             if self._job and self._t_s >= self._job.ends_at_s:
                 self._set_job(None)  # a cordoned node's job runs to its end; no other starts
             return

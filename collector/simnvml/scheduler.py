@@ -7,7 +7,9 @@ nothing listening."""
 
 from __future__ import annotations
 
+import json
 import logging
+import math
 import os
 from pathlib import Path
 
@@ -53,4 +55,40 @@ class ScheduledState:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         part = self.path.with_name(self.path.name + ".part")
         part.write_text(state + "\n")
+        os.replace(part, self.path)
+
+
+class ServedLoad:
+    """What a demo node's inference replica asks of its GPUs, in a file beside its scheduler
+    state (`NODE.serving`), written by the demo's serving pool (cli/demo_serving.py) each time it
+    changes and read by the node (machine.py): its GPUs are as busy as its batch is full, and it
+    holds the HBM vLLM takes at start (the weights and the preallocated KV-cache). No file: the
+    node serves nothing and runs its own jobs."""
+
+    def __init__(self, scheduler_file: str | Path) -> None:
+        self.path = Path(str(scheduler_file) + ".serving")
+        self.unreadable_total = 0
+
+    def read(self) -> tuple[float, float] | None:
+        """(GPU utilization %, HBM fraction held), or None when the node serves nothing."""
+        try:
+            data = json.loads(self.path.read_text())
+            util, hbm = float(data["util_pct"]), float(data["hbm_fraction"])
+        except FileNotFoundError:
+            return None
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            self.unreadable_total += 1
+            if self.unreadable_total == 1:
+                log.warning(
+                    "cannot read the demo's serving load %s: %s; the node runs its own jobs", self.path, exc
+                )
+            return None
+        if not (math.isfinite(util) and math.isfinite(hbm)):
+            return None
+        return min(100.0, max(0.0, util)), min(1.0, max(0.0, hbm))
+
+    def write(self, util_pct: float, hbm_fraction: float) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        part = self.path.with_name(self.path.name + ".part")
+        part.write_text(json.dumps({"util_pct": util_pct, "hbm_fraction": hbm_fraction}) + "\n")
         os.replace(part, self.path)

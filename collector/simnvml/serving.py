@@ -117,6 +117,20 @@ class Replica:
             f"vllm:num_requests_waiting{{{labels}}} {waiting}.0\n"
         )
 
+    # vLLM takes this share of each GPU's memory at start (its gpu_memory_utilization default):
+    # the weights, then the rest preallocated as KV-cache, held whatever the batch.
+    HBM_HELD_FRACTION = 0.9
+
+    def gpu_load(self) -> tuple[float, float]:
+        """What this replica asks of its GPUs: (utilization %, HBM fraction). Decode keeps the
+        GPUs as busy as the batch is full (its KV-cache usage); HBM is held from start. Down (not
+        joined, drained): (0, 0), nothing on the GPUs."""
+        if not self.up:
+            return 0.0, 0.0
+        in_flight = self.in_flight
+        room = math.floor(1 / self.kv_per_request) if self.kv_per_request > 0 else max(1, in_flight)
+        return round(100.0 * min(in_flight, room) / max(1, room), 1), self.HBM_HELD_FRACTION
+
     def figures(self) -> dict[str, Any]:
         return {
             "node": self.node,

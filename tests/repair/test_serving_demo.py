@@ -48,6 +48,27 @@ def _node(env: dict[str, str], name: str) -> dict[str, Any]:
     return next(n for n in _cli(env, "breaker", "status")["nodes"] if n["node"] == name)
 
 
+def numbers_follow_the_load(env: dict[str, str]) -> None:
+    """Issue 55: a serving node's GPUs are as busy as its replica's batch is full (its KV-cache
+    usage, within the simulated GPUs' noise), and hold the engine's HBM (90 % of it, vLLM's
+    default); the node whose replica has not joined yet is idle, not running a job of its own."""
+
+    def off() -> list[str]:
+        kv = {e["node"]: 100 * e["kv_cache_usage_ratio"] for e in _cli(env, "engines")["engines"]
+              if e.get("kv_cache_usage_ratio") is not None}  # fmt: skip
+        wrong = []
+        for n in _cli(env, "nodes")["nodes"]:
+            util, hbm = n["util_gpu_mean_pct"], n["hbm_used_bytes"] / n["hbm_total_bytes"]
+            if n["node"] == "demo-node-04":
+                if util > 5 or hbm > 0.05:
+                    wrong.append(f"{n['node']} (no replica yet) at {util:.0f} % and {hbm:.0%} of HBM")
+            elif n["node"] not in kv or abs(util - kv[n["node"]]) > 15 or not 0.85 <= hbm <= 0.95:
+                wrong.append(f"{n['node']} at {util:.0f} % and {hbm:.0%} of HBM, KV {kv.get(n['node'])} %")
+        return wrong
+
+    wait_until(lambda: not off(), 30, "each node's numbers to follow its replica's load", context=off)
+
+
 @pytest.mark.slow
 def test_the_demo_holds_a_drain_for_capacity_then_drains_gracefully_when_a_replica_joins(
     tmp_path: Path,
@@ -82,6 +103,7 @@ def test_the_demo_holds_a_drain_for_capacity_then_drains_gracefully_when_a_repli
         # demo-node-04's replica, not up yet, answers no scrape: its model unknown, in no pool
         (pool,) = _cli(env, "pools")["pools"]
         assert pool["nodes_waiting"] == ["demo-node-01"], pool
+        numbers_follow_the_load(env)
         serving_before = json.loads(figures.read_text())
         node1 = next(r for r in serving_before["replicas"] if r["node"] == "demo-node-01")
         assert node1["in_rotation"] and node1["accepted"] > 0, "held cordoned, it still serves"
