@@ -16,6 +16,7 @@ from collections.abc import Callable
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
+from gpufleet.aggregator.declared_metrics import exposition
 from gpufleet.common.bounded_http import BoundedHTTPServer
 from gpufleet.common.bounded_http import serve as serve_routes
 
@@ -82,17 +83,9 @@ class MetricsSnapshot:
         return (
             body
             + (
-                "# HELP gpufleet_metrics_snapshot_age_seconds how old this answer's metrics are "
-                "(the aggregator's metrics_snapshot_s)\n"
-                "# TYPE gpufleet_metrics_snapshot_age_seconds gauge\n"
-                f"gpufleet_metrics_snapshot_age_seconds {age_s:.3f}\n"
-                "# HELP gpufleet_metrics_snapshots_computed_total /metrics snapshots computed since start\n"
-                "# TYPE gpufleet_metrics_snapshots_computed_total counter\n"
-                f"gpufleet_metrics_snapshots_computed_total {computed}\n"
-                "# HELP gpufleet_metrics_scrapes_refused_total scrapes answered 503 (past "
-                "metrics_max_scrapes_per_s)\n"
-                "# TYPE gpufleet_metrics_scrapes_refused_total counter\n"
-                f"gpufleet_metrics_scrapes_refused_total {self.refused_total}\n"
+                exposition("gpufleet_metrics_snapshot_age_seconds", round(age_s, 3))
+                + exposition("gpufleet_metrics_snapshots_computed", computed)
+                + exposition("gpufleet_metrics_scrapes_refused", self.refused_total)
             ).encode()
         )
 

@@ -10,10 +10,12 @@ import time
 from collections.abc import Awaitable, Callable, Coroutine, Iterable
 from typing import Any, TypeVar
 
-from prometheus_client import CollectorRegistry, Counter, Gauge
+from prometheus_client import CollectorRegistry
 from prometheus_client.core import GaugeMetricFamily
 
 from gpufleet.aggregator.config import AggregatorConfig
+from gpufleet.aggregator.declared_metrics import counter, gauge, gauges, totals
+from gpufleet.aggregator.declared_metrics import family as declared_family
 from gpufleet.aggregator.fleet.export import EventExporter, WritePoints
 from gpufleet.aggregator.fleet.pools import ServingReader
 from gpufleet.aggregator.fleet.state import FleetState
@@ -182,18 +184,8 @@ class RepairWiring:
         self.serving = ServingReader(fleet, lambda: self._policy)
         self.scheduler_names = config.scheduler_names()
         r = metrics.registry
-        self._alert_count = Counter(
-            "gpufleet_alerts",
-            "alert deliveries by sink and outcome (sent, failed_attempt, dropped)",
-            ["sink", "outcome"],
-            registry=r,
-        )
-        self._actions = Counter(
-            "gpufleet_repair_actions",
-            "repair actions by action and outcome",
-            ["action", "outcome"],
-            registry=r,
-        )
+        self._alert_count = counter(r, "gpufleet_alerts")
+        self._actions = counter(r, "gpufleet_repair_actions")
         self.term: RepairTerm | None = None  # the running term (one at a time)
         # Each node's workloads and process claims (aggregator/workloads: the server sets it).
         self.waste_view: WasteView | None = None
@@ -383,68 +375,44 @@ class RepairWiring:
         def of(read: Callable[[RepairController], float]) -> Callable[[], float]:
             return lambda: read(self.controller) if self.controller is not None else 0.0
 
-        nodes_in_state = Gauge(
-            "gpufleet_repair_nodes", "nodes in each repair workflow state", ["state"], registry=r
-        )
+        nodes_in_state = gauge(r, "gpufleet_repair_nodes")
         for name in HEALTH_STATES:
             nodes_in_state.labels(state=name).set_function(
                 of(lambda c, name=name: float(sum(1 for w in list(c.workflows.values()) if w.state == name)))
             )
         r.register(_FlaggedGpus(lambda: self.controller))
         r.register(_GpuHealthGauge(self._gpu_health_rows))
-        Gauge(
-            "gpufleet_repair_leader",
-            "1 while this aggregator runs the repair controller (is the leader)",
-            registry=r,
-        ).set_function(lambda: float(self.controller is not None))
-        Gauge(
-            "gpufleet_repair_breaker_tripped", "1 while the repair breaker is tripped: alert", registry=r
-        ).set_function(of(lambda c: float(c.breaker_tripped)))
-        Gauge(
-            "gpufleet_alerts_held", "incident alerts held while the breaker is tripped", registry=r
-        ).set_function(lambda: float(self.dispatcher.held) if self.dispatcher is not None else 0.0)
-        Gauge(
-            "gpufleet_alert_store_errors",
-            "alert writes the repair state refused (fenced after a leader change, or unreachable)",
-            registry=r,
-        ).set_function(
-            lambda: float(self.dispatcher.store_errors_total) if self.dispatcher is not None else 0.0
+        gauges(
+            r,
+            {
+                "gpufleet_repair_leader": lambda: float(self.controller is not None),
+                "gpufleet_repair_breaker_tripped": of(lambda c: float(c.breaker_tripped)),
+                "gpufleet_alerts_held": lambda: float(self.dispatcher.held) if self.dispatcher else 0.0,
+                "gpufleet_repair_last_pass_seconds": of(lambda c: c.last_pass_s),
+            },
         )
-        Gauge(
-            "gpufleet_repair_term_load_failures",
-            "attempts of this term to load its state from the control plane that failed (each logged)",
-            registry=r,
-        ).set_function(lambda: float(self.term.build_failures_total) if self.term is not None else 0.0)
-        Gauge(
-            "gpufleet_repair_unrecorded_outcomes",
-            "reboot or ticket commands that finished but whose outcome the control plane refused "
-            "(fenced, or unreachable): each logged, its ledger entry left begun",
-            registry=r,
-        ).set_function(of(lambda c: float(c.steps.unrecorded_total)))
-        Gauge("gpufleet_repair_passes", "repair passes run by this leader term", registry=r).set_function(
-            of(lambda c: float(c.passes))
+        # Running totals of this leader term (a new term starts them at 0: a counter reset).
+        totals(
+            r,
+            {
+                "gpufleet_alert_store_errors": lambda: (
+                    float(self.dispatcher.store_errors_total) if self.dispatcher is not None else 0.0
+                ),
+                "gpufleet_repair_term_load_failures": lambda: (
+                    float(self.term.build_failures_total) if self.term is not None else 0.0
+                ),
+                "gpufleet_repair_unrecorded_outcomes": of(lambda c: float(c.steps.unrecorded_total)),
+                "gpufleet_repair_passes": of(lambda c: float(c.passes)),
+                "gpufleet_repair_pass_errors": of(lambda c: float(c.pass_errors)),
+                "gpufleet_repair_scheduler_reads": of(lambda c: float(c.scheduler_reads)),
+                "gpufleet_history_export_points": lambda: (
+                    float(self.exporter.exported_total) if self.exporter else 0.0
+                ),
+                "gpufleet_history_export_failures": lambda: (
+                    float(self.exporter.failures_total) if self.exporter else 0.0
+                ),
+            },
         )
-        Gauge(
-            "gpufleet_repair_pass_errors", "repair passes that failed with an error (each logged)", registry=r
-        ).set_function(of(lambda c: float(c.pass_errors)))
-        Gauge(
-            "gpufleet_repair_scheduler_reads",
-            "reads of the scheduler's view by this leader term",
-            registry=r,
-        ).set_function(of(lambda c: float(c.scheduler_reads)))
-        Gauge(
-            "gpufleet_repair_last_pass_seconds", "how long the last repair pass took", registry=r
-        ).set_function(of(lambda c: c.last_pass_s))
-        Gauge(
-            "gpufleet_history_export_points",
-            "repair actions and health findings this leader term copied into the history store",
-            registry=r,
-        ).set_function(lambda: float(self.exporter.exported_total) if self.exporter else 0.0)
-        Gauge(
-            "gpufleet_history_export_failures",
-            "history export passes that failed this leader term (each logged, tried again)",
-            registry=r,
-        ).set_function(lambda: float(self.exporter.failures_total) if self.exporter else 0.0)
 
 
 class _GpuHealthGauge:
@@ -460,12 +428,7 @@ class _GpuHealthGauge:
         self.failures_total = 0
 
     def collect(self) -> Iterable[GaugeMetricFamily]:
-        family = GaugeMetricFamily(
-            "gpufleet_gpu_health",
-            "each GPU that is not ok: its health level (2 watch, 3 suspect, 4 faulty, 5 lost), by "
-            "cluster, node, GPU and health word",
-            labels=["cluster", "node", "gpu", "health"],
-        )
+        family = declared_family("gpufleet_gpu_health")
         try:
             rows = self._rows()
         except (TimeoutError, LoopClosed) as exc:
@@ -489,11 +452,7 @@ class _FlaggedGpus:
         self._controller = controller
 
     def collect(self) -> Iterable[GaugeMetricFamily]:
-        family = GaugeMetricFamily(
-            "gpufleet_gpu_flagged",
-            "1 for each finding the repair controller holds now, by node, GPU, code and severity",
-            labels=["node", "gpu", "code", "severity"],
-        )
+        family = declared_family("gpufleet_gpu_flagged")
         controller = self._controller()
         if controller is not None:
             for node, findings in list(controller.findings.items()):

@@ -9,8 +9,9 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from prometheus_client import CollectorRegistry, Gauge
+from prometheus_client import CollectorRegistry
 
+from gpufleet.aggregator.declared_metrics import gauge, gauges
 from gpufleet.aggregator.fleet.state import FleetState
 from gpufleet.aggregator.ingest.fanout import Fanout
 from gpufleet.aggregator.ingest.spool import Spool, SpoolStatus
@@ -65,17 +66,8 @@ class StatusReports:
         """Gauges read at scrape time for the aggregator's own alert rules
         (deploy/prometheus/gpufleet-alerts.yml): ready or not, and the nodes it knows by
         liveness (what Prometheus should find collectors for)."""
-        Gauge(
-            "gpufleet_aggregator_ready",
-            "1 while this aggregator is ready (what /ready says; 0: see gpufleet status)",
-            registry=registry,
-        ).set_function(lambda: float(not self.unhealthy()))
-        nodes = Gauge(
-            "gpufleet_fleet_nodes",
-            "nodes this aggregator knows, by liveness",
-            ["liveness"],
-            registry=registry,
-        )
+        gauges(registry, {"gpufleet_aggregator_ready": lambda: float(not self.unhealthy())})
+        nodes = gauge(registry, "gpufleet_fleet_nodes")
         for value, name in LIVENESS_NAMES.items():
             nodes.labels(liveness=name).set_function(
                 lambda value=value: float(self._nodes_by_liveness(value))

@@ -18,7 +18,9 @@ from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter
+from prometheus_client import CollectorRegistry
+
+from gpufleet.aggregator.declared_metrics import counter
 
 log = logging.getLogger("gpufleet.aggregator.supervise")
 
@@ -35,12 +37,7 @@ class Supervisor:
     def __init__(
         self, registry: CollectorRegistry, loop_restarts: int = 3, loop_window_s: float = 60.0
     ) -> None:
-        self._restarts = Counter(
-            "gpufleet_task_restarts",
-            "background tasks that crashed and were restarted, by task",
-            ["task"],
-            registry=registry,
-        )
+        self._restarts = counter(registry, "gpufleet_task_restarts")
         self.loop_restarts = loop_restarts
         self.loop_window_s = loop_window_s
         self.records: dict[str, TaskRecord] = {}

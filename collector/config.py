@@ -16,6 +16,9 @@ from gpufleet.collector.sources.engines.scrape import parse_endpoints
 from gpufleet.common.net import is_loopback
 from gpufleet.protos.credentials import SHARED_SECRET_TOKEN_ID, collector_token, node_name_problem
 
+# What /metrics may serve (collector/metrics_endpoint.py, collector/dcgm_face.py).
+METRICS_NAMES = ("gpufleet", "dcgm", "both")
+
 
 def _setting(default: Any, help_text: str, **kw: Any) -> Any:
     return field(default=default, metadata={"help": help_text, **kw})
@@ -128,6 +131,12 @@ class CollectorConfig:
         "Prometheus /metrics address (host:port; port 0 picks one; unauthenticated: loopback unless "
         "set, e.g. 0.0.0.0:9410 behind a NetworkPolicy or firewall); empty disables",
     )
+    metrics_names: str = _setting(
+        "gpufleet",
+        "the names /metrics serves: gpufleet (gpufleet_gpu_*), dcgm (dcgm-exporter's DCGM_FI_* names, "
+        "units and labels, so its dashboards and alert rules keep working; docs/prometheus-and-grafana.md "
+        '"Coming from dcgm-exporter"), or both',
+    )
     sim_engine: str = _setting(
         "",
         f"with simulate: serve and scrape a simulated inference engine ({' or '.join(SIMULATED_ENGINES)}) "
@@ -219,6 +228,10 @@ class CollectorConfig:
             raise ValueError(f"cluster name {self.cluster[:300]!r} is not usable: {problem}")
         if not 0.05 <= self.interval_s <= 3600:
             raise ValueError(f"interval_s={self.interval_s} must be between 0.05 and 3600 seconds")
+        if self.metrics_names not in METRICS_NAMES:
+            raise ValueError(
+                f"metrics_names={self.metrics_names!r} must be one of {', '.join(METRICS_NAMES)}"
+            )
         if not 0 <= self.xid_storm_window_s <= 86400:
             raise ValueError(
                 f"xid_storm_window_s={self.xid_storm_window_s} must be between 0 and 86400 seconds"

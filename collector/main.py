@@ -12,7 +12,7 @@ from pathlib import Path
 from gpufleet.collector import probes
 from gpufleet.collector.agent import CollectorAgent
 from gpufleet.collector.config import CollectorConfig
-from gpufleet.collector.metrics_endpoint import serve
+from gpufleet.collector.metrics_endpoint import registry_of, serve
 from gpufleet.collector.simnvml import SimulatedNode, SimulatedNvmlLibrary, install
 from gpufleet.collector.simnvml.clibrary import install_c
 from gpufleet.collector.simnvml.engine_server import SimulatedEngine
@@ -80,10 +80,16 @@ def serve_metrics(config: CollectorConfig, agent: CollectorAgent) -> None:
     if not config.metrics_listen:
         return
     try:
+        registry = registry_of(
+            config.metrics_names,
+            lambda: agent.last_sample,
+            xid_counts=lambda: agent.book.xid_counts,
+            xid_last=lambda: agent.book.xid_last,
+            driver_version=lambda: agent.source.driver_version,
+        )
         port = serve(
             config.metrics_listen,
-            lambda: agent.last_sample,
-            lambda: agent.book.xid_counts,
+            registry,
             {"/healthz": lambda: probes.healthz(agent), "/ready": lambda: probes.ready(agent)},
         )
     except OSError as exc:

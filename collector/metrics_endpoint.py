@@ -11,11 +11,13 @@ absent, never 0. The gpufleet field each comes from is in the HELP text.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from typing import Any
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from gpufleet.collector.dcgm_face import DcgmMetrics
 from gpufleet.common.bounded_http import serve as serve_routes
 from gpufleet.protos import telemetry_pb2
 from gpufleet.protos.signals import COLLECTOR_SIGNALS, ENGINE_SIGNALS, GPU_SIGNALS, reported
@@ -105,16 +107,29 @@ class GpuMetrics(Collector):
             yield family
 
 
+def registry_of(
+    names: str, latest: Callable[[], telemetry_pb2.NodeReport | None], **sources: Any
+) -> CollectorRegistry:
+    """What /metrics serves for metrics_names (collector/config.py METRICS_NAMES): gpufleet's
+    names, dcgm-exporter's (collector/dcgm_face.py), or both. sources: xid_counts, xid_last,
+    driver_version (callables)."""
+    registry = CollectorRegistry(auto_describe=False)
+    if names in ("gpufleet", "both"):
+        registry.register(GpuMetrics(latest, sources.get("xid_counts", dict)))
+    if names in ("dcgm", "both"):
+        registry.register(
+            DcgmMetrics(latest, sources.get("xid_last", dict), sources.get("driver_version", str))
+        )
+    return registry
+
+
 def serve(
     address: str,
-    latest: Callable[[], telemetry_pb2.NodeReport | None],
-    xid_counts: Callable[[], XidCounts] = dict,
+    registry: CollectorRegistry,
     probes: dict[str, Callable[[], tuple[int, str, bytes]]] | None = None,
 ) -> int:
-    """Serve /metrics (and probes: path -> answer, e.g. /healthz and /ready) on address
-    (host:port, port 0 picks one); return the port."""
-    registry = CollectorRegistry(auto_describe=False)
-    registry.register(GpuMetrics(latest, xid_counts))
+    """Serve registry as /metrics (and probes: path -> answer, e.g. /healthz and /ready) on
+    address (host:port, port 0 picks one); return the port."""
     host, _, port = address.rpartition(":")
 
     def metrics() -> tuple[int, str, bytes]:

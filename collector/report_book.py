@@ -20,6 +20,9 @@ class ReportBook:
         self.buffer = ReplayBuffer(config.buffer_reports)
         # XIDs reported since start, by (GPU, number), for /metrics (collector/metrics_endpoint.py).
         self.xid_counts: dict[tuple[str, int], int] = {}
+        # The last XID number of each GPU (its index as text), for the DCGM face's
+        # DCGM_FI_DEV_XID_ERRORS (collector/dcgm_face.py): swapped in whole with the counts.
+        self.xid_last: dict[str, int] = {}
         # Kernel-log records handed on by the watcher and not yet in a report (added from its
         # thread), and the oldest record in each unacknowledged report, by seq.
         self.kmsg_inflight: set[int] = set()
@@ -44,11 +47,13 @@ class ReportBook:
         xids = [e for e in report.events if e.kind == vocabulary_pb2.EVENT_KIND_XID]
         if xids:
             # A new dict, swapped in whole: /metrics reads it from its own thread.
-            counts = dict(self.xid_counts)
-            for e in xids:
+            counts, last = dict(self.xid_counts), dict(self.xid_last)
+            for e in sorted(xids, key=lambda e: e.time_unix_ns):
                 key = (str(e.gpu_index) if e.HasField("gpu_index") else "", e.xid)
                 counts[key] = counts.get(key, 0) + max(1, e.count)
-            self.xid_counts = counts
+                if e.HasField("gpu_index"):
+                    last[str(e.gpu_index)] = e.xid
+            self.xid_counts, self.xid_last = counts, last
         kmsg_seqs = [e.kmsg_seq for e in report.events if e.kmsg_seq]
         if kmsg_seqs:
             self.kmsg_unacked[report.seq] = min(kmsg_seqs)

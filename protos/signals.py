@@ -11,7 +11,7 @@ tests/project/test_signal_catalog.py fails when a GpuSample field has no entry.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from gpufleet.protos import telemetry_pb2
 
@@ -37,6 +37,8 @@ class Signal:
     title: str = ""  # its chart: the node page's GPU series and Grafana's node panel ("": none)
     heat: bool = False  # a choice of the fleet overview's heat map
     nvml: str = ""  # a GPU signal's NVML source: the call its reader makes, or "collector: ..." (derived)
+    dcgm: str = ""  # its dcgm-exporter field (the collector's DCGM face), "" where DCGM has none
+    dcgm_scale: float = 1.0  # to DCGM's unit (bytes to MiB, percent to a 0-1 ratio for PROF fields)
 
     @property
     def shown_unit(self) -> str:
@@ -163,6 +165,48 @@ GPU_SIGNALS: dict[str, Signal] = {
                "tensor_active_ratio", 0.01, label="tensor active %", nvml="nvmlGpmMetricsGet"),
     ]
 }  # fmt: skip
+
+# Each GPU signal's dcgm-exporter field, in DCGM's unit (its field list, dcgm_fields.h, and
+# dcgm-exporter's default counters): the collector's DCGM face (collector/dcgm_face.py) serves them
+# under these names, so the dashboards and alert rules written for dcgm-exporter read gpufleet.
+# The fields DCGM has that NVML gives no value for are listed in docs/prometheus-and-grafana.md.
+_MIB = 1 / (1 << 20)
+_DCGM_FIELDS = {
+    "util_gpu_pct": ("DCGM_FI_DEV_GPU_UTIL", 1.0),
+    "util_mem_pct": ("DCGM_FI_DEV_MEM_COPY_UTIL", 1.0),
+    "hbm_used_bytes": ("DCGM_FI_DEV_FB_USED", _MIB),
+    "hbm_total_bytes": ("DCGM_FI_DEV_FB_TOTAL", _MIB),
+    "temp_gpu_c": ("DCGM_FI_DEV_GPU_TEMP", 1.0),
+    "temp_mem_c": ("DCGM_FI_DEV_MEMORY_TEMP", 1.0),
+    "power_w": ("DCGM_FI_DEV_POWER_USAGE", 1.0),
+    "power_limit_w": ("DCGM_FI_DEV_POWER_MGMT_LIMIT", 1.0),
+    "clock_sm_mhz": ("DCGM_FI_DEV_SM_CLOCK", 1.0),
+    "clock_mem_mhz": ("DCGM_FI_DEV_MEM_CLOCK", 1.0),
+    "clock_event_reasons": ("DCGM_FI_DEV_CLOCK_THROTTLE_REASONS", 1.0),
+    "ecc_sbe_volatile": ("DCGM_FI_DEV_ECC_SBE_VOL_TOTAL", 1.0),
+    "ecc_dbe_volatile": ("DCGM_FI_DEV_ECC_DBE_VOL_TOTAL", 1.0),
+    "ecc_sbe_aggregate": ("DCGM_FI_DEV_ECC_SBE_AGG_TOTAL", 1.0),
+    "ecc_dbe_aggregate": ("DCGM_FI_DEV_ECC_DBE_AGG_TOTAL", 1.0),
+    "retired_pages_sbe": ("DCGM_FI_DEV_RETIRED_SBE", 1.0),
+    "retired_pages_dbe": ("DCGM_FI_DEV_RETIRED_DBE", 1.0),
+    "retired_pages_pending": ("DCGM_FI_DEV_RETIRED_PENDING", 1.0),
+    "remap_correctable": ("DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS", 1.0),
+    "remap_uncorrectable": ("DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS", 1.0),
+    "remap_pending": ("DCGM_FI_DEV_ROW_REMAP_PENDING", 1.0),
+    "remap_failure": ("DCGM_FI_DEV_ROW_REMAP_FAILURE", 1.0),
+    "pcie_replay_total": ("DCGM_FI_DEV_PCIE_REPLAY_COUNTER", 1.0),
+    "nvlink_replay_total": ("DCGM_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL", 1.0),
+    "nvlink_recovery_total": ("DCGM_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL", 1.0),
+    "nvlink_crc_total": ("DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL", 1.0),
+    "pcie_link_gen": ("DCGM_FI_DEV_PCIE_LINK_GEN", 1.0),
+    "pcie_link_width": ("DCGM_FI_DEV_PCIE_LINK_WIDTH", 1.0),
+    "sm_active_pct": ("DCGM_FI_PROF_SM_ACTIVE", 0.01),
+    "tensor_active_pct": ("DCGM_FI_PROF_PIPE_TENSOR_ACTIVE", 0.01),
+}
+GPU_SIGNALS = {
+    f: replace(s, dcgm=_DCGM_FIELDS[f][0], dcgm_scale=_DCGM_FIELDS[f][1]) if f in _DCGM_FIELDS else s
+    for f, s in GPU_SIGNALS.items()
+}
 
 # GpuSample fields that are not signals: who the GPU is, why its fields are absent, its processes.
 NOT_SIGNALS = frozenset({"index", "uuid", "model", "pci_bus_id", "driver_unresponsive_call", "processes"})

@@ -124,7 +124,7 @@ class EventExporter:
         self.interval_s = interval_s
         self._findings_done: set[tuple[str, str, int]] = set()
         self._incidents_since_ns = 0
-        self.exported_total = 0  # points made durable (gpufleet_history_export_points)
+        self.exported_total = 0  # points made durable (gpufleet_history_export_points_total)
         self.failures_total = 0  # passes that failed and will be tried again
 
     async def run(self, stop: asyncio.Event) -> None:

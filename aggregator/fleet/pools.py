@@ -15,6 +15,7 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.core import GaugeMetricFamily
 
 from gpufleet.aggregator.api.answers import ANSWER_BYTES, AnswerBytes
+from gpufleet.aggregator.declared_metrics import family
 from gpufleet.aggregator.fleet.state import FleetState
 from gpufleet.protos import fleet_pb2, vocabulary_pb2
 from gpufleet.repair.capacity import node_states, waiting_nodes
@@ -287,37 +288,13 @@ class PoolGauges:
         self._readings, self._floor, self._workflows = readings, floor, workflows
 
     def collect(self) -> Iterable[GaugeMetricFamily]:
-        labels = ["cluster", "model"]
-        kv = GaugeMetricFamily(
-            "gpufleet_pool_kv_cache_usage_ratio",
-            "KV-cache usage of a serving pool's serving replicas (stat: mean or max; 1 is a full cache)",
-            labels=[*labels, "stat"],
-        )
-        waiting_requests = GaugeMetricFamily(
-            "gpufleet_pool_requests_waiting", "requests waiting in a serving pool's replicas", labels=labels
-        )
-        replicas = GaugeMetricFamily(
-            "gpufleet_pool_replicas", "a serving pool's replicas by state", labels=[*labels, "state"]
-        )
-        headroom = GaugeMetricFamily(
-            "gpufleet_pool_headroom_replicas",
-            "replicas that may leave a serving pool within its floor; negative: replicas short of it",
-            labels=labels,
-        )
-        repairs = GaugeMetricFamily(
-            "gpufleet_pool_repairs_waiting_for_capacity",
-            "repairs whose drain waits for this pool's capacity (an autoscaler should add a replica)",
-            labels=labels,
-        )
-        left_out = GaugeMetricFamily(
-            "gpufleet_pools_not_exported", f"serving pools past the first {MAX_EXPORTED_POOLS} not exported"
-        )
-        unverified = GaugeMetricFamily(
-            "gpufleet_pool_unverified_replicas",
-            "engine replicas nodes report that no declared pool places on them (in no pool's figures), "
-            "by why (repair/placement.py)",
-            labels=["reason"],
-        )
+        kv = family("gpufleet_pool_kv_cache_usage_ratio")
+        waiting_requests = family("gpufleet_pool_requests_waiting")
+        replicas = family("gpufleet_pool_replicas")
+        headroom = family("gpufleet_pool_headroom_replicas")
+        repairs = family("gpufleet_pool_repairs_waiting_for_capacity")
+        left_out = family("gpufleet_pools_not_exported")
+        unverified = family("gpufleet_pool_unverified_replicas")
         workflows = self._workflows()
         floor = self._floor()
         fleet_pools = Pools(self._readings(gpu_util=False), node_states(workflows))

@@ -31,9 +31,10 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Gauge
+from prometheus_client import CollectorRegistry
 
 from gpufleet.aggregator.config import AggregatorConfig
+from gpufleet.aggregator.declared_metrics import gauges, totals
 from gpufleet.aggregator.fleet.state import FleetState
 from gpufleet.aggregator.ingest.service import IngestService
 from gpufleet.aggregator.repair_wiring import RepairWiring
@@ -309,24 +310,18 @@ class ControlPlane:
 
 
 def register_metrics(plane: ControlPlane, registry: CollectorRegistry) -> None:
-    """This replica's control-plane gauges, read at scrape time."""
+    """This replica's control-plane counts and sync age, read at scrape time."""
     lead = plane.leadership
-    for name, text, read in (
-        ("gpufleet_control_plane_sync_errors", "control-plane syncs that failed (each logged)",
-         lambda: plane.sync_errors_total),
-        ("gpufleet_control_plane_lease_errors", "lease reads or renewals that failed",
-         lambda: lead.lease_errors_total),
-        ("gpufleet_repair_leader_terms", "times this replica became the repair leader",
-         lambda: lead.terms_total),
-    ):  # fmt: skip
-        Gauge(name, text, registry=registry).set_function(lambda read=read: float(read()))
-    Gauge(
-        "gpufleet_control_plane_call_timeouts",
-        "control-plane calls that had no answer within the call timeout (PostgreSQL hung or cut off)",
-        registry=registry,
-    ).set_function(lambda: float(plane.call_timeouts_total()))
-    Gauge(
-        "gpufleet_control_plane_sync_age_seconds",
-        "seconds since this replica last reached the control plane",
-        registry=registry,
-    ).set_function(lambda: time.monotonic() - plane.last_sync_monotonic)
+    totals(
+        registry,
+        {
+            "gpufleet_control_plane_sync_errors": lambda: plane.sync_errors_total,
+            "gpufleet_control_plane_lease_errors": lambda: lead.lease_errors_total,
+            "gpufleet_repair_leader_terms": lambda: lead.terms_total,
+            "gpufleet_control_plane_call_timeouts": plane.call_timeouts_total,
+        },
+    )
+    gauges(
+        registry,
+        {"gpufleet_control_plane_sync_age_seconds": lambda: time.monotonic() - plane.last_sync_monotonic},
+    )

@@ -14,8 +14,9 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 
-from prometheus_client import CollectorRegistry, Counter, Gauge
+from prometheus_client import CollectorRegistry
 
+from gpufleet.aggregator.declared_metrics import counter, gauges
 from gpufleet.aggregator.fleet.state import FleetState
 from gpufleet.aggregator.store import Store, StoreError
 from gpufleet.aggregator.store.base import Point, ProratedSum
@@ -68,40 +69,24 @@ class Workloads:
         self.prices = parse_prices(config.gpu_hour_prices)
         self._fleet, self._store, self._write = fleet, store, write
         self._unwritten: list[Point] = []
-        self.refused = Counter(
-            "gpufleet_workload_claims_refused",
-            "workloads a node named that the scheduler does not place on it (unknown_job, not_on_node) "
-            "or that no scheduler is read to check (no_scheduler): not attributed",
-            ["reason"],
-            registry=registry,
-        )
+        self.refused = counter(registry, "gpufleet_workload_claims_refused")
         for reason in REFUSAL_REASONS:
             self.refused.labels(reason=reason)
-        self.owner_points_dropped = Counter(
-            "gpufleet_workload_owner_points_dropped",
-            "owner-series points (history by account, team...) dropped while the store could not "
-            "take them (workload summaries are never dropped)",
-            registry=registry,
-        )
-        self.read_failures = Counter(
-            "gpufleet_workload_scheduler_read_failures", "scheduler reads that failed", registry=registry
-        )
+        self.owner_points_dropped = counter(registry, "gpufleet_workload_owner_points_dropped")
+        self.read_failures = counter(registry, "gpufleet_workload_scheduler_read_failures")
         self.ledger = WorkloadLedger(
             self.scheduler,
             on_end=self._ended,
             on_refused=lambda reason, node: self.refused.labels(reason=reason).inc(),
             activity=lambda: Activity.of(policy()),
         )
-        Gauge(
-            "gpufleet_workloads_running",
-            "workloads holding GPUs now, as the scheduler says",
-            registry=registry,
-        ).set_function(lambda: len(self.ledger.live()))
-        Gauge(
-            "gpufleet_workload_scheduler_read_age_seconds",
-            "seconds since the scheduler was last read (NaN: never)",
-            registry=registry,
-        ).set_function(self._read_age_s)
+        gauges(
+            registry,
+            {
+                "gpufleet_workloads_running": lambda: len(self.ledger.live()),
+                "gpufleet_workload_scheduler_read_age_seconds": self._read_age_s,
+            },
+        )
         fanout.on_report("workloads", self.ledger.on_report)
         self._kept: KeptValues | None = None
         self._saved_at = 0.0

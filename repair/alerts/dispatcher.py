@@ -183,7 +183,7 @@ class AlertDispatcher:
         self._store_errors_logged.add(type(exc))
         log.warning(
             "%s: not done, the repair state refused it (%s); further refusals of this kind are "
-            "only counted (gpufleet_alert_store_errors)",
+            "only counted (gpufleet_alert_store_errors_total)",
             what,
             exc,
         )

@@ -292,6 +292,37 @@ def test_the_gpu_reset_component_adds_a_helper_and_leaves_the_collector_unprivil
     assert {e["name"]: e["value"] for e in helper["env"]}["NVIDIA_DRIVER_CAPABILITIES"] == "utility"
 
 
+def test_the_dcgm_exporter_component_serves_dcgm_names_where_dcgm_exporter_was_scraped() -> None:
+    """components/dcgm-exporter-compat: the collector on dcgm-exporter's port with the DCGM face
+    beside its own names, and a Service with dcgm-exporter's labels and port name selecting the
+    collector's pods, so a ServiceMonitor written for dcgm-exporter scrapes it (issue 56)."""
+    import kubernetes_validate
+
+    from gpufleet.collector.config import CollectorConfig
+
+    where = K8S / "components" / "dcgm-exporter-compat"
+    component = yaml.safe_load((where / "kustomization.yaml").read_text())
+    assert component["kind"] == "Component" and component["resources"] == ["service.yaml"]
+    (patch,) = component["patches"]
+    assert patch["target"] == {"kind": "DaemonSet", "name": "gpufleet-collector"}
+    patched = _json_patch(by_kind("DaemonSet", "gpufleet-collector"), yaml.safe_load(patch["patch"]))
+    kubernetes_validate.validate(patched, "1.33.0", strict=True)
+    pod = patched["spec"]["template"]
+    (collector, *_) = pod["spec"]["containers"]
+    env = {e["name"]: e.get("value") for e in collector["env"]}
+    names = env["GPUFLEET_COLLECTOR_METRICS_NAMES"]
+    assert names in ("dcgm", "both") and CollectorConfig(metrics_names=names).metrics_names == names
+    assert env["GPUFLEET_COLLECTOR_METRICS_LISTEN"] == "0.0.0.0:9400"
+    (port,) = collector["ports"]
+    assert port == {"name": "metrics", "containerPort": 9400}
+    service = by_kind("Service", "dcgm-exporter")
+    assert service["metadata"]["labels"]["app.kubernetes.io/name"] == "dcgm-exporter"
+    assert service["spec"]["selector"].items() <= pod["metadata"]["labels"].items()
+    assert service["spec"]["ports"] == [
+        {"name": "metrics", "port": 9400, "targetPort": "metrics", "protocol": "TCP"}
+    ]
+
+
 def test_dockerfile_passes_hadolint() -> None:
     hadolint = Path(sys.executable).with_name("hadolint")
     out = subprocess.run([str(hadolint), str(DEPLOY / "Dockerfile")], capture_output=True, text=True)

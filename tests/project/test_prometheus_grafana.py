@@ -38,6 +38,10 @@ from harness.waiting import wait_until
 DASHBOARDS = REPO / "deploy" / "grafana" / "dashboards"
 RULES = REPO / "deploy" / "prometheus" / "gpufleet-alerts.yml"
 RULE_TESTS = REPO / "deploy" / "prometheus" / "gpufleet-alerts.test.yml"
+# dcgm-exporter's published dashboard's queries and the rules fleets run on its names (tests/data:
+# source and licence in the files).
+DCGM_DASHBOARD = REPO / "tests" / "data" / "dcgm-exporter-dashboard-queries.json"
+DCGM_RULES = REPO / "tests" / "data" / "dcgm-exporter-alert-rules.yml"
 # Grafana's own variables, and InfluxQL aliases naming a tag ($tag_node).
 BUILTIN = {"timeFilter", "__interval", "__rate_interval", "__range", "__interval_ms"}
 FAULTY = "graf-1"  # runs vLLM; GPU 1 falls off the bus (XID 79) and the node is quarantined
@@ -303,12 +307,13 @@ class PrometheusServer:
                 "prometheus is not installed: scripts/install-test-deps.sh installs Debian's prometheus"
             )
         shutil.copy(RULES, home / "gpufleet-alerts.yml")
+        shutil.copy(DCGM_RULES, home / "dcgm-exporter-rules.yml")
         config = home / "prometheus.yml"
         config.write_text(
             yaml.safe_dump(
                 {
                     "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
-                    "rule_files": ["gpufleet-alerts.yml"],
+                    "rule_files": ["gpufleet-alerts.yml", "dcgm-exporter-rules.yml"],
                     "scrape_configs": [
                         {"job_name": "gpufleet-collector", "static_configs": [{"targets": targets}]},
                         {"job_name": "gpufleet-aggregator", "static_configs": [{"targets": aggregators}]},
@@ -402,8 +407,12 @@ class Fleet:
                 f"127.0.0.1:{port}",
                 "--sim-jobs-dir",
                 str(jobs),
+                # Both faces: gpufleet's names and dcgm-exporter's (collector/dcgm_face.py).
+                "--metrics-names",
+                "both",
                 *extra,
             )
+        self.collector_metrics, self.aggregator_metrics = ports, agg.metrics
         self.prometheus = PrometheusServer(cluster.tmp, ports, [agg.metrics])
 
     def influxql(self, query: str) -> list[dict[str, Any]]:
@@ -552,7 +561,7 @@ def test_every_promql_query_and_variable_returns_data(fleet: Fleet) -> None:
 # Metrics the rules read that a one-box aggregator with nothing gone wrong does not expose: the
 # replicas' control-plane gauges, and a labelled counter before its first count.
 NOT_ON_ONE_BOX = {
-    "gpufleet_control_plane_lease_errors": "aggregator/replication/control_plane.py",
+    "gpufleet_control_plane_lease_errors_total": "aggregator/replication/control_plane.py",
     "gpufleet_control_plane_sync_age_seconds": "aggregator/replication/control_plane.py",
     "gpufleet_alerts_total": "aggregator/repair_wiring.py",
 }
@@ -562,6 +571,7 @@ def test_alert_rules_load_in_prometheus_and_name_metrics_the_components_expose(f
     groups = fleet.prometheus.api("rules")["groups"]
     rules = [r for g in groups for r in g["rules"]]
     shipped = [r for g in yaml.safe_load(RULES.read_text())["groups"] for r in g["rules"]]
+    rules = [r for r in rules if not r["name"].startswith("GPU")]  # dcgm-exporter's rules: below
     assert len(rules) == len(shipped) and all(r["health"] == "ok" for r in rules), rules
     exposed = set(fleet.prometheus.api("label/__name__/values"))
     named = set(re.findall(r"\b(gpufleet_\w+)", RULES.read_text()))
@@ -578,3 +588,117 @@ def test_alert_rules_load_in_prometheus_and_name_metrics_the_components_expose(f
         30,
         "the lost GPU flagged on the aggregator's /metrics",
     )
+
+
+# --- coming from dcgm-exporter (issue 56) ----------------------------------------------------------
+def test_dcgm_exporters_dashboard_and_alert_rules_find_data(fleet: Fleet) -> None:
+    """NVIDIA's dcgm-exporter dashboard (grafana.com 12239): every variable lists values and every
+    panel's query returns data from collectors serving the DCGM face; the rules fleets run on
+    dcgm-exporter's names load, every metric they read has series, and the XID rule finds the
+    faulty GPU's XID 79 (DCGM_FI_DEV_XID_ERRORS is the last XID's number, as dcgm-exporter's)."""
+    prom = fleet.prometheus
+    dashboard = json.loads(DCGM_DASHBOARD.read_text())
+    chosen = {"Hostname": ".*", "gpu": ".*"}
+
+    def text(query: str) -> str:
+        for name, value in chosen.items():
+            query = query.replace(f"${name}", value)
+        return query
+
+    for v in dashboard["variables"]:
+        m = re.fullmatch(r"label_values\((.+), (\w+)\)", text(v["query"]))
+        assert m, v["query"]
+        listed = prom.api(f"label/{m.group(2)}/values", **{"match[]": m.group(1)})
+        assert listed, f"variable {v['name']} lists no values: {v['query']}"
+    assert set(prom.api("label/Hostname/values", **{"match[]": "DCGM_FI_DEV_FB_FREE"})) == {
+        FAULTY,
+        "graf-2",
+        "graf-3",
+    }
+    for panel in dashboard["panels"]:
+        result = prom.api("query", query=text(panel["expr"]))["result"]
+        assert result, f"{panel['title']!r} returned no data: {panel['expr']}"
+    # One host's GPUs, as the dashboard's variables would pick them.
+    chosen = {"Hostname": "graf-3", "gpu": "0"}
+    (temp,) = prom.api("query", query=text(dashboard["panels"][0]["expr"]))["result"]
+    assert temp["metric"]["Hostname"] == "graf-3" and 0 < float(temp["value"][1]) < 150, temp
+
+    loaded = [
+        r
+        for g in prom.api("rules")["groups"]
+        for r in g["rules"]
+        if g["file"].endswith("dcgm-exporter-rules.yml")
+    ]
+    written = [r for g in yaml.safe_load(DCGM_RULES.read_text())["groups"] for r in g["rules"]]
+    assert len(loaded) == len(written) and all(r["health"] == "ok" for r in loaded), loaded
+    for rule in written:
+        for name in set(re.findall(r"\bDCGM_FI_\w+", rule["expr"])):
+            assert prom.api("query", query=name)["result"], f"{rule['alert']}: no {name} served"
+    xid = prom.api("query", query="DCGM_FI_DEV_XID_ERRORS > 0")["result"]
+    assert [(s["metric"]["Hostname"], s["metric"]["gpu"], s["value"][1]) for s in xid] == [
+        (FAULTY, "1", "79")
+    ]
+    # The DCGM face's units: framebuffer in MiB, PROF fields 0-1, as dcgm-exporter's.
+    used = prom.api("query", query='DCGM_FI_DEV_FB_TOTAL{Hostname="graf-3"}')["result"]
+    assert all(100_000 < float(s["value"][1]) < 200_000 for s in used), used  # an H200's 141 GiB in MiB
+    active = prom.api("query", query="DCGM_FI_PROF_GR_ENGINE_ACTIVE")["result"]
+    assert active and all(0 <= float(s["value"][1]) <= 1 for s in active), active
+
+
+# promtool's lints that are dcgm-exporter's own names, kept so its queries match: its camelCase
+# labels (modelName) and a gauge named ..._COUNTER (DCGM_FI_DEV_PCIE_REPLAY_COUNTER).
+DCGM_NAMES_LINTS = (
+    "label names should be written in 'snake_case' not 'camelCase'",
+    "metric name should not include type 'counter'",
+)
+
+
+def promtool_says(text: str) -> list[str]:
+    promtool = shutil.which("promtool")
+    if promtool is None:
+        pytest.fail("promtool is not installed: scripts/install-test-deps.sh installs Debian's prometheus")
+    lint = subprocess.run([promtool, "check", "metrics"], input=text, capture_output=True, text=True)
+    said = [line for line in (lint.stdout + lint.stderr).splitlines() if line.strip()]
+    assert lint.returncode == 0 or said, lint
+    return said
+
+
+def scrape(address: str) -> str:
+    return urllib.request.urlopen(f"http://{address}/metrics", timeout=10).read().decode()
+
+
+def test_promtool_check_metrics_on_every_metrics_endpoint(fleet: Fleet) -> None:
+    """The aggregator's /metrics and the collectors' gpufleet names pass `promtool check metrics`
+    with nothing said; the DCGM face draws only the lints of dcgm-exporter's own names."""
+    assert promtool_says(scrape(fleet.aggregator_metrics)) == []
+    for address in fleet.collector_metrics:
+        said = promtool_says(scrape(address))
+        gpufleet = [line for line in said if not line.startswith("DCGM_")]
+        assert gpufleet == [], gpufleet
+        dcgm = {line.split(" ", 1)[1] for line in said if line.startswith("DCGM_")}
+        assert dcgm <= set(DCGM_NAMES_LINTS), dcgm
+
+
+def test_the_aggregator_serves_what_it_declares(fleet: Fleet) -> None:
+    """aggregator/declared_metrics.py is the list of what the aggregator exports: every family a
+    scrape serves is declared there with the type it is served as, and every declared one is
+    served (but a replica's control-plane metrics, which a one-box aggregator has none of)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from gpufleet.aggregator.declared_metrics import DECLARED
+
+    families = text_string_to_metric_families(scrape(fleet.aggregator_metrics))
+    served = {f.name: f.type for f in families if f.name.startswith("gpufleet_")}
+    # prometheus_client writes each counter's and histogram's creation time beside it, as a
+    # gauge NAME_created: part of the declared metric, not a metric of its own.
+    served = {n: k for n, k in served.items() if n.removesuffix("_created") not in DECLARED or n in DECLARED}
+    undeclared = {name: kind for name, kind in served.items() if name not in DECLARED}
+    assert not undeclared, f"served but not declared in aggregator/declared_metrics.py: {undeclared}"
+    mistyped = {n: (k, DECLARED[n].kind) for n, k in served.items() if DECLARED[n].kind != k}
+    assert not mistyped, mistyped
+    replicas_only = {n for n in DECLARED if n.startswith("gpufleet_control_plane_")} | {
+        "gpufleet_repair_leader_terms"
+    }
+    control_plane = (REPO / "aggregator" / "replication" / "control_plane.py").read_text()
+    assert all(f'"{n}"' in control_plane for n in replicas_only), "each made by the control plane"
+    assert set(DECLARED) - set(served) == replicas_only, set(DECLARED) - set(served)

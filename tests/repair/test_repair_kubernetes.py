@@ -267,8 +267,8 @@ def test_dry_run_and_a_tripped_breaker_write_nothing_to_the_api_server(
         30,
         "the cordon held",
     )
-    passes = agg.metric_value("gpufleet_repair_passes")
-    wait_until(lambda: agg.metric_value("gpufleet_repair_passes") > passes + 10, 30, "more passes")
+    passes = agg.metric_value("gpufleet_repair_passes_total")
+    wait_until(lambda: agg.metric_value("gpufleet_repair_passes_total") > passes + 10, 30, "more passes")
     assert not [r for r in kube.requests if r["verb"] in ("PATCH", "POST")], "nothing written"
     assert not kube.nodes["k8s-gpu-1"]["spec"].get("unschedulable") and ("default", "web-1") in kube.pods
 

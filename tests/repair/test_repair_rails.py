@@ -132,8 +132,8 @@ def test_breaker_holds_every_node_in_every_state_until_reset(cluster: Cluster, s
     old_boot.stop(signal.SIGKILL)
     cluster.collector(repairing, agg.ingest, "--interval-s", "1")
     wait_until(lambda: time.monotonic() - validating_since > 45, 60, "the validation period to run out")
-    passes = agg.metric_value("gpufleet_repair_passes")
-    wait_until(lambda: agg.metric_value("gpufleet_repair_passes") > passes + 20, 30, "more passes")
+    passes = agg.metric_value("gpufleet_repair_passes_total")
+    wait_until(lambda: agg.metric_value("gpufleet_repair_passes_total") > passes + 20, 30, "more passes")
 
     states = {n: state_of(agg, cluster, n) for n in (draining, repairing, validating, trips)}
     assert states == {
@@ -184,8 +184,8 @@ def test_restart_into_dry_run_touches_nothing(cluster: Cluster, slurm: Any) -> N
         30,
         "the new fault's dry-run cordon",
     )
-    passes = agg.metric_value("gpufleet_repair_passes")
-    wait_until(lambda: agg.metric_value("gpufleet_repair_passes") > passes + 20, 30, "more passes")
+    passes = agg.metric_value("gpufleet_repair_passes_total")
+    wait_until(lambda: agg.metric_value("gpufleet_repair_passes_total") > passes + 20, 30, "more passes")
     assert slurm.state(node)[1] == reason and drained(slurm, node), "the drained node is left as it was"
     assert not drained(slurm, other), "dry-run cordons nothing"
     assert lines(resets) == [], "dry-run resets nothing"
@@ -208,8 +208,8 @@ def test_an_unreadable_scheduler_means_no_cordon_and_no_uncordon(cluster: Cluste
         30,
         "the cordon held",
     )
-    passes = agg.metric_value("gpufleet_repair_passes")
-    wait_until(lambda: agg.metric_value("gpufleet_repair_passes") > passes + 10, 30, "more passes")
+    passes = agg.metric_value("gpufleet_repair_passes_total")
+    wait_until(lambda: agg.metric_value("gpufleet_repair_passes_total") > passes + 10, 30, "more passes")
     assert not drained(slurm, node)
     assert (
         "Socket timed out"
@@ -248,12 +248,12 @@ def test_the_scheduler_is_read_within_its_polling_budget(cluster: Cluster, slurm
     )
     for node in nodes:
         cluster.collector(node, agg.ingest, "--interval-s", "1")
-    wait_until(lambda: agg.metric_value("gpufleet_repair_passes") >= 2, 30, "passes over the fleet")
+    wait_until(lambda: agg.metric_value("gpufleet_repair_passes_total") >= 2, 30, "passes over the fleet")
     start_calls, started = len(scontrol.calls()), time.monotonic()
-    passes = agg.metric_value("gpufleet_repair_passes")
+    passes = agg.metric_value("gpufleet_repair_passes_total")
     wait_until(lambda: time.monotonic() - started > 9, 12, "nine seconds of passes")
     calls = scontrol.calls()[start_calls:]
-    passes = agg.metric_value("gpufleet_repair_passes") - passes
+    passes = agg.metric_value("gpufleet_repair_passes_total") - passes
     whole = [c for c in calls if c == "-o show node"]
     # A healthy fleet: a full pass, with its whole-fleet read, every 3 s (one may straddle the
     # window); the passes between them (a node whose report poked the controller) read nothing.
@@ -332,8 +332,8 @@ def test_a_real_job_holds_the_drain_and_no_reset_happens_while_it_runs(cluster: 
     resets = cluster.tmp / "resets.txt"
     job = job_and_fault(cluster, slurm, agg, node, 6, resets)
     wait_until(lambda: state_of(agg, cluster, node) == "draining", 30, "draining")
-    passes = agg.metric_value("gpufleet_repair_passes")
-    wait_until(lambda: agg.metric_value("gpufleet_repair_passes") > passes + 10, 30, "more passes")
+    passes = agg.metric_value("gpufleet_repair_passes_total")
+    wait_until(lambda: agg.metric_value("gpufleet_repair_passes_total") > passes + 10, 30, "more passes")
     words = slurm.state(node)[0]
     assert "DRAIN" in words and words & {"ALLOCATED", "MIXED"}, f"DRAINING: the job still runs ({words})"
     assert lines(resets) == [] and state_of(agg, cluster, node) == "draining"

@@ -102,8 +102,8 @@ def test_application_xid_does_not_cordon(cluster: Cluster, slurm: Any) -> None:
     assert finding["code"] == "xid_13" and finding["action"] == "RESTART_APP" and not finding["cordon"]
     assert finding["severity"] == "info"
     # The finding is evaluated on every pass; several passes later the node is still in service.
-    passes_then = agg.metric_value("gpufleet_repair_passes")
-    wait_until(lambda: agg.metric_value("gpufleet_repair_passes") > passes_then + 5, 20, "more passes")
+    passes_then = agg.metric_value("gpufleet_repair_passes_total")
+    wait_until(lambda: agg.metric_value("gpufleet_repair_passes_total") > passes_then + 5, 20, "more passes")
     assert not drained(slurm, node)
     assert incidents(agg, cluster, "--all") == []
     assert [a for a in audit(agg, cluster) if a["action"] == "cordon"] == []
@@ -149,8 +149,10 @@ def test_xid_storm_trips_the_breaker_within_the_cap_and_pages_once(
     assert sum(drained(slurm, n) for n in nodes) <= 1, "no more than the cap out of service"
 
     # It stays tripped, pass after pass, and nothing more is taken out.
-    passes = agg.metric_value("gpufleet_repair_passes")
-    wait_until(lambda: agg.metric_value("gpufleet_repair_passes") > passes + 10, 30, "more repair passes")
+    passes = agg.metric_value("gpufleet_repair_passes_total")
+    wait_until(
+        lambda: agg.metric_value("gpufleet_repair_passes_total") > passes + 10, 30, "more repair passes"
+    )
     assert repair_status(agg, cluster)["breaker_tripped"]
     assert sum(drained(slurm, n) for n in nodes) <= 1
     assert len(receiver.received) == 1
@@ -219,8 +221,10 @@ def test_a_persons_cordon_wins_and_their_uncordon_cancels_the_workflow(cluster: 
     wait_until(lambda: incidents(agg, cluster) == [], 30, "the incident closed")
     (closed,) = [i for i in incidents(agg, cluster, "--all") if i["node"] == auto]
     assert closed["outcome"] == "cancelled: a person uncordoned the node"
-    passes = agg.metric_value("gpufleet_repair_passes")
-    wait_until(lambda: agg.metric_value("gpufleet_repair_passes") > passes + 10, 30, "more repair passes")
+    passes = agg.metric_value("gpufleet_repair_passes_total")
+    wait_until(
+        lambda: agg.metric_value("gpufleet_repair_passes_total") > passes + 10, 30, "more repair passes"
+    )
     assert not drained(slurm, auto), "the automation does not fight the person's decision"
     assert drained(slurm, human) and slurm.state(human)[1] == "alice: checking cables"
     cordons = [

@@ -273,7 +273,7 @@ def test_breaker_and_cap_hold_across_a_leader_change(cluster: Cluster, pg_url: s
     frozen = wait_until(held, 60, "the breaker tripped by two failing nodes, both held")
     a.proc.stop(signal.SIGKILL)
     wait_until(lambda: fleet.status(b).repair_leader, LEASE_S + 5, "agg-b leading")
-    wait_until(lambda: b.metric_value("gpufleet_repair_passes") > 20, 30, "twenty passes of agg-b's")
+    wait_until(lambda: b.metric_value("gpufleet_repair_passes_total") > 20, 30, "twenty passes of agg-b's")
     assert tripped(b), "the new leader comes up with the breaker tripped"
     assert {n: state_of(fleet, b, n) for n in frozen} == frozen, "nothing moved while the breaker is tripped"
     assert done_by(cluster, "cordon", "agg-b") == []

@@ -109,9 +109,9 @@ def waiting_for_capacity(agg: AggregatorHandle, cluster: Cluster, node: str) -> 
 
 def passes_after(agg: AggregatorHandle, more: int) -> None:
     """Wait until the repair controller has run `more` passes past now."""
-    start = agg.metric_value("gpufleet_repair_passes")
+    start = agg.metric_value("gpufleet_repair_passes_total")
     wait_until(
-        lambda: agg.metric_value("gpufleet_repair_passes") >= start + more, 30, f"{more} repair passes"
+        lambda: agg.metric_value("gpufleet_repair_passes_total") >= start + more, 30, f"{more} repair passes"
     )
 
 

@@ -172,7 +172,9 @@ def test_repair_actions_reach_history_through_an_influxdb_outage(cluster: Cluste
             return rows if any(r["action"] == "ticket" for r in rows) else []
 
         actions = wait_until(done, 60, "the repair, down to the skipped ticket, while InfluxDB is down")
-        wait_until(lambda: agg.metric_value("gpufleet_history_export_points") > 0, 30, "the export spooled")
+        wait_until(
+            lambda: agg.metric_value("gpufleet_history_export_points_total") > 0, 30, "the export spooled"
+        )
         assert status(agg.fleet, viewer)["spool"]["batches"] > 0
         agg.proc.stop(signal.SIGKILL)
         influx.start()
