@@ -123,9 +123,8 @@ def test_whatever_a_node_names_comes_back_as_one_label_value(
 
 def test_the_docs_list_the_fields_served() -> None:
     """docs/prometheus-and-grafana.md's table is the catalog's (scripts/gen_dcgm_doc.py writes it)."""
-    from harness.paths import REPO
-
     from gpufleet.collector.dcgm_face import docs_table
+    from harness.paths import REPO
 
     doc = (REPO / "docs" / "prometheus-and-grafana.md").read_text()
     assert docs_table() in doc, "run scripts/gen_dcgm_doc.py"
