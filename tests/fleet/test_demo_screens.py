@@ -75,6 +75,7 @@ class Scenario:
 
 HIDDEN_FAILURES = Scenario("hidden-failures", 16, "demo-node-01", 2)  # an NVML call that hangs
 GPU_FAULTS = Scenario("gpu-faults", 4, "demo-node-03", 5)  # an uncorrectable ECC error, XID 48
+SERVING = Scenario("serving", 4, "demo-node-01", 2)  # a row remap waiting for a reset, held for capacity
 
 
 def scaled(example: str, into: Path) -> Path:
@@ -363,7 +364,7 @@ def test_every_page_of_both_fault_demos_reads_true(tmp_path: Path) -> None:
     home.mkdir()
     with sync_api.sync_playwright() as pw:
         browser = pw.chromium.launch(executable_path=chromium, args=CHROMIUM_FLAGS)
-        for scenario in (HIDDEN_FAILURES, GPU_FAULTS):
+        for scenario in (HIDDEN_FAILURES, GPU_FAULTS, SERVING):
             with demo(home, scenario) as (env, url):
                 node, gpu = scenario.faulty_node, scenario.faulty_gpu
                 wait_until(
