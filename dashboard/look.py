@@ -111,17 +111,18 @@ TABLE_WIDTH_PX = 1040
 # Glide's grid sizes a column to its widest text: ~7 px a character of Streamlit's 14-px font,
 # estimated at 8 (so the estimate errs wide), plus the cell's padding and the header's menu.
 _CHAR_PX, _CELL_PX = 8, 28
-_TEXT_MIN_PX = 96  # a text column is never narrowed below this: ~9 characters and an ellipsis
+_TEXT_MIN_PX = 88  # a text column is never narrowed below this: ~8 characters and an ellipsis
 _TIME_CHARS = len("2026-12-07T10:31:39Z")
 
 
-def _natural_px(frame: pd.DataFrame, name: str) -> int:
-    values = frame[name]
+def _content_chars(values: pd.Series) -> int:
     if pd.api.types.is_datetime64_any_dtype(values):
-        chars = _TIME_CHARS
-    else:
-        chars = int(values.map(lambda v: len(str(v)) if v is not None else 3).max()) if len(values) else 3
-    return _CELL_PX + _CHAR_PX * max(chars, len(str(name)) + 2)
+        return _TIME_CHARS
+    return int(values.map(lambda v: len(str(v)) if v is not None else 3).max()) if len(values) else 3
+
+
+def _natural_px(frame: pd.DataFrame, name: str) -> int:
+    return _CELL_PX + _CHAR_PX * max(_content_chars(frame[name]), len(str(name)) + 2)
 
 
 # Streamlit's named column widths, in pixels (its column_config documentation).
@@ -129,38 +130,49 @@ _NAMED_PX = {"small": 75, "medium": 200, "large": 400}
 
 
 def fitted_widths(frame: pd.DataFrame, fixed: Mapping[str, Any]) -> dict[str, int]:
-    """Pixel widths for frame's free-text columns so the whole table fits TABLE_WIDTH_PX: the
-    widest text columns are narrowed to one common width (their text ends in an ellipsis; a click
-    on a cell shows all of it), the others keep their own. Numbers, times and the columns the page
-    configured itself (fixed) keep theirs: a page with too many of those must choose fewer."""
+    """Pixel widths for frame's columns so the whole table fits TABLE_WIDTH_PX ({}: it fits as
+    the grid sizes it). Over it, every column the page did not configure itself (fixed) gets a
+    width: first the widest free-text columns are narrowed to one common width (their text ends
+    in an ellipsis; a click on a cell shows all of it); then, if still over, the other columns
+    give up the room their header takes beyond their values (a header cut short still names the
+    column on hover). A page whose columns do not fit even so must choose fewer (the browser test
+    measures every table at 1,600 px)."""
     natural = {name: _natural_px(frame, name) for name in frame.columns}
     for name, config in fixed.items():
         width = config.get("width") if isinstance(config, Mapping) else None
         if name in natural and width:
             natural[name] = _NAMED_PX.get(width, width) if isinstance(width, str) else int(width)
+    if sum(natural.values()) <= TABLE_WIDTH_PX:
+        return {}
+    free = [n for n in frame.columns if n not in fixed]
+    widths = {n: natural[n] for n in free}
     text = [
         n
-        for n in frame.columns
-        if n not in fixed
-        and (frame[n].dtype == object or pd.api.types.is_string_dtype(frame[n]))
-        and natural[n] > _TEXT_MIN_PX
+        for n in free
+        if (frame[n].dtype == object or pd.api.types.is_string_dtype(frame[n])) and natural[n] > _TEXT_MIN_PX
     ]
     others = sum(w for n, w in natural.items() if n not in text)
-    if others + sum(natural[n] for n in text) <= TABLE_WIDTH_PX or not text:
-        return {}
-    # The common width: the largest cap under which the text columns and the rest fit.
-    room = max(TABLE_WIDTH_PX - others, _TEXT_MIN_PX * len(text))
-    widths = sorted(natural[n] for n in text)
-    cap, left = _TEXT_MIN_PX, len(widths)
-    for i, w in enumerate(widths):
-        share = (room - sum(widths[:i])) / left
-        if w > share:
-            cap = max(_TEXT_MIN_PX, int(share))
-            break
-        left -= 1
-    else:
-        return {}
-    return {n: cap for n in text if natural[n] > cap}
+    if text:
+        # The common width: the largest cap under which the text columns and the rest fit.
+        room = max(TABLE_WIDTH_PX - others, _TEXT_MIN_PX * len(text))
+        ordered = sorted(natural[n] for n in text)
+        cap, left = ordered[-1], len(ordered)
+        for i, w in enumerate(ordered):
+            share = (room - sum(ordered[:i])) / left
+            if w > share:
+                cap = max(_TEXT_MIN_PX, int(share))
+                break
+            left -= 1
+        widths.update({n: min(natural[n], cap) for n in text})
+    over = sum(widths.values()) + sum(natural[n] for n in fixed if n in natural) - TABLE_WIDTH_PX
+    if over > 0:
+        floors = {n: _CELL_PX + _CHAR_PX * max(4, _content_chars(frame[n])) for n in free if n not in text}
+        slack = {n: max(0, widths[n] - floors[n]) for n in floors}
+        total_slack = sum(slack.values())
+        if total_slack:
+            take = min(1.0, over / total_slack)
+            widths.update({n: int(widths[n] - slack[n] * take) for n in slack})
+    return widths
 
 
 def table(
@@ -178,7 +190,7 @@ def table(
         text = (help or {}).get(name)
         if pd.api.types.is_datetime64_any_dtype(frame[name]):
             config[name] = st.column_config.DatetimeColumn(
-                help=text, format=TABLE_TIME_FORMAT, timezone="UTC"
+                help=text, format=TABLE_TIME_FORMAT, timezone="UTC", width=widths.get(name)
             )
         elif text or name in widths:
             config[name] = st.column_config.Column(help=text, width=widths.get(name))

@@ -110,4 +110,7 @@ def render() -> None:
         )
     )
     st.altair_chart(chart, width="stretch")
-    look.table(replicas.round(1))
+    # The cluster where the fleet has more than one (the pools above name it): the table fits a
+    # 1,600-px window.
+    one_cluster = replicas["cluster"].nunique() <= 1
+    look.table((replicas.drop(columns=["cluster"]) if one_cluster else replicas).round(1))

@@ -73,7 +73,9 @@ def render() -> None:
             )
         )
         st.altair_chart(chart, width="stretch")
-        look.table(frame)
+        # Severity and action are the chosen incident's findings' (the table below): left out
+        # here so the list fits a 1,600-px window.
+        look.table(frame.drop(columns=["severity", "action"]))
         ids = list(frame["incident"])
         asked = links.param("incident")
         if asked and asked not in ids:
