@@ -166,7 +166,7 @@ def _print_status(st: fleet_pb2.RepairStatus) -> None:
         print(
             tabulate(
                 [[n.node, health_name(n.state), n.incident_id, n.detail] for n in st.nodes],
-                headers=["NODE", "STATE", "INCIDENT", "DETAIL"],
+                headers=["NODE", "WORKFLOW", "INCIDENT", "DETAIL"],
             )
         )
 
@@ -207,7 +207,7 @@ def run(client: FleetClient, args: argparse.Namespace) -> None:
                         ]
                         for r in rows
                     ],
-                    headers=["INCIDENT", "NODE", "STATE", "OPENED", "FINDINGS", "WORK HIT", "OUTCOME"],
+                    headers=["INCIDENT", "NODE", "WORKFLOW", "OPENED", "FINDINGS", "WORK HIT", "OUTCOME"],
                 )
             )
     elif args.command == "audit":

@@ -454,7 +454,7 @@ def incidents_frame(incidents: list[fleet_pb2.Incident]) -> pd.DataFrame:
             {
                 "incident": i.id,
                 "node": i.node,
-                "state": health_name(i.state) if i.open else "closed",
+                "workflow": health_name(i.state) if i.open else "closed",
                 "opened": pd.Timestamp(iso(i.opened_unix_ns)),
                 "closed": pd.Timestamp(iso(i.closed_unix_ns)) if i.closed_unix_ns else pd.NaT,
                 "severity": severity_name(worst.severity) if worst else "",
@@ -474,7 +474,7 @@ def incidents_frame(incidents: list[fleet_pb2.Incident]) -> pd.DataFrame:
         columns=[
             "incident",
             "node",
-            "state",
+            "workflow",
             "opened",
             "closed",
             "severity",
@@ -553,7 +553,7 @@ def queue_frame(status: fleet_pb2.RepairStatus) -> pd.DataFrame:
         [
             {
                 "node": n.node,
-                "state": health_name(n.state),
+                "workflow": health_name(n.state),
                 "incident": n.incident_id,
                 "detail": n.detail,
                 "findings": ", ".join(f.code for f in n.findings),
@@ -561,7 +561,7 @@ def queue_frame(status: fleet_pb2.RepairStatus) -> pd.DataFrame:
             for n in status.nodes
             if health_name(n.state) != "healthy"
         ],
-        columns=["node", "state", "incident", "detail", "findings"],
+        columns=["node", "workflow", "incident", "detail", "findings"],
     )
 
 

@@ -37,7 +37,7 @@ def render() -> None:
     cols[1].metric("cap (nodes)", status.out_of_service_cap)
     incidents = call(FleetRpc.ListIncidents, fleet_pb2.ListIncidentsRequest(limit=500)).incidents
     frame = incidents_frame(list(incidents))
-    cols[2].metric("open incidents", int((frame["state"] != "closed").sum()) if not frame.empty else 0)
+    cols[2].metric("open incidents", int((frame["workflow"] != "closed").sum()) if not frame.empty else 0)
 
     st.subheader("Repair queue")
     queue = queue_frame(status)

@@ -65,7 +65,7 @@ def test_every_page_against_a_simulated_fleet(cluster: Cluster, monkeypatch: pyt
     assert any("Repair breaker ok" in s.value for s in at.success)
     assert {m.label: m.value for m in at.metric}["nodes out of service"] == metrics["nodes out of service"]
     queue = at.dataframe[0].value
-    assert list(queue["node"]) == ["dash-2"] and list(queue["state"]) == ["quarantined"]
+    assert list(queue["node"]) == ["dash-2"] and list(queue["workflow"]) == ["quarantined"]
     incidents = at.dataframe[1].value
     assert list(incidents["node"]) == ["dash-2"] and "xid_79" in incidents["findings"][0]
     steps = at.dataframe[3].value  # the chosen incident's actions
@@ -94,7 +94,7 @@ def test_every_page_against_a_simulated_fleet(cluster: Cluster, monkeypatch: pyt
     assert_node_events(at.dataframe[2].value)
     assert any("No inference engines found on this node" in c.value for c in at.caption)
     node_incidents = at.dataframe[3].value
-    assert list(node_incidents["state"]) == ["quarantined"]
+    assert list(node_incidents["workflow"]) == ["quarantined"]
 
     at.sidebar.radio[0].set_value("History explorer").run()
     assert not at.exception, at.exception
