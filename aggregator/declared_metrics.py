@@ -47,6 +47,12 @@ DECLARED: dict[str, Declared] = {
         "naming a GPU the node did not declare, an engine twice, an event out of the time window), the "
         "rest stored; by reason", "reason"),
     "gpufleet_ingest_streams_open": _g("collector streams connected now"),
+    "gpufleet_ingest_oldest_unacked_seconds": _g(
+        "how long the oldest accepted report has waited for its ack now (the ingest's lag: alert)"),
+    "gpufleet_ingest_backlog_reports": _g("reports accepted and not yet durable now (the ingest's backlog)"),
+    "gpufleet_ingest_backlog_bytes": _g(
+        "bytes of reports handed to the ingest workers and not yet durable now (ingest_backlog_max_bytes "
+        "bounds it)"),
     "gpufleet_ingest_throttled_reports": _c(
         "reports a node sent faster than its report or byte rate allows, held back (not refused)"),
     "gpufleet_ingest_unknown_fields_dropped": _c(

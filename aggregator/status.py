@@ -66,7 +66,15 @@ class StatusReports:
         """Gauges read at scrape time for the aggregator's own alert rules
         (deploy/prometheus/gpufleet-alerts.yml): ready or not, and the nodes it knows by
         liveness (what Prometheus should find collectors for)."""
-        gauges(registry, {"gpufleet_aggregator_ready": lambda: float(not self.unhealthy())})
+        gauges(
+            registry,
+            {
+                "gpufleet_aggregator_ready": lambda: float(not self.unhealthy()),
+                "gpufleet_ingest_oldest_unacked_seconds": lambda: self.sink.oldest_waiting_s(),
+                "gpufleet_ingest_backlog_reports": lambda: float(self.sink.backlog()[0]),
+                "gpufleet_ingest_backlog_bytes": lambda: float(self.sink.backlog()[1]),
+            },
+        )
         nodes = gauge(registry, "gpufleet_fleet_nodes")
         for value, name in LIVENESS_NAMES.items():
             nodes.labels(liveness=name).set_function(

@@ -137,6 +137,12 @@ def run_target(
         sampler.join()
         result["cpu_pct"] = sampler.cpu_pct(result["window_wall_start"], result["window_wall_end"])
         result["peak_rss_mib"] = sampler.peak_rss_mib()
+        start = result["window_wall_start"]
+        for row in result["per_minute"]:
+            lo, hi = start + 60 * row["minute"], start + 60 * (row["minute"] + 1)
+            rss = [r for t, _, r in sampler.samples if lo <= t < hi]
+            row["peak_rss_mib"] = max(rss) / 2**20 if rss else float("nan")
+            row["cpu_pct"] = sampler.cpu_pct(lo, min(hi, result["window_wall_end"]))
         result["reports_per_s"] = result["acked"] / result["seconds"]
         result["gpu_samples_per_s"] = result["reports_per_s"] * args.gpus
         return result
@@ -187,6 +193,49 @@ def _median(values: list[float]) -> float:
 
 def medians(runs: dict[str, list[dict]]) -> dict[str, dict[str, float]]:
     return {t: {k: _median([r[k] for r in rs if r[k] is not None]) for k in KEYS} for t, rs in runs.items()}
+
+
+def peer_figures(args: argparse.Namespace, med: dict[str, dict[str, float]]) -> None:
+    """CPU-seconds per million stored values: each target's, and a real Prometheus's scraping the
+    same fleet's same seven values per GPU (bench/prom_peer.py), in the same run."""
+    from prom_peer import VALUES_PER_GPU, run_peer
+
+    every = f"every {args.interval:g} s for {args.seconds:g} s"
+    print(f"peer: Prometheus scraping {args.nodes} static targets {every} ...")
+    peer = run_peer(args.nodes, args.gpus, args.interval, args.seconds)
+
+    def per_million(m: dict[str, float]) -> float:
+        values_per_s = m["reports_per_s"] * args.gpus * VALUES_PER_GPU
+        return (m["cpu_pct"] / 100) / (values_per_s / 1e6)
+
+    print(
+        f"  Prometheus: CPU {peer['cpu_pct']:.0f}%, {peer['values_per_s']:.0f} values/s stored, "
+        f"{peer['cpu_s_per_million_values']:.2f} CPU-s per million values, "
+        f"RSS {peer['peak_rss_mib']:.0f} MiB "
+        f"(its static targets' server: CPU {peer['static_cpu_pct']:.0f}%, not counted)"
+    )
+    for name, m in med.items():
+        mine = per_million(m)
+        print(
+            f"  {name}: {m['reports_per_s'] * args.gpus * VALUES_PER_GPU:.0f} values/s, {mine:.2f} CPU-s per "
+            f"million values, ratio to Prometheus {mine / peer['cpu_s_per_million_values']:.2f}"
+        )
+    print()
+
+
+def print_minutes(runs: dict[str, list[dict]]) -> None:
+    """Each target's first run minute by minute: ack p50/p99, CPU and peak RSS, so a curve that
+    climbs (a standing queue, memory that grows) shows where the whole window's figures hide it."""
+    for target, rs in runs.items():
+        print(f"{target}, minute by minute (run 1):")
+        columns = ("minute", "acked", "ack p50 ms", "ack p99 ms", "CPU %", "peak RSS MiB")
+        print("  " + "".join(f"{c:>{w}s}" for c, w in zip(columns, (6, 9, 12, 12, 8, 14), strict=True)))
+        for row in rs[0]["per_minute"]:
+            print(
+                f"  {row['minute'] + 1:6d}{row['acked']:9d}{row['p50_ms'] or float('nan'):12.1f}"
+                f"{row['p99_ms'] or float('nan'):12.1f}{row['cpu_pct']:8.0f}{row['peak_rss_mib']:14.0f}"
+            )
+    print()
 
 
 def kept_up(runs: list[dict], offered: float, seconds: float) -> int:
@@ -252,6 +301,13 @@ def main() -> None:
         help="GPU sample layouts to run, comma-separated: columns, per-gpu (default both)",
     )
     p.add_argument(
+        "--peer",
+        choices=["none", "prometheus"],
+        default="none",
+        help="also run a real Prometheus scraping the same fleet's same values (bench/prom_peer.py) and "
+        "print CPU-seconds per million stored values for both",
+    )
+    p.add_argument(
         "--spin",
         type=int,
         default=0,
@@ -313,6 +369,10 @@ def _bench(args: argparse.Namespace, tmp: Path, secrets: Path, secret: str) -> N
             f"{m['ack_latency_p99_ms']:12.1f}"
         )
     print()
+    if args.seconds >= 120:
+        print_minutes(runs)
+    if args.peer == "prometheus":
+        peer_figures(args, med)
     for layout in args.layouts:
         a, b = med[f"aggregator ({layout})"], med[f"bare ({layout})"]
         print(

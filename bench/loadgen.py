@@ -56,6 +56,7 @@ class Stats:
         self.rejected = 0
         self.errors: list[str] = []
         self.latencies_s: list[float] = []
+        self.minutes: list[int] = []  # each latency's minute of the window (its report's send time)
         self.connected = 0
 
     def in_window(self, t: float) -> bool:
@@ -190,6 +191,7 @@ async def node_stream(
                     if t is not None and stats.in_window(t):
                         stats.acked += 1
                         stats.latencies_s.append(now - t)
+                        stats.minutes.append(int((t - stats.window_start) // 60))
             elif resp.WhichOneof("body") == "reject":
                 stats.rejected += 1
                 window.release()
@@ -275,6 +277,7 @@ async def child(args: argparse.Namespace) -> dict[str, object]:
         "errors": stats.errors[:5],
         "error_count": len(stats.errors),
         "latencies_ms": [round(x * 1000, 2) for x in stats.latencies_s],
+        "minutes": stats.minutes,
     }
 
 
@@ -375,9 +378,19 @@ def drive(load: Load) -> dict[str, object]:
             if c.poll() is None:
                 c.kill()
     lat = sorted(x for p in parts for x in p["latencies_ms"])
+    by_minute: dict[int, list[float]] = {}
+    for p in parts:
+        for minute, ms in zip(p["minutes"], p["latencies_ms"], strict=True):
+            by_minute.setdefault(minute, []).append(ms)
 
-    def pct(q: float) -> float | None:
-        return lat[min(len(lat) - 1, int(q * len(lat)))] if lat else None
+    def pct(q: float, values: list[float] = lat) -> float | None:
+        return values[min(len(values) - 1, int(q * len(values)))] if values else None
+
+    per_minute = []
+    for minute in sorted(by_minute):
+        values = sorted(by_minute[minute])
+        per_minute.append({"minute": minute, "acked": len(values), "p50_ms": pct(0.5, values),
+                           "p99_ms": pct(0.99, values)})  # fmt: skip
 
     wall_end = wall_start + load.seconds
     return {
@@ -391,6 +404,7 @@ def drive(load: Load) -> dict[str, object]:
         "window_wall_end": wall_end,
         "ack_latency_p50_ms": pct(0.5),
         "ack_latency_p99_ms": pct(0.99),
+        "per_minute": per_minute,  # ack latency by the minute of the window a report was sent in
         "loadgen_cpu_pct": sampler.cpu_pct(wall_start, wall_end),
         "loadgen_procs": procs,
     }

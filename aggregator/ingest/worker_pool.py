@@ -59,7 +59,10 @@ class _Worker:
     index: int
     writer: asyncio.StreamWriter | None = None
     pid: int = 0
-    inflight: dict[int, tuple[Done, float]] = field(default_factory=dict)  # token -> (done, submitted)
+    inflight: dict[int, tuple[Done, float, int]] = field(
+        default_factory=dict
+    )  # token -> (done, submitted, bytes)
+    inflight_bytes: int = 0
     out: worker_pb2.ToWorker = field(default_factory=worker_pb2.ToWorker)
     flush_scheduled: bool = False
     stats: worker_pb2.WorkerStats = field(default_factory=worker_pb2.WorkerStats)
@@ -72,6 +75,8 @@ class WorkerPool:
         self._metrics = metrics
         self._log_level = log_level
         self._workers = [_Worker(i) for i in range(config.ingest_workers)]
+        # Each worker's share of the backlog's memory ceiling (ingest_backlog_max_bytes).
+        self._max_bytes_per_worker = max(1, config.ingest_backlog_max_bytes // max(1, len(self._workers)))
         self._streams: dict[int, ingest_pb2.Hello] = {}  # open collector streams, for a restarted worker
         self._token = 0
         self._room = asyncio.Event()
@@ -113,8 +118,9 @@ class WorkerPool:
             done(StoreUnavailable(f"ingest worker {worker.index} is restarting"))
             return
         self._token += 1
-        worker.inflight[self._token] = (done, time.monotonic())
-        if len(worker.inflight) >= MAX_INFLIGHT_PER_WORKER:
+        worker.inflight[self._token] = (done, time.monotonic(), len(report))
+        worker.inflight_bytes += len(report)
+        if not self._has_room(worker):
             self._room.clear()
         self._request(worker, report=(self._token, stream, report))
 
@@ -277,13 +283,24 @@ class WorkerPool:
                 why,
                 len(held),
             )
-        for done, _ in held.values():
+        worker.inflight_bytes = 0
+        for done, _, _ in held.values():
             done(StoreUnavailable(f"{why} before the report was durable"))
         self._update_room()
 
+    def _has_room(self, worker: _Worker) -> bool:
+        return (
+            len(worker.inflight) < MAX_INFLIGHT_PER_WORKER
+            and worker.inflight_bytes < self._max_bytes_per_worker
+        )
+
     def _update_room(self) -> None:
-        if all(len(w.inflight) < MAX_INFLIGHT_PER_WORKER for w in self._workers):
+        if all(self._has_room(w) for w in self._workers):
             self._room.set()
+
+    def backlog(self) -> tuple[int, int]:
+        """(reports, bytes) handed to the workers and not yet answered: what the ceiling bounds."""
+        return sum(len(w.inflight) for w in self._workers), sum(w.inflight_bytes for w in self._workers)
 
     def _answer(self, worker: _Worker, batch: worker_pb2.FromWorker) -> None:
         for outcome in batch.outcomes:
@@ -291,6 +308,7 @@ class WorkerPool:
             if entry is None:
                 continue
             done = entry[0]
+            worker.inflight_bytes -= entry[2]
             if outcome.kind == Outcome.DURABLE:
                 done(None)
             elif outcome.kind == Outcome.REJECTED:

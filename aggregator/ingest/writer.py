@@ -135,6 +135,11 @@ class GroupCommitWriter:
     async def wait_for_room(self) -> None:
         await self._room.wait()
 
+    def backlog(self) -> tuple[int, int]:
+        """(reports, bytes) handed to the writer and not yet durable (bytes: not known here, the
+        reports are points by now; its bound is max_pending_points)."""
+        return len(self._pending) + len(self._inflight), 0
+
     def oldest_waiting_s(self) -> float:
         """How long the oldest report handed to the writer has waited for its outcome."""
         oldest = min((e.submitted for e in (*self._inflight[:1], *self._pending[:1])), default=None)

@@ -70,6 +70,12 @@ class IngestSettings:
         "processes that decode, validate and store reports (-1: one per core, up to 8; 0: the main "
         "process does it; N: N worker processes beside it; a node's reports always go to one)",
     )
+    ingest_backlog_max_bytes: int = setting(
+        64 * 1024 * 1024,
+        "report bytes handed to the ingest workers and not yet durable, at most (the backlog's memory "
+        "ceiling): past it the aggregator reads no more reports until the workers catch up, and the "
+        "collectors keep theirs (they replay); gpufleet_ingest_backlog_bytes shows it",
+    )
     stale_after_intervals: float = setting(
         3.0,
         "a node is stale after this many of its sampling intervals without a report",
@@ -113,6 +119,10 @@ class IngestSettings:
         )
         if self.ingest_workers == AUTO_WORKERS:
             self.ingest_workers = workers_for_cores()
+        require(
+            1024 * 1024 <= self.ingest_backlog_max_bytes <= 64 * 1024**3,
+            f"ingest_backlog_max_bytes={self.ingest_backlog_max_bytes} must be between 1 MiB and 64 GiB",
+        )
         require(
             1 <= self.max_streams_per_peer <= self.max_streams <= 1_000_000,
             f"need 1 <= max_streams_per_peer ({self.max_streams_per_peer}) <= max_streams "

@@ -255,6 +255,65 @@ def test_a_stalled_store_makes_the_aggregator_unready_until_it_answers(
         influx.kill()
 
 
+# --- an ingest worker that stops: the backlog's memory ceiling ---------------------------------
+BACKLOG_MAX = 1024 * 1024  # the least ingest_backlog_max_bytes may be
+
+
+@pytest.mark.slow
+def test_a_stalled_worker_backlog_stays_under_its_ceiling_and_nothing_is_lost(cluster: Cluster) -> None:
+    """Issue 57: an ingest worker that stops (SIGSTOP: alive, answering nothing) while a node keeps
+    sending. The reports handed to it and not yet durable stay under ingest_backlog_max_bytes
+    (past it the aggregator reads no more; the collector keeps the rest), the lag and the backlog
+    are exported, /ready says so; once the worker runs again every report is acknowledged, in
+    order, none lost."""
+    import psutil
+
+    agg = cluster.aggregator(
+        "aggregator", 0, 0, None, "--ingest-workers", "1", "--ingest-backlog-max-bytes", str(BACKLOG_MAX),
+        "--ack-watchdog-s", "2", "--node-reports-per-s", "100000", "--node-bytes-per-s", "1e12",
+        "--node-report-burst", "100000", "--node-byte-burst", "1000000000",
+    )  # fmt: skip
+    node = "backlog-node"
+    s = RawStream(agg.ingest, cluster.secrets.collector_token(node))
+    s.send(hello(node, gpus=64))
+    assert s.recv().WhichOneof("body") == "welcome"
+    s.send(report(node, 1, gpus=64))
+    assert list(s.recv(timeout_s=30).ack.seqs) == [1]
+    aggregator = psutil.Process(agg.proc.popen.pid)
+    (worker,) = [
+        p for p in aggregator.children(recursive=True) if "gpufleet.aggregator.ingest.worker" in p.cmdline()
+    ]
+    one_report = len(report(node, 2, gpus=64).SerializeToString())
+    sent = 1 + 3 * BACKLOG_MAX // one_report  # three ceilings' worth
+    worker.suspend()
+    try:
+        for seq in range(2, sent + 1):
+            s.send(report(node, seq, gpus=64))
+        wait_until(
+            lambda: agg.metric_value("gpufleet_ingest_backlog_bytes") >= BACKLOG_MAX - one_report,
+            30,
+            "the backlog to reach its ceiling",
+        )
+        wait_until(lambda: ready(agg.metrics)[0] == 503, 20, "/ready to say the ingest is behind")
+        backlog = agg.metric_value("gpufleet_ingest_backlog_bytes")
+        assert backlog <= BACKLOG_MAX + one_report, f"{backlog} bytes held past the ceiling {BACKLOG_MAX}"
+        assert agg.metric_value("gpufleet_ingest_backlog_reports") < sent - 1, "the rest wait at the node"
+        assert agg.metric_value("gpufleet_ingest_oldest_unacked_seconds") > 2
+    finally:
+        worker.resume()
+    acked: list[int] = []
+    wait_until(
+        lambda: acked.extend(s.recv(timeout_s=30).ack.seqs) or acked[-1:] == [sent],
+        120,
+        "every report acknowledged once the worker runs again",
+        context=lambda: f"acked up to {acked[-1:]} of {sent}",
+    )
+    assert acked == list(range(2, sent + 1)), "every report, in order, none lost"
+    wait_until(lambda: ready(agg.metrics)[0] == 200, 30, "/ready to pass again")
+    assert agg.metric_value("gpufleet_ingest_backlog_bytes") == 0
+    s.close()
+
+
 # --- supervision ----------------------------------------------------------------------------
 def test_a_crashing_task_is_logged_counted_and_restarted(caplog: pytest.LogCaptureFixture) -> None:
     registry = CollectorRegistry()

@@ -230,7 +230,12 @@ def test_a_paused_leader_that_wakes_after_a_takeover_cannot_act(
     assert any(r["action"] == "leader_elected" and r["actor"] == "agg-b (epoch 2)" for r in rows)
     uncordons = [r for r in rows if r["action"] == "uncordon" and r["node"] == node and r["outcome"] == "ok"]
     assert len(uncordons) == 1
-    (incident,) = incidents(b, cluster, "--all")
+    # The incident closes with its outcome right after the uncordon it follows (a pass later).
+    (incident,) = wait_until(
+        lambda: (listed := incidents(b, cluster, "--all")) and listed[0]["outcome"] and listed,
+        20,
+        "the incident closed with its outcome",
+    )
     assert incident["outcome"] == "repaired by reset_gpu"
     # The node stays healthy: agg-a's stale view never overwrote the workflow agg-b saved.
     settle = time.monotonic() + 2
