@@ -58,11 +58,16 @@ class BackgroundLoops:
         return True
 
     async def rollup_loop(self, stop: asyncio.Event) -> None:
-        """Recompute the roll-ups' trailing windows every rollup_interval_s (see rollups.py)."""
+        """Recompute the roll-ups every rollup_interval_s: the whole trailing windows every
+        rollups.FULL_PASS_EVERY passes, what can have changed between (rollups.pass_lookbacks)."""
+        passes, last_ns = 0, None
         while not stop.is_set():
+            now_ns = time.time_ns()
+            back = rollups.pass_lookbacks(passes, now_ns, last_ns)
             try:
-                written = await asyncio.to_thread(rollups.run_once, self._store)
-                log.debug("roll-ups: %d points written", written)
+                written = await asyncio.to_thread(rollups.run_once, self._store, now_ns, back)
+                log.debug("roll-ups: %d points written (windows %s s)", written, back)
+                passes, last_ns = passes + 1, now_ns
             except Exception as exc:  # the store is down, or refused a value: the next pass catches up
                 log.warning("roll-up pass failed: %s", exc)
             with contextlib.suppress(TimeoutError):

@@ -153,11 +153,7 @@ def run_target(
 
 def run_pair(args: argparse.Namespace, tmp: Path, secrets: Path, secret: str, label: str) -> dict[str, list]:
     """Each layout's bare and aggregator runs, interleaved run by run (a noisy minute hits all)."""
-    names = [
-        (f"{target} ({layout})", target, layout)
-        for layout in args.layouts
-        for target in ("bare", "aggregator")
-    ]
+    names = [(f"{target} ({layout})", target, layout) for layout in args.layouts for target in args.targets]
     runs: dict[str, list[dict]] = {name: [] for name, _, _ in names}
     offered = args.nodes / args.interval if args.mode == "paced" else 0.0
     for i in range(args.repeat):
@@ -301,6 +297,12 @@ def main() -> None:
         help="GPU sample layouts to run, comma-separated: columns, per-gpu (default both)",
     )
     p.add_argument(
+        "--targets",
+        type=lambda s: s.split(","),
+        default=["bare", "aggregator"],
+        help="servers to run, comma-separated: bare, aggregator (default both; the ratios need both)",
+    )
+    p.add_argument(
         "--peer",
         choices=["none", "prometheus"],
         default="none",
@@ -373,7 +375,7 @@ def _bench(args: argparse.Namespace, tmp: Path, secrets: Path, secret: str) -> N
         print_minutes(runs)
     if args.peer == "prometheus":
         peer_figures(args, med)
-    for layout in args.layouts:
+    for layout in args.layouts if set(args.targets) == {"bare", "aggregator"} else ():
         a, b = med[f"aggregator ({layout})"], med[f"bare ({layout})"]
         print(
             f"{layout}: ratio aggregator/bare (medians): throughput "

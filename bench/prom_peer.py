@@ -88,6 +88,13 @@ async def serve(port: int, nodes: int, gpus: int, ready: Path) -> None:
         await server.serve_forever()
 
 
+def _appended(url: str) -> float:
+    """Prometheus's own count of samples appended (its /metrics: it does not scrape itself here)."""
+    text = urllib.request.urlopen(f"{url}/metrics", timeout=10).read().decode()
+    name = "prometheus_tsdb_head_samples_appended_total"
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(name))
+
+
 def _query(url: str, q: str) -> float:
     data = json.loads(urllib.request.urlopen(f"{url}/api/v1/query?query={q}", timeout=10).read())
     result = data["data"]["result"]
@@ -163,9 +170,9 @@ def run_peer(
         sampler.start()
         static_sampler.start()
         time.sleep(warmup)  # the load's warm-up: the window starts after it
-        start_wall, appended_0 = time.time(), _query(url, "prometheus_tsdb_head_samples_appended_total")
+        start_wall, appended_0 = time.time(), _appended(url)
         time.sleep(seconds)  # the measurement window
-        end_wall, appended_1 = time.time(), _query(url, "prometheus_tsdb_head_samples_appended_total")
+        end_wall, appended_1 = time.time(), _appended(url)
         scrapes = _query(url, f"sum(count_over_time(up[{int(seconds)}s]))")
         sampler.stop.set()
         static_sampler.stop.set()

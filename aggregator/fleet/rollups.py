@@ -9,7 +9,9 @@ ordinary points, so the same code serves the embedded store and InfluxDB 1.x, 2.
 (continuous queries exist only in 1.x, tasks only in 2.x). Each pass recomputes a trailing
 window (`lookback`), overwriting what it wrote before (a point's identity is measurement +
 tags + time), so data that arrives late — replays after an outage, a spool draining — is
-included as long as it lands within the window. Each tier keeps its own retention.
+included as long as it lands within the window (within FULL_PASS_EVERY passes: the passes
+between recompute only the buckets that can have changed, pass_lookbacks). Each tier keeps its
+own retention.
 
 A history query is answered from a roll-up when its step is at least the tier's and the range
 is longer than ROUTE_AFTER[tier]; mean then is the mean of the bucket means (exact when the
@@ -84,6 +86,28 @@ def route(
 def read_as_stored(measurement: str, step_ns: int) -> bool:
     """True when a routed query reads a roll-up at the tier's own step: one point per bucket."""
     return any(measurement.endswith(f"_{t.name}") and step_ns == t.step_s * S for t in TIERS)
+
+
+# Every FULL_PASS_EVERY passes recompute each tier's whole trailing window (what late data, a
+# replay or a spool draining, lands in); the passes between recompute only what can have changed
+# since the last: the 1-minute tier's last few minutes, and the hourly tier only once an hour
+# completes. A pass over the whole windows reads 15 min and 3 h of every series' raw rows: done
+# every minute, that read grew with the hours of history kept and, at 2,000 nodes x 8 GPUs, was
+# the aggregator's CPU climbing minute after minute under a steady load (docs/benchmarks.md).
+FULL_PASS_EVERY = 10
+RECENT_1M_S = 3 * 60  # the 1-minute tier's window between full passes
+
+
+def pass_lookbacks(pass_number: int, now_ns: int, last_now_ns: int | None) -> dict[str, int]:
+    """The trailing window, in seconds, of each tier for roll-up pass pass_number (0, 1, ...) at
+    now_ns, the previous pass having run at last_now_ns: every tier's whole window on the first
+    pass and every FULL_PASS_EVERY-th; between them the last RECENT_1M_S of the 1-minute tier,
+    and of the hourly tier the hours completed since the previous pass (0: none)."""
+    if pass_number % FULL_PASS_EVERY == 0 or last_now_ns is None:
+        return {t.name: t.lookback_s for t in TIERS}
+    hour = TIERS[1].step_s * S
+    completed = now_ns // hour - last_now_ns // hour
+    return {TIERS[0].name: RECENT_1M_S, TIERS[1].name: (completed + 1) * TIERS[1].step_s if completed else 0}
 
 
 def run_once(store: Store, now_ns: int | None = None, lookback_s: dict[str, int] | None = None) -> int:

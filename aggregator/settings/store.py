@@ -20,8 +20,9 @@ class StoreSettings:
     retention_s: float = setting(14 * 86400.0, "how long raw history is kept, in seconds")
     rollup_interval_s: float = setting(
         60.0,
-        "seconds between roll-up passes; each recomputes every series' trailing window (15 min of the "
-        "1-minute tier, 3 h of the hourly), so at tens of thousands of series a pass costs seconds of CPU",
+        "seconds between roll-up passes; every 10th recomputes every series' trailing window (15 min of "
+        "the 1-minute tier, 3 h of the hourly: late data within them is rolled up then), the others "
+        "the last 3 min and each hour once it completes",
     )
     rollup_1m_retention_s: float = setting(
         90 * 86400.0, "how long 1-minute roll-ups are kept (InfluxDB: retention policy gpufleet_1m)"

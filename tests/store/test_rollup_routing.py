@@ -61,3 +61,21 @@ def test_a_5_day_query_reads_the_hourly_rollup_and_p95_reads_raw(cluster: Cluste
     raw = history("--step", "1h", "--agg", "p95")
     assert raw["source"] == "gpu", "p95 cannot come from a roll-up"
     assert history("--step", "1h", "--agg", "max")["series"][0]["points"][0]["value"] <= 99
+
+
+def test_passes_between_full_ones_recompute_only_what_can_have_changed() -> None:
+    """The roll-up loop's windows (issue 57): the whole trailing windows on the first pass and
+    every FULL_PASS_EVERY-th; between them the last minutes of the 1-minute tier, and the hourly
+    tier only once an hour has completed since the pass before (every complete hour bucket is
+    still written: the one just completed, and the one before it)."""
+    hour = 3600 * 1_000_000_000
+    t0 = 100 * hour + 10 * 60 * 1_000_000_000  # 10 minutes into an hour
+    full = {t.name: t.lookback_s for t in rollups.TIERS}
+    assert rollups.pass_lookbacks(0, t0, None) == full
+    assert rollups.pass_lookbacks(1, t0 + 60 * 10**9, t0) == {"1m": rollups.RECENT_1M_S, "1h": 0}
+    crossed = rollups.pass_lookbacks(2, t0 + 51 * 60 * 10**9, t0 + 49 * 60 * 10**9)
+    assert crossed == {"1m": rollups.RECENT_1M_S, "1h": 2 * 3600}
+    assert rollups.pass_lookbacks(rollups.FULL_PASS_EVERY, t0, t0 - 60 * 10**9) == full
+    assert rollups.RECENT_1M_S >= 2 * 60, (
+        "a minute's bucket is complete and rolled at least once after it ends"
+    )
