@@ -79,6 +79,7 @@ class PersonActions:
         return False
 
     def _adopt(self, wf: Workflow, seen: Observed, findings: list[Finding], now: int) -> None:
+        self.desk.reattach(wf, seen.reason)  # the incident it was cordoned for, when still open
         self.desk.observed(
             wf, "cordon", f"a cordon of ours this process has no record of: {seen.reason}", now
         )
