@@ -51,14 +51,14 @@ CPU_SHOWN = 30  # the tests that used the most CPU, listed at the end of every r
 # the whole suite take 8 minutes of pytest on two cores (docs/testing.md "Where the CPU goes").
 # Every run ends with each area's CPU against it, so an area that grows past its share shows.
 CPU_BUDGET_S = {
-    "fleet": 235.0,
-    "repair": 175.0,
+    "fleet": 260.0,  # the ninth session: three demos read in Chromium (the serving one added)
+    "repair": 180.0,
     "ingest": 105.0,
-    "project": 95.0,
+    "project": 100.0,  # the DCGM face and declared-metrics checks
     "replication": 75.0,
     "store": 65.0,
-    "security": 60.0,
-    "collector": 25.0,
+    "security": 65.0,
+    "collector": 30.0,
 }
 _CPU_AT_START = pytest.StashKey[float]()
 _STARTED_AT = pytest.StashKey[float]()
