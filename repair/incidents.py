@@ -122,10 +122,28 @@ class IncidentDesk:
         )
         return True
 
+    def _orphan(self, wf: Workflow) -> Incident | None:
+        """An open incident of this node that its workflow does not hold: an earlier process
+        opened it (and queued its alert) and died before saving the workflow. Taken back, so
+        the repair goes on under it and its alert resolves, instead of a second incident."""
+        held = [i for i in self._state.incidents(open_only=True, node=wf.node, limit=5) if i.node == wf.node]
+        if not held:
+            return None
+        incident = held[0]
+        wf.incident_id = incident.id
+        log.warning(
+            "incident %s taken back: opened by an earlier process, its workflow not saved",
+            incident.id,
+            extra={"node": wf.node, "incident": incident.id},
+        )
+        return incident
+
     def note(self, wf: Workflow, findings: list[Finding]) -> Incident:
         """The node's open incident with these findings in it, opened if there is none."""
         incident = self._state.incident(wf.incident_id) if wf.incident_id else None
         if incident is None or not incident.open:
+            incident = self._orphan(wf)
+        if incident is None:
             incident = self._state.open_incident(wf.node, findings, wf.state, self._clock())
             incident.workloads = workloads_hit(self._workloads_on(wf.node), findings)
             if incident.workloads:
