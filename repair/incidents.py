@@ -5,7 +5,6 @@ alert identity per incident (firing through its states, then resolved)."""
 from __future__ import annotations
 
 import logging
-import re
 import time
 from collections.abc import Callable
 
@@ -18,8 +17,6 @@ from gpufleet.repair.outcome import OK, IncidentOutcome, Outcome, Status
 from gpufleet.repair.state import AuditRecord, Incident, RepairState, StateError, Workflow
 
 log = logging.getLogger("gpufleet.repair")
-# The incident a cordon of ours names at the end of its reason (workflow_steps.py: "... [inc-...]").
-_INCIDENT_IN_REASON = re.compile(r"\[(inc-[0-9]{8}-[0-9a-f]{8})\]$")
 
 AUTOMATION = "automation"
 
@@ -105,27 +102,11 @@ class IncidentDesk:
         self.audit(wf, action, reason, Outcome(Status.OBSERVED), now, actor="scheduler")
 
     # --- incidents --------------------------------------------------------------------
-    def reattach(self, wf: Workflow, cordon_reason: str) -> bool:
-        """A cordon of ours this process has no workflow record of (an earlier process died
-        between its cordon and saving it): the workflow takes back the incident the cordon was
-        for, when its reason names one that is open and this node's, so the repair goes on under
-        it (one incident, one alert that resolves) instead of opening a second. False: none."""
-        m = _INCIDENT_IN_REASON.search(cordon_reason.strip())
-        incident = self._state.incident(m[1]) if m else None
-        if incident is None or not incident.open or incident.node != wf.node:
-            return False
-        wf.incident_id = incident.id
-        log.warning(
-            "incident %s taken back: its cordon was done, its workflow not saved",
-            incident.id,
-            extra={"node": wf.node, "incident": incident.id},
-        )
-        return True
-
-    def _orphan(self, wf: Workflow) -> Incident | None:
+    def take_back(self, wf: Workflow) -> Incident | None:
         """An open incident of this node that its workflow does not hold: an earlier process
-        opened it (and queued its alert) and died before saving the workflow. Taken back, so
-        the repair goes on under it and its alert resolves, instead of a second incident."""
+        opened it (and queued its alert), maybe cordoned for it, and died before saving the
+        workflow. Taken back, so the repair goes on under it and its alert resolves, instead of
+        a second incident (note, and a cordon of ours adopted after a restart). None: none."""
         held = [i for i in self._state.incidents(open_only=True, node=wf.node, limit=5) if i.node == wf.node]
         if not held:
             return None
@@ -142,7 +123,7 @@ class IncidentDesk:
         """The node's open incident with these findings in it, opened if there is none."""
         incident = self._state.incident(wf.incident_id) if wf.incident_id else None
         if incident is None or not incident.open:
-            incident = self._orphan(wf)
+            incident = self.take_back(wf)
         if incident is None:
             incident = self._state.open_incident(wf.node, findings, wf.state, self._clock())
             incident.workloads = workloads_hit(self._workloads_on(wf.node), findings)

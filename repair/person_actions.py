@@ -79,7 +79,8 @@ class PersonActions:
         return False
 
     def _adopt(self, wf: Workflow, seen: Observed, findings: list[Finding], now: int) -> None:
-        self.desk.reattach(wf, seen.reason)  # the incident it was cordoned for, when still open
+        if not wf.incident_id:
+            self.desk.take_back(wf)  # the incident it was cordoned for, when still open
         self.desk.observed(
             wf, "cordon", f"a cordon of ours this process has no record of: {seen.reason}", now
         )
