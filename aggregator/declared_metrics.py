@@ -68,6 +68,12 @@ DECLARED: dict[str, Declared] = {
     "gpufleet_store_refused_reports": _c(
         "reports the store refused for what they hold (found by bisecting a refused batch)"),
     "gpufleet_store_points_dropped": _c("points the store rejected (e.g. field type conflict)"),
+    "gpufleet_store_settles": _c(
+        "settles of the embedded store's staged points into its tables (every 10 s and before reads)"),
+    "gpufleet_store_settled_points": _c("staged points settled into the embedded store's tables"),
+    "gpufleet_store_settle_seconds": _c("time spent settling the embedded store's staged points"),
+    "gpufleet_store_settle_failures": _c(
+        "settles that failed (a full disk: the points stay staged, reads answer without them)"),
     "gpufleet_writer_errors": _c(
         "group commits that failed unexpectedly (a bug; the reports were not acknowledged)"),
     "gpufleet_listener_errors": _c("exceptions raised by a durable-report listener, by listener", "listener"),

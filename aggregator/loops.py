@@ -23,6 +23,11 @@ if TYPE_CHECKING:
 log = logging.getLogger("gpufleet.aggregator")
 
 RETENTION_EVERY_S = 600.0
+# How often the embedded store's staged points are settled (aggregator/store/embedded.py): a
+# settle writes each series' page once for all its points since the last, so rarely is cheap
+# (ingest does not wait for it: it appends to the staging file); a read settles first, so
+# this bounds the work a read may find to do.
+SETTLE_EVERY_S = 10.0
 REVOCATIONS_EVERY_S = 5.0
 
 
@@ -90,6 +95,22 @@ class BackgroundLoops:
                 log.exception("retention pass failed")
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), RETENTION_EVERY_S)
+
+    async def settle_loop(self, stop: asyncio.Event) -> None:
+        """Settle the store's staged points every SETTLE_EVERY_S (reads settle on their own)."""
+        failures = 0
+        while not stop.is_set():
+            try:
+                await asyncio.to_thread(self._store.settle)
+                failures = 0
+            except StoreError as exc:  # the disk is full or the store down: kept staged, retried
+                failures += 1
+                if failures == 1 or failures % 60 == 0:
+                    log.warning(
+                        "cannot settle the store's staged points (%s; %d times): retrying", exc, failures
+                    )
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), SETTLE_EVERY_S)
 
     async def revocation_loop(self, stop: asyncio.Event) -> None:
         """Keep the collector token revocation list as the control plane has it (every

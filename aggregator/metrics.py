@@ -61,6 +61,10 @@ class AggregatorMetrics:
             {
                 "gpufleet_spool_refused_batches": of("refused_total"),
                 "gpufleet_store_points_dropped": lambda: float(store.points_dropped_total),
+                "gpufleet_store_settles": lambda: float(store.settles_total),
+                "gpufleet_store_settled_points": lambda: float(store.settled_points_total),
+                "gpufleet_store_settle_seconds": lambda: float(store.settle_seconds_total),
+                "gpufleet_store_settle_failures": lambda: float(store.settle_failures_total),
             },
         )
 

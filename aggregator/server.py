@@ -33,7 +33,7 @@ from gpufleet.aggregator.store import Store
 from gpufleet.aggregator.supervise import Supervisor
 from gpufleet.aggregator.workloads.wiring import Workloads
 from gpufleet.common.bounded_http import BoundedHTTPServer
-from gpufleet.common.memory import fix_mmap_threshold
+from gpufleet.common.memory import fix_mmap_threshold, tune_gc
 from gpufleet.protos import fleet_pb2_grpc
 from gpufleet.repair.state import RepairState, StateError, open_state
 
@@ -282,6 +282,7 @@ class Aggregator:
             "retention": lambda: self.loops.retention_loop(stop),
             "restore": lambda: self.loops.restore_loop(stop),
             "rollups": lambda: self.loops.rollup_loop(stop),
+            "settle": lambda: self.loops.settle_loop(stop),
             "revocations": lambda: self.loops.revocation_loop(stop),
             "workloads": lambda: self.workloads.poll_loop(stop),
         }
@@ -341,6 +342,7 @@ async def run_aggregator(config: AggregatorConfig) -> None:
         await aggregator.stop()  # whatever did start (worker processes, tasks) stops with it
         raise
     aggregator.run_background(stop)
+    tune_gc()  # fewer, larger garbage collections under load (common/memory.py)
     await stop.wait()
     await aggregator.wait_loops()
     await aggregator.stop()

@@ -33,6 +33,7 @@ from gpufleet.aggregator.metrics import AggregatorMetrics
 from gpufleet.aggregator.store import StoreError
 from gpufleet.aggregator.store.base import PointsRefused
 from gpufleet.aggregator.supervise import Supervisor
+from gpufleet.common.memory import tune_gc
 from gpufleet.protos import ingest_pb2, telemetry_pb2, worker_pb2
 
 log = logging.getLogger("gpufleet.aggregator.ingest.worker")
@@ -198,6 +199,7 @@ async def serve(sock: socket.socket, index: int) -> None:
     worker = Worker(config, index, out)
     worker.writer.start(worker.supervisor)
     stats = worker.supervisor.start("worker-stats", worker.stats_loop)
+    tune_gc()  # fewer, larger garbage collections under load (common/memory.py)
     log.info("ingest worker %d started (pid %d)", index, os.getpid())
     started = time.monotonic()
     try:

@@ -2,8 +2,20 @@
 
 Layout: a `series` table (one row per measurement + tag set) and one table per
 measurement, `m_<measurement>`, keyed by (series_id, ts) WITHOUT ROWID, with a column per
-field (added the first time a field is written). Writes upsert only the fields a point
-carries, so a replayed point overwrites itself and absent fields stay NULL — never 0.
+field (added the first time a field is written). A point replayed overwrites itself and the
+fields a point does not carry are left as they were (NULL if never written — never 0).
+
+Writes append to a staging file beside it (aggregator/store/embedded_staging.py), rows in the
+order written; `settle` copies the staged rows into the tables in key order, later rows' fields
+over earlier ones, and then discards them there. Why (docs/benchmarks.md "Sustained ingest"):
+every series takes a point a second, so a row written in place touches the page at the end of
+that series' range; at 2,000 nodes x 8 GPUs the commits rewrote a page per GPU every second
+(64 MiB of WAL a second). Appended, a commit writes the staging table's last pages; settled
+every few seconds, a series' page is written once for all its points since, and as a file of
+its own the staging file takes ingest's writes while a settle runs. Reads settle first, so
+they see every acknowledged point; the aggregator settles every SETTLE_EVERY_S besides
+(aggregator/loops.py). A settle is idempotent: a crash between its commit and the discard
+settles the same rows again, to the same result.
 
 We use the standard library's sqlite3 rather than a time-series engine so a single-box
 install and the demo need no server and no extra native dependency.
@@ -31,7 +43,8 @@ from gpufleet.aggregator.store.base import (
     StoreError,
     StoreUnavailable,
 )
-from gpufleet.aggregator.store.embedded_read import EmbeddedReads, ident
+from gpufleet.aggregator.store.embedded_read import EmbeddedReads, ident, tables_on_disk
+from gpufleet.aggregator.store.embedded_staging import Staging, staged_path
 
 log = logging.getLogger("gpufleet.aggregator.store")
 
@@ -40,11 +53,7 @@ _SHARED_MAX = 500_000
 # encoder made once (json.dumps builds one per call when given options).
 _TAGS_JSON = json.JSONEncoder(ensure_ascii=False)
 _WAL_CHECKPOINT_PAGES = 16_384  # x 4 KiB pages
-# Host parameters per statement: SQLite's default limit (SQLITE_MAX_VARIABLE_NUMBER) since 3.32;
-# builds may raise it, none lowers it. Rows per statement: enough to make the GIL round trips
-# per batch few, few enough that the statement cache holds every size in use.
-_MAX_VARIABLES = 32_766
-_ROWS_PER_STATEMENT = 2_000
+_ROWS_PER_STATEMENT = 2_000  # series rows per INSERT (see Staging._insert)
 WRITE_LOCK_WAIT_S = 30.0  # as long as SQLite's own busy timeout below
 # SQLite result codes (primary, the low byte) that say the database or its disk cannot take a
 # write now; anything else a write raises is about the points themselves.
@@ -103,6 +112,12 @@ class EmbeddedStore(EmbeddedReads, Store):
                 "measurement TEXT NOT NULL, tags TEXT NOT NULL, UNIQUE (measurement, tags))"
             )
             self._r = sqlite3.connect(self.path, check_same_thread=False)
+            self._staging = Staging(staged_path(self.path), synchronous)
+            # The settle's connection: the store, with the staging file attached to read from.
+            self._m = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None, timeout=30.0)
+            self._m.execute(f"PRAGMA synchronous={synchronous}")
+            self._m.execute(f"PRAGMA wal_autocheckpoint={_WAL_CHECKPOINT_PAGES}")
+            self._m.execute("ATTACH DATABASE ? AS staged", (str(self._staging.path),))
         except sqlite3.Error as exc:
             raise StoreError(f"cannot open the embedded store at {self.path}: {exc}") from exc
         self._wlock = threading.Lock()
@@ -111,6 +126,10 @@ class EmbeddedStore(EmbeddedReads, Store):
         # SQLite's own busy handler sleeps 1, 2, 5, 10 ... 100 ms between tries: measured, the
         # two workers' commits then waited tens of milliseconds for each other at 2,000 nodes.
         self._lockfile = os.open(str(self.path) + ".writelock", os.O_RDWR | os.O_CREAT, 0o600)
+        # Who writes the tables' rows (settles and retention), one at a time in every process: two
+        # settles at once could copy an older staged value over a newer one.
+        self._slock = threading.Lock()
+        self._settle_lockfile = os.open(str(self.path) + ".settlelock", os.O_RDWR | os.O_CREAT, 0o600)
         self._rlock = threading.Lock()
         self._cache_lock = threading.Lock()
         # (measurement, sorted tag items) -> series id. A tuple key, not the stored JSON, so
@@ -132,6 +151,8 @@ class EmbeddedStore(EmbeddedReads, Store):
         # readers' (read from disk), each with the schema version it was read at.
         self._columns: dict[str, set[str]] = {}
         self._read_columns: dict[str, set[str]] = {}
+        self._settle_sql: dict[tuple[str, tuple[str, ...]], str] = {}
+        self._settle_failure_logged_at = float("-inf")
         self._schema_versions: dict[str, int] = {}
         self._catch_up(self._w, "_columns")
 
@@ -151,23 +172,28 @@ class EmbeddedStore(EmbeddedReads, Store):
                 self._max_series_id = max(self._max_series_id, rows[-1][0])
         (version,) = conn.execute("PRAGMA schema_version").fetchone()
         if version != self._schema_versions.get(columns_of):
-            setattr(self, columns_of, self._columns_on_disk(conn))
+            setattr(self, columns_of, tables_on_disk(conn, "m"))
             self._schema_versions[columns_of] = version
 
     def _reader_catch_up(self) -> None:
+        """Before a read: the staged rows settled (so it sees every acknowledged point), then
+        the series and columns other processes added."""
+        try:
+            self.settle()
+        except StoreError as exc:
+            # The disk is full or another writer holds the lock: the read goes on without the
+            # last seconds' points (kept staged, settled by the next read or pass that can).
+            now = time.monotonic()
+            if now - self._settle_failure_logged_at >= 60.0:
+                self._settle_failure_logged_at = now
+                log.warning(
+                    "a read could not settle the embedded store's recent points (%s): it answers "
+                    "without them; they stay staged and are settled by the next read that can "
+                    "(said once a minute)",
+                    exc,
+                )
         with self._rlock:
             self._catch_up(self._r, "_read_columns")
-
-    @staticmethod
-    def _columns_on_disk(conn: sqlite3.Connection) -> dict[str, set[str]]:
-        """Which measurement tables and field columns exist on disk."""
-        columns: dict[str, set[str]] = {}
-        for (table,) in conn.execute(
-            "SELECT name FROM sqlite_master WHERE type='table' AND name LIKE 'm\\_%' ESCAPE '\\'"
-        ).fetchall():
-            cols = {row[1] for row in conn.execute(f'PRAGMA table_info("{table}")')}
-            columns[table[2:]] = cols - {"series_id", "ts"}
-        return columns
 
     # --- writing -------------------------------------------------------------------
     def _ensure_columns(self, measurement: str, fields: Sequence[str]) -> None:
@@ -233,41 +259,6 @@ class EmbeddedStore(EmbeddedReads, Store):
             self._w.execute(sql, flat[start : start + rows * 3])
             start += rows * 3
 
-    def _upsert_sql(self, measurement: str, names: tuple[str, ...], rows: int) -> str:
-        key = (measurement, names, rows)
-        sql = self._sql.get(key)
-        if sql is None:
-            cols = ", ".join(ident(n, "field") for n in names)
-            marks = "(" + ", ".join("?" * (len(names) + 2)) + ")"
-            update = ", ".join(f"{ident(n, 'field')}=excluded.{ident(n, 'field')}" for n in names)
-            sql = (
-                f'INSERT INTO "m_{measurement}" (series_id, ts{", " if names else ""}{cols}) '
-                f"VALUES {', '.join([marks] * rows)} ON CONFLICT (series_id, ts) DO "
-                + (f"UPDATE SET {update}" if names else "NOTHING")
-            )
-            if len(self._sql) >= 1024:
-                self._sql.clear()
-            self._sql[key] = sql
-        return sql
-
-    def _insert(self, measurement: str, names: tuple[str, ...], flat: list[object]) -> None:
-        """Upsert the rows in flat (series id, ts, then the named fields; row after row), up
-        to ROWS_PER_STATEMENT rows per statement. Not executemany: the sqlite3 module releases
-        the GIL around every row's step and takes it back for the next row, so a batch of
-        50,000 rows written while the event loop is busy waits for the GIL 50,000 times (we
-        measured a 0.4 s batch taking 6.7 s); one statement per few thousand rows waits a few
-        times. Rows of one statement are upserted in order, as executemany would."""
-        width = len(names) + 2
-        per = max(1, min(_ROWS_PER_STATEMENT, _MAX_VARIABLES // width))
-        left, start = len(flat) // width, 0
-        while left:
-            # Full statements, then the rest in power-of-two sizes: few distinct statements
-            # to prepare, each prepared once and kept.
-            rows = per if left >= per else 1 << (left.bit_length() - 1)
-            end = start + rows * width
-            self._w.execute(self._upsert_sql(measurement, names, rows), flat[start:end])
-            start, left = end, left - rows
-
     @contextlib.contextmanager
     def _writing(self) -> Iterator[None]:
         """This process's write lock, then the lock file's (every writer process's): waited
@@ -291,14 +282,13 @@ class EmbeddedStore(EmbeddedReads, Store):
                 fcntl.flock(self._lockfile, fcntl.LOCK_UN)
 
     def write(self, points: Sequence[Point]) -> None:
+        """New series and columns into the store (a transaction there only when there are
+        any), then the rows appended to the staging file: durable when this returns."""
         if not points:
             return
         with self._writing():
             new_series: list[tuple[str, tuple[tuple[str, str], ...]]] = []
             try:
-                if self._w.in_transaction:  # left open by a failure we could not roll back
-                    self._w.execute("ROLLBACK")
-                self._w.execute("BEGIN IMMEDIATE")
                 self._catch_up(self._w, "_columns")
                 self._new_series_rows.clear()
                 self._first_new_series_id = self._max_series_id + 1
@@ -310,15 +300,10 @@ class EmbeddedStore(EmbeddedReads, Store):
                     flat.append(sid)
                     flat.append(p.time_unix_ns)
                     flat.extend(p.fields.values())
-                self._insert_new_series()
-                for (measurement, names), flat in groups.items():
-                    self._ensure_columns(measurement, names)
-                    self._insert(measurement, names, flat)
-                self._w.execute("COMMIT")
-                if self._new_series_rows:
-                    last_id = self._first_new_series_id + len(self._new_series_rows) // 3 - 1
-                    with self._cache_lock:
-                        self._max_series_id = max(self._max_series_id, last_id)
+                if self._new_series_rows or any(
+                    m not in self._columns or not self._columns[m].issuperset(names) for m, names in groups
+                ):
+                    self._add_series_and_columns(groups)
             except Exception as exc:  # every failure leaves the connection out of its transaction
                 with contextlib.suppress(sqlite3.Error):
                     if self._w.in_transaction:
@@ -326,18 +311,131 @@ class EmbeddedStore(EmbeddedReads, Store):
                 for key in new_series:
                     self._series.pop(key, None)
                 self._shared.clear()  # may name a series that was rolled back
-                # Columns added inside a rolled-back transaction are gone again.
-                self._schema_versions.pop("_columns", None)
-                with contextlib.suppress(sqlite3.Error):
-                    self._columns = self._columns_on_disk(self._w)
+                self._forget_schema()
                 raise _write_failure(exc, f"embedded store write of {len(points)} points") from exc
             with self._cache_lock:
                 for key in new_series:
                     self._series_tags[self._series[key]] = (key[0], dict(key[1]))
+            try:
+                self._staging.append(groups)
+            except Exception as exc:
+                raise _write_failure(exc, f"embedded store write of {len(points)} points") from exc
+
+    def _add_series_and_columns(self, groups: dict[tuple[str, tuple[str, ...]], list[object]]) -> None:
+        """The series rows _series_id allotted and the tables and columns the groups need,
+        committed in the store before their rows are staged (a settle finds them there)."""
+        if self._w.in_transaction:  # left open by a failure we could not roll back
+            self._w.execute("ROLLBACK")
+        self._w.execute("BEGIN IMMEDIATE")
+        self._insert_new_series()
+        for measurement, names in groups:
+            self._ensure_columns(measurement, names)
+        self._w.execute("COMMIT")
+        if self._new_series_rows:
+            last_id = self._first_new_series_id + len(self._new_series_rows) // 3 - 1
+            with self._cache_lock:
+                self._max_series_id = max(self._max_series_id, last_id)
+
+    def _forget_schema(self) -> None:
+        """After a rollback: tables and columns added inside it are gone again."""
+        self._schema_versions.pop("_columns", None)
+        with contextlib.suppress(sqlite3.Error):
+            self._columns = tables_on_disk(self._w, "m")
+
+    # --- settling the staged rows ------------------------------------------------------
+    @contextlib.contextmanager
+    def _settling(self) -> Iterator[None]:
+        """This process's settle lock, then the lock file's (every process's)."""
+        with self._slock:
+            fcntl.flock(self._settle_lockfile, fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(self._settle_lockfile, fcntl.LOCK_UN)
+
+    def _settle_statement(self, measurement: str, names: tuple[str, ...]) -> str:
+        """The staged rows up to a rowid into the table in key order (one page at a time), a
+        row of the same series and time as one there (a replay) setting the fields it
+        carries; rows of one key in the order written."""
+        key = (measurement, names)
+        sql = self._settle_sql.get(key)
+        if sql is None:
+            cols = "".join(f", {ident(n, 'field')}" for n in names)
+            update = ", ".join(
+                f"{ident(n, 'field')} = coalesce(excluded.{ident(n, 'field')}, {ident(n, 'field')})"
+                for n in names
+            )
+            sql = self._settle_sql[key] = (
+                f'INSERT INTO main."m_{measurement}" (series_id, ts{cols}) SELECT series_id, ts{cols} '
+                f'FROM staged."r_{measurement}" WHERE rowid <= ? ORDER BY series_id, ts, rowid '
+                f"ON CONFLICT (series_id, ts) DO " + (f"UPDATE SET {update}" if names else "NOTHING")
+            )
+        return sql
+
+    def settle(self) -> int:
+        """Copy every staged row into its measurement's table (the module's docstring) in one
+        transaction, then discard them from the staging file; how many were copied. Raises
+        StoreUnavailable when the store or its disk cannot take it (the rows stay staged)."""
+        started = time.perf_counter()
+        try:
+            moved = self._settle()
+        except StoreError:
+            self.settle_failures_total += 1
+            raise
+        if moved:
+            self.settles_total += 1
+            self.settled_points_total += moved
+            self.settle_seconds_total += time.perf_counter() - started
+        return moved
+
+    def _settle(self) -> int:
+        with self._settling():
+            try:
+                tables = tables_on_disk(self._m, "m")
+                staged = tables_on_disk(self._m, "r", "staged")
+                # Deferred: the staging file is only read, and the last rowids are read inside
+                # the transaction, so every row up to them is in its snapshot (a writer's rows
+                # not committed yet come after them, and are not discarded).
+                self._m.execute("BEGIN")
+                tops: dict[str, int] = {}
+                moved = 0
+                for measurement, columns in staged.items():
+                    (top,) = self._m.execute(f'SELECT max(rowid) FROM staged."r_{measurement}"').fetchone()
+                    if top is None:
+                        continue
+                    missing = columns - tables.get(measurement, set())
+                    if measurement not in tables or missing:
+                        # Never so: a write adds the table's columns before it stages rows.
+                        raise StoreError(
+                            f"staged {measurement} rows have fields the store's table lacks "
+                            f"({sorted(missing) or 'the table'}); they stay staged"
+                        )
+                    statement = self._settle_statement(measurement, tuple(sorted(columns)))
+                    moved += self._m.execute(statement, (top,)).rowcount
+                    tops[measurement] = top
+                self._m.execute("COMMIT")
+            except Exception as exc:
+                with contextlib.suppress(sqlite3.Error):
+                    if self._m.in_transaction:
+                        self._m.execute("ROLLBACK")
+                if isinstance(exc, StoreError):
+                    raise
+                raise _write_failure(exc, "settling the embedded store's staged points") from exc
+        if not tops:
+            return 0
+        with self._writing():
+            try:
+                self._staging.discard(tops)
+            except Exception as exc:  # copied, still staged: the next settle copies them again
+                raise _write_failure(exc, "discarding the embedded store's settled points") from exc
+        return moved
 
     # --- reading -------------------------------------------------------------------
     def close(self) -> None:
-        with self._wlock, self._rlock:
+        with self._slock, self._wlock, self._rlock:
             self._r.close()
             self._w.close()
+            self._m.close()
+            self._staging.close()
             os.close(self._lockfile)
+            os.close(self._settle_lockfile)

@@ -32,6 +32,17 @@ def ident(name: str, what: str) -> str:
     return f'"{name}"'
 
 
+def tables_on_disk(conn: sqlite3.Connection, prefix: str, schema: str = "main") -> dict[str, set[str]]:
+    """The tables named `<prefix>_<measurement>` in a schema, and each one's field columns."""
+    columns: dict[str, set[str]] = {}
+    for (table,) in conn.execute(
+        f"SELECT name FROM {schema}.sqlite_master WHERE type='table' AND name LIKE '{prefix}\\_%' ESCAPE '\\'"
+    ).fetchall():
+        cols = {row[1] for row in conn.execute(f'PRAGMA {schema}.table_info("{table}")')}
+        columns[table[len(prefix) + 1 :]] = cols - {"series_id", "ts"}
+    return columns
+
+
 class EmbeddedReads:
     def _series_ids(
         self, measurement: str, filters: Mapping[str, Sequence[str]] | None
@@ -230,14 +241,14 @@ class EmbeddedReads:
         return self.retention_s
 
     def apply_retention(self, now_unix_ns: int) -> int:
+        self.settle()  # an old point still staged is removed too
         deleted = 0
-        with self._writing():
-            self._catch_up(self._w, "_columns")  # measurements other processes created
-            for measurement in list(self._columns):
+        with self._settling():
+            for measurement in tables_on_disk(self._m, "m"):
                 cutoff = now_unix_ns - int(self._retention_s(measurement) * 1e9)
                 table = ident("m_" + measurement, "measurement")
                 # Per series, so the (series_id, ts) key is used instead of a table scan.
-                cur = self._w.execute(
+                cur = self._m.execute(
                     f"DELETE FROM {table} WHERE series_id IN "
                     "(SELECT id FROM series WHERE measurement = ?) AND ts < ?",
                     (measurement, cutoff),

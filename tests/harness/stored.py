@@ -21,24 +21,39 @@ class StoredPoint(NamedTuple):
 def read_points(
     data_dir: Path, measurement: str, start_ns: int = 0, end_ns: int = 2**63 - 1
 ) -> list[StoredPoint]:
-    """The points of one measurement in an aggregator's embedded store, oldest first."""
+    """The points of one measurement in an aggregator's embedded store, oldest first: its table
+    and, merged over it as a settle would (aggregator/store/embedded.py), the rows still staged
+    in the staging file beside it."""
     db = sqlite3.connect(f"file:{Path(data_dir) / 'store.sqlite3'}?mode=ro", uri=True)
     try:
-        if not db.execute("SELECT 1 FROM sqlite_master WHERE name = ?", (f"m_{measurement}",)).fetchone():
-            return []
-        cur = db.execute(
-            f'SELECT s.tags, t.* FROM "m_{measurement}" t JOIN series s ON s.id = t.series_id '
-            "WHERE t.ts >= ? AND t.ts < ? ORDER BY t.ts",
-            (start_ns, end_ns),
-        )
-        names = [d[0] for d in cur.description]
-        return [
-            StoredPoint(
-                dict(tuple(pair) for pair in json.loads(row[0])),
-                {n: v for n, v in zip(names[3:], row[3:], strict=True) if v is not None},
-                row[2],
+        staged = Path(data_dir) / "store.staged.sqlite3"
+        if staged.exists():
+            db.execute("ATTACH DATABASE ? AS staged", (f"file:{staged}?mode=ro",))
+        merged: dict[tuple[int, int], tuple[str, dict[str, Any]]] = {}
+        for schema, table, order in (
+            ("main", f"m_{measurement}", "t.ts"),
+            ("staged", f"r_{measurement}", "t.rowid"),
+        ):
+            if schema == "staged" and not staged.exists():
+                continue
+            if not db.execute(f"SELECT 1 FROM {schema}.sqlite_master WHERE name = ?", (table,)).fetchone():
+                continue
+            cur = db.execute(
+                f'SELECT s.tags, t.* FROM {schema}."{table}" t JOIN main.series s ON s.id = t.series_id '
+                f"WHERE t.ts >= ? AND t.ts < ? ORDER BY {order}",
+                (start_ns, end_ns),
             )
-            for row in cur.fetchall()
+            names = [d[0] for d in cur.description]
+            for row in cur.fetchall():
+                fields = {n: v for n, v in zip(names[3:], row[3:], strict=True) if v is not None}
+                key = (row[1], row[2])
+                if key in merged:
+                    merged[key][1].update(fields)
+                else:
+                    merged[key] = (row[0], fields)
+        return [
+            StoredPoint(dict(tuple(pair) for pair in json.loads(tags)), fields, ts)
+            for (_, ts), (tags, fields) in sorted(merged.items(), key=lambda kv: kv[0][1])
         ]
     finally:
         db.close()
