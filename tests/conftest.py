@@ -5,8 +5,10 @@ per job (harness/__init__.py)."""
 
 from __future__ import annotations
 
+import os
 import resource
 import shutil
+import subprocess
 import tempfile
 import time
 from collections.abc import Callable, Iterator
@@ -140,6 +142,20 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
         else:
             verdict = f"within its {budget:.0f} s"
         terminalreporter.write_line(f"{cpu_s:8.1f} s CPU  tests/{area}/  {verdict}")
+
+
+@pytest.fixture
+def small_fs(tmp_path: Path) -> Iterator[Path]:
+    """A real 24 MiB tmpfs for a data directory, mounted for this test only (the full-disk faults)."""
+    if os.geteuid() != 0:
+        pytest.skip("mounting a tmpfs for the full-disk test needs root (CI runs as root)")
+    mnt = tmp_path / "small-fs"
+    mnt.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=24m", "tmpfs", str(mnt)], check=True)
+    try:
+        yield mnt
+    finally:
+        subprocess.run(["umount", "-l", str(mnt)], check=False)
 
 
 @pytest.fixture

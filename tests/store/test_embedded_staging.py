@@ -9,8 +9,6 @@ from __future__ import annotations
 import contextlib
 import os
 import sqlite3
-import subprocess
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -95,20 +93,6 @@ def test_a_store_written_before_staging_is_read_and_written(tmp_path: Path) -> N
         }
     finally:
         store.close()
-
-
-@pytest.fixture
-def small_fs(tmp_path: Path) -> Iterator[Path]:
-    """A real 8 MiB tmpfs, mounted for this test only."""
-    if os.geteuid() != 0:
-        pytest.skip("mounting a tmpfs for the full-disk test needs root (CI runs as root)")
-    mnt = tmp_path / "small-fs"
-    mnt.mkdir()
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=8m", "tmpfs", str(mnt)], check=True)
-    try:
-        yield mnt
-    finally:
-        subprocess.run(["umount", "-l", str(mnt)], check=False)
 
 
 def test_a_full_disk_keeps_staged_points_and_reads_answer_without_them_until_it_has_room(
