@@ -71,7 +71,7 @@ DECLARED: dict[str, Declared] = {
     "gpufleet_store_settles": _c(
         "settles of the embedded store's staged points into its tables (every 10 s and before reads)"),
     "gpufleet_store_settled_points": _c("staged points settled into the embedded store's tables"),
-    "gpufleet_store_settle_seconds": _c("time spent settling the embedded store's staged points"),
+    "gpufleet_store_last_settle_seconds": _g("how long the embedded store's last settle took"),
     "gpufleet_store_settle_failures": _c(
         "settles that failed (a full disk: the points stay staged, reads answer without them)"),
     "gpufleet_writer_errors": _c(

@@ -61,12 +61,24 @@ class AggregatorMetrics:
             {
                 "gpufleet_spool_refused_batches": of("refused_total"),
                 "gpufleet_store_points_dropped": lambda: float(store.points_dropped_total),
-                "gpufleet_store_settles": lambda: float(store.settles_total),
-                "gpufleet_store_settled_points": lambda: float(store.settled_points_total),
-                "gpufleet_store_settle_seconds": lambda: float(store.settle_seconds_total),
-                "gpufleet_store_settle_failures": lambda: float(store.settle_failures_total),
             },
         )
+        # The embedded store's settles (aggregator/store/embedded_staging.py); 0 for a store
+        # that writes in place (InfluxDB), so every aggregator serves the same families.
+        settler = getattr(store, "settler", None)
+
+        def settled(attr: str) -> Callable[[], float]:
+            return lambda: float(getattr(settler, attr, 0))
+
+        totals(
+            self.registry,
+            {
+                "gpufleet_store_settles": settled("settles_total"),
+                "gpufleet_store_settled_points": settled("settled_points_total"),
+                "gpufleet_store_settle_failures": settled("failures_total"),
+            },
+        )
+        gauges(self.registry, {"gpufleet_store_last_settle_seconds": settled("last_settle_s")})
 
     def reject(self, reason: str, code: str) -> None:
         self.rejections.labels(reason=reason, code=code).inc()

@@ -106,22 +106,9 @@ BUCKET_STATS = ("mean", "max", "min", "count")  # what bucket_stats gives for ea
 
 
 class Store(abc.ABC):
-    # A store that stages its writes (the embedded store) counts its settles in these.
-    settles_total = 0
-    settled_points_total = 0
-    settle_seconds_total = 0.0
-    settle_failures_total = 0
-
-    @abc.abstractmethod
-    def write(self, points: Sequence[Point]) -> None:
-        """Make points durable; return only once they are. Raises StoreUnavailable when the
-        store cannot take writes now, PointsRefused when it will not take these points."""
-
     def settle(self) -> int:
-        """Move the points a store staged on write into their place for reading; how many
-        moved. A store that writes in place (InfluxDB) has nothing to do. The embedded store
-        stages (aggregator/store/embedded.py): its reads settle first, and the aggregator
-        settles every few seconds so the staged rows stay few."""
+        """Move the points a store staged on write into place for reading (the embedded store:
+        aggregator/store/embedded.py); how many. A store that writes in place has none."""
         return 0
 
     @abc.abstractmethod

@@ -32,19 +32,24 @@ import sqlite3
 import threading
 import time
 from collections import defaultdict
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 
 from gpufleet.aggregator.store.base import (
     Point,
-    PointsRefused,
     SharedTags,
     Store,
     StoreError,
     StoreUnavailable,
 )
 from gpufleet.aggregator.store.embedded_read import EmbeddedReads, ident, tables_on_disk
-from gpufleet.aggregator.store.embedded_staging import Staging, staged_path
+from gpufleet.aggregator.store.embedded_staging import (
+    WAL_CHECKPOINT_PAGES,
+    Settler,
+    Staging,
+    staged_path,
+    write_failure,
+)
 
 log = logging.getLogger("gpufleet.aggregator.store")
 
@@ -52,32 +57,8 @@ _SHARED_MAX = 500_000
 # Tags as stored (the series table's UNIQUE key): json.dumps(tags, ensure_ascii=False), with the
 # encoder made once (json.dumps builds one per call when given options).
 _TAGS_JSON = json.JSONEncoder(ensure_ascii=False)
-_WAL_CHECKPOINT_PAGES = 16_384  # x 4 KiB pages
 _ROWS_PER_STATEMENT = 2_000  # series rows per INSERT (see Staging._insert)
 WRITE_LOCK_WAIT_S = 30.0  # as long as SQLite's own busy timeout below
-# SQLite result codes (primary, the low byte) that say the database or its disk cannot take a
-# write now; anything else a write raises is about the points themselves.
-_UNAVAILABLE_CODES = {
-    sqlite3.SQLITE_FULL,
-    sqlite3.SQLITE_IOERR,
-    sqlite3.SQLITE_BUSY,
-    sqlite3.SQLITE_LOCKED,
-    sqlite3.SQLITE_CANTOPEN,
-    sqlite3.SQLITE_READONLY,
-    sqlite3.SQLITE_NOMEM,
-    sqlite3.SQLITE_PROTOCOL,
-    sqlite3.SQLITE_NOTADB,
-    sqlite3.SQLITE_CORRUPT,
-}
-
-
-def _write_failure(exc: BaseException, what: str) -> StoreError:
-    """StoreUnavailable for a disk or database failure, PointsRefused for anything else (an
-    integer SQLite cannot hold raises OverflowError, not an sqlite3.Error)."""
-    code = getattr(exc, "sqlite_errorcode", None)
-    if isinstance(exc, OSError) or (code is not None and code & 0xFF in _UNAVAILABLE_CODES):
-        return StoreUnavailable(f"{what} failed: the database or its disk cannot take writes ({exc})")
-    return PointsRefused(f"{what} failed: {type(exc).__name__}: {exc}")
 
 
 class EmbeddedStore(EmbeddedReads, Store):
@@ -106,18 +87,14 @@ class EmbeddedStore(EmbeddedReads, Store):
             # touch a page per series, and a page written to the WAL several times between two
             # checkpoints is copied into the database once. Measured: half the commit time at
             # 2,000 nodes x 8 GPUs (the WAL file grows to about this size between checkpoints).
-            self._w.execute(f"PRAGMA wal_autocheckpoint={_WAL_CHECKPOINT_PAGES}")
+            self._w.execute(f"PRAGMA wal_autocheckpoint={WAL_CHECKPOINT_PAGES}")
             self._w.execute(
                 "CREATE TABLE IF NOT EXISTS series (id INTEGER PRIMARY KEY, "
                 "measurement TEXT NOT NULL, tags TEXT NOT NULL, UNIQUE (measurement, tags))"
             )
             self._r = sqlite3.connect(self.path, check_same_thread=False)
             self._staging = Staging(staged_path(self.path), synchronous)
-            # The settle's connection: the store, with the staging file attached to read from.
-            self._m = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None, timeout=30.0)
-            self._m.execute(f"PRAGMA synchronous={synchronous}")
-            self._m.execute(f"PRAGMA wal_autocheckpoint={_WAL_CHECKPOINT_PAGES}")
-            self._m.execute("ATTACH DATABASE ? AS staged", (str(self._staging.path),))
+            self.settler = Settler(self.path, self._staging.path, synchronous, self._discard)
         except sqlite3.Error as exc:
             raise StoreError(f"cannot open the embedded store at {self.path}: {exc}") from exc
         self._wlock = threading.Lock()
@@ -126,10 +103,6 @@ class EmbeddedStore(EmbeddedReads, Store):
         # SQLite's own busy handler sleeps 1, 2, 5, 10 ... 100 ms between tries: measured, the
         # two workers' commits then waited tens of milliseconds for each other at 2,000 nodes.
         self._lockfile = os.open(str(self.path) + ".writelock", os.O_RDWR | os.O_CREAT, 0o600)
-        # Who writes the tables' rows (settles and retention), one at a time in every process: two
-        # settles at once could copy an older staged value over a newer one.
-        self._slock = threading.Lock()
-        self._settle_lockfile = os.open(str(self.path) + ".settlelock", os.O_RDWR | os.O_CREAT, 0o600)
         self._rlock = threading.Lock()
         self._cache_lock = threading.Lock()
         # (measurement, sorted tag items) -> series id. A tuple key, not the stored JSON, so
@@ -151,7 +124,6 @@ class EmbeddedStore(EmbeddedReads, Store):
         # readers' (read from disk), each with the schema version it was read at.
         self._columns: dict[str, set[str]] = {}
         self._read_columns: dict[str, set[str]] = {}
-        self._settle_sql: dict[tuple[str, tuple[str, ...]], str] = {}
         self._settle_failure_logged_at = float("-inf")
         self._schema_versions: dict[str, int] = {}
         self._catch_up(self._w, "_columns")
@@ -312,14 +284,14 @@ class EmbeddedStore(EmbeddedReads, Store):
                     self._series.pop(key, None)
                 self._shared.clear()  # may name a series that was rolled back
                 self._forget_schema()
-                raise _write_failure(exc, f"embedded store write of {len(points)} points") from exc
+                raise write_failure(exc, f"embedded store write of {len(points)} points") from exc
             with self._cache_lock:
                 for key in new_series:
                     self._series_tags[self._series[key]] = (key[0], dict(key[1]))
             try:
                 self._staging.append(groups)
             except Exception as exc:
-                raise _write_failure(exc, f"embedded store write of {len(points)} points") from exc
+                raise write_failure(exc, f"embedded store write of {len(points)} points") from exc
 
     def _add_series_and_columns(self, groups: dict[tuple[str, tuple[str, ...]], list[object]]) -> None:
         """The series rows _series_id allotted and the tables and columns the groups need,
@@ -342,100 +314,23 @@ class EmbeddedStore(EmbeddedReads, Store):
         with contextlib.suppress(sqlite3.Error):
             self._columns = tables_on_disk(self._w, "m")
 
-    # --- settling the staged rows ------------------------------------------------------
-    @contextlib.contextmanager
-    def _settling(self) -> Iterator[None]:
-        """This process's settle lock, then the lock file's (every process's)."""
-        with self._slock:
-            fcntl.flock(self._settle_lockfile, fcntl.LOCK_EX)
-            try:
-                yield
-            finally:
-                fcntl.flock(self._settle_lockfile, fcntl.LOCK_UN)
-
-    def _settle_statement(self, measurement: str, names: tuple[str, ...]) -> str:
-        """The staged rows up to a rowid into the table in key order (one page at a time), a
-        row of the same series and time as one there (a replay) setting the fields it
-        carries; rows of one key in the order written."""
-        key = (measurement, names)
-        sql = self._settle_sql.get(key)
-        if sql is None:
-            cols = "".join(f", {ident(n, 'field')}" for n in names)
-            update = ", ".join(
-                f"{ident(n, 'field')} = coalesce(excluded.{ident(n, 'field')}, {ident(n, 'field')})"
-                for n in names
-            )
-            sql = self._settle_sql[key] = (
-                f'INSERT INTO main."m_{measurement}" (series_id, ts{cols}) SELECT series_id, ts{cols} '
-                f'FROM staged."r_{measurement}" WHERE rowid <= ? ORDER BY series_id, ts, rowid '
-                f"ON CONFLICT (series_id, ts) DO " + (f"UPDATE SET {update}" if names else "NOTHING")
-            )
-        return sql
-
+    # --- settling the staged rows (aggregator/store/embedded_staging.py) ---------------
     def settle(self) -> int:
-        """Copy every staged row into its measurement's table (the module's docstring) in one
-        transaction, then discard them from the staging file; how many were copied. Raises
-        StoreUnavailable when the store or its disk cannot take it (the rows stay staged)."""
-        started = time.perf_counter()
-        try:
-            moved = self._settle()
-        except StoreError:
-            self.settle_failures_total += 1
-            raise
-        if moved:
-            self.settles_total += 1
-            self.settled_points_total += moved
-            self.settle_seconds_total += time.perf_counter() - started
-        return moved
+        return self.settler.settle()
 
-    def _settle(self) -> int:
-        with self._settling():
-            try:
-                tables = tables_on_disk(self._m, "m")
-                staged = tables_on_disk(self._m, "r", "staged")
-                # Deferred: the staging file is only read, and the last rowids are read inside
-                # the transaction, so every row up to them is in its snapshot (a writer's rows
-                # not committed yet come after them, and are not discarded).
-                self._m.execute("BEGIN")
-                tops: dict[str, int] = {}
-                moved = 0
-                for measurement, columns in staged.items():
-                    (top,) = self._m.execute(f'SELECT max(rowid) FROM staged."r_{measurement}"').fetchone()
-                    if top is None:
-                        continue
-                    missing = columns - tables.get(measurement, set())
-                    if measurement not in tables or missing:
-                        # Never so: a write adds the table's columns before it stages rows.
-                        raise StoreError(
-                            f"staged {measurement} rows have fields the store's table lacks "
-                            f"({sorted(missing) or 'the table'}); they stay staged"
-                        )
-                    statement = self._settle_statement(measurement, tuple(sorted(columns)))
-                    moved += self._m.execute(statement, (top,)).rowcount
-                    tops[measurement] = top
-                self._m.execute("COMMIT")
-            except Exception as exc:
-                with contextlib.suppress(sqlite3.Error):
-                    if self._m.in_transaction:
-                        self._m.execute("ROLLBACK")
-                if isinstance(exc, StoreError):
-                    raise
-                raise _write_failure(exc, "settling the embedded store's staged points") from exc
-        if not tops:
-            return 0
+    def _discard(self, tops: Mapping[str, int]) -> None:
+        """Remove the staged rows a settle copied, taking turns with the writers."""
         with self._writing():
             try:
                 self._staging.discard(tops)
             except Exception as exc:  # copied, still staged: the next settle copies them again
-                raise _write_failure(exc, "discarding the embedded store's settled points") from exc
-        return moved
+                raise write_failure(exc, "discarding the embedded store's settled points") from exc
 
     # --- reading -------------------------------------------------------------------
     def close(self) -> None:
-        with self._slock, self._wlock, self._rlock:
+        self.settler.close()
+        with self._wlock, self._rlock:
             self._r.close()
             self._w.close()
-            self._m.close()
             self._staging.close()
             os.close(self._lockfile)
-            os.close(self._settle_lockfile)

@@ -242,18 +242,9 @@ class EmbeddedReads:
 
     def apply_retention(self, now_unix_ns: int) -> int:
         self.settle()  # an old point still staged is removed too
-        deleted = 0
-        with self._settling():
-            for measurement in tables_on_disk(self._m, "m"):
-                cutoff = now_unix_ns - int(self._retention_s(measurement) * 1e9)
-                table = ident("m_" + measurement, "measurement")
-                # Per series, so the (series_id, ts) key is used instead of a table scan.
-                cur = self._m.execute(
-                    f"DELETE FROM {table} WHERE series_id IN "
-                    "(SELECT id FROM series WHERE measurement = ?) AND ts < ?",
-                    (measurement, cutoff),
-                )
-                deleted += cur.rowcount
+        deleted = self.settler.delete_older(
+            lambda measurement: now_unix_ns - int(self._retention_s(measurement) * 1e9)
+        )
         if deleted:
             log.info(
                 "retention removed %d points (raw older than %.0f s, roll-ups by tier)",

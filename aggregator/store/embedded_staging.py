@@ -1,4 +1,6 @@
-"""The embedded store's staging file (aggregator/store/embedded.py): where writes land.
+"""The embedded store's staging file (aggregator/store/embedded.py): where writes land, and
+the settle that copies them into the store's tables (docs/architecture.md "Staged writes in
+the embedded store").
 
 One table per measurement, `r_<measurement>`, in a SQLite file of its own beside the store
 (`store.staged.sqlite3`), rows in the order written (rowid), the same field columns as the
@@ -11,10 +13,15 @@ for a settle: SQLite has one writer per file, and a settle rewrites a page per s
 from __future__ import annotations
 
 import contextlib
+import fcntl
+import os
 import sqlite3
-from collections.abc import Mapping, Sequence
+import threading
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 
+from gpufleet.aggregator.store.base import PointsRefused, StoreError, StoreUnavailable
 from gpufleet.aggregator.store.embedded_read import ident, tables_on_disk
 
 # Host parameters per statement: SQLite's default limit (SQLITE_MAX_VARIABLE_NUMBER) since 3.32;
@@ -24,6 +31,31 @@ _MAX_VARIABLES = 32_766
 _ROWS_PER_STATEMENT = 2_000
 
 Groups = Mapping[tuple[str, tuple[str, ...]], list[object]]
+WAL_CHECKPOINT_PAGES = 16_384  # x 4 KiB pages (aggregator/store/embedded.py)
+
+# SQLite result codes (primary, the low byte) that say the database or its disk cannot take a
+# write now; anything else a write raises is about the points themselves.
+_UNAVAILABLE_CODES = {
+    sqlite3.SQLITE_FULL,
+    sqlite3.SQLITE_IOERR,
+    sqlite3.SQLITE_BUSY,
+    sqlite3.SQLITE_LOCKED,
+    sqlite3.SQLITE_CANTOPEN,
+    sqlite3.SQLITE_READONLY,
+    sqlite3.SQLITE_NOMEM,
+    sqlite3.SQLITE_PROTOCOL,
+    sqlite3.SQLITE_NOTADB,
+    sqlite3.SQLITE_CORRUPT,
+}
+
+
+def write_failure(exc: BaseException, what: str) -> StoreError:
+    """StoreUnavailable for a disk or database failure, PointsRefused for anything else (an
+    integer SQLite cannot hold raises OverflowError, not an sqlite3.Error)."""
+    code = getattr(exc, "sqlite_errorcode", None)
+    if isinstance(exc, OSError) or (code is not None and code & 0xFF in _UNAVAILABLE_CODES):
+        return StoreUnavailable(f"{what} failed: the database or its disk cannot take writes ({exc})")
+    return PointsRefused(f"{what} failed: {type(exc).__name__}: {exc}")
 
 
 def staged_path(store_path: Path) -> Path:
@@ -134,3 +166,129 @@ class Staging:
                 if conn.in_transaction:
                     conn.execute("ROLLBACK")
             raise
+
+
+class Settler:
+    """The writer of the store's tables' rows: the settle (staged rows copied in key order) and
+    retention's deletes, one at a time in every process (two settles at once could copy an older
+    staged value over a newer one). discard: removes the staged rows a settle copied, up to each
+    measurement's last rowid then (the store does it, taking turns with its writers)."""
+
+    def __init__(
+        self, path: Path, staging_path: Path, synchronous: str, discard: Callable[[Mapping[str, int]], None]
+    ) -> None:
+        self._discard = discard
+        # The store, with the staging file attached to read from.
+        self._conn = sqlite3.connect(path, check_same_thread=False, isolation_level=None, timeout=30.0)
+        self._conn.execute(f"PRAGMA synchronous={synchronous}")
+        self._conn.execute(f"PRAGMA wal_autocheckpoint={WAL_CHECKPOINT_PAGES}")
+        self._conn.execute("ATTACH DATABASE ? AS staged", (str(staging_path),))
+        self._lock = threading.Lock()
+        self._lockfile = os.open(str(path) + ".settlelock", os.O_RDWR | os.O_CREAT, 0o600)
+        self._sql: dict[tuple[str, tuple[str, ...]], str] = {}
+        self.settles_total = 0
+        self.settled_points_total = 0
+        self.failures_total = 0
+        self.last_settle_s = 0.0
+
+    def close(self) -> None:
+        with self._lock:
+            self._conn.close()
+            os.close(self._lockfile)
+
+    @contextlib.contextmanager
+    def _turn(self) -> Iterator[sqlite3.Connection]:
+        """This process's lock, then the lock file's (every process's)."""
+        with self._lock:
+            fcntl.flock(self._lockfile, fcntl.LOCK_EX)
+            try:
+                yield self._conn
+            finally:
+                fcntl.flock(self._lockfile, fcntl.LOCK_UN)
+
+    def _statement(self, measurement: str, names: tuple[str, ...]) -> str:
+        """The staged rows up to a rowid into the table in key order (one page at a time), a row
+        of the same series and time as one there (a replay) setting the fields it carries (the
+        newest value of a field wins, a field it does not carry is kept); rows of one key in the
+        order written."""
+        key = (measurement, names)
+        sql = self._sql.get(key)
+        if sql is None:
+            cols = "".join(f", {ident(n, 'field')}" for n in names)
+            update = ", ".join(
+                f"{ident(n, 'field')} = coalesce(excluded.{ident(n, 'field')}, {ident(n, 'field')})"
+                for n in names
+            )
+            sql = self._sql[key] = (
+                f'INSERT INTO main."m_{measurement}" (series_id, ts{cols}) SELECT series_id, ts{cols} '
+                f'FROM staged."r_{measurement}" WHERE rowid <= ? ORDER BY series_id, ts, rowid '
+                f"ON CONFLICT (series_id, ts) DO " + (f"UPDATE SET {update}" if names else "NOTHING")
+            )
+        return sql
+
+    def settle(self) -> int:
+        """Copy every staged row into its measurement's table in one transaction, then discard
+        them from the staging file; how many were copied. Raises StoreUnavailable when the
+        store or its disk cannot take it (the rows stay staged)."""
+        started = time.perf_counter()
+        try:
+            with self._turn() as conn:
+                tops, moved = self._copy(conn)
+            if tops:
+                self._discard(tops)
+        except StoreError:
+            self.failures_total += 1
+            raise
+        if moved:
+            self.settles_total += 1
+            self.settled_points_total += moved
+            self.last_settle_s = time.perf_counter() - started
+        return moved
+
+    def _copy(self, conn: sqlite3.Connection) -> tuple[dict[str, int], int]:
+        """(each measurement's last staged rowid copied, rows copied)."""
+        try:
+            tables = tables_on_disk(conn, "m")
+            staged = tables_on_disk(conn, "r", "staged")
+            # Deferred: the staging file is only read, and the last rowids are read inside the
+            # transaction, so every row up to them is in its snapshot (a writer's rows not
+            # committed yet come after them, and are not discarded).
+            conn.execute("BEGIN")
+            tops: dict[str, int] = {}
+            moved = 0
+            for measurement, columns in staged.items():
+                (top,) = conn.execute(f'SELECT max(rowid) FROM staged."r_{measurement}"').fetchone()
+                if top is None:
+                    continue
+                missing = columns - tables.get(measurement, set())
+                if measurement not in tables or missing:
+                    # Never so: a write adds the table's columns before it stages rows.
+                    raise StoreError(
+                        f"staged {measurement} rows have fields the store's table lacks "
+                        f"({sorted(missing) or 'the table'}); they stay staged"
+                    )
+                moved += conn.execute(self._statement(measurement, tuple(sorted(columns))), (top,)).rowcount
+                tops[measurement] = top
+            conn.execute("COMMIT")
+            return tops, moved
+        except Exception as exc:
+            with contextlib.suppress(sqlite3.Error):
+                if conn.in_transaction:
+                    conn.execute("ROLLBACK")
+            if isinstance(exc, StoreError):
+                raise
+            raise write_failure(exc, "settling the embedded store's staged points") from exc
+
+    def delete_older(self, cutoff_ns: Callable[[str], int]) -> int:
+        """Retention: each measurement's points older than its cutoff; how many went."""
+        deleted = 0
+        with self._turn() as conn:
+            for measurement in tables_on_disk(conn, "m"):
+                table = ident("m_" + measurement, "measurement")
+                # Per series, so the (series_id, ts) key is used instead of a table scan.
+                deleted += conn.execute(
+                    f"DELETE FROM {table} WHERE series_id IN "
+                    "(SELECT id FROM series WHERE measurement = ?) AND ts < ?",
+                    (measurement, cutoff_ns(measurement)),
+                ).rowcount
+        return deleted

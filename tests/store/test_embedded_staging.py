@@ -116,7 +116,7 @@ def test_a_full_disk_keeps_staged_points_and_reads_answer_without_them_until_it_
             store.settle()
         # The read answers (with what was settled before the disk filled) and says why not more.
         assert len(store.query_points("gpu", T0, T0 + 600 * S)) == 1
-        assert store.settle_failures_total == 2, "each failed settle is counted (the call's and the read's)"
+        assert store.settler.failures_total == 2, "each failed settle is counted (the call's and the read's)"
         filler.unlink()
         got = store.query_points("gpu", T0, T0 + 600 * S)
         want = [1.0] + [float(i) for i in range(1, 200)]
