@@ -47,6 +47,7 @@ from gpufleet.aggregator.store.embedded_staging import (
     WAL_CHECKPOINT_PAGES,
     Settler,
     Staging,
+    ensure_columns,
     staged_path,
     write_failure,
 )
@@ -170,18 +171,11 @@ class EmbeddedStore(EmbeddedReads, Store):
     # --- writing -------------------------------------------------------------------
     def _ensure_columns(self, measurement: str, fields: Sequence[str]) -> None:
         table = ident("m_" + measurement, "measurement")
-        cols = self._columns.get(measurement)
-        if cols is None:
-            self._w.execute(
-                f"CREATE TABLE IF NOT EXISTS {table} (series_id INTEGER NOT NULL, "
-                "ts INTEGER NOT NULL, PRIMARY KEY (series_id, ts)) WITHOUT ROWID"
-            )
-            cols = self._columns[measurement] = set()
-        for name in fields:
-            if name not in cols:
-                # No declared type: SQLite keeps each value as given (int stays int).
-                self._w.execute(f"ALTER TABLE {table} ADD COLUMN {ident(name, 'field')}")
-                cols.add(name)
+        create = (
+            f"CREATE TABLE IF NOT EXISTS {table} (series_id INTEGER NOT NULL, "
+            "ts INTEGER NOT NULL, PRIMARY KEY (series_id, ts)) WITHOUT ROWID"
+        )
+        ensure_columns(self._w, table, create, self._columns, measurement, fields)
 
     def _series_id(self, p: Point, new_series: list[tuple[str, tuple[tuple[str, str], ...]]]) -> int:
         """The series id of a point's measurement + tags, allotting a new id if the series is new.

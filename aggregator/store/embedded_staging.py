@@ -63,6 +63,27 @@ def staged_path(store_path: Path) -> Path:
     return store_path.with_name(f"{store_path.stem}.staged{store_path.suffix}")
 
 
+def ensure_columns(
+    conn: sqlite3.Connection,
+    table: str,
+    create: str,
+    known: dict[str, set[str]],
+    measurement: str,
+    names: Sequence[str],
+) -> None:
+    """The measurement's table (made by `create` when `known` has no columns for it) with a
+    column per name; `known` is kept as the columns on disk."""
+    cols = known.get(measurement)
+    if cols is None:
+        conn.execute(create)
+        cols = known[measurement] = set()
+    for name in names:
+        if name not in cols:
+            # No declared type: SQLite keeps each value as given (int stays int).
+            conn.execute(f"ALTER TABLE {table} ADD COLUMN {ident(name, 'field')}")
+            cols.add(name)
+
+
 class Staging:
     def __init__(self, path: Path, synchronous: str) -> None:
         self.path = path
@@ -107,17 +128,8 @@ class Staging:
 
     def _ensure_columns(self, measurement: str, names: Sequence[str]) -> None:
         table = ident("r_" + measurement, "measurement")
-        cols = self._columns.get(measurement)
-        if cols is None:
-            self._conn.execute(
-                f"CREATE TABLE IF NOT EXISTS {table} (series_id INTEGER NOT NULL, ts INTEGER NOT NULL)"
-            )
-            cols = self._columns[measurement] = set()
-        for name in names:
-            if name not in cols:
-                # No declared type: SQLite keeps each value as given (int stays int).
-                self._conn.execute(f"ALTER TABLE {table} ADD COLUMN {ident(name, 'field')}")
-                cols.add(name)
+        create = f"CREATE TABLE IF NOT EXISTS {table} (series_id INTEGER NOT NULL, ts INTEGER NOT NULL)"
+        ensure_columns(self._conn, table, create, self._columns, measurement, names)
 
     def _append_sql(self, measurement: str, names: tuple[str, ...], rows: int) -> str:
         key = (measurement, names, rows)
