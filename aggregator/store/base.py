@@ -106,6 +106,11 @@ BUCKET_STATS = ("mean", "max", "min", "count")  # what bucket_stats gives for ea
 
 
 class Store(abc.ABC):
+    @abc.abstractmethod
+    def write(self, points: Sequence[Point]) -> None:
+        """Make points durable; return only once they are. Raises StoreUnavailable when the
+        store cannot take writes now, PointsRefused when it will not take these points."""
+
     def settle(self) -> int:
         """Move the points a store staged on write into place for reading (the embedded store:
         aggregator/store/embedded.py); how many. A store that writes in place has none."""
