@@ -44,11 +44,13 @@ from gpufleet.aggregator.store.base import (
 )
 from gpufleet.aggregator.store.embedded_read import EmbeddedReads, ident, tables_on_disk
 from gpufleet.aggregator.store.embedded_staging import (
+    ROWS_PER_STATEMENT,
     WAL_CHECKPOINT_PAGES,
     Settler,
     Staging,
     ensure_columns,
     staged_path,
+    transaction,
     write_failure,
 )
 
@@ -58,7 +60,6 @@ _SHARED_MAX = 500_000
 # Tags as stored (the series table's UNIQUE key): json.dumps(tags, ensure_ascii=False), with the
 # encoder made once (json.dumps builds one per call when given options).
 _TAGS_JSON = json.JSONEncoder(ensure_ascii=False)
-_ROWS_PER_STATEMENT = 2_000  # series rows per INSERT (see Staging._insert)
 WRITE_LOCK_WAIT_S = 30.0  # as long as SQLite's own busy timeout below
 
 
@@ -84,10 +85,8 @@ class EmbeddedStore(EmbeddedReads, Store):
             # FULL: a commit is on disk (fsync) before write() returns, so an acknowledged
             # report survives a power cut, not just a process crash.
             self._w.execute(f"PRAGMA synchronous={synchronous}")
-            # Checkpoint the WAL every 64 MiB instead of SQLite's 4 MiB: every second's reports
-            # touch a page per series, and a page written to the WAL several times between two
-            # checkpoints is copied into the database once. Measured: half the commit time at
-            # 2,000 nodes x 8 GPUs (the WAL file grows to about this size between checkpoints).
+            # As the settle's connection (WAL_CHECKPOINT_PAGES): whichever commit to the store
+            # crosses the size runs the checkpoint.
             self._w.execute(f"PRAGMA wal_autocheckpoint={WAL_CHECKPOINT_PAGES}")
             self._w.execute(
                 "CREATE TABLE IF NOT EXISTS series (id INTEGER PRIMARY KEY, "
@@ -113,7 +112,6 @@ class EmbeddedStore(EmbeddedReads, Store):
         # id(SharedTags) -> (the tags, measurement, series id): a known series' points cost one
         # lookup, not a tuple of their tags (the write path runs for every GPU sample).
         self._shared: dict[int, tuple[SharedTags, str, int]] = {}
-        self._sql: dict[tuple[str, tuple[str, ...], int], str] = {}
         # Other processes may write the same file (ingest workers: aggregator/ingest/worker_pool.py): the
         # series they add and the columns they create are read in before each read or write.
         self._max_series_id = 0
@@ -216,8 +214,8 @@ class EmbeddedStore(EmbeddedReads, Store):
         and is rolled back whole, never storing a point under another series' id."""
         flat, start = self._new_series_rows, 0
         while start < len(flat):
-            rows = min(_ROWS_PER_STATEMENT, (len(flat) - start) // 3)
-            rows = rows if rows == _ROWS_PER_STATEMENT else 1 << (rows.bit_length() - 1)
+            rows = min(ROWS_PER_STATEMENT, (len(flat) - start) // 3)
+            rows = rows if rows == ROWS_PER_STATEMENT else 1 << (rows.bit_length() - 1)
             sql = self._series_sql.get(rows)
             if sql is None:
                 values = ", ".join(["(?, ?, ?)"] * rows)
@@ -270,10 +268,7 @@ class EmbeddedStore(EmbeddedReads, Store):
                     m not in self._columns or not self._columns[m].issuperset(names) for m, names in groups
                 ):
                     self._add_series_and_columns(groups)
-            except Exception as exc:  # every failure leaves the connection out of its transaction
-                with contextlib.suppress(sqlite3.Error):
-                    if self._w.in_transaction:
-                        self._w.execute("ROLLBACK")
+            except Exception as exc:  # the store's transaction, if any, was rolled back
                 for key in new_series:
                     self._series.pop(key, None)
                 self._shared.clear()  # may name a series that was rolled back
@@ -290,13 +285,10 @@ class EmbeddedStore(EmbeddedReads, Store):
     def _add_series_and_columns(self, groups: dict[tuple[str, tuple[str, ...]], list[object]]) -> None:
         """The series rows _series_id allotted and the tables and columns the groups need,
         committed in the store before their rows are staged (a settle finds them there)."""
-        if self._w.in_transaction:  # left open by a failure we could not roll back
-            self._w.execute("ROLLBACK")
-        self._w.execute("BEGIN IMMEDIATE")
-        self._insert_new_series()
-        for measurement, names in groups:
-            self._ensure_columns(measurement, names)
-        self._w.execute("COMMIT")
+        with transaction(self._w, "BEGIN IMMEDIATE"):
+            self._insert_new_series()
+            for measurement, names in groups:
+                self._ensure_columns(measurement, names)
         if self._new_series_rows:
             last_id = self._first_new_series_id + len(self._new_series_rows) // 3 - 1
             with self._cache_lock:

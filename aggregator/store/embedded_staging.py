@@ -28,10 +28,13 @@ from gpufleet.aggregator.store.embedded_read import ident, tables_on_disk
 # builds may raise it, none lowers it. Rows per statement: enough to make the GIL round trips
 # per batch few, few enough that the statement cache holds every size in use.
 _MAX_VARIABLES = 32_766
-_ROWS_PER_STATEMENT = 2_000
+ROWS_PER_STATEMENT = 2_000
 
 Groups = Mapping[tuple[str, tuple[str, ...]], list[object]]
-WAL_CHECKPOINT_PAGES = 16_384  # x 4 KiB pages (aggregator/store/embedded.py)
+# Checkpoint the store's WAL every 64 MiB instead of SQLite's 4 MiB: a settle writes a page per
+# series, and a page written to the WAL several times between two checkpoints is copied into
+# the database once.
+WAL_CHECKPOINT_PAGES = 16_384  # x 4 KiB pages
 
 # SQLite result codes (primary, the low byte) that say the database or its disk cannot take a
 # write now; anything else a write raises is about the points themselves.
@@ -56,6 +59,24 @@ def write_failure(exc: BaseException, what: str) -> StoreError:
     if isinstance(exc, OSError) or (code is not None and code & 0xFF in _UNAVAILABLE_CODES):
         return StoreUnavailable(f"{what} failed: the database or its disk cannot take writes ({exc})")
     return PointsRefused(f"{what} failed: {type(exc).__name__}: {exc}")
+
+
+@contextlib.contextmanager
+def transaction(conn: sqlite3.Connection, begin: str = "BEGIN") -> Iterator[None]:
+    """One transaction on conn: committed when the block ends, rolled back when it raises (the
+    connection is always left out of a transaction; one a failure left open is rolled back
+    first)."""
+    try:
+        if conn.in_transaction:
+            conn.execute("ROLLBACK")
+        conn.execute(begin)
+        yield
+        conn.execute("COMMIT")
+    except BaseException:
+        with contextlib.suppress(sqlite3.Error):
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+        raise
 
 
 def staged_path(store_path: Path) -> Path:
@@ -109,20 +130,13 @@ class Staging:
     def append(self, groups: Groups) -> None:
         """Append every group's rows (series id, ts, then the named fields; row after row), in
         one transaction. Raises what SQLite raised (the caller classifies it), nothing kept."""
-        conn = self._conn
         try:
-            if conn.in_transaction:  # left open by a failure we could not roll back
-                conn.execute("ROLLBACK")
-            conn.execute("BEGIN IMMEDIATE")
-            self._catch_up()
-            for (measurement, names), flat in groups.items():
-                self._ensure_columns(measurement, names)
-                self._insert(measurement, names, flat)
-            conn.execute("COMMIT")
+            with transaction(self._conn, "BEGIN IMMEDIATE"):
+                self._catch_up()
+                for (measurement, names), flat in groups.items():
+                    self._ensure_columns(measurement, names)
+                    self._insert(measurement, names, flat)
         except BaseException:
-            with contextlib.suppress(sqlite3.Error):
-                if conn.in_transaction:
-                    conn.execute("ROLLBACK")
             self._version = None  # tables or columns made inside it are gone again
             raise
 
@@ -153,7 +167,7 @@ class Staging:
         50,000 times (we measured a 0.4 s batch taking 6.7 s); one statement per few thousand
         rows waits a few times. Rows keep their order (a settle relies on it)."""
         width = len(names) + 2
-        per = max(1, min(_ROWS_PER_STATEMENT, _MAX_VARIABLES // width))
+        per = max(1, min(ROWS_PER_STATEMENT, _MAX_VARIABLES // width))
         left, start = len(flat) // width, 0
         while left:
             # Full statements, then the rest in power-of-two sizes: few distinct statements
@@ -165,19 +179,9 @@ class Staging:
 
     def discard(self, tops: Mapping[str, int]) -> None:
         """Remove the rows a settle copied (up to each table's top then), in one transaction."""
-        conn = self._conn
-        try:
-            if conn.in_transaction:
-                conn.execute("ROLLBACK")
-            conn.execute("BEGIN IMMEDIATE")
+        with transaction(self._conn, "BEGIN IMMEDIATE"):
             for measurement, top in tops.items():
-                conn.execute(f'DELETE FROM "r_{measurement}" WHERE rowid <= ?', (top,))
-            conn.execute("COMMIT")
-        except BaseException:
-            with contextlib.suppress(sqlite3.Error):
-                if conn.in_transaction:
-                    conn.execute("ROLLBACK")
-            raise
+                self._conn.execute(f'DELETE FROM "r_{measurement}" WHERE rowid <= ?', (top,))
 
 
 class Settler:
@@ -259,34 +263,32 @@ class Settler:
 
     def _copy(self, conn: sqlite3.Connection) -> tuple[dict[str, int], int]:
         """(each measurement's last staged rowid copied, rows copied)."""
+        tops: dict[str, int] = {}
+        moved = 0
         try:
             tables = tables_on_disk(conn, "m")
             staged = tables_on_disk(conn, "r", "staged")
             # Deferred: the staging file is only read, and the last rowids are read inside the
             # transaction, so every row up to them is in its snapshot (a writer's rows not
             # committed yet come after them, and are not discarded).
-            conn.execute("BEGIN")
-            tops: dict[str, int] = {}
-            moved = 0
-            for measurement, columns in staged.items():
-                (top,) = conn.execute(f'SELECT max(rowid) FROM staged."r_{measurement}"').fetchone()
-                if top is None:
-                    continue
-                missing = columns - tables.get(measurement, set())
-                if measurement not in tables or missing:
-                    # Never so: a write adds the table's columns before it stages rows.
-                    raise StoreError(
-                        f"staged {measurement} rows have fields the store's table lacks "
-                        f"({sorted(missing) or 'the table'}); they stay staged"
-                    )
-                moved += conn.execute(self._statement(measurement, tuple(sorted(columns))), (top,)).rowcount
-                tops[measurement] = top
-            conn.execute("COMMIT")
+            with transaction(conn):
+                for measurement, columns in staged.items():
+                    (top,) = conn.execute(f'SELECT max(rowid) FROM staged."r_{measurement}"').fetchone()
+                    if top is None:
+                        continue
+                    missing = columns - tables.get(measurement, set())
+                    if measurement not in tables or missing:
+                        # Never so: a write adds the table's columns before it stages rows.
+                        raise StoreError(
+                            f"staged {measurement} rows have fields the store's table lacks "
+                            f"({sorted(missing) or 'the table'}); they stay staged"
+                        )
+                    moved += conn.execute(
+                        self._statement(measurement, tuple(sorted(columns))), (top,)
+                    ).rowcount
+                    tops[measurement] = top
             return tops, moved
-        except Exception as exc:
-            with contextlib.suppress(sqlite3.Error):
-                if conn.in_transaction:
-                    conn.execute("ROLLBACK")
+        except Exception as exc:  # rolled back
             if isinstance(exc, StoreError):
                 raise
             raise write_failure(exc, "settling the embedded store's staged points") from exc
