@@ -62,18 +62,19 @@ def compute(store: Store, tier: Tier, start_ns: int, end_ns: int) -> int:
     written = 0
     for measurement in ROLLED:
         fields = rolled_fields(measurement)
-        # One bucket at a time: the statistics of a whole window at once (15 minutes of 16,000
-        # GPUs: 240,000 dicts of 28 values) stepped the aggregator's memory up by 100 MiB and
-        # more in every full pass, and glibc kept it (docs/benchmarks.md "Sustained ingest").
+        # One bucket at a time, a chunk of series at a time, each written before the next is
+        # read: the statistics of a whole window at once (15 minutes of 16,000 GPUs: 240,000
+        # dicts of 28 values), or of a whole bucket, stepped the aggregator's memory up at every
+        # pass, and the allocator kept it (docs/benchmarks.md "Sustained ingest").
         for bucket_ns in range(start_ns, end_ns, step):
-            merged = store.bucket_stats(measurement, fields, bucket_ns, bucket_ns + step, step)
-            points = [
-                Point(f"{measurement}_{tier.name}", dict(tags), values, t)
-                for (tags, t), values in merged.items()
-            ]
-            for i in range(0, len(points), 20_000):
-                store.write(points[i : i + 20_000])
-            written += len(points)
+            for chunk in store.bucket_stats(measurement, fields, bucket_ns, bucket_ns + step, step):
+                store.write(
+                    [
+                        Point(f"{measurement}_{tier.name}", dict(tags), values, t)
+                        for (tags, t), values in chunk.items()
+                    ]
+                )
+                written += len(chunk)
     return written
 
 

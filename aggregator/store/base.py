@@ -8,7 +8,7 @@ Methods are blocking; the aggregator calls them from worker threads.
 from __future__ import annotations
 
 import abc
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
@@ -103,6 +103,8 @@ class ProratedRow:
 
 
 BUCKET_STATS = ("mean", "max", "min", "count")  # what bucket_stats gives for each field
+# {(sorted tags, bucket start): {"<field>_<stat>": value}}: a chunk of Store.bucket_stats
+BucketStats = dict[tuple[tuple[tuple[str, str], ...], int], dict[str, float]]
 
 
 class Store(abc.ABC):
@@ -124,9 +126,13 @@ class Store(abc.ABC):
 
     def bucket_stats(
         self, measurement: str, fields: Sequence[str], start_unix_ns: int, end_unix_ns: int, step_ns: int
-    ) -> dict[tuple[tuple[tuple[str, str], ...], int], dict[str, float]]:
-        """bucket_stats_by_query; a store that answers them all in one pass overrides it."""
-        return bucket_stats_by_query(self, measurement, fields, start_unix_ns, end_unix_ns, step_ns)
+    ) -> Iterator[BucketStats]:
+        """Every series' statistics of each field in step-wide buckets of [start, end), in
+        chunks of some series each (a roll-up writes a chunk before it reads the next, so its
+        memory is a chunk's, not the fleet's: aggregator/fleet/rollups.py). This one asks
+        query_history per field and statistic (bucket_stats_by_query), one chunk; a store that
+        answers them all in one pass overrides it."""
+        yield bucket_stats_by_query(self, measurement, fields, start_unix_ns, end_unix_ns, step_ns)
 
     @abc.abstractmethod
     def query_points(
@@ -192,11 +198,11 @@ def prorated_sums(points: Sequence[Point], q: ProratedSum) -> list[ProratedRow]:
 
 def bucket_stats_by_query(
     store: Store, measurement: str, fields: Sequence[str], start_unix_ns: int, end_unix_ns: int, step_ns: int
-) -> dict[tuple[tuple[tuple[str, str], ...], int], dict[str, float]]:
+) -> BucketStats:
     """Every series' mean, max, min and count of each field in step-wide buckets of
     [start, end): {(sorted tags, bucket start): {"<field>_<stat>": value}} (what a roll-up
     writes: aggregator/fleet/rollups.py), asking query_history once per field and statistic."""
-    merged: dict[tuple[tuple[tuple[str, str], ...], int], dict[str, float]] = {}
+    merged: BucketStats = {}
     for name in fields:
         for stat in BUCKET_STATS:
             for series in store.query_history(

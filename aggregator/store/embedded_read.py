@@ -8,9 +8,10 @@ import logging
 import re
 import sqlite3
 from collections import defaultdict
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 
 from gpufleet.aggregator.store.base import (
+    BucketStats,
     HistoryQuery,
     Point,
     ProratedRow,
@@ -24,6 +25,7 @@ log = logging.getLogger("gpufleet.aggregator.store")
 
 _NAME = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
 _SQL_AGG = {"mean": "AVG", "max": "MAX", "min": "MIN", "count": "COUNT"}
+BUCKET_STATS_SERIES = 1000  # series per chunk of bucket_stats (about 2 MiB of statistics a bucket)
 
 
 def ident(name: str, what: str) -> str:
@@ -59,7 +61,7 @@ class EmbeddedReads:
             raise StoreError(f"step must be positive, got {query.step_ns} ns")
         table = ident("m_" + query.measurement, "measurement")
         col = ident(query.field, "field")
-        self._reader_catch_up()
+        self._reader_catch_up(query.measurement)
         series = self._series_ids(query.measurement, query.filters)
         if not series or query.field not in self._read_columns.get(query.measurement, ()):
             return []
@@ -113,18 +115,21 @@ class EmbeddedReads:
 
     def bucket_stats(
         self, measurement: str, fields: Sequence[str], start_unix_ns: int, end_unix_ns: int, step_ns: int
-    ) -> dict[tuple[tuple[tuple[str, str], ...], int], dict[str, float]]:
+    ) -> Iterator[BucketStats]:
         """One SQL pass for every field and statistic (Store.bucket_stats asks query_history
         once per field and statistic: 120 queries a roll-up tier, each joining every series,
-        which at 20,000 nodes x 8 GPUs kept a core busy)."""
+        which at 20,000 nodes x 8 GPUs kept a core busy), BUCKET_STATS_SERIES series a chunk:
+        a bucket of 16,000 GPUs' statistics at once (16,000 dicts of 112 values) stepped the
+        aggregator's memory up by 50-80 MiB at every roll-up pass, kept by the allocator
+        (docs/benchmarks.md "Sustained ingest")."""
         if step_ns <= 0:
             raise StoreError(f"step must be positive, got {step_ns} ns")
-        self._reader_catch_up()
+        self._reader_catch_up(measurement)
         table = ident("m_" + measurement, "measurement")
         present = [f for f in fields if f in self._read_columns.get(measurement, ())]
         series = self._series_ids(measurement, None)
         if not series or not present:
-            return {}
+            return
         columns = []
         for f in present:
             col = ident(f, "field")
@@ -135,24 +140,27 @@ class EmbeddedReads:
             f"FROM json_each(?) g JOIN {table} t ON t.series_id = g.value "
             "WHERE t.ts >= ? AND t.ts < ? GROUP BY 1, 2"
         )
-        with self._rlock:
-            rows = self._r.execute(sql, (json.dumps(list(series)), start_unix_ns, end_unix_ns)).fetchall()
-        keys = {sid: tuple(sorted(tags.items())) for sid, tags in series.items()}
-        merged: dict[tuple[tuple[tuple[str, str], ...], int], dict[str, float]] = {}
-        for row in rows:
-            out: dict[str, float] = {}
-            for i, f in enumerate(present):
-                mean, high, low, count = row[2 + 4 * i : 6 + 4 * i]
-                if count:  # a field with no value in the bucket has no statistics (as query_history)
-                    out |= {
-                        f"{f}_mean": float(mean),
-                        f"{f}_max": float(high),
-                        f"{f}_min": float(low),
-                        f"{f}_count": count,
-                    }
-            if out:
-                merged[(keys[row[0]], row[1] * step)] = out
-        return merged
+        ids = sorted(series)
+        for first in range(0, len(ids), BUCKET_STATS_SERIES):
+            chunk = ids[first : first + BUCKET_STATS_SERIES]
+            with self._rlock:
+                rows = self._r.execute(sql, (json.dumps(chunk), start_unix_ns, end_unix_ns)).fetchall()
+            merged: BucketStats = {}
+            for row in rows:
+                out: dict[str, float] = {}
+                for i, f in enumerate(present):
+                    mean, high, low, count = row[2 + 4 * i : 6 + 4 * i]
+                    if count:  # a field with no value in the bucket has no statistics (as query_history)
+                        out |= {
+                            f"{f}_mean": float(mean),
+                            f"{f}_max": float(high),
+                            f"{f}_min": float(low),
+                            f"{f}_count": count,
+                        }
+                if out:
+                    merged[(tuple(sorted(series[row[0]].items())), row[1] * step)] = out
+            if merged:
+                yield merged
 
     def _rows_to_points(self, measurement: str, cursor: sqlite3.Cursor) -> list[Point]:
         names = [d[0] for d in cursor.description]
@@ -171,7 +179,7 @@ class EmbeddedReads:
         end_unix_ns: int,
         filters: Mapping[str, Sequence[str]] | None = None,
     ) -> list[Point]:
-        self._reader_catch_up()
+        self._reader_catch_up(measurement)
         if measurement not in self._read_columns:
             return []
         series = self._series_ids(measurement, filters)
@@ -188,7 +196,7 @@ class EmbeddedReads:
         """Store.sum_prorated, summed in SQL (one pass over the points in range, in C): a month
         of workload summaries (600,000 points) is summed in well under a second, where reading
         them all out as points took ten (docs/benchmarks.md "Workloads")."""
-        self._reader_catch_up()
+        self._reader_catch_up(q.measurement)
         present = self._read_columns.get(q.measurement)
         if present is None or q.start_field not in present or q.end_field not in present:
             return []
@@ -223,7 +231,7 @@ class EmbeddedReads:
         ]
 
     def latest(self, measurement: str) -> list[Point]:
-        self._reader_catch_up()
+        self._reader_catch_up(measurement)
         if measurement not in self._read_columns:
             return []
         table = ident("m_" + measurement, "measurement")

@@ -69,6 +69,38 @@ def test_two_writers_replays_and_reads_between_give_what_writes_in_place_gave(tm
             s.close()
 
 
+def test_a_writer_that_comes_to_a_measurement_late_takes_the_series_others_made(tmp_path: Path) -> None:
+    """Each process keeps only the series of the measurements it has used (an ingest worker
+    never reads the roll-ups'). One that first writes a measurement after others made its
+    series must find them: same series, same ids, no second series for the same tags."""
+    path = tmp_path / "store.sqlite3"
+    a, b, reader = EmbeddedStore(path, 86400), EmbeddedStore(path, 86400), EmbeddedStore(path, 86400)
+    try:
+        b.write([gpu("n9", 0, T0, util_gpu_pct=1.0)])  # b knows "gpu" only
+        rolled = [
+            Point("gpu_1m", {"node": f"n{i}", "gpu": "0"}, {"util_gpu_pct_mean": float(i)}, T0)
+            for i in range(50)
+        ]
+        a.write(rolled)  # a makes 50 roll-up series b has never seen
+        b.write([gpu("n9", 1, T0, util_gpu_pct=2.0)])  # b catches up past them, not keeping them
+        later = [
+            Point("gpu_1m", {"gpu": "0", "node": f"n{i}"}, {"util_gpu_pct_max": 9.0}, T0)
+            for i in range(45, 55)
+        ]
+        b.write(later)  # five known to a, five new
+        got = {p.tags["node"]: p.fields for p in reader.query_points("gpu_1m", T0, T0 + S)}
+        assert len(got) == 55, "a series the late writer met again was not made twice"
+        assert got["n47"] == {"util_gpu_pct_mean": 47.0, "util_gpu_pct_max": 9.0}
+        assert got["n52"] == {"util_gpu_pct_max": 9.0} and got["n3"] == {"util_gpu_pct_mean": 3.0}
+        with contextlib.closing(sqlite3.connect(path)) as db:
+            (count,) = db.execute("SELECT COUNT(*) FROM series WHERE measurement = 'gpu_1m'").fetchone()
+        assert count == 55
+        assert len(reader.query_points("gpu", T0, T0 + S)) == 2
+    finally:
+        for s in (a, b, reader):
+            s.close()
+
+
 def test_a_store_written_before_staging_is_read_and_written(tmp_path: Path) -> None:
     """The layout earlier versions wrote: the table, no staging table."""
     path = tmp_path / "store.sqlite3"

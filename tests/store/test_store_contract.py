@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from gpufleet.aggregator.store import EmbeddedStore, HistoryQuery, Point, Store
+from gpufleet.aggregator.store.embedded_read import BUCKET_STATS_SERIES
 
 S = 1_000_000_000
 T0 = 1_790_000_040 * S  # a fixed instant on a minute boundary (buckets align to the epoch)
@@ -237,12 +238,41 @@ def test_a_stores_own_bucket_statistics_equal_the_ones_its_history_queries_give(
     )
     fields = rollups.rolled_fields("gpu")
     for start, end, step in ((H0, H0 + 3600 * S, 60 * S), (H0 + 5 * S, H0 + 7200 * S, 3600 * S)):
-        own = store.bucket_stats("gpu", fields, start, end, step)
-        asked = Store.bucket_stats(store, "gpu", fields, start, end, step)
+        own = {
+            k: v for chunk in store.bucket_stats("gpu", fields, start, end, step) for k, v in chunk.items()
+        }
+        (asked,) = Store.bucket_stats(store, "gpu", fields, start, end, step)
         assert own.keys() == asked.keys() and own
         for key, stats in asked.items():
             assert own[key].keys() == stats.keys(), key
             assert own[key] == pytest.approx(stats), key
+
+
+def test_a_rollup_over_more_series_than_a_chunk_of_statistics_writes_every_series(store: Store) -> None:
+    """The embedded store gives a bucket's statistics BUCKET_STATS_SERIES series at a time (a
+    roll-up writes each chunk before it reads the next): every series of the bucket is rolled
+    up, the ones of the last, partial chunk too, each with its own statistics."""
+    n = BUCKET_STATS_SERIES + 7
+    store.write(
+        [
+            gpu_point(f"n{i // 8}", i % 8, T0 + k * 20 * S, util_gpu_pct=float(i % 90 + k))
+            for i in range(n)
+            for k in range(3)
+        ]
+    )
+    assert rollups.compute(store, rollups.TIERS[0], T0, T0 + 60 * S) == n
+    rolled = {
+        (p.tags["node"], p.tags["gpu"]): p.fields for p in store.query_points("gpu_1m", T0, T0 + 60 * S)
+    }
+    assert len(rolled) == n
+    for i in range(n):
+        fields = rolled[(f"n{i // 8}", str(i % 8))]
+        assert fields["util_gpu_pct_mean"] == pytest.approx(i % 90 + 1.0)
+        assert (fields["util_gpu_pct_min"], fields["util_gpu_pct_max"], fields["util_gpu_pct_count"]) == (
+            i % 90,
+            i % 90 + 2,
+            3,
+        )
 
 
 @pytest.mark.parametrize("aggregate", ["mean", "max", "min"])
