@@ -14,6 +14,7 @@ from gpufleet.aggregator.auth.tokens import Revocations
 from gpufleet.aggregator.fleet import rollups
 from gpufleet.aggregator.fleet.state import FleetState
 from gpufleet.aggregator.store import Store, StoreError
+from gpufleet.common.memory import give_back_free_memory
 from gpufleet.repair.state import RepairState, StateError
 
 if TYPE_CHECKING:
@@ -71,6 +72,7 @@ class BackgroundLoops:
             back = rollups.pass_lookbacks(passes, now_ns, last_ns)
             try:
                 written = await asyncio.to_thread(rollups.run_once, self._store, now_ns, back)
+                await asyncio.to_thread(give_back_free_memory)
                 log.debug("roll-ups: %d points written (windows %s s)", written, back)
                 passes, last_ns = passes + 1, now_ns
             except Exception as exc:  # the store is down, or refused a value: the next pass catches up
@@ -102,6 +104,7 @@ class BackgroundLoops:
         while not stop.is_set():
             try:
                 await asyncio.to_thread(self._store.settle)
+                await asyncio.to_thread(give_back_free_memory)  # what the copy's statements used
                 failures = 0
             except StoreError as exc:  # the disk is full or the store down: kept staged, retried
                 failures += 1

@@ -24,14 +24,21 @@ M_MMAP_THRESHOLD = -3  # glibc's malloc.h
 MMAP_THRESHOLD_BYTES = 256 * 1024
 
 
+def _libc_function(name: str) -> ctypes._CFuncPtr | None:
+    """A function of the C library, None where there is none of that name (not glibc)."""
+    library = ctypes.util.find_library("c")
+    if not library:
+        return None
+    try:
+        return getattr(ctypes.CDLL(library), name)
+    except (OSError, AttributeError):
+        return None
+
+
 def fix_mmap_threshold(threshold_bytes: int = MMAP_THRESHOLD_BYTES) -> bool:
     """Fix glibc's mmap threshold (True when set; False where there is no glibc mallopt)."""
-    name = ctypes.util.find_library("c")
-    if not name:
-        return False
-    try:
-        mallopt = ctypes.CDLL(name).mallopt
-    except (OSError, AttributeError):
+    mallopt = _libc_function("mallopt")
+    if mallopt is None:
         return False
     mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
     if mallopt(M_MMAP_THRESHOLD, threshold_bytes) != 1:
@@ -56,3 +63,18 @@ def tune_gc() -> None:
     of the collector's sight (gc.freeze), and the thresholds raised (GC_THRESHOLDS)."""
     gc.freeze()
     gc.set_threshold(*GC_THRESHOLDS)
+
+
+def give_back_free_memory() -> bool:
+    """Return the free memory inside glibc's heaps to the system (malloc_trim(0)): the pages of
+    free chunks between live ones, not only the top of each arena. Called after a burst of
+    short-lived allocations in a thread (a roll-up pass: SQLite's statements and a chunk of
+    statistics; a settle's copy: aggregator/loops.py): the threads' arenas otherwise kept tens
+    of MiB of the main process's RSS that nothing used (docs/benchmarks.md "Sustained
+    ingest"). Takes a few milliseconds; False where the C library has no malloc_trim."""
+    trim = _libc_function("malloc_trim")
+    if trim is None:
+        return False
+    trim.argtypes, trim.restype = [ctypes.c_size_t], ctypes.c_int
+    trim(0)
+    return True
