@@ -104,7 +104,6 @@ class BackgroundLoops:
         while not stop.is_set():
             try:
                 await asyncio.to_thread(self._store.settle)
-                await asyncio.to_thread(give_back_free_memory)  # what the copy's statements used
                 failures = 0
             except StoreError as exc:  # the disk is full or the store down: kept staged, retried
                 failures += 1

@@ -68,10 +68,10 @@ def tune_gc() -> None:
 def give_back_free_memory() -> bool:
     """Return the free memory inside glibc's heaps to the system (malloc_trim(0)): the pages of
     free chunks between live ones, not only the top of each arena. Called after a burst of
-    short-lived allocations in a thread (a roll-up pass: SQLite's statements and a chunk of
-    statistics; a settle's copy: aggregator/loops.py): the threads' arenas otherwise kept tens
-    of MiB of the main process's RSS that nothing used (docs/benchmarks.md "Sustained
-    ingest"). Takes a few milliseconds; False where the C library has no malloc_trim."""
+    short-lived allocations in a thread (a roll-up pass: SQLite's statements and chunks of
+    statistics, aggregator/loops.py): the threads' arenas otherwise kept ~20 MiB of the main
+    process's RSS that nothing used (docs/benchmarks.md "Sustained ingest"). Takes a few
+    milliseconds; False where the C library has no malloc_trim."""
     trim = _libc_function("malloc_trim")
     if trim is None:
         return False

@@ -225,6 +225,8 @@ class EmbeddedStore(EmbeddedReads, Store):
         sid = self._series.get(as_given)
         if sid is not None:
             return sid
+        pairs = self._tag_pairs  # kept: one (name, value) tuple for every series carrying it
+        as_given = (p.measurement, tuple(pairs.setdefault(pair, pair) for pair in as_given[1]))
         key = (p.measurement, tuple(sorted(as_given[1])))
         sid = self._series.get(key)
         if sid is None:
