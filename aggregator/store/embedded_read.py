@@ -25,7 +25,8 @@ log = logging.getLogger("gpufleet.aggregator.store")
 
 _NAME = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
 _SQL_AGG = {"mean": "AVG", "max": "MAX", "min": "MIN", "count": "COUNT"}
-BUCKET_STATS_SERIES = 1000  # series per chunk of bucket_stats (about 2 MiB of statistics a bucket)
+# Series x buckets per chunk of bucket_stats: about 2 MiB of statistics, whatever the range.
+BUCKET_STATS_ROWS = 1000
 
 
 def ident(name: str, what: str) -> str:
@@ -118,9 +119,9 @@ class EmbeddedReads:
     ) -> Iterator[BucketStats]:
         """One SQL pass for every field and statistic (Store.bucket_stats asks query_history
         once per field and statistic: 120 queries a roll-up tier, each joining every series,
-        which at 20,000 nodes x 8 GPUs kept a core busy), BUCKET_STATS_SERIES series a chunk:
-        a bucket of 16,000 GPUs' statistics at once (16,000 dicts of 112 values) stepped the
-        aggregator's memory up by 50-80 MiB at every roll-up pass, kept by the allocator
+        which at 20,000 nodes x 8 GPUs kept a core busy), BUCKET_STATS_ROWS series x buckets a
+        chunk: a bucket of 16,000 GPUs' statistics at once (16,000 dicts of 112 values) stepped
+        the aggregator's memory up by 50-80 MiB at every roll-up pass, kept by the allocator
         (docs/benchmarks.md "Sustained ingest")."""
         if step_ns <= 0:
             raise StoreError(f"step must be positive, got {step_ns} ns")
@@ -141,8 +142,9 @@ class EmbeddedReads:
             "WHERE t.ts >= ? AND t.ts < ? GROUP BY 1, 2"
         )
         ids = sorted(series)
-        for first in range(0, len(ids), BUCKET_STATS_SERIES):
-            chunk = ids[first : first + BUCKET_STATS_SERIES]
+        per_chunk = max(1, BUCKET_STATS_ROWS // max(1, -(-(end_unix_ns - start_unix_ns) // step)))
+        for first in range(0, len(ids), per_chunk):
+            chunk = ids[first : first + per_chunk]
             with self._rlock:
                 rows = self._r.execute(sql, (json.dumps(chunk), start_unix_ns, end_unix_ns)).fetchall()
             merged: BucketStats = {}

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from gpufleet.aggregator.store import EmbeddedStore, HistoryQuery, Point, Store
-from gpufleet.aggregator.store.embedded_read import BUCKET_STATS_SERIES
+from gpufleet.aggregator.store.embedded_read import BUCKET_STATS_ROWS
 
 S = 1_000_000_000
 T0 = 1_790_000_040 * S  # a fixed instant on a minute boundary (buckets align to the epoch)
@@ -249,10 +249,10 @@ def test_a_stores_own_bucket_statistics_equal_the_ones_its_history_queries_give(
 
 
 def test_a_rollup_over_more_series_than_a_chunk_of_statistics_writes_every_series(store: Store) -> None:
-    """The embedded store gives a bucket's statistics BUCKET_STATS_SERIES series at a time (a
+    """The embedded store gives statistics BUCKET_STATS_ROWS series x buckets at a time (a
     roll-up writes each chunk before it reads the next): every series of the bucket is rolled
     up, the ones of the last, partial chunk too, each with its own statistics."""
-    n = BUCKET_STATS_SERIES + 7
+    n = BUCKET_STATS_ROWS + 7
     store.write(
         [
             gpu_point(f"n{i // 8}", i % 8, T0 + k * 20 * S, util_gpu_pct=float(i % 90 + k))
