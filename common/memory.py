@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import functools
 import gc
 import logging
 
@@ -24,8 +25,11 @@ M_MMAP_THRESHOLD = -3  # glibc's malloc.h
 MMAP_THRESHOLD_BYTES = 256 * 1024
 
 
+@functools.cache
 def _libc_function(name: str) -> ctypes._CFuncPtr | None:
-    """A function of the C library, None where there is none of that name (not glibc)."""
+    """A function of the C library, None where there is none of that name (not glibc). Looked
+    up once: find_library runs `ldconfig -p` in a subprocess, and give_back_free_memory is
+    called after every roll-up pass."""
     library = ctypes.util.find_library("c")
     if not library:
         return None
