@@ -147,6 +147,7 @@ class EmbeddedReads:
             chunk = ids[first : first + per_chunk]
             with self._rlock:
                 rows = self._r.execute(sql, (json.dumps(chunk), start_unix_ns, end_unix_ns)).fetchall()
+            keys = {sid: tuple(sorted(series[sid].items())) for sid in chunk}
             merged: BucketStats = {}
             for row in rows:
                 out: dict[str, float] = {}
@@ -160,7 +161,7 @@ class EmbeddedReads:
                             f"{f}_count": count,
                         }
                 if out:
-                    merged[(tuple(sorted(series[row[0]].items())), row[1] * step)] = out
+                    merged[(keys[row[0]], row[1] * step)] = out
             if merged:
                 yield merged
 
